@@ -1,0 +1,236 @@
+"""The ``attnspec`` command line: a thin typer app over the library.
+
+Every command calls one library function and formats its result. Errors a user can
+cause are :class:`~attnspec.errors.AttnSpecError`s, printed without a traceback, and
+the process exits with code 2. Anything else is a bug in attnspec: it is reported in
+one line (set ``ATTNSPEC_DEBUG=1`` for the traceback) with exit code 70.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from attnspec.errors import AttnSpecError, SpecError
+
+app = typer.Typer(
+    name="attnspec",
+    help="Declarative sequence-mixer models: check, plan, build, verify and run specs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+SetOption = typer.Option(
+    None, "--set", "-s", metavar="PATH=VALUE",
+    help="Override one value of the spec, e.g. --set layers[0].mixer.feature_map=relu. Repeatable; "
+         "the value is read as YAML (3, true, [3, 1], {kind: cos, M: 2048}).",
+)
+
+
+def _print_error(error: AttnSpecError) -> None:
+    problems = error.problems if isinstance(error, SpecError) else [error]
+    for problem in problems:
+        err.print(f"error: {problem}", style="red", markup=False)
+
+
+@app.command()
+def check(
+    files: List[Path] = typer.Argument(..., metavar="FILE...", help="Spec files (*.yaml, *.yml, *.attn)."),
+    overrides: Optional[List[str]] = SetOption,
+) -> None:
+    """Validate spec files and print one line per valid spec.
+
+    Each valid spec prints its name, number of blocks, mixer kinds and requested modes.
+    Every problem is printed as FILE:LINE:COLUMN: PATH: MESSAGE. Exits with code 2 if
+    any file is invalid.
+    """
+    from attnspec.spec import iter_blocks, load_spec
+
+    failed = 0
+    for file in files:
+        try:
+            spec = load_spec(file, overrides or ())
+        except AttnSpecError as error:
+            _print_error(error)
+            failed += 1
+            continue
+        blocks = iter_blocks(spec, expand=True)
+        kinds = Counter(block.mixer.kind for _, block in blocks)
+        modes = sorted({block.mixer.mode for _, block in blocks})
+        kind_text = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
+        out.print(f"ok {file}: {spec.name}: {len(blocks)} blocks ({kind_text}), modes: {', '.join(modes)}",
+                  markup=False)
+    if failed:
+        err.print(f"{failed} of {len(files)} spec(s) invalid", style="red", markup=False)
+        raise typer.Exit(2)
+
+
+@app.command()
+def schema(
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print the generated spec reference (Markdown)."),
+) -> None:
+    """Print the JSON Schema of specs (draft-07, for editors' YAML language servers).
+
+    Point your editor at it with a first line
+    `# yaml-language-server: $schema=<path>/attnspec.schema.json`. With --markdown,
+    print the spec reference that docs/spec-reference.md is generated from.
+    """
+    from attnspec.spec.schema import json_schema_text, reference_markdown
+
+    text = reference_markdown() if markdown else json_schema_text()
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        _write_text(output, text)
+
+
+@app.command()
+def fmt(
+    file: Path = typer.Argument(..., help="Spec file to convert (*.yaml, *.yml, *.attn)."),
+    to: str = typer.Option(..., "--to", help="Output format: yaml or attn."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
+    overrides: Optional[List[str]] = SetOption,
+) -> None:
+    """Convert a spec between YAML and the compact grammar (and normalise it).
+
+    The output is validated first; values equal to their defaults are left out and
+    `extends` is applied (the output is self-contained).
+    """
+    from attnspec.spec import load_spec, to_attn, to_yaml
+
+    if to not in ("yaml", "attn"):
+        raise AttnSpecError(f"--to must be 'yaml' or 'attn', got '{to}'")
+    spec = load_spec(file, overrides or (), resolved=False)
+    text = to_yaml(spec) if to == "yaml" else to_attn(spec)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        _write_text(output, text)
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write atomically: a temporary file renamed over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise AttnSpecError(f"{path}: cannot write: {error.strerror}") from None
+
+
+@app.command()
+def explain(
+    file: Path = typer.Argument(..., help="Spec file."),
+    length: int = typer.Option(None, "--length", "-L", help="Sequence length to plan for (default: max_len)."),
+    overrides: Optional[List[str]] = SetOption,
+) -> None:
+    """Show the execution plan: per layer the mixer, the mode chosen for full sequences and
+    for one-token decoding, the cost estimates and why."""
+    from attnspec.compiler.plan import plan_spec
+    from attnspec.spec import load_spec
+
+    spec = load_spec(file, overrides or ())
+    plan = plan_spec(spec, length=length)
+    table = Table(title=f"{spec.name}: plan at L = {plan.length}")
+    for column in ("layer", "mixer", "full sequence", "decode", "est. GMAC", "est. MiB", "why"):
+        table.add_column(column)
+    for entry in plan.layers:
+        table.add_row(entry.path, entry.mixer, entry.full_mode, entry.decode_mode or "-",
+                      f"{entry.cost.macs / 1e9:.3f}", f"{entry.cost.bytes / 2**20:.1f}", entry.reason)
+    out.print(table)
+
+
+@app.command()
+def build(
+    file: Path = typer.Argument(..., help="Spec file to build."),
+    output: Path = typer.Option(..., "--output", "-o", help="Build directory to create."),
+    overrides: Optional[List[str]] = SetOption,
+    aot: bool = typer.Option(False, "--aot", help="Also write an AOTInductor package (model.aoti.pt2)."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Skip the torch.compile check."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing build directory."),
+) -> None:
+    """Validate, plan, lower, verify, compile and export a spec into a build directory.
+
+    The directory holds spec.yaml (resolved), model.safetensors, model.pt2 (torch.export,
+    dynamic batch and length), step.pt2 (one-token decoding, when every mixer has a
+    recurrent form) and manifest.json. It is written atomically: a failing stage leaves
+    nothing behind.
+    """
+    from attnspec.compiler.build import build_directory
+
+    build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
+                    force=force, console=out)
+
+
+@app.command()
+def verify(
+    target: Path = typer.Argument(..., help="A spec file or a build directory."),
+    overrides: Optional[List[str]] = SetOption,
+) -> None:
+    """Run the model in every valid mode in float64 and compare them.
+
+    Prints the largest difference of each mode against the recurrent reference and
+    whether it is within tolerance; exits with code 1 if any is not.
+    """
+    from attnspec.compiler.verify import verify_target
+
+    report = verify_target(target, overrides or ())
+    table = Table(title="mode equivalence (float64, vs. the reference mode)")
+    for column in ("layer", "mode", "max abs diff", "max rel diff", "tolerance", "ok"):
+        table.add_column(column)
+    for row in report.rows:
+        table.add_row(row.layer, row.mode, f"{row.abs_diff:.2e}", f"{row.rel_diff:.2e}", f"{row.tolerance:.0e}",
+                      "yes" if row.ok else "NO")
+    out.print(table)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def run(
+    directory: Path = typer.Argument(..., help="A build directory."),
+    tokens: str = typer.Option(..., "--tokens", help='Input token ids, e.g. "1 2 3".'),
+    generate: int = typer.Option(0, "--generate", "-n", help="Greedily generate this many tokens with step.pt2."),
+) -> None:
+    """Run an exported model on tokens; optionally generate greedily with the state cache."""
+    from attnspec.compiler.runner import run_directory
+
+    result = run_directory(directory, tokens, generate)
+    out.print(result, markup=False)
+
+
+def main() -> None:
+    """Console-script entry point: run the app, turning errors into messages and exit codes.
+
+    Usage errors (unknown option, missing argument) are reported by typer with exit
+    code 2; attnspec errors are printed here with exit code 2.
+    """
+    try:
+        app()
+    except SystemExit:
+        raise
+    except AttnSpecError as error:
+        _print_error(error)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted", style="red")
+        sys.exit(130)
+    except Exception as error:  # anything else is a bug in attnspec
+        if os.environ.get("ATTNSPEC_DEBUG"):
+            raise
+        err.print(f"internal error (a bug in attnspec, please report it): {type(error).__name__}: {error}\n"
+                  "set ATTNSPEC_DEBUG=1 to see the traceback", style="red", markup=False)
+        sys.exit(70)

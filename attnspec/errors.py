@@ -1,0 +1,72 @@
+"""The exceptions attnspec raises for mistakes a user can fix.
+
+Every error a user can cause is an :class:`AttnSpecError`. The CLI prints its
+``str()`` (no traceback) and exits with code 2. Errors about a spec carry one
+or more :class:`Problem` entries, each with the file, line, column and dotted
+path of the offending node, so the message reads like a compiler diagnostic::
+
+    spec.yaml:14:9: layers[2].mixer.feature_map.kind: unknown value 'rleu' (did you mean 'relu'?)
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+class AttnSpecError(Exception):
+    """Base class of every error a user of attnspec can cause and fix."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found in a spec: where it is and what to do about it."""
+
+    message: str
+    path: str = ""
+    source: str | None = None
+    line: int | None = None
+    column: int | None = None
+    excerpt: str | None = None
+
+    def __str__(self) -> str:
+        where = []
+        if self.source is not None:
+            where.append(self.source)
+            if self.line is not None:
+                where.append(str(self.line))
+                if self.column is not None:
+                    where.append(str(self.column))
+        prefix = ":".join(where)
+        text = f"{prefix}: " if prefix else ""
+        if self.path:
+            text += f"{self.path}: "
+        text += self.message
+        if self.excerpt:
+            text += "\n" + self.excerpt
+        return text
+
+
+class SpecError(AttnSpecError):
+    """A spec could not be parsed or is invalid. ``problems`` lists every issue found."""
+
+    def __init__(self, problems: Sequence[Problem] | Problem):
+        if isinstance(problems, Problem):
+            problems = [problems]
+        self.problems: list[Problem] = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class ShapeError(AttnSpecError, ValueError):
+    """A tensor handed to an attnspec function has the wrong shape or dtype."""
+
+
+class BuildError(AttnSpecError):
+    """A build, export or load failed for a reason the user can act on."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return `` (did you mean 'x'?)`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

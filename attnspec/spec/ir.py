@@ -1,0 +1,474 @@
+"""The Spec IR: strict pydantic models describing a model built from sequence mixers.
+
+This module is the single source of truth for what a spec can say. The YAML and
+grammar front-ends produce plain dicts that are validated here; the JSON Schema,
+the generated reference docs and the compiler all read these classes. Nothing in
+``attnspec/spec`` imports torch.
+
+Components that have a ``kind`` (feature maps, transitions, mixers, ...) may be
+written as a bare string when every other field keeps its default, so
+``feature_map: relu`` means ``feature_map: {kind: relu}``. That is what makes an
+ablation one edit (``--set layers[0].mixer.feature_map=relu``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+)
+
+SPEC_VERSION = 1
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class Node(BaseModel):
+    """Base of every IR node: strict types, unknown keys rejected, docstrings become descriptions."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+
+def _kind_shorthand(value: Any) -> Any:
+    """Accept ``"relu"`` as shorthand for ``{"kind": "relu"}``."""
+    if isinstance(value, str):
+        return {"kind": value}
+    return value
+
+
+def component(*members: type[Node]) -> Any:
+    """A union of ``kind``-tagged node types that also accepts the bare-string shorthand."""
+    union = Annotated[Union[members], Field(discriminator="kind")]  # type: ignore[valid-type]
+    return Annotated[union, BeforeValidator(_kind_shorthand)]
+
+
+# --------------------------------------------------------------------------- feature maps
+
+
+class IdentityFeatures(Node):
+    """phi(x) = x. Signed, so only valid without normalisation (GateLoop uses it)."""
+
+    kind: Literal["identity"]
+
+
+class Elu1Features(Node):
+    """phi(x) = elu(x) + 1 (Katharopoulos et al.), strictly positive."""
+
+    kind: Literal["elu1"]
+
+
+class ReluFeatures(Node):
+    """phi(x) = max(x, 0) (cosFormer), non-negative; rows may be all zero (eps clamp)."""
+
+    kind: Literal["relu"]
+
+
+class SoftplusFeatures(Node):
+    """phi(x) = log(1 + e^x), strictly positive."""
+
+    kind: Literal["softplus"]
+
+
+class ExpFeatures(Node):
+    """The softmax kernel exp(q.k). It has no finite feature expansion: quadratic mode only."""
+
+    kind: Literal["exp"]
+
+
+class PerformerFeatures(Node):
+    """Performer positive random features phi(x) = exp(Wx - |x|^2/2)/sqrt(m), unbiased for exp(q.k)."""
+
+    kind: Literal["performer"]
+    num_features: PositiveInt = 64
+    """Number of random features m (the feature width)."""
+    projection: Literal["orthogonal", "iid"] = "orthogonal"
+    """Rows of W drawn i.i.d. N(0, 1), or in orthogonal blocks with chi-distributed norms."""
+    redraw: Literal["never", "interval"] = "never"
+    """`never`: the projection is fixed by `seed`. `interval`: the training loop redraws it every
+    `redraw_interval` steps through `attnspec.nn.redraw_random_features(model, step)`."""
+    redraw_interval: PositiveInt | None = None
+    """Steps between redraws; required with `redraw: interval`, forbidden otherwise."""
+    seed: int = 0
+    """Seed of the projection (the model seed is added), so a rebuilt model computes the same function."""
+
+
+class _TrainableKernel(Node):
+    stack: PositiveInt = 1
+    """Number of units applied in sequence; only the last one is made positive (Softplus)."""
+    share_across_heads: bool = True
+    """One set of kernel weights shared by all heads (true) or separate weights per head (false)."""
+
+
+class _OrthogonalKernel(_TrainableKernel):
+    ortho_weight: NonNegativeFloat = 1e-3
+    """Weight lambda of the regulariser lambda*|W^T W - I|_F^2 on the orthogonal matrices, exposed
+    to the training loop as `model.regularization_loss()`."""
+
+
+class SoftplusLinearFeatures(_OrthogonalKernel):
+    """Trainable FFN kernel phi(X) = Softplus(X W), W n x n (Yorsh & Kovalenko)."""
+
+    kind: Literal["softplus_linear"]
+    orthogonal: bool = False
+    """Initialise W orthogonal and add the orthogonality regulariser (the 'Orth. linear kernel')."""
+
+
+class GluFeatures(_TrainableKernel):
+    """GLU kernel: (X W_f) * sigmoid(X W_g); the last unit uses Softplus(X W_f) so phi > 0."""
+
+    kind: Literal["glu"]
+
+
+class OgluFeatures(_OrthogonalKernel):
+    """GLU kernel with W_f kept orthogonal (init + regulariser)."""
+
+    kind: Literal["oglu"]
+
+
+class AogluFeatures(_OrthogonalKernel):
+    """OGLU with a low-rank gate W_g = U V (rank r < n/2); 1.5 n^2 weights per unit at r = n/4."""
+
+    kind: Literal["aoglu"]
+    rank: PositiveInt | None = None
+    """Rank r of the gate; defaults to n/4 (n = d_qk). Must be below n/2."""
+
+
+FeatureMap = component(
+    IdentityFeatures,
+    Elu1Features,
+    ReluFeatures,
+    SoftplusFeatures,
+    ExpFeatures,
+    PerformerFeatures,
+    SoftplusLinearFeatures,
+    GluFeatures,
+    OgluFeatures,
+    AogluFeatures,
+)
+
+NON_NEGATIVE_FEATURES = {
+    "elu1", "relu", "softplus", "exp", "performer", "softplus_linear", "glu", "oglu", "aoglu",
+}
+TRAINABLE_FEATURES = {"softplus_linear", "glu", "oglu", "aoglu"}
+
+# --------------------------------------------------------------------------- re-weighting
+
+
+class NoReweighting(Node):
+    """No position re-weighting."""
+
+    kind: Literal["none"]
+
+
+class CosReweighting(Node):
+    """cosFormer: weights cos(pi/2 (i-j)/M), split by Ptolemy's identity (feature width doubles)."""
+
+    kind: Literal["cos"]
+    M: PositiveInt | None = None
+    """Horizon M >= sequence length. Required (and >= max_len) for causal use so that every mode
+    and the decoder use the same M; `null` means M = L per call (non-causal only)."""
+
+
+Reweighting = component(NoReweighting, CosReweighting)
+
+# --------------------------------------------------------------------------- state transitions
+
+
+class NoTransition(Node):
+    """a_t = 1: plain (causal) linear attention."""
+
+    kind: Literal["none"]
+
+
+class FixedTransition(Node):
+    """A learnable but input-independent diagonal transition (RetNet, LRU, S4D-Lin)."""
+
+    kind: Literal["fixed"]
+    init: Literal["retnet", "lru", "s4d_lin"] = "retnet"
+    """`retnet`: |a| = 1 - 2^(-5-i); `lru`: |a| = exp(-exp(nu)) uniform in [0.9, 0.999];
+    `s4d_lin`: ZOH discretisation of -1/2 + i pi k with a log-uniform step in [1e-3, 1e-1]."""
+    complex: bool = False
+    """Complex transition (magnitude and phase) or real (magnitude only)."""
+    per: Literal["head", "channel"] = "head"
+    """One transition per head, or one per key channel."""
+
+
+class DataTransition(Node):
+    """GateLoop: a_t = f(W_gamma x_t) * exp(i g(W_theta x_t)), data-controlled."""
+
+    kind: Literal["data"]
+    magnitude: Literal["sigmoid", "stable_exp"] = "sigmoid"
+    """Magnitude activation f: sigmoid (the paper) or exp(-exp(x)) (LRU-style)."""
+    phase: Literal["identity", "none"] = "identity"
+    """Phase activation g: identity gives a complex transition, none a real one."""
+    per: Literal["head", "channel"] = "channel"
+    """One transition per head, or one per key channel."""
+
+
+Transition = component(NoTransition, FixedTransition, DataTransition)
+
+# --------------------------------------------------------------------------- scatterbrain parts
+
+
+class PerformerLowRank(Node):
+    """Low-rank part with Performer positive random features."""
+
+    kind: Literal["performer"]
+    num_features: PositiveInt | None = None
+    """Number of random features; derived from `budget` when omitted (64 without a budget)."""
+    projection: Literal["orthogonal", "iid"] = "orthogonal"
+    seed: int = 0
+
+
+class LinearLowRank(Node):
+    """Low-rank part as plain linear attention with a deterministic non-negative feature map."""
+
+    kind: Literal["linear"]
+    feature_map: FeatureMap = Field(default_factory=lambda: Elu1Features(kind="elu1"))
+
+
+LowRank = component(PerformerLowRank, LinearLowRank)
+
+
+class LshSupport(Node):
+    """Angular LSH support: a query sees keys that share its bucket in any round (counted once)."""
+
+    kind: Literal["lsh"]
+    buckets: PositiveInt = 8
+    """Buckets per round (even: a random rotation and argmax over [xR, -xR])."""
+    rounds: PositiveInt = 2
+    """Hash rounds; a pair colliding in several rounds counts once."""
+    capacity: PositiveInt | None = None
+    """Keys per query per round: the nearest-in-position keys of the query's bucket (only earlier
+    ones when causal). Bounds memory at O(L * rounds * capacity). Derived from `budget` when
+    omitted (32 without a budget)."""
+    seed: int = 0
+
+
+class LocalSupport(Node):
+    """Sliding-window support: |i - j| < window (j <= i when causal)."""
+
+    kind: Literal["local"]
+    window: PositiveInt | None = None
+    """Window size; derived from `budget` when omitted (64 without a budget)."""
+
+
+class BlockSupport(Node):
+    """Block-diagonal support: i and j in the same block of `size` positions."""
+
+    kind: Literal["block"]
+    size: PositiveInt | None = None
+    """Block size; derived from `budget` when omitted (64 without a budget)."""
+
+
+SparseSupport = component(LshSupport, LocalSupport, BlockSupport)
+
+# --------------------------------------------------------------------------- mixers
+
+Mode = Literal["auto", "recurrent", "scan", "chunk", "quadratic"]
+OutputGate = Literal["none", "sigmoid", "swish"]
+
+
+class _MixerBase(Node):
+    heads: PositiveInt = 1
+    """Number of heads."""
+    d_qk: PositiveInt | None = None
+    """Per-head query/key width; defaults to d_model / heads."""
+    d_v: PositiveInt | None = None
+    """Per-head value width; defaults to d_model / heads."""
+    causal: bool = True
+    """Position t sees only positions <= t."""
+    mode: Mode = "auto"
+    """Execution mode; `auto` lets the compiler's cost model choose."""
+    chunk_size: PositiveInt = 64
+    """Chunk length of the chunked mode (a power of two)."""
+    scale: PositiveFloat | None = None
+    """Multiplier on q.k; defaults to 1/sqrt(d_qk) for exp/softmax kernels and 1 otherwise."""
+    output_gate: OutputGate = "none"
+    """Gate on the mixer output before the output projection: y * act(W_g x)."""
+    group_norm: bool = False
+    """Per-head normalisation (RMS) of the mixer output, as in RetNet/GateLoop."""
+
+
+class LinearMixer(_MixerBase):
+    """The gated linear family: q~ = rho(t) phi(q), S_t = diag(a_t) S_(t-1) + k~_t^T v_t, y_t = Re(q~_t S_t)."""
+
+    kind: Literal["linear"]
+    feature_map: FeatureMap = Field(default_factory=lambda: Elu1Features(kind="elu1"))
+    reweighting: Reweighting = Field(default_factory=lambda: NoReweighting(kind="none"))
+    transition: Transition = Field(default_factory=lambda: NoTransition(kind="none"))
+    normalize: bool = True
+    """Divide by the same recurrence run on k~ alone (needs a non-negative feature map)."""
+    eps: PositiveFloat = 1e-6
+    """Lower clamp of the normaliser."""
+
+
+class SoftmaxMixer(_MixerBase):
+    """Softmax attention (quadratic only), optionally with a real decay as an additive log-bias."""
+
+    kind: Literal["softmax"]
+    transition: Transition = Field(default_factory=lambda: NoTransition(kind="none"))
+    """Decay applied as the log-bias sum(log a) between positions (GateLoop sec. 3.4); real only."""
+
+
+class ScatterbrainMixer(_MixerBase):
+    """Scatterbrain: a low-rank estimate of exp(q.k) plus an exact sparse correction on a support."""
+
+    kind: Literal["scatterbrain"]
+    lowrank: LowRank = Field(default_factory=lambda: PerformerLowRank(kind="performer"))
+    sparse: SparseSupport = Field(default_factory=lambda: LshSupport(kind="lsh"))
+    budget: Annotated[float, Field(gt=0, le=1)] | None = None
+    """Fraction of full attention each query may spend (e.g. 0.125); sizes not given are derived
+    from it and `ratio`."""
+    ratio: Annotated[list[PositiveInt], Field(min_length=2, max_length=2)] = Field(
+        default_factory=lambda: [3, 1]
+    )
+    """Budget split `[sparse, low_rank]`; the paper trains with 3:1."""
+    eps: PositiveFloat = 1e-6
+    """Lower clamp of the joint normaliser."""
+
+
+Mixer = component(LinearMixer, SoftmaxMixer, ScatterbrainMixer)
+MIXER_KINDS = ("linear", "softmax", "scatterbrain")
+
+# --------------------------------------------------------------------------- blocks and model
+
+NormKind = Literal["layernorm", "rmsnorm", "none"]
+
+
+class Mlp(Node):
+    """Channel mixer after the sequence mixer."""
+
+    kind: Literal["mlp", "glu", "none"] = "mlp"
+    """`mlp`: W2 act(W1 x); `glu`: W2 (act(W1 x) * W3 x); `none`: no channel mixer."""
+    expansion: PositiveInt = 4
+    """Hidden width = expansion * d_model."""
+    activation: Literal["gelu", "relu", "silu"] = "gelu"
+
+
+class Block(Node):
+    """One residual block: [norm] -> mixer -> [+x] -> [norm] -> mlp -> [+x]."""
+
+    mixer: Mixer
+    mlp: Annotated[Mlp, BeforeValidator(_kind_shorthand)] = Field(default_factory=Mlp)
+    norm: NormKind = "layernorm"
+    norm_placement: Literal["pre", "post"] = "pre"
+    """`pre`: x + f(norm(x)); `post`: norm(x + f(x))."""
+    residual: bool = True
+    """Skip connections around the mixer and the MLP (off for the rank-collapse study)."""
+
+
+def _layer_tag(value: Any) -> str:
+    if isinstance(value, dict):
+        return "group" if "repeat" in value else "block"
+    return "group" if isinstance(value, Group) else "block"
+
+
+class Group(Node):
+    """`repeat` copies of `layers` (each copy has its own weights)."""
+
+    repeat: PositiveInt
+    layers: Annotated[list["Layer"], Field(min_length=1)]
+
+
+Layer = Annotated[
+    Union[Annotated[Block, Tag("block")], Annotated[Group, Tag("group")]],
+    Discriminator(_layer_tag),
+]
+Group.model_rebuild()
+
+
+class TokenInput(Node):
+    """Integer tokens, embedded with a learned table."""
+
+    kind: Literal["tokens"]
+    vocab_size: PositiveInt
+
+
+class FeatureInput(Node):
+    """Real-valued sequences (batch, length, dim), projected to d_model."""
+
+    kind: Literal["features"]
+    dim: PositiveInt
+
+
+Input = Annotated[Union[TokenInput, FeatureInput], Field(discriminator="kind")]
+
+
+class LmHead(Node):
+    """Next-token logits over the vocabulary."""
+
+    kind: Literal["lm"]
+    tied: bool = False
+    """Share the weights with the token embedding."""
+
+
+class ClassifierHead(Node):
+    """Sequence classification from pooled features."""
+
+    kind: Literal["classifier"]
+    classes: PositiveInt
+    pooling: Literal["mean", "last"] = "mean"
+    """`last` is the causal choice: the last position has seen the whole sequence."""
+
+
+class NoHead(Node):
+    """Return the final hidden states (batch, length, d_model)."""
+
+    kind: Literal["none"]
+
+
+Head = component(LmHead, ClassifierHead, NoHead)
+
+
+class Spec(Node):
+    """A model: input, a stack of mixer blocks, a final norm and a head."""
+
+    version: Literal[1] = 1
+    """Spec format version."""
+    name: str
+    """Model name (used in build summaries and manifests)."""
+    description: str = ""
+    input: Input
+    d_model: PositiveInt
+    max_len: PositiveInt
+    """Longest sequence the model is built for (cos re-weighting and budgets use it)."""
+    dtype: Literal["float32", "float64"] = "float32"
+    seed: int = 0
+    """Seed of the weight initialisation and of every random projection and hash."""
+    layers: Annotated[list[Layer], Field(min_length=1)]
+    final_norm: NormKind = "layernorm"
+    head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
+
+
+def iter_blocks(spec: Spec, expand: bool = False) -> list[tuple[tuple[Any, ...], Block]]:
+    """The spec's blocks in order, each with its path such as ``("layers", 0, "layers", 1)``.
+
+    With ``expand=False`` every written block appears once (for validation messages); with
+    ``expand=True`` each ``repeat`` group is expanded, giving the model's blocks in execution order.
+    """
+    found: list[tuple[tuple[Any, ...], Block]] = []
+
+    def walk(items: list, prefix: tuple[Any, ...]) -> None:
+        for i, item in enumerate(items):
+            if isinstance(item, Group):
+                for _ in range(item.repeat if expand else 1):
+                    walk(item.layers, prefix + (i, "layers"))
+            else:
+                found.append((prefix + (i,), item))
+
+    walk(spec.layers, ("layers",))
+    return found

@@ -1,0 +1,60 @@
+"""Resolution: fill every derived default so the resolved spec states exactly what is built.
+
+The resolved spec (written as ``spec.yaml`` in a build directory) validates to the same
+IR and rebuilds the same model.
+"""
+
+from __future__ import annotations
+
+from attnspec.spec.ir import (
+    AogluFeatures,
+    Block,
+    Group,
+    LshSupport,
+    LocalSupport,
+    PerformerLowRank,
+    ScatterbrainMixer,
+    Spec,
+)
+from attnspec.spec.rules import sparse_lowrank_sizes
+
+DEFAULT_SPARSE = {"capacity": 32, "window": 64, "size": 64}
+DEFAULT_FEATURES = 64
+
+
+def resolve(spec: Spec) -> Spec:
+    """Return ``spec`` with d_qk, d_v, scale, AOGLU ranks and Scatterbrain sizes filled in.
+
+    Assumes :func:`attnspec.spec.rules.check_rules` found nothing.
+    """
+    return spec.model_copy(update={"layers": [_resolve_layer(spec, item) for item in spec.layers]})
+
+
+def _resolve_layer(spec: Spec, item: Block | Group) -> Block | Group:
+    if isinstance(item, Group):
+        return item.model_copy(update={"layers": [_resolve_layer(spec, sub) for sub in item.layers]})
+    mixer = item.mixer
+    d_qk = mixer.d_qk or spec.d_model // mixer.heads
+    d_v = mixer.d_v or spec.d_model // mixer.heads
+    quadratic_kernel = mixer.kind in ("softmax", "scatterbrain") or getattr(mixer.feature_map, "kind", "") == "exp"
+    update = {"d_qk": d_qk, "d_v": d_v, "scale": mixer.scale or (d_qk ** -0.5 if quadratic_kernel else 1.0)}
+    if mixer.kind == "linear" and isinstance(mixer.feature_map, AogluFeatures) and mixer.feature_map.rank is None:
+        update["feature_map"] = mixer.feature_map.model_copy(update={"rank": max(1, d_qk // 4)})
+    if isinstance(mixer, ScatterbrainMixer):
+        update.update(_scatterbrain_sizes(spec, mixer))
+    return item.model_copy(update={"mixer": mixer.model_copy(update=update)})
+
+
+def _scatterbrain_sizes(spec: Spec, mixer: ScatterbrainMixer) -> dict:
+    sizes = sparse_lowrank_sizes(spec, mixer) if mixer.budget is not None else None
+    lowrank, sparse = mixer.lowrank, mixer.sparse
+    if isinstance(lowrank, PerformerLowRank) and lowrank.num_features is None:
+        lowrank = lowrank.model_copy(update={"num_features": sizes["lowrank"] if sizes else DEFAULT_FEATURES})
+    if isinstance(sparse, LshSupport) and sparse.capacity is None:
+        cap = max(1, sizes["sparse"] // sparse.rounds) if sizes else DEFAULT_SPARSE["capacity"]
+        sparse = sparse.model_copy(update={"capacity": cap})
+    elif isinstance(sparse, LocalSupport) and sparse.window is None:
+        sparse = sparse.model_copy(update={"window": sizes["sparse"] if sizes else DEFAULT_SPARSE["window"]})
+    elif sparse.kind == "block" and sparse.size is None:
+        sparse = sparse.model_copy(update={"size": sizes["sparse"] if sizes else DEFAULT_SPARSE["size"]})
+    return {"lowrank": lowrank, "sparse": sparse}

@@ -1,0 +1,170 @@
+"""Cross-field rules: combinations that are individually well-typed but cannot be computed.
+
+Each rule yields ``(path, message)``; the message says what is wrong and how to fix the
+spec. Every combination the IR can express is either computed by the compiler or
+rejected here: nothing silently falls back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from attnspec.spec.ir import (
+    NON_NEGATIVE_FEATURES,
+    AogluFeatures,
+    Block,
+    CosReweighting,
+    DataTransition,
+    FixedTransition,
+    LinearLowRank,
+    LinearMixer,
+    LmHead,
+    LocalSupport,
+    BlockSupport,
+    LshSupport,
+    PerformerFeatures,
+    PerformerLowRank,
+    ScatterbrainMixer,
+    SoftmaxMixer,
+    Spec,
+    TokenInput,
+    iter_blocks,
+)
+from attnspec.spec.source import Path
+
+Violation = tuple[Path, str]
+
+QUADRATIC_ONLY_MODES = ("auto", "quadratic")
+
+
+def check_rules(spec: Spec) -> list[Violation]:
+    """All rule violations of a structurally valid spec, in document order."""
+    found: list[Violation] = list(_model_rules(spec))
+    for path, block in iter_blocks(spec):
+        found.extend(_block_rules(spec, block, path))
+    return found
+
+
+def _model_rules(spec: Spec) -> Iterator[Violation]:
+    if isinstance(spec.head, LmHead) and not isinstance(spec.input, TokenInput):
+        yield ("head",), ("an `lm` head predicts tokens, but the input is real-valued features; "
+                          "use `head: {kind: classifier, classes: N}` or `head: none`, or token input")
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
+    mixer = block.mixer
+    at = path + ("mixer",)
+    if (mixer.d_qk is None or mixer.d_v is None) and spec.d_model % mixer.heads:
+        yield at + ("heads",), (f"d_model = {spec.d_model} is not divisible by heads = {mixer.heads}, so d_qk/d_v "
+                               "cannot be derived; choose heads dividing d_model or set d_qk and d_v")
+    if not _is_power_of_two(mixer.chunk_size):
+        yield at + ("chunk_size",), f"chunk_size must be a power of two (e.g. 64), got {mixer.chunk_size}"
+    transition = getattr(mixer, "transition", None)
+    if transition is not None and transition.kind != "none" and not mixer.causal:
+        yield at + ("transition",), ("a state transition orders positions, so it needs `causal: true`; "
+                                     "remove the transition or make the mixer causal")
+    d_qk = mixer.d_qk or (spec.d_model // mixer.heads if spec.d_model % mixer.heads == 0 else None)
+    if isinstance(mixer, LinearMixer):
+        yield from _linear_rules(spec, mixer, at, d_qk)
+    elif isinstance(mixer, SoftmaxMixer):
+        if mixer.mode not in QUADRATIC_ONLY_MODES:
+            yield at + ("mode",), (f"softmax attention has no finite feature expansion, so it can only be computed "
+                                   f"quadratically; mode '{mixer.mode}' is impossible: use `mode: quadratic` or `auto`")
+        if _is_complex(transition):
+            yield at + ("transition",), _COMPLEX_SOFTMAX
+    elif isinstance(mixer, ScatterbrainMixer):
+        yield from _scatterbrain_rules(spec, mixer, at)
+
+
+_COMPLEX_SOFTMAX = ("softmax scores must be real, but this transition is complex; use a real decay "
+                    "(`complex: false` for fixed, `phase: none` for data-controlled)")
+
+
+def _is_complex(transition: Any) -> bool:
+    return (isinstance(transition, FixedTransition) and transition.complex) or (
+        isinstance(transition, DataTransition) and transition.phase != "none")
+
+
+def _linear_rules(spec: Spec, mixer: LinearMixer, at: Path, d_qk: int | None) -> Iterator[Violation]:
+    fmap = mixer.feature_map
+    if mixer.normalize and fmap.kind not in NON_NEGATIVE_FEATURES:
+        yield at + ("feature_map",), (
+            f"normalised linear attention divides by q~.z, which needs a non-negative feature map, but "
+            f"'{fmap.kind}' features are signed; use one of {', '.join(sorted(NON_NEGATIVE_FEATURES - {'exp'}))} "
+            "or set `normalize: false` (as GateLoop does)")
+    if fmap.kind == "exp" and mixer.mode not in QUADRATIC_ONLY_MODES:
+        yield at + ("mode",), (f"exp features (the softmax kernel) have no finite feature expansion, so the mixer "
+                               f"can only be computed quadratically; mode '{mixer.mode}' is impossible: use "
+                               "`mode: quadratic` or `auto`, or a finite feature map such as performer")
+    if fmap.kind == "exp" and _is_complex(mixer.transition):
+        yield at + ("transition",), _COMPLEX_SOFTMAX
+    yield from _feature_rules(fmap, at + ("feature_map",), d_qk)
+    if isinstance(mixer.reweighting, CosReweighting):
+        M = mixer.reweighting.M
+        where = at + ("reweighting", "M")
+        if M is None and mixer.causal:
+            yield where, (f"causal cos re-weighting needs a fixed M so every mode and the decoder use the same "
+                          f"weights; set `M: {spec.max_len}` (>= max_len)")
+        elif M is not None and M < spec.max_len:
+            yield where, (f"M = {M} is below max_len = {spec.max_len}: cos(pi/2 (i-j)/M) turns negative for "
+                          f"|i-j| > M; set M >= {spec.max_len}")
+
+
+def _feature_rules(fmap: Any, at: Path, d_qk: int | None) -> Iterator[Violation]:
+    if isinstance(fmap, PerformerFeatures):
+        if fmap.redraw == "interval" and fmap.redraw_interval is None:
+            yield at + ("redraw_interval",), "`redraw: interval` needs `redraw_interval: N` (steps between redraws)"
+        if fmap.redraw == "never" and fmap.redraw_interval is not None:
+            yield at + ("redraw_interval",), "`redraw_interval` only applies with `redraw: interval`; remove it"
+    if isinstance(fmap, AogluFeatures) and fmap.rank is not None and d_qk is not None and 2 * fmap.rank >= d_qk:
+        yield at + ("rank",), (f"the AOGLU gate rank must be below n/2 = {d_qk / 2:g} (n = d_qk = {d_qk}); the paper "
+                               f"uses n/4 = {max(d_qk // 4, 1)}")
+    if isinstance(fmap, AogluFeatures) and fmap.rank is None and d_qk is not None and d_qk < 4:
+        yield at, f"AOGLU needs d_qk >= 4 for a gate of rank n/4 (d_qk = {d_qk}); use glu or oglu"
+
+
+def sparse_lowrank_sizes(spec: Spec, mixer: ScatterbrainMixer) -> dict[str, int]:
+    """Sizes a Scatterbrain budget implies: ``{"sparse": keys per query, "lowrank": features}``."""
+    assert mixer.budget is not None
+    total = mixer.budget * spec.max_len
+    s, r = mixer.ratio
+    return {"sparse": max(1, round(total * s / (s + r))), "lowrank": max(1, round(total * r / (s + r)))}
+
+
+def _scatterbrain_rules(spec: Spec, mixer: ScatterbrainMixer, at: Path) -> Iterator[Violation]:
+    lowrank, sparse = mixer.lowrank, mixer.sparse
+    if isinstance(lowrank, LinearLowRank):
+        if lowrank.feature_map.kind not in NON_NEGATIVE_FEATURES or lowrank.feature_map.kind == "exp":
+            yield at + ("lowrank", "feature_map"), ("the low-rank part needs a finite non-negative feature map "
+                                                    "(the joint normaliser must stay positive); use elu1, relu, "
+                                                    "softplus or performer")
+    if isinstance(sparse, LshSupport) and sparse.buckets % 2:
+        yield at + ("sparse", "buckets"), f"LSH buckets must be even (argmax over [xR, -xR]), got {sparse.buckets}"
+    if mixer.budget is not None:
+        sizes = sparse_lowrank_sizes(spec, mixer)
+        if isinstance(lowrank, PerformerLowRank) and lowrank.num_features not in (None, sizes["lowrank"]):
+            yield at + ("lowrank", "num_features"), (
+                f"budget {mixer.budget} with ratio {mixer.ratio[0]}:{mixer.ratio[1]} gives {sizes['lowrank']} "
+                f"features, not {lowrank.num_features}; remove num_features or the budget")
+        field, value = _sparse_size(sparse)
+        expected = sizes["sparse"] if field != "capacity" else max(1, sizes["sparse"] // sparse.rounds)
+        if value is not None and value != expected:
+            yield at + ("sparse", field), (
+                f"budget {mixer.budget} with ratio {mixer.ratio[0]}:{mixer.ratio[1]} gives {field} = {expected}, "
+                f"not {value}; remove {field} or the budget")
+    if mixer.mode == "scan":
+        yield at + ("mode",), ("scatterbrain's sparse correction is not a linear recurrence, so it has no scan "
+                               "mode; use auto, chunk, recurrent or quadratic")
+
+
+def _sparse_size(sparse: Any) -> tuple[str, int | None]:
+    if isinstance(sparse, LshSupport):
+        return "capacity", sparse.capacity
+    if isinstance(sparse, LocalSupport):
+        return "window", sparse.window
+    assert isinstance(sparse, BlockSupport)
+    return "size", sparse.size

@@ -1,0 +1,1 @@
+"""The textual spec grammar (attnspec.lark), shipped as package data."""

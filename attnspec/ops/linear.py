@@ -1,0 +1,544 @@
+"""Gated linear attention in four execution modes that compute the same function.
+
+Per batch and head, with q, k already feature-mapped (and re-weighted):
+
+    S_t = diag(a_t) S_(t-1) + k_t^T v_t,      o_t = Re(scale * q_t S_t)
+
+where ``a_t = exp(log_a_t)`` is real or complex (``log|a| + i theta``), per head or per key
+channel. With ``normalize=True`` the same recurrence is run on ``k`` alone and the output is
+divided by ``Re(scale * q_t z_t)`` clamped below at ``eps``. Non-causal attention sums over all
+positions (no transition).
+
+Implementation choices (why, not what):
+
+* Complex transitions are carried as (log-magnitude, phase) and the state as a pair of real
+  tensors (re, im), so Inductor only ever sees real arithmetic.
+* Decays between positions are *segment sums* of log|a| computed directly (never cumprod and
+  1/cumprod, never differences of long cumulative sums), so gates near 0 (even exactly 0,
+  ``log_a = -inf``) and long sequences neither underflow into NaN nor lose precision.
+* The normaliser is the same recurrence applied to an extra all-ones column of ``v``.
+* The cross-chunk recurrence (chunk mode) and the scan mode use a Hillis-Steele scan with a
+  fixed number of shifted combines (``ceil(log2(n))``, or from ``max_length``), vectorised over
+  positions: ``torch.compile`` and ``torch.export`` see no Python loop over positions, and with
+  ``max_length`` given no new sequence length recompiles. torch's ``associative_scan`` is not
+  used: on CPU it supports only ``combine_mode="generic"``, recompiles per length and cannot be
+  exported with a dynamic length.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnspec.errors import ShapeError
+
+MODES = ("recurrent", "scan", "chunk", "quadratic")
+State = Tensor | tuple[Tensor, Tensor]
+
+
+class Decay(NamedTuple):
+    """A log-transition split for real arithmetic: ``log_a = log_mag + i * phase``.
+
+    ``log_mag``: (B, H, L, 1) per head or (B, H, L, Dk) per channel. ``phase``: same shape or None.
+    """
+
+    log_mag: Tensor
+    phase: Tensor | None
+
+
+class PairState(NamedTuple):
+    """A possibly complex state as real tensors; ``im`` is None for real transitions."""
+
+    re: Tensor
+    im: Tensor | None
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_a: Tensor | None = None,
+    *,
+    causal: bool = True,
+    normalize: bool = False,
+    scale: float = 1.0,
+    eps: float = 1e-6,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: State | None = None,
+    return_state: bool = False,
+    max_length: int | None = None,
+) -> Tensor | tuple[Tensor, State]:
+    """Causal or non-causal (gated) linear attention.
+
+    Args:
+        q: ``(B, H, L, Dk)`` queries, already feature-mapped. Float32 or float64.
+        k: ``(B, H, L, Dk)`` keys, already feature-mapped; same dtype as ``q``.
+        v: ``(B, H, L, Dv)`` values; same dtype.
+        log_a: log-transition, ``None`` (a = 1), ``(B, H, L)`` (one per head) or ``(B, H, L, Dk)``
+            (one per key channel). Real (``log|a|``) or complex (``log|a| + i theta``, complex64 with
+            float32 inputs, complex128 with float64). ``-inf`` (a = 0) resets the state.
+        causal: position t sees positions <= t. Non-causal requires ``log_a is None``.
+        normalize: divide by the same recurrence run on ``k`` alone (linear-attention normaliser).
+        scale: multiplier on ``q``.
+        eps: lower clamp of the normaliser.
+        mode: ``"recurrent"`` (sequential reference), ``"scan"`` (parallel prefix scan over
+            positions, O(L Dk Dv) memory), ``"chunk"`` (dense within chunks, scan across chunks)
+            or ``"quadratic"`` (an L x L score matrix with log-space decay differences).
+        chunk_size: chunk length of the chunk mode; any L works (the tail is padded).
+        initial_state: state before position 0: ``S0`` of shape ``(B, H, Dk, Dv)`` (complex when
+            ``log_a`` is complex), or ``(S0, z0)`` with ``z0`` of shape ``(B, H, Dk)`` when
+            ``normalize``. Causal only.
+        return_state: also return the state after the last position, in the same form, so that
+            feeding it back as ``initial_state`` continues the sequence.
+        max_length: longest L the caller will use. Fixes the number of scan steps so compiled
+            code does not specialise on L; longer inputs raise.
+
+    Returns:
+        ``o`` of shape ``(B, H, L, Dv)`` with the dtype of ``v``; with ``return_state`` also the
+        final state.
+
+    Raises:
+        ShapeError: an argument has the wrong shape, dtype or combination (the message names it).
+    """
+    decay, initial = _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state,
+                                   return_state, max_length)
+    if normalize:
+        # The normaliser z is the state of the same recurrence for a value that is always 1.
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    q = q * scale
+    if not causal:
+        out, final = _noncausal(q, k, v, mode), None
+    elif mode == "recurrent":
+        out, final = _recurrent(q, k, v, decay, initial)
+    elif mode == "scan":
+        out, final = _scan_mode(q, k, v, decay, initial, max_length)
+    elif mode == "chunk":
+        out, final = _chunked(q, k, v, decay, initial, chunk_size, max_length)
+    else:
+        out, final = _quadratic(q, k, v, decay, initial)
+    if normalize:
+        out = out[..., :-1] / out[..., -1:].clamp_min(eps)
+    if not return_state:
+        return out
+    return out, _export_state(final, normalize)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state, return_state, max_length):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise ShapeError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ShapeError(f"{name} must have shape (B, H, L, D), got {tuple(t.shape)}")
+        if t.dtype not in (torch.float32, torch.float64):
+            raise ShapeError(f"{name} must be float32 or float64, got {t.dtype}")
+    B, H, L, Dk = q.shape
+    if k.shape != q.shape:
+        raise ShapeError(f"k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ShapeError(f"v must have shape (B, H, L, Dv) = ({B}, {H}, {L}, Dv), got {tuple(v.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ShapeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if mode not in MODES:
+        raise ShapeError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "chunk" and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ShapeError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if max_length is not None and isinstance(L, int) and L > max_length:
+        raise ShapeError(f"sequence length {L} exceeds max_length = {max_length}")
+    if not causal and log_a is not None:
+        raise ShapeError("log_a needs causal=True: a transition orders positions")
+    if not causal and initial_state is not None:
+        raise ShapeError("initial_state needs causal=True")
+    if not causal and return_state:
+        raise ShapeError("return_state needs causal=True")
+    decay = _split_log_a(log_a, q) if log_a is not None else None
+    is_complex = decay is not None and decay.phase is not None
+    initial = _import_state(initial_state, q, v, normalize, is_complex) if initial_state is not None else None
+    return decay, initial
+
+
+def _split_log_a(log_a: Tensor, q: Tensor) -> Decay:
+    B, H, L, Dk = q.shape
+    if not isinstance(log_a, Tensor):
+        raise ShapeError(f"log_a must be a tensor or None, got {type(log_a).__name__}")
+    if tuple(log_a.shape) not in ((B, H, L), (B, H, L, Dk)):
+        raise ShapeError(f"log_a must have shape (B, H, L) = ({B}, {H}, {L}) or (B, H, L, Dk) = "
+                         f"({B}, {H}, {L}, {Dk}), got {tuple(log_a.shape)}")
+    expected_complex = torch.complex64 if q.dtype == torch.float32 else torch.complex128
+    if log_a.dtype not in (q.dtype, expected_complex):
+        raise ShapeError(f"log_a must be {q.dtype} (real) or {expected_complex} (complex) for {q.dtype} inputs, "
+                         f"got {log_a.dtype}")
+    if log_a.dim() == 3:
+        log_a = log_a.unsqueeze(-1)
+    if log_a.is_complex():
+        return Decay(log_a.real, log_a.imag)
+    return Decay(log_a, None)
+
+
+def _import_state(state: State, q: Tensor, v: Tensor, normalize: bool, is_complex: bool) -> PairState:
+    B, H, L, Dk = q.shape
+    Dv = v.shape[-1]
+    if normalize:
+        if not (isinstance(state, (tuple, list)) and len(state) == 2):
+            raise ShapeError("with normalize=True, initial_state must be a pair (S0, z0)")
+        S0, z0 = state
+        if not isinstance(z0, Tensor) or tuple(z0.shape) != (B, H, Dk):
+            raise ShapeError(f"initial_state z0 must have shape (B, H, Dk) = ({B}, {H}, {Dk}), "
+                             f"got {tuple(getattr(z0, 'shape', ()))}")
+    else:
+        S0, z0 = state, None
+    if not isinstance(S0, Tensor) or tuple(S0.shape) != (B, H, Dk, Dv):
+        raise ShapeError(f"initial_state S0 must have shape (B, H, Dk, Dv) = ({B}, {H}, {Dk}, {Dv}), "
+                         f"got {tuple(getattr(S0, 'shape', ()))}")
+    if S0.is_complex() and not is_complex:
+        raise ShapeError("initial_state is complex but log_a is real (or None)")
+    if z0 is not None:
+        S0 = torch.cat([S0, z0.to(S0.dtype).unsqueeze(-1)], dim=-1)
+    if S0.is_complex():
+        return PairState(S0.real.to(q.dtype), S0.imag.to(q.dtype))
+    S0 = S0.to(q.dtype)
+    return PairState(S0, torch.zeros_like(S0) if is_complex else None)
+
+
+def _export_state(state: PairState, normalize: bool) -> State:
+    S = state.re if state.im is None else torch.complex(state.re, state.im)
+    if normalize:
+        return S[..., :-1], S[..., -1]
+    return S
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+
+def _segsum(x: Tensor) -> Tensor:
+    """``out[..., i, j, :] = sum_{s=j+1..i} x[..., s, :]`` for ``i >= j`` and ``-inf`` for ``i < j``.
+
+    ``x``: ``(..., T, D)`` -> ``(..., T, T, D)``. Built as a cumulative sum down the rows of a
+    matrix whose row ``s`` holds ``x_s`` only in the columns ``j < s``: every entry accumulates
+    only its own terms, so there is no cancellation and no ``inf - inf``.
+    """
+    T = x.shape[-2]
+    rows = x.unsqueeze(-2).expand(*x.shape[:-2], T, T, x.shape[-1])  # [..., s, j, :] = x_s
+    below = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)  # j < s
+    rows = rows.masked_fill(~below.unsqueeze(-1), 0.0)
+    sums = torch.cumsum(rows, dim=-3)  # [..., i, j] = sum_{s <= i, s > j} x_s
+    causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+    return sums.masked_fill(~causal.unsqueeze(-1), float("-inf"))
+
+
+def _rotate(x: Tensor, log_mag: Tensor, phase: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """``x * exp(log_mag + i phase)`` as (re, im); im is None for real decays."""
+    scaled = x * torch.exp(log_mag)
+    if phase is None:
+        return scaled, None
+    return scaled * torch.cos(phase), scaled * torch.sin(phase)
+
+
+def _read_state(q_re: Tensor, q_im: Tensor | None, state: PairState) -> Tensor:
+    """``Re((q_re + i q_im) @ (S.re + i S.im))`` for queries (..., T, Dk) and states (..., Dk, Dv)."""
+    out = q_re @ state.re
+    if q_im is not None and state.im is not None:
+        out = out - q_im @ state.im
+    return out
+
+
+def _decay_state(state: PairState, log_mag: Tensor, phase: Tensor | None) -> PairState:
+    """``diag(exp(log_mag + i phase)) @ S``; ``log_mag``/``phase`` (..., Dk) broadcast over Dv."""
+    mag = torch.exp(log_mag).unsqueeze(-1)
+    if phase is None:
+        return PairState(state.re * mag, None if state.im is None else state.im * mag)
+    cos, sin = torch.cos(phase).unsqueeze(-1), torch.sin(phase).unsqueeze(-1)
+    im = state.im if state.im is not None else torch.zeros_like(state.re)
+    return PairState(mag * (cos * state.re - sin * im), mag * (sin * state.re + cos * im))
+
+
+def _add(a: PairState, b: PairState) -> PairState:
+    if a.im is None and b.im is None:
+        return PairState(a.re + b.re, None)
+    a_im = a.im if a.im is not None else torch.zeros_like(a.re)
+    b_im = b.im if b.im is not None else torch.zeros_like(b.re)
+    return PairState(a.re + b.re, a_im + b_im)
+
+
+def scan_steps(n: int, max_length: int | None = None, unit: int = 1) -> int:
+    """Number of Hillis-Steele steps for ``n`` elements (or for ``ceil(max_length / unit)`` if given)."""
+    count = -(-max_length // unit) if max_length is not None else n
+    return max(0, math.ceil(math.log2(max(int(count), 1))))
+
+
+def inclusive_scan(log_mag: Tensor, phase: Tensor | None, state: PairState, dim: int, steps: int) -> PairState:
+    """Prefix "sums" of ``(a_t, U_t)`` under ``(a1, U1) . (a2, U2) = (a1 a2, a2 U1 + U2)`` along ``dim``.
+
+    ``log_mag``/``phase``: ``(..., T, Dk')`` with ``Dk'`` 1 or Dk; ``state``: ``(..., T, Dk, Dv)``; ``dim`` is
+    the T axis of ``state`` (negative, counted from the end). Hillis-Steele: ``steps`` rounds of
+    shift-by-2^s and combine, so the result is exact whenever ``2**steps >= T``.
+    """
+    assert dim < 0
+    decay_dim = dim + 1
+    for s in range(steps):
+        shift = 1 << s
+        prev = PairState(_shift(state.re, shift, dim), None if state.im is None else _shift(state.im, shift, dim))
+        prev_mag = _shift(log_mag, shift, decay_dim)  # padded with log 1 = 0
+        prev_phase = None if phase is None else _shift(phase, shift, decay_dim)
+        state = _add(_decay_state(prev, log_mag, phase), state)
+        log_mag = log_mag + prev_mag
+        phase = None if phase is None else phase + prev_phase
+    return state
+
+
+def _shift(x: Tensor, shift: int, dim: int) -> Tensor:
+    """Shift ``x`` towards higher indices along ``dim`` by ``shift``, filling with zeros."""
+    size = x.shape[dim]
+    pad = [0, 0] * (-dim - 1) + [shift, 0]
+    return F.pad(x, pad).narrow(dim, 0, size)
+
+
+GROUP = 32  # chunks per group of the blocked cross-chunk scan
+
+
+def scan_levels(n: int, max_length: int | None = None, unit: int = 1) -> int:
+    """Levels of :func:`blocked_scan` needed for ``n`` elements (or ``ceil(max_length / unit)``)."""
+    count = -(-max_length // unit) if max_length is not None else int(n)
+    levels = 1
+    while count > GROUP ** levels:
+        levels += 1
+    return levels
+
+
+def _matrix_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState) -> PairState:
+    """Inclusive states ``S_c = sum_{c' <= c} exp(sum_{s=c'+1..c} log a_s) W_c'`` as one matmul.
+
+    ``log_mag``/``phase``: ``(..., n, Dd)``; ``writes``: ``(..., n, Dk, Dv)``. Costs O(n^2 Dk Dv), so
+    it is used on groups of at most ``GROUP`` elements.
+    """
+    rel = _segsum(log_mag)  # (..., n, n, Dd), -inf above the diagonal
+    weight = torch.exp(rel)
+    if phase is None:
+        re = _apply_decay_matrix(weight, writes.re)
+        im = None if writes.im is None else _apply_decay_matrix(weight, writes.im)
+        return PairState(re, im)
+    angle = _segsum(phase).masked_fill(torch.isinf(rel), 0.0)
+    t_re, t_im = weight * torch.cos(angle), weight * torch.sin(angle)
+    w_im = writes.im if writes.im is not None else torch.zeros_like(writes.re)
+    re = _apply_decay_matrix(t_re, writes.re) - _apply_decay_matrix(t_im, w_im)
+    im = _apply_decay_matrix(t_re, w_im) + _apply_decay_matrix(t_im, writes.re)
+    return PairState(re, im)
+
+
+def _apply_decay_matrix(weight: Tensor, states: Tensor) -> Tensor:
+    """``out[..., c] = sum_c' weight[..., c, c', :] * states[..., c', :, :]`` (decay per row of the state)."""
+    if weight.shape[-1] == 1:  # one decay per head: a plain matrix product over c'
+        flat = states.flatten(-2)
+        return (weight.squeeze(-1) @ flat).unflatten(-1, states.shape[-2:])
+    # one decay per key channel d: a batched product over d
+    out = weight.movedim(-1, -3) @ states.movedim(-2, -3)  # (..., Dk, n, n) @ (..., Dk, n, Dv)
+    return out.movedim(-3, -2)
+
+
+def blocked_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, levels: int) -> PairState:
+    """Inclusive prefix states of ``S_c = a_c S_(c-1) + W_c`` along axis ``-3`` of ``writes``.
+
+    ``log_mag``/``phase``: ``(B, H, n, Dd)`` (Dd = 1 or Dk); ``writes``: ``(B, H, n, Dk, Dv)``.
+    Within groups of ``GROUP`` elements the states are one matrix product with the decay
+    matrix ``exp(segment sums)``; the group summaries are combined by the same method one
+    level up. ``levels`` is fixed by the caller so compiled code does not branch on n.
+    """
+    if levels <= 1:
+        return _matrix_scan(log_mag, phase, writes)
+    B, H, n = log_mag.shape[:3]
+    pad = (-n) % GROUP
+    if pad:
+        log_mag = F.pad(log_mag, [0, 0, 0, pad])
+        phase = None if phase is None else F.pad(phase, [0, 0, 0, pad])
+        writes = PairState(*(None if t is None else F.pad(t, [0, 0, 0, 0, 0, pad]) for t in writes))
+    g = (n + pad) // GROUP
+    group = lambda t: None if t is None else t.unflatten(2, (g, GROUP))  # noqa: E731
+    log_mag, phase = group(log_mag), group(phase)
+    local = _matrix_scan(log_mag, phase, PairState(group(writes.re), group(writes.im)))
+    group_mag = log_mag.sum(dim=-2)
+    group_phase = None if phase is None else phase.sum(dim=-2)
+    totals = PairState(local.re[:, :, :, -1], None if local.im is None else local.im[:, :, :, -1])
+    done = blocked_scan(group_mag, group_phase, totals, levels - 1)
+    entering = PairState(_shift_in(done.re, None), None if done.im is None else _shift_in(done.im, None))
+    from_start = torch.cumsum(log_mag, dim=-2)  # (B, H, g, GROUP, Dd)
+    from_start_phase = None if phase is None else torch.cumsum(phase, dim=-2)
+    carried = _decay_state(PairState(entering.re.unsqueeze(3), None if entering.im is None else entering.im.unsqueeze(3)),
+                           from_start, from_start_phase)
+    states = _add(local, carried)
+    ungroup = lambda t: None if t is None else t.flatten(2, 3)[:, :, :n]  # noqa: E731
+    return PairState(ungroup(states.re), ungroup(states.im))
+
+
+# ----------------------------------------------------------------------------- modes
+
+
+def _noncausal(q: Tensor, k: Tensor, v: Tensor, mode: str) -> Tensor:
+    if mode == "quadratic":
+        return (q @ k.transpose(-1, -2)) @ v
+    return q @ (k.transpose(-1, -2) @ v)
+
+
+def _zero_state(q: Tensor, v: Tensor, is_complex: bool) -> PairState:
+    B, H, _, Dk = q.shape
+    zeros = q.new_zeros(B, H, Dk, v.shape[-1])
+    return PairState(zeros, torch.zeros_like(zeros) if is_complex else None)
+
+
+def _recurrent(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None):
+    """The sequential reference: one state update per position."""
+    is_complex = decay is not None and decay.phase is not None
+    state = initial if initial is not None else _zero_state(q, v, is_complex)
+    outputs = []
+    for t in range(q.shape[2]):
+        if decay is not None:
+            state = _decay_state(state, decay.log_mag[:, :, t], None if decay.phase is None else decay.phase[:, :, t])
+        state = _add(state, PairState(k[:, :, t, :, None] * v[:, :, t, None, :], None))
+        outputs.append(_read_state(q[:, :, t, None, :], None, state).squeeze(-2))
+    return torch.stack(outputs, dim=2), state
+
+
+def _scan_mode(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None,
+               max_length: int | None):
+    """Every per-position state at once by a parallel prefix scan over (a_t, k_t^T v_t)."""
+    L = q.shape[2]
+    writes = PairState(k.unsqueeze(-1) * v.unsqueeze(-2), None)  # (B, H, L, Dk, Dv)
+    if decay is None:
+        states = PairState(torch.cumsum(writes.re, dim=2), None)
+        if initial is not None:
+            states = _add(states, PairState(initial.re.unsqueeze(2), None))
+    else:
+        if initial is not None:  # fold S0 into the first write: S_1 = a_1 S0 + W_1
+            first = _decay_state(initial, decay.log_mag[:, :, 0], None if decay.phase is None else decay.phase[:, :, 0])
+            writes = _add(writes, PairState(_at_first(first.re, L), None if first.im is None else _at_first(first.im, L)))
+        states = inclusive_scan(decay.log_mag, decay.phase, writes, dim=-3, steps=scan_steps(L, max_length))
+    out = (q.unsqueeze(-2) @ states.re).squeeze(-2)
+    final = PairState(states.re[:, :, -1], None if states.im is None else states.im[:, :, -1])
+    return out, final
+
+
+def _at_first(x: Tensor, L: int) -> Tensor:
+    """Place ``x`` (B, H, Dk, Dv) at position 0 of a zero tensor (B, H, L, Dk, Dv)."""
+    return F.pad(x.unsqueeze(2), [0, 0, 0, 0, 0, L - 1])
+
+
+def _quadratic(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None):
+    """All pairs at once: scores (L x L) times the pairwise decay exp(segment sums), masked."""
+    L = q.shape[2]
+    if decay is None:
+        mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+        scores = (q @ k.transpose(-1, -2)).masked_fill(~mask, 0.0)
+        out = scores @ v
+        final_re = k.transpose(-1, -2) @ v
+        final = PairState(final_re + (initial.re if initial is not None else 0), None)
+        if initial is not None:
+            out = out + q @ initial.re
+        return out, final
+    rel_mag = _segsum(decay.log_mag)  # (B, H, L, L, Dk')
+    rel_phase = None if decay.phase is None else _segsum(decay.phase).masked_fill(torch.isinf(rel_mag), 0.0)
+    pair = torch.exp(rel_mag)
+    if rel_phase is not None:
+        pair = pair * torch.cos(rel_phase)
+    if decay.log_mag.shape[-1] == 1:
+        scores = (q @ k.transpose(-1, -2)) * pair.squeeze(-1)
+    else:
+        scores = torch.einsum("bhic,bhjc,bhijc->bhij", q, k, pair)
+    out = scores @ v
+    # Decay from each position to the end (sum_{s > j} log a_s), and from the start to each position.
+    to_end = _reverse_exclusive_cumsum(decay.log_mag)
+    to_end_phase = None if decay.phase is None else _reverse_exclusive_cumsum(decay.phase)
+    k_re, k_im = _rotate(k, to_end, to_end_phase)
+    final = PairState(k_re.transpose(-1, -2) @ v, None if k_im is None else k_im.transpose(-1, -2) @ v)
+    if initial is not None:
+        from_start = torch.cumsum(decay.log_mag, dim=2)
+        from_start_phase = None if decay.phase is None else torch.cumsum(decay.phase, dim=2)
+        q_re, q_im = _rotate(q, from_start, from_start_phase)
+        out = out + _read_state(q_re, q_im, initial)
+        total_mag = from_start[:, :, -1]
+        final = _add(final, _decay_state(initial, total_mag, None if from_start_phase is None else from_start_phase[:, :, -1]))
+    return out, final
+
+
+def _reverse_exclusive_cumsum(x: Tensor, dim: int = -2) -> Tensor:
+    """``out[j] = sum_{s > j} x[s]`` along ``dim``, accumulated directly (no subtraction)."""
+    shifted = torch.cat([x.narrow(dim, 1, x.shape[dim] - 1), torch.zeros_like(x.narrow(dim, 0, 1))], dim=dim)
+    return torch.flip(torch.cumsum(torch.flip(shifted, dims=[dim]), dim=dim), dims=[dim])
+
+
+def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None,
+             chunk_size: int, max_length: int | None):
+    """Dense attention inside chunks of C positions, a scan over per-chunk states across chunks."""
+    B, H, L, Dk = q.shape
+    Dv = v.shape[-1]
+    C = chunk_size
+    pad = (-L) % C
+    if pad:
+        q, k, v = (F.pad(t, [0, 0, 0, pad]) for t in (q, k, v))
+        if decay is not None:  # padded positions have a = 1 (log 0) and write nothing
+            decay = Decay(F.pad(decay.log_mag, [0, 0, 0, pad]),
+                          None if decay.phase is None else F.pad(decay.phase, [0, 0, 0, pad]))
+    n = (L + pad) // C
+    q, k, v = (t.reshape(B, H, n, C, t.shape[-1]) for t in (q, k, v))
+    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+
+    if decay is None:
+        scores = (q @ k.transpose(-1, -2)).masked_fill(~mask, 0.0)
+        out = scores @ v
+        chunk_states = PairState(torch.cumsum(k.transpose(-1, -2) @ v, dim=2), None)  # inclusive over chunks
+        if initial is not None:
+            chunk_states = PairState(chunk_states.re + initial.re.unsqueeze(2), None)
+        entering = PairState(_shift_in(chunk_states.re, initial.re if initial is not None else None), None)
+        out = out + _read_state(q, None, entering)
+        final = PairState(chunk_states.re[:, :, -1], None)
+        return out.reshape(B, H, n * C, Dv)[:, :, :L], final
+
+    Dd = decay.log_mag.shape[-1]
+    log_mag = decay.log_mag.reshape(B, H, n, C, Dd)
+    phase = None if decay.phase is None else decay.phase.reshape(B, H, n, C, Dd)
+
+    # Inside each chunk: pairwise decays exp(sum_{s=j+1..i} log a_s), masked above the diagonal.
+    rel_mag = _segsum(log_mag)  # (B, H, n, C, C, Dd)
+    pair = torch.exp(rel_mag)
+    if phase is not None:
+        pair = pair * torch.cos(_segsum(phase).masked_fill(~mask.unsqueeze(-1), 0.0))
+    if Dd == 1:
+        scores = (q @ k.transpose(-1, -2)) * pair.squeeze(-1)
+    else:
+        scores = torch.einsum("bhnic,bhnjc,bhnijc->bhnij", q, k, pair)
+    out = scores @ v
+
+    # Each chunk's write to the state: sum_j exp(sum_{s>j in chunk} log a_s) k_j^T v_j.
+    to_end = _reverse_exclusive_cumsum(log_mag)
+    to_end_phase = None if phase is None else _reverse_exclusive_cumsum(phase)
+    k_re, k_im = _rotate(k, to_end, to_end_phase)
+    writes = PairState(k_re.transpose(-1, -2) @ v, None if k_im is None else k_im.transpose(-1, -2) @ v)
+    from_start = torch.cumsum(log_mag, dim=-2)  # (B, H, n, C, Dd): decay from chunk start to i
+    from_start_phase = None if phase is None else torch.cumsum(phase, dim=-2)
+    chunk_mag = from_start[..., -1, :]  # (B, H, n, Dd): decay across a whole chunk
+    chunk_phase = None if from_start_phase is None else from_start_phase[..., -1, :]
+    if initial is not None:  # fold S0 into the first chunk's write
+        first = _decay_state(initial, chunk_mag[:, :, 0], None if chunk_phase is None else chunk_phase[:, :, 0])
+        writes = _add(writes, PairState(_at_first(first.re, n), None if first.im is None else _at_first(first.im, n)))
+    states = blocked_scan(chunk_mag, chunk_phase, writes, levels=scan_levels(n, max_length, C))
+    start_re = initial.re if initial is not None else None
+    start_im = initial.im if initial is not None else None
+    entering = PairState(_shift_in(states.re, start_re), None if states.im is None else _shift_in(states.im, start_im))
+    q_re, q_im = _rotate(q, from_start, from_start_phase)
+    out = out + _read_state(q_re, q_im, entering)
+    final = PairState(states.re[:, :, -1], None if states.im is None else states.im[:, :, -1])
+    return out.reshape(B, H, n * C, Dv)[:, :, :L], final
+
+
+def _shift_in(states: Tensor, first: Tensor | None) -> Tensor:
+    """States entering each chunk: the previous chunk's (B, H, n, Dk, Dv), ``first`` (or 0) for chunk 0."""
+    head = first.unsqueeze(2) if first is not None else torch.zeros_like(states[:, :, :1])
+    return torch.cat([head, states[:, :, :-1]], dim=2)

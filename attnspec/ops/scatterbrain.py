@@ -1,0 +1,85 @@
+"""Scatterbrain: a low-rank estimate of exp(q.k) plus an exact sparse correction, one normaliser.
+
+    out_i = (sum_j lowrank_ij v_j + sum_{j in support_i} (exp(q_i.k_j) - lowrank_ij) v_j)
+            / (the same sums with v = 1)
+
+so the implied weight equals exp(q.k) exactly on the support and the low-rank estimate
+elsewhere (Chen, Dao et al. 2021, Algorithm 1). Every term of a row is divided by the row's
+largest exponent ``r_i = max(log_scale_i, max_{j in support} q_i.k_j)`` before exp, so nothing
+overflows; the factor cancels in the normalisation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnspec.errors import ShapeError
+from attnspec.ops.linear import linear_attention
+from attnspec.ops.support import Support
+
+
+def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    """``x[b, h, index[b, h, i, s]]``: ``x`` (B, H, L, D), ``index`` (B, H, L, S) -> (B, H, L, S, D)."""
+    B, H, L, S = index.shape
+    flat = index.reshape(B, H, L * S, 1).expand(B, H, L * S, x.shape[-1])
+    return torch.gather(x, 2, flat).view(B, H, L, S, x.shape[-1])
+
+
+def scatterbrain_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_features: Tensor,
+    k_features: Tensor,
+    support: Support,
+    *,
+    q_log_scale: Tensor | None = None,
+    causal: bool = True,
+    scale: float = 1.0,
+    eps: float = 1e-6,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    max_length: int | None = None,
+) -> Tensor:
+    """Scatterbrain attention.
+
+    Args:
+        q, k: ``(B, H, L, Dk)`` raw queries and keys (the exact part uses ``exp(scale * q.k)``).
+        v: ``(B, H, L, Dv)``.
+        q_features, k_features: ``(B, H, L, m)`` non-negative low-rank features such that
+            ``exp(q_log_scale_i) * q_features_i . k_features_j`` estimates ``exp(scale * q_i.k_j)``.
+        support: candidate keys per query (:mod:`attnspec.ops.support`); each pair listed once.
+        q_log_scale: ``(B, H, L)`` log scale of the query features (Performer); None means 0.
+        causal: only j <= i (the support must respect it too; it is re-checked here).
+        scale: multiplier on ``q.k`` in the exact part.
+        eps: lower clamp of the (rescaled) joint normaliser.
+        mode, chunk_size, max_length: execution of the low-rank part (see ``linear_attention``).
+
+    Returns:
+        ``(B, H, L, Dv)``.
+    """
+    B, H, L, _ = q.shape
+    if support.index.shape[:3] != (B, H, L) or support.valid.shape != support.index.shape:
+        raise ShapeError(f"support must have shape (B, H, L, S) = ({B}, {H}, {L}, S), got "
+                         f"{tuple(support.index.shape)} and {tuple(support.valid.shape)}")
+    if q_features.shape[:3] != (B, H, L) or k_features.shape != q_features.shape:
+        raise ShapeError(f"q_features and k_features must be (B, H, L, m) with (B, H, L) = ({B}, {H}, {L}); got "
+                         f"{tuple(q_features.shape)}, {tuple(k_features.shape)}")
+    log_scale = q_log_scale if q_log_scale is not None else q.new_zeros(B, H, L)
+    v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # numerator and normaliser together
+    lowrank = linear_attention(q_features, k_features, v1, causal=causal, mode=mode, chunk_size=chunk_size,
+                               max_length=max_length)
+    valid = support.valid
+    if causal:
+        valid = valid & (support.index <= torch.arange(L, device=q.device).view(1, 1, L, 1))
+    logits = scale * (q.unsqueeze(-2) * _gather_rows(k, support.index)).sum(-1)  # (B, H, L, S)
+    logits = logits.masked_fill(~valid, float("-inf"))
+    reference = torch.maximum(log_scale, logits.amax(dim=-1) if logits.shape[-1] else log_scale).detach()
+    exact = torch.exp(logits - reference.unsqueeze(-1))
+    estimate = (q_features.unsqueeze(-2) * _gather_rows(k_features, support.index)).sum(-1)
+    lowrank_scale = torch.exp(log_scale - reference)
+    correction = exact - (lowrank_scale.unsqueeze(-1) * estimate).masked_fill(~valid, 0.0)
+    sparse = (correction.unsqueeze(-1) * _gather_rows(v1, support.index)).sum(-2)
+    total = lowrank * lowrank_scale.unsqueeze(-1) + sparse
+    return total[..., :-1] / total[..., -1:].clamp_min(eps)

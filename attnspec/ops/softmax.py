@@ -1,0 +1,56 @@
+"""Softmax attention, causal or not, with an optional additive log-decay bias (GateLoop sec. 3.4)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnspec.errors import ShapeError
+from attnspec.ops.linear import _segsum
+
+
+def decay_bias(log_a: Tensor) -> Tensor:
+    """The additive bias ``sum_{s=j+1..i} log a_s`` for ``j <= i`` and ``-inf`` for ``j > i``.
+
+    ``log_a``: ``(B, H, L)`` real; returns ``(B, H, L, L)``. With this bias, softmax attention
+    weights pair (i, j) by ``prod_{s=j+1..i} a_s`` before normalising (the real-decay case of
+    GateLoop's surrogate attention under softmax).
+    """
+    return _segsum(log_a.unsqueeze(-1)).squeeze(-1)
+
+
+def softmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_a: Tensor | None = None,
+    *,
+    causal: bool = True,
+    scale: float | None = None,
+) -> Tensor:
+    """``softmax(scale * q k^T + bias) v`` with a causal mask and an optional log-decay bias.
+
+    Args:
+        q, k: ``(B, H, L, Dk)``, float32 or float64.
+        v: ``(B, H, L, Dv)``.
+        log_a: ``None`` or a real per-head log-transition ``(B, H, L)`` (``log a_t <= 0``); the
+            score of pair (i, j) gets ``sum_{s=j+1..i} log a_s``. Requires ``causal=True``.
+        causal: position i attends to j <= i only.
+        scale: score multiplier; defaults to ``1/sqrt(Dk)``.
+
+    Returns:
+        ``(B, H, L, Dv)``. Differentiable on CPU (PyTorch's SDPA math/flash kernels).
+    """
+    if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ShapeError(f"q, k must be (B, H, L, Dk) and v (B, H, L, Dv) with equal B, H, L; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if log_a is not None:
+        if not causal:
+            raise ShapeError("log_a needs causal=True: a decay orders positions")
+        if log_a.is_complex() or tuple(log_a.shape) != tuple(q.shape[:3]):
+            raise ShapeError(f"log_a for softmax attention must be real with shape (B, H, L) = "
+                             f"{tuple(q.shape[:3])}, got {tuple(log_a.shape)} {log_a.dtype}")
+        bias = decay_bias(log_a).to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)

@@ -1,13 +1,13 @@
 """Pure functional kernels (no YAML, no modules): one file per family, every mode beside its reference."""
 
 from attnspec.ops.features import performer_features, random_projection
-from attnspec.ops.linear import MODES, linear_attention
+from attnspec.ops.linear import MODES, Decay, PairState, linear_attention, recurrent_step
 from attnspec.ops.scatterbrain import scatterbrain_attention
 from attnspec.ops.softmax import decay_bias, softmax_attention
 from attnspec.ops.support import Support, block_support, deduplicate, local_support, lsh_buckets, lsh_support
 
 __all__ = [
-    "MODES", "linear_attention", "softmax_attention", "decay_bias", "scatterbrain_attention",
+    "MODES", "Decay", "PairState", "linear_attention", "recurrent_step", "softmax_attention", "decay_bias", "scatterbrain_attention",
     "performer_features", "random_projection", "Support", "local_support", "block_support", "lsh_support",
     "lsh_buckets", "deduplicate",
 ]

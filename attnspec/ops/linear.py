@@ -84,7 +84,9 @@ def linear_attention(
         v: ``(B, H, L, Dv)`` values; same dtype.
         log_a: log-transition, ``None`` (a = 1), ``(B, H, L)`` (one per head) or ``(B, H, L, Dk)``
             (one per key channel). Real (``log|a|``) or complex (``log|a| + i theta``, complex64 with
-            float32 inputs, complex128 with float64). ``-inf`` (a = 0) resets the state.
+            float32 inputs, complex128 with float64). ``-inf`` (a = 0) resets the state. Compiled
+            code passes a :class:`Decay` ``(log_mag, phase)`` of real ``(B, H, L, 1 or Dk)`` tensors
+            instead, so no complex tensor enters the graph.
         causal: position t sees positions <= t. Non-causal requires ``log_a is None``.
         normalize: divide by the same recurrence run on ``k`` alone (linear-attention normaliser).
         scale: multiplier on ``q``.
@@ -169,8 +171,10 @@ def _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_s
 
 def _split_log_a(log_a: Tensor, q: Tensor) -> Decay:
     B, H, L, Dk = q.shape
+    if isinstance(log_a, Decay):
+        return _check_decay_pair(log_a, q)
     if not isinstance(log_a, Tensor):
-        raise ShapeError(f"log_a must be a tensor or None, got {type(log_a).__name__}")
+        raise ShapeError(f"log_a must be a tensor, a Decay pair or None, got {type(log_a).__name__}")
     if tuple(log_a.shape) not in ((B, H, L), (B, H, L, Dk)):
         raise ShapeError(f"log_a must have shape (B, H, L) = ({B}, {H}, {L}) or (B, H, L, Dk) = "
                          f"({B}, {H}, {L}, {Dk}), got {tuple(log_a.shape)}")
@@ -183,6 +187,19 @@ def _split_log_a(log_a: Tensor, q: Tensor) -> Decay:
     if log_a.is_complex():
         return Decay(log_a.real, log_a.imag)
     return Decay(log_a, None)
+
+
+def _check_decay_pair(decay: Decay, q: Tensor) -> Decay:
+    B, H, L, Dk = q.shape
+    for name, t in (("log_a.log_mag", decay.log_mag), ("log_a.phase", decay.phase)):
+        if t is None:
+            continue
+        if tuple(t.shape) not in ((B, H, L, 1), (B, H, L, Dk)) or t.dtype != q.dtype:
+            raise ShapeError(f"{name} must be {q.dtype} with shape (B, H, L, 1) or (B, H, L, Dk) = "
+                             f"({B}, {H}, {L}, 1 or {Dk}), got {tuple(t.shape)} {t.dtype}")
+    if decay.phase is not None and decay.phase.shape != decay.log_mag.shape:
+        raise ShapeError("log_a.phase must have the shape of log_a.log_mag")
+    return decay
 
 
 def _import_state(state: State, q: Tensor, v: Tensor, normalize: bool, is_complex: bool) -> PairState:
@@ -394,16 +411,34 @@ def _zero_state(q: Tensor, v: Tensor, is_complex: bool) -> PairState:
     return PairState(zeros, torch.zeros_like(zeros) if is_complex else None)
 
 
+def recurrent_step(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, state: PairState) -> tuple[Tensor, PairState]:
+    """One position of the recurrence: ``S <- diag(a) S + k^T v``, ``o = Re(q S)``.
+
+    Args:
+        q, k: ``(B, H, Dk)`` (q already scaled). v: ``(B, H, Dv)`` (with the ones column when
+            normalising). decay: ``(B, H, 1 or Dk)`` log-magnitude and phase, or None.
+        state: ``(B, H, Dk, Dv)`` real part and imaginary part (None for real transitions).
+
+    Returns:
+        ``(o, state)`` with ``o`` of shape ``(B, H, Dv)``. Plain tensors in and out, so the
+        decoding step of a model can be exported.
+    """
+    if decay is not None:
+        state = _decay_state(state, decay.log_mag, decay.phase)
+    state = _add(state, PairState(k.unsqueeze(-1) * v.unsqueeze(-2), None))
+    return _read_state(q.unsqueeze(-2), None, state).squeeze(-2), state
+
+
 def _recurrent(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None):
-    """The sequential reference: one state update per position."""
+    """The sequential reference: :func:`recurrent_step` at every position."""
     is_complex = decay is not None and decay.phase is not None
     state = initial if initial is not None else _zero_state(q, v, is_complex)
     outputs = []
     for t in range(q.shape[2]):
-        if decay is not None:
-            state = _decay_state(state, decay.log_mag[:, :, t], None if decay.phase is None else decay.phase[:, :, t])
-        state = _add(state, PairState(k[:, :, t, :, None] * v[:, :, t, None, :], None))
-        outputs.append(_read_state(q[:, :, t, None, :], None, state).squeeze(-2))
+        step_decay = None if decay is None else Decay(decay.log_mag[:, :, t],
+                                                      None if decay.phase is None else decay.phase[:, :, t])
+        out, state = recurrent_step(q[:, :, t], k[:, :, t], v[:, :, t], step_decay, state)
+        outputs.append(out)
     return torch.stack(outputs, dim=2), state
 
 

@@ -1,0 +1,226 @@
+"""Sequence mixers built from IR nodes: ``linear``, ``softmax`` and ``scatterbrain``.
+
+Every mixer maps ``x`` of shape (B, L, d_model) to (B, L, d_model). ``forward(x, mode=None)``
+runs the whole sequence in ``self.mode`` (set by the compiler's plan) or the given mode.
+Mixers with a recurrent form (``has_step``) also provide ``init_state(batch)`` and
+``step(x_t, state, position)`` for one-token decoding, with the state as a tuple of plain
+tensors so the step can be exported.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnspec.nn.registry import build, register
+from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
+from attnspec.ops.scatterbrain import scatterbrain_attention
+from attnspec.ops.softmax import softmax_attention
+from attnspec.ops.support import block_support, local_support, lsh_support
+
+
+class Mixer(nn.Module):
+    """Common parts: q/k/v/output projections, output gate and per-head output norm."""
+
+    has_step = False
+    modes: tuple[str, ...] = ("quadratic",)
+
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+        super().__init__()
+        self.heads, self.d_qk, self.d_v = node.heads, node.d_qk, node.d_v
+        self.causal, self.scale, self.max_len = node.causal, node.scale, max_len
+        self.chunk_size = node.chunk_size
+        self.mode = node.mode if node.mode != "auto" else self.modes[0]
+        self.q_proj = nn.Linear(d_model, self.heads * self.d_qk, bias=False)
+        self.k_proj = nn.Linear(d_model, self.heads * self.d_qk, bias=False)
+        self.v_proj = nn.Linear(d_model, self.heads * self.d_v, bias=False)
+        self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=False)
+        self.gate = nn.Linear(d_model, self.heads * self.d_v, bias=False) if node.output_gate != "none" else None
+        self.gate_kind = node.output_gate
+        self.norm_weight = nn.Parameter(torch.ones(self.heads * self.d_v)) if node.group_norm else None
+
+    def _heads(self, y: Tensor, width: int) -> Tensor:
+        B, L = y.shape[:2]
+        return y.view(B, L, self.heads, width).transpose(1, 2)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return (self._heads(self.q_proj(x), self.d_qk), self._heads(self.k_proj(x), self.d_qk),
+                self._heads(self.v_proj(x), self.d_v))
+
+    def _output(self, o: Tensor, x: Tensor) -> Tensor:
+        """Per-head RMS norm, merge heads, output gate, output projection: (B, H, L, Dv) -> (B, L, d_model)."""
+        if self.norm_weight is not None:
+            o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6)
+        B, H, L, Dv = o.shape
+        o = o.transpose(1, 2).reshape(B, L, H * Dv)
+        if self.norm_weight is not None:
+            o = o * self.norm_weight
+        if self.gate is not None:
+            g = self.gate(x)
+            o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))
+        return self.out_proj(o)
+
+    def regularization_loss(self) -> Tensor | None:
+        return None
+
+
+@register("mixer", "linear")
+class LinearMixer(Mixer):
+    """The gated linear family: feature map, cos re-weighting, transition, normaliser (DESIGN sec. 4)."""
+
+    modes = ("chunk", "recurrent", "scan", "quadratic")
+
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+        self.softmax_kernel = node.feature_map.kind == "exp"
+        if self.softmax_kernel:
+            self.modes = ("quadratic",)
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+        self.has_step = self.causal and not self.softmax_kernel
+        self.features = build("feature_map", node.feature_map, dim=self.d_qk, heads=self.heads, scale=self.scale,
+                              seed=seed)
+        self.cos_M = node.reweighting.M if node.reweighting.kind == "cos" else None
+        self.reweight = node.reweighting.kind == "cos"
+        self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
+        self.normalize, self.eps = node.normalize, node.eps
+        width = self.features.out_features(self.d_qk)
+        self.state_width = 2 * width if self.reweight else width
+
+    # -- shared by forward and step
+    def _prepare(self, x: Tensor, offset: Tensor | int = 0):
+        """q~, k~ (B, H, L, m), v (B, H, L, Dv [+1]), Decay or None, for positions offset.. offset+L-1."""
+        q, k, v = self._project(x)
+        q, log_scale = self.features(q, True)
+        k, _ = self.features(k, False)
+        if log_scale is not None and not self.normalize:  # the un-normalised estimate needs its true scale
+            q = q * torch.exp(log_scale).unsqueeze(-1)
+        if self.reweight:
+            q, k = self._cos_reweight(q, k, offset)
+        if self.normalize:
+            v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+        scale = 1.0 if self.features.consumes_scale else self.scale
+        return q * scale, k, v, self.transition(x)
+
+    def _cos_reweight(self, q: Tensor, k: Tensor, offset: Tensor | int) -> tuple[Tensor, Tensor]:
+        """cosFormer: features [phi cos(pi i / 2M), phi sin(pi i / 2M)] with 1-based positions i."""
+        L = q.shape[2]
+        M = self.cos_M if self.cos_M is not None else L
+        positions = torch.arange(1, L + 1, device=q.device, dtype=q.dtype)
+        if isinstance(offset, Tensor):
+            positions = positions.unsqueeze(0) + offset.to(q.dtype).view(-1, 1)  # (B, L)
+            positions = positions.view(-1, 1, L, 1)
+        else:
+            positions = (positions + offset).view(1, 1, L, 1)
+        angle = positions * (math.pi / (2 * M))
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        return torch.cat([q * cos, q * sin], dim=-1), torch.cat([k * cos, k * sin], dim=-1)
+
+    def _finish(self, o: Tensor) -> Tensor:
+        if self.normalize:
+            return o[..., :-1] / o[..., -1:].clamp_min(self.eps)
+        return o
+
+    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        if self.softmax_kernel:
+            return self._output(self._softmax_forward(x), x)
+        q, k, v, decay = self._prepare(x)
+        o = linear_attention(q, k, v, decay, causal=self.causal, mode=mode or self.mode, chunk_size=self.chunk_size,
+                             max_length=self.max_len if self.causal else None)
+        return self._output(self._finish(o), x)
+
+    def _softmax_forward(self, x: Tensor) -> Tensor:
+        q, k, v = self._project(x)
+        decay = self.transition(x)
+        log_a = None if decay is None else decay.log_mag[..., 0]
+        return softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale)
+
+    # -- decoding
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
+        """Zero state: (S_re,) or (S_re, S_im), each (batch, H, m, Dv [+1])."""
+        width = self.d_v + (1 if self.normalize else 0)
+        zeros = torch.zeros(batch, self.heads, self.state_width, width, dtype=dtype, device=device)
+        return (zeros, zeros.clone()) if self.transition.is_complex else (zeros,)
+
+    def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One token: ``x_t`` (B, d_model), ``position`` (B,) 0-based -> (y_t (B, d_model), new state)."""
+        x = x_t.unsqueeze(1)
+        q, k, v, decay = self._prepare(x, position)
+        step_decay = None if decay is None else Decay(decay.log_mag[:, :, 0],
+                                                      None if decay.phase is None else decay.phase[:, :, 0])
+        pair = PairState(state[0], state[1] if len(state) > 1 else None)
+        o, pair = recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], step_decay, pair)
+        y = self._output(self._finish(o.unsqueeze(2)), x)
+        new_state = (pair.re,) if pair.im is None else (pair.re, pair.im)
+        return y[:, 0], new_state
+
+    def regularization_loss(self) -> Tensor | None:
+        return self.features.regularization_loss()
+
+
+@register("mixer", "softmax")
+class SoftmaxMixer(Mixer):
+    """Softmax attention; a real per-head decay becomes an additive log-bias (GateLoop sec. 3.4)."""
+
+    modes = ("quadratic",)
+
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+        self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
+
+    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        q, k, v = self._project(x)
+        decay = self.transition(x)
+        log_a = None if decay is None else decay.log_mag[..., 0]
+        return self._output(softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale), x)
+
+
+class _PerformerNode:
+    """Adapter: a Scatterbrain ``lowrank: performer`` node read as a Performer feature-map node."""
+
+    def __init__(self, node):
+        self.kind, self.num_features, self.projection, self.seed = "performer", node.num_features, node.projection, node.seed
+        self.redraw, self.redraw_interval = "never", None
+
+
+@register("mixer", "scatterbrain")
+class ScatterbrainMixer(Mixer):
+    """Low-rank (Performer or a linear feature map) plus an exact sparse correction on a support."""
+
+    modes = ("chunk", "recurrent", "quadratic")
+
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+        lowrank = _PerformerNode(node.lowrank) if node.lowrank.kind == "performer" else node.lowrank.feature_map
+        self.features = build("feature_map", lowrank, dim=self.d_qk, heads=self.heads, scale=self.scale, seed=seed)
+        sparse = node.sparse
+        self.support_kind = sparse.kind
+        self.eps = node.eps
+        if sparse.kind == "lsh":
+            generator = torch.Generator().manual_seed(seed + sparse.seed)
+            self.register_buffer("rotations", torch.randn(sparse.rounds, self.d_qk, sparse.buckets // 2,
+                                                          generator=generator))
+            self.capacity = sparse.capacity
+        else:
+            self.support_size = sparse.window if sparse.kind == "local" else sparse.size
+
+    def support(self, q: Tensor, k: Tensor):
+        B, H, L, _ = q.shape
+        if self.support_kind == "lsh":
+            return lsh_support(q, k, self.rotations, self.capacity, causal=self.causal)
+        make = local_support if self.support_kind == "local" else block_support
+        return make(L, self.support_size, causal=self.causal, batch=B, heads=H, device=q.device)
+
+    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        q, k, v = self._project(x)
+        sqrt_scale = 1.0 if self.features.consumes_scale else math.sqrt(self.scale)
+        q_features, log_scale = self.features(q * sqrt_scale, True)
+        k_features, _ = self.features(k * sqrt_scale, False)
+        o = scatterbrain_attention(q, k, v, q_features, k_features, self.support(q, k), q_log_scale=log_scale,
+                                   causal=self.causal, scale=self.scale, eps=self.eps, mode=mode or self.mode,
+                                   chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None)
+        return self._output(o, x)
+
+    def regularization_loss(self) -> Tensor | None:
+        return self.features.regularization_loss()

@@ -1,0 +1,209 @@
+"""The model: input embedding, blocks (norm, mixer, residual, MLP), final norm, head.
+
+Built from a resolved :class:`~attnspec.spec.ir.Spec` by :func:`build_model_from_spec`.
+Readable top to bottom: ``Model.forward`` is the whole computation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import attnspec.nn.features  # noqa: F401  (registers the feature maps)
+import attnspec.nn.mixers  # noqa: F401  (registers the mixers)
+import attnspec.nn.transitions  # noqa: F401  (registers the transitions)
+from attnspec.nn.features import PerformerFeatures
+from attnspec.nn.registry import build
+from attnspec.spec.ir import Block as BlockNode
+from attnspec.spec.ir import Spec, iter_blocks
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    """``layernorm``, ``rmsnorm`` or ``none`` (identity)."""
+    if kind == "layernorm":
+        return nn.LayerNorm(dim)
+    if kind == "rmsnorm":
+        return RMSNorm(dim)
+    return nn.Identity()
+
+
+_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}
+
+
+class Mlp(nn.Module):
+    """``W2 act(W1 x)`` or, for ``glu``, ``W2 (act(W1 x) * W3 x)``."""
+
+    def __init__(self, node, d_model: int):
+        super().__init__()
+        hidden = node.expansion * d_model
+        self.activation = _ACTIVATIONS[node.activation]
+        self.up = nn.Linear(d_model, hidden)
+        self.gate = nn.Linear(d_model, hidden) if node.kind == "glu" else None
+        self.down = nn.Linear(hidden, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.activation(self.up(x))
+        if self.gate is not None:
+            h = h * self.gate(x)
+        return self.down(h)
+
+
+class Block(nn.Module):
+    """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); without residual the ``x +`` is dropped."""
+
+    def __init__(self, node: BlockNode, *, d_model: int, max_len: int, seed: int):
+        super().__init__()
+        self.mixer = build("mixer", node.mixer, d_model=d_model, max_len=max_len, seed=seed)
+        self.mlp = Mlp(node.mlp, d_model) if node.mlp.kind != "none" else None
+        self.norm1 = make_norm(node.norm, d_model)
+        self.norm2 = make_norm(node.norm, d_model) if self.mlp is not None else None
+        self.pre = node.norm_placement == "pre"
+        self.residual = node.residual
+
+    def _sublayer(self, x: Tensor, f, norm: nn.Module) -> Tensor:
+        if self.pre:
+            y = f(norm(x))
+            return x + y if self.residual else y
+        y = f(x)
+        return norm(x + y if self.residual else y)
+
+    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1)
+        if self.mlp is not None:
+            x = self._sublayer(x, self.mlp, self.norm2)
+        return x
+
+    def step(self, x: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        box = {}
+
+        def mix(h: Tensor) -> Tensor:
+            y, box["state"] = self.mixer.step(h, state, position)
+            return y
+
+        x = self._sublayer(x, mix, self.norm1)
+        if self.mlp is not None:
+            x = self._sublayer(x, self.mlp, self.norm2)
+        return x, box["state"]
+
+
+class Model(nn.Module):
+    """A spec's model. ``forward(inputs)``: tokens (B, L) int64 or features (B, L, dim) -> head output.
+
+    Head outputs: ``lm`` logits (B, L, vocab); ``classifier`` logits (B, classes); ``none`` the
+    final hidden states (B, L, d_model).
+    """
+
+    def __init__(self, spec: Spec):
+        super().__init__()
+        self.spec = spec
+        d = spec.d_model
+        self.token_input = spec.input.kind == "tokens"
+        self.embed = nn.Embedding(spec.input.vocab_size, d) if self.token_input else nn.Linear(spec.input.dim, d)
+        self.blocks = nn.ModuleList(
+            Block(node, d_model=d, max_len=spec.max_len, seed=spec.seed + 7919 * i)
+            for i, (_, node) in enumerate(iter_blocks(spec, expand=True))
+        )
+        self.final_norm = make_norm(spec.final_norm, d)
+        head = spec.head
+        self.head_kind = head.kind
+        self.pooling = getattr(head, "pooling", None)
+        if head.kind == "lm":
+            self.head = None if head.tied else nn.Linear(d, spec.input.vocab_size, bias=False)
+        elif head.kind == "classifier":
+            self.head = nn.Linear(d, head.classes)
+        else:
+            self.head = None
+
+    @property
+    def has_step(self) -> bool:
+        """True for a token LM whose mixers all have a recurrent form (causal, finite features): then
+        one-token decoding works with a fixed-size state."""
+        return self.token_input and self.head_kind == "lm" and all(block.mixer.has_step for block in self.blocks)
+
+    def forward(self, inputs: Tensor, mode: str | None = None) -> Tensor:
+        x = self.embed(inputs)
+        for block in self.blocks:
+            x = block(x, mode)
+        return self._head(self.final_norm(x))
+
+    def _head(self, x: Tensor) -> Tensor:
+        if self.head_kind == "lm":
+            return x @ self.embed.weight.T if self.head is None else self.head(x)
+        if self.head_kind == "classifier":
+            pooled = x.mean(dim=1) if self.pooling == "mean" else x[:, -1]
+            return self.head(pooled)
+        return x
+
+    def init_state(self, batch: int) -> tuple[Tensor, ...]:
+        """The decoding state: (position (B,) int64, then every mixer's state tensors in order)."""
+        dtype = self.embed.weight.dtype
+        device = self.embed.weight.device
+        tensors = [torch.zeros(batch, dtype=torch.long, device=device)]
+        for block in self.blocks:
+            tensors.extend(block.mixer.init_state(batch, dtype, device))
+        return tuple(tensors)
+
+    def state_layout(self) -> list[int]:
+        """How many tensors each block's mixer state has (the flat state splits by these counts)."""
+        return [len(block.mixer.init_state(1)) for block in self.blocks]
+
+    def step(self, token: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
+        """One decoding step: ``token`` (B,) int64 and the flat state -> (logits (B, vocab), *new state).
+
+        Equals ``forward`` on the whole prefix at the last position (tests check it).
+        """
+        position, rest = state[0], list(state[1:])
+        x = self.embed(token)
+        new_state: list[Tensor] = [position + 1]
+        for block, count in zip(self.blocks, self.state_layout()):
+            block_state, rest = tuple(rest[:count]), rest[count:]
+            x, block_state = block.step(x, block_state, position)
+            new_state.extend(block_state)
+        return (self._head(self.final_norm(x)), *new_state)
+
+    def regularization_loss(self) -> Tensor:
+        """Sum of the orthogonality regularisers of the trainable kernels (add it to the training loss)."""
+        terms = [t for block in self.blocks if (t := block.mixer.regularization_loss()) is not None]
+        return torch.stack(terms).sum() if terms else torch.zeros((), dtype=self.embed.weight.dtype)
+
+    def set_modes(self, modes: list[str]) -> None:
+        """Set each block's full-sequence mode (the compiler's plan)."""
+        for block, mode in zip(self.blocks, modes):
+            block.mixer.mode = mode
+
+
+def redraw_random_features(model: nn.Module, step: int) -> int:
+    """Redraw Performer projections whose spec says ``redraw: interval`` when ``step`` is a multiple of it.
+
+    Call it from the training loop once per optimiser step. Returns how many were redrawn.
+    """
+    count = 0
+    for module in model.modules():
+        if isinstance(module, PerformerFeatures) and module.redraw_interval and step % module.redraw_interval == 0:
+            module.redraw(step)
+            count += 1
+    return count
+
+
+def build_model_from_spec(spec: Spec) -> Model:
+    """Instantiate the model of a resolved spec, deterministically from ``spec.seed``."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(spec.seed)
+    try:
+        model = Model(spec)
+    finally:
+        torch.random.set_rng_state(state)
+    return model.to(DTYPES[spec.dtype])

@@ -1,0 +1,99 @@
+"""State transitions a_t, produced as a real ``Decay(log_mag, phase)`` of shape (B, H, L, 1 or Dk).
+
+All transitions are carried in log space: ``log|a|`` (always < 0 by construction) and the
+phase ``theta`` (None for real transitions).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnspec.nn.registry import register
+from attnspec.ops.linear import Decay
+
+
+class Transition(nn.Module):
+    """Base: ``forward(x)`` with x (B, L, d_model) -> Decay or None."""
+
+    is_complex = False
+    per_channel = False
+
+
+@register("transition", "none")
+class NoTransition(Transition):
+    def __init__(self, node, **_):
+        super().__init__()
+
+    def forward(self, x: Tensor) -> Decay | None:
+        return None
+
+
+@register("transition", "fixed")
+class FixedTransition(Transition):
+    """A learnable input-independent transition ``a = exp(-exp(nu) + i theta)`` (so |a| < 1 always).
+
+    Initialisations: ``retnet`` |a| = 1 - 2^(-5-c) and theta = 10000^(-c/n) (xPos-like);
+    ``lru`` |a| uniform in [0.9, 0.999] on the ring, theta uniform in [0, 2 pi);
+    ``s4d_lin`` the ZOH discretisation exp(dt (-1/2 + i pi c)) with dt log-uniform in [1e-3, 1e-1].
+    """
+
+    def __init__(self, node, *, heads: int, d_qk: int, **_):
+        super().__init__()
+        self.per_channel = node.per == "channel"
+        self.is_complex = node.complex
+        self.heads, self.width = heads, d_qk if self.per_channel else 1
+        count = heads * self.width
+        index = torch.arange(count, dtype=torch.float64)
+        if node.init == "retnet":
+            exponent = 5.0 + index * (heads / count) if self.per_channel else 5.0 + index
+            magnitude = 1.0 - torch.pow(2.0, -exponent)
+            theta = torch.pow(10000.0, -(index % max(self.width, 1)) / max(self.width, 1)) if self.per_channel \
+                else torch.pow(10000.0, -index / count)
+            log_mag = torch.log(magnitude)
+        elif node.init == "lru":
+            r_min, r_max = 0.9, 0.999
+            u = torch.rand(count, dtype=torch.float64)
+            log_mag = 0.5 * torch.log(u * (r_max ** 2 - r_min ** 2) + r_min ** 2)
+            theta = 2 * math.pi * torch.rand(count, dtype=torch.float64)
+        else:  # s4d_lin
+            dt = torch.exp(torch.rand(count, dtype=torch.float64) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
+            channel = index % max(self.width, 1) if self.per_channel else index
+            log_mag = -0.5 * dt
+            theta = math.pi * channel * dt
+        self.nu = nn.Parameter(torch.log(-log_mag).float().view(heads, self.width))
+        self.theta = nn.Parameter(theta.float().view(heads, self.width)) if self.is_complex else None
+
+    def forward(self, x: Tensor) -> Decay:
+        B, L = x.shape[:2]
+        log_mag = (-torch.exp(self.nu)).to(x.dtype).view(1, self.heads, 1, self.width).expand(B, -1, L, -1)
+        phase = None if self.theta is None else self.theta.to(x.dtype).view(1, self.heads, 1, self.width).expand(B, -1, L, -1)
+        return Decay(log_mag, phase)
+
+
+@register("transition", "data")
+class DataTransition(Transition):
+    """GateLoop: ``a_t = f(W_gamma x_t) exp(i g(W_theta x_t))``; f = sigmoid or exp(-exp(.)), g = identity."""
+
+    def __init__(self, node, *, d_model: int, heads: int, d_qk: int, **_):
+        super().__init__()
+        self.per_channel = node.per == "channel"
+        self.is_complex = node.phase != "none"
+        self.heads, self.width = heads, d_qk if self.per_channel else 1
+        self.magnitude = node.magnitude
+        self.gamma = nn.Linear(d_model, heads * self.width)
+        self.theta = nn.Linear(d_model, heads * self.width) if self.is_complex else None
+
+    def _split(self, y: Tensor) -> Tensor:
+        B, L = y.shape[:2]
+        return y.view(B, L, self.heads, self.width).transpose(1, 2)
+
+    def forward(self, x: Tensor) -> Decay:
+        gamma = self._split(self.gamma(x))
+        # log sigmoid(g) = -softplus(-g) never rounds to log 0; exp(-exp(g)) has log -exp(g) directly.
+        log_mag = F.logsigmoid(gamma) if self.magnitude == "sigmoid" else -torch.exp(gamma)
+        phase = None if self.theta is None else self._split(self.theta(x))
+        return Decay(log_mag, phase)

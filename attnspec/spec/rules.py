@@ -74,10 +74,17 @@ def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
         if mixer.mode not in QUADRATIC_ONLY_MODES:
             yield at + ("mode",), (f"softmax attention has no finite feature expansion, so it can only be computed "
                                    f"quadratically; mode '{mixer.mode}' is impossible: use `mode: quadratic` or `auto`")
-        if _is_complex(transition):
-            yield at + ("transition",), _COMPLEX_SOFTMAX
+        yield from _softmax_decay_rules(transition, at)
     elif isinstance(mixer, ScatterbrainMixer):
         yield from _scatterbrain_rules(spec, mixer, at)
+
+
+def _softmax_decay_rules(transition: Any, at: Path) -> Iterator[Violation]:
+    if _is_complex(transition):
+        yield at + ("transition",), _COMPLEX_SOFTMAX
+    elif transition is not None and getattr(transition, "per", "head") == "channel":
+        yield at + ("transition", "per"), ("under softmax a decay is one additive bias per pair of positions, so it "
+                                           "must be per head; set `per: head`")
 
 
 _COMPLEX_SOFTMAX = ("softmax scores must be real, but this transition is complex; use a real decay "
@@ -100,8 +107,14 @@ def _linear_rules(spec: Spec, mixer: LinearMixer, at: Path, d_qk: int | None) ->
         yield at + ("mode",), (f"exp features (the softmax kernel) have no finite feature expansion, so the mixer "
                                f"can only be computed quadratically; mode '{mixer.mode}' is impossible: use "
                                "`mode: quadratic` or `auto`, or a finite feature map such as performer")
-    if fmap.kind == "exp" and _is_complex(mixer.transition):
-        yield at + ("transition",), _COMPLEX_SOFTMAX
+    if fmap.kind == "exp":
+        yield from _softmax_decay_rules(mixer.transition, at)
+        if not mixer.normalize:
+            yield at + ("normalize",), ("exp features are the softmax kernel and are computed as softmax attention, "
+                                        "which is normalised; set `normalize: true` (or use performer features)")
+        if mixer.reweighting.kind != "none":
+            yield at + ("reweighting",), ("cos re-weighting needs finite features (the Ptolemy split); with exp "
+                                          "features use `reweighting: none`, or relu/performer features")
     yield from _feature_rules(fmap, at + ("feature_map",), d_qk)
     if isinstance(mixer.reweighting, CosReweighting):
         M = mixer.reweighting.M

@@ -353,19 +353,16 @@ def _matrix_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState) -> Pa
 
 
 def _apply_decay_matrix(weight: Tensor, states: Tensor) -> Tensor:
-    """``out[..., c] = sum_c' weight[..., c, c', :] * states[..., c', :, :]`` (decay per row of the state)."""
-    if weight.shape[-1] == 1:  # one decay per head: a plain matrix product over c'
-        flat = states.flatten(-2)
-        return (weight.squeeze(-1) @ flat).unflatten(-1, states.shape[-2:])
-    # one decay per key channel d: a batched product over d
-    out = weight.movedim(-1, -3) @ states.movedim(-2, -3)  # (..., Dk, n, n) @ (..., Dk, n, Dv)
-    return out.movedim(-3, -2)
+    """``out[..., c, :, :] = sum_c' weight[..., c, c', 0] * states[..., c', :, :]`` (one decay per head)."""
+    assert weight.shape[-1] == 1, "per-channel decays use inclusive_scan"
+    flat = states.flatten(-2)
+    return (weight.squeeze(-1) @ flat).unflatten(-1, states.shape[-2:])
 
 
 def blocked_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, levels: int) -> PairState:
     """Inclusive prefix states of ``S_c = a_c S_(c-1) + W_c`` along axis ``-3`` of ``writes``.
 
-    ``log_mag``/``phase``: ``(B, H, n, Dd)`` (Dd = 1 or Dk); ``writes``: ``(B, H, n, Dk, Dv)``.
+    ``log_mag``/``phase``: ``(B, H, n, 1)`` (one decay per head); ``writes``: ``(B, H, n, Dk, Dv)``.
     Within groups of ``GROUP`` elements the states are one matrix product with the decay
     matrix ``exp(segment sums)``; the group summaries are combined by the same method one
     level up. ``levels`` is fixed by the caller so compiled code does not branch on n.
@@ -373,12 +370,11 @@ def blocked_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, level
     if levels <= 1:
         return _matrix_scan(log_mag, phase, writes)
     B, H, n = log_mag.shape[:3]
-    pad = (-n) % GROUP
-    if pad:
-        log_mag = F.pad(log_mag, [0, 0, 0, pad])
-        phase = None if phase is None else F.pad(phase, [0, 0, 0, pad])
-        writes = PairState(*(None if t is None else F.pad(t, [0, 0, 0, 0, 0, pad]) for t in writes))
-    g = (n + pad) // GROUP
+    g = (n + GROUP - 1) // GROUP  # unconditional padding, as in _chunked
+    pad = g * GROUP - n
+    log_mag = F.pad(log_mag, [0, 0, 0, pad])
+    phase = None if phase is None else F.pad(phase, [0, 0, 0, pad])
+    writes = PairState(*(None if t is None else F.pad(t, [0, 0, 0, 0, 0, pad]) for t in writes))
     group = lambda t: None if t is None else t.unflatten(2, (g, GROUP))  # noqa: E731
     log_mag, phase = group(log_mag), group(phase)
     local = _matrix_scan(log_mag, phase, PairState(group(writes.re), group(writes.im)))
@@ -392,7 +388,7 @@ def blocked_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, level
     carried = _decay_state(PairState(entering.re.unsqueeze(3), None if entering.im is None else entering.im.unsqueeze(3)),
                            from_start, from_start_phase)
     states = _add(local, carried)
-    ungroup = lambda t: None if t is None else t.flatten(2, 3)[:, :, :n]  # noqa: E731
+    ungroup = lambda t: None if t is None else _unpad(t.flatten(2, 3), n)  # noqa: E731
     return PairState(ungroup(states.re), ungroup(states.im))
 
 
@@ -486,7 +482,7 @@ def _quadratic(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pa
     if decay.log_mag.shape[-1] == 1:
         scores = (q @ k.transpose(-1, -2)) * pair.squeeze(-1)
     else:
-        scores = torch.einsum("bhic,bhjc,bhijc->bhij", q, k, pair)
+        scores = (q.unsqueeze(-2) * k.unsqueeze(-3) * pair).sum(-1)  # per-channel decays: (.., i, j, Dk)
     out = scores @ v
     # Decay from each position to the end (sum_{s > j} log a_s), and from the start to each position.
     to_end = _reverse_exclusive_cumsum(decay.log_mag)
@@ -515,13 +511,14 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
     C = chunk_size
-    pad = (-L) % C
-    if pad:
-        q, k, v = (F.pad(t, [0, 0, 0, pad]) for t in (q, k, v))
-        if decay is not None:  # padded positions have a = 1 (log 0) and write nothing
-            decay = Decay(F.pad(decay.log_mag, [0, 0, 0, pad]),
-                          None if decay.phase is None else F.pad(decay.phase, [0, 0, 0, pad]))
-    n = (L + pad) // C
+    # n = ceil(L / C) and pad = n C - L, always applied (possibly 0): written this way, L + pad = n C holds
+    # symbolically, so compiled and exported code stays dynamic in L (a branch on L % C would specialise it)
+    n = (L + C - 1) // C
+    pad = n * C - L
+    q, k, v = (F.pad(t, [0, 0, 0, pad]) for t in (q, k, v))
+    if decay is not None:  # padded positions have a = 1 (log 0) and write nothing
+        decay = Decay(F.pad(decay.log_mag, [0, 0, 0, pad]),
+                      None if decay.phase is None else F.pad(decay.phase, [0, 0, 0, pad]))
     q, k, v = (t.reshape(B, H, n, C, t.shape[-1]) for t in (q, k, v))
     mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
 
@@ -534,7 +531,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
         entering = PairState(_shift_in(chunk_states.re, initial.re if initial is not None else None), None)
         out = out + _read_state(q, None, entering)
         final = PairState(chunk_states.re[:, :, -1], None)
-        return out.reshape(B, H, n * C, Dv)[:, :, :L], final
+        return _unpad(out.reshape(B, H, n * C, Dv), L), final
 
     Dd = decay.log_mag.shape[-1]
     log_mag = decay.log_mag.reshape(B, H, n, C, Dd)
@@ -548,7 +545,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     if Dd == 1:
         scores = (q @ k.transpose(-1, -2)) * pair.squeeze(-1)
     else:
-        scores = torch.einsum("bhnic,bhnjc,bhnijc->bhnij", q, k, pair)
+        scores = (q.unsqueeze(-2) * k.unsqueeze(-3) * pair).sum(-1)  # per-channel decays: (.., i, j, Dk)
     out = scores @ v
 
     # Each chunk's write to the state: sum_j exp(sum_{s>j in chunk} log a_s) k_j^T v_j.
@@ -563,14 +560,25 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     if initial is not None:  # fold S0 into the first chunk's write
         first = _decay_state(initial, chunk_mag[:, :, 0], None if chunk_phase is None else chunk_phase[:, :, 0])
         writes = _add(writes, PairState(_at_first(first.re, n), None if first.im is None else _at_first(first.im, n)))
-    states = blocked_scan(chunk_mag, chunk_phase, writes, levels=scan_levels(n, max_length, C))
+    if Dd == 1:  # one decay per head: the blocked matrix form (matrix products)
+        states = blocked_scan(chunk_mag, chunk_phase, writes, levels=scan_levels(n, max_length, C))
+    else:  # one decay per channel: an elementwise Hillis-Steele scan (a batched matmul over channels would
+        # specialise compiled code on the number of chunks)
+        states = inclusive_scan(chunk_mag, chunk_phase, writes, dim=-3, steps=scan_steps(n, max_length, C))
     start_re = initial.re if initial is not None else None
     start_im = initial.im if initial is not None else None
     entering = PairState(_shift_in(states.re, start_re), None if states.im is None else _shift_in(states.im, start_im))
     q_re, q_im = _rotate(q, from_start, from_start_phase)
     out = out + _read_state(q_re, q_im, entering)
     final = PairState(states.re[:, :, -1], None if states.im is None else states.im[:, :, -1])
-    return out.reshape(B, H, n * C, Dv)[:, :, :L], final
+    return _unpad(out.reshape(B, H, n * C, Dv), L), final
+
+
+def _unpad(x: Tensor, length) -> Tensor:
+    """``x[:, :, :length]`` written as an index_select: a slice makes symbolic shapes prove
+    ``length <= x.shape[2]`` (here ``L <= C * ceil(L / C)``, which they cannot), specialising
+    compiled and exported code on L; the gather needs no such proof."""
+    return x.index_select(2, torch.arange(length, device=x.device))
 
 
 def _shift_in(states: Tensor, first: Tensor | None) -> Tensor:

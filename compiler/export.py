@@ -1,0 +1,65 @@
+"""Exporting with ``torch.export``: the model with dynamic batch and length, and the decoding step.
+
+The exported programs load with ``torch.export.load`` and run without attnspec installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from attnspec.compiler.compile import size_oblivious
+from attnspec.nn.model import Model
+
+
+class DecodeStep(nn.Module):
+    """``forward(token, *state) -> (logits, *state)``: the model's one-token step as a plain module."""
+
+    def __init__(self, model: Model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, token: torch.Tensor, *state: torch.Tensor):
+        return self.model.step(token, *state)
+
+
+def example_input(model: Model, batch: int, length: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random tokens (B, L) or features (B, L, dim) for ``model``."""
+    spec = model.spec
+    if spec.input.kind == "tokens":
+        return torch.randint(0, spec.input.vocab_size, (batch, length), generator=generator)
+    dtype = model.embed.weight.dtype
+    return torch.randn(batch, length, spec.input.dim, generator=generator, dtype=dtype)
+
+
+def export_model(model: Model, path: Path) -> torch.export.ExportedProgram:
+    """Export ``model.forward`` with dynamic batch (1..4096) and length (2..max_len) to ``path``."""
+    max_len = model.spec.max_len
+    inputs = example_input(model, 3, min(17, max_len))
+    batch = Dim("batch", min=1, max=4096)
+    length = Dim("length", min=2, max=max(max_len, 3))
+    with size_oblivious():
+        program = torch.export.export(model, (inputs,), dynamic_shapes={"inputs": {0: batch, 1: length}}, strict=False)
+    torch.export.save(program, str(path))
+    return program
+
+
+def export_step(model: Model, path: Path) -> torch.export.ExportedProgram:
+    """Export the one-token decoding step with dynamic batch; the state tensors are explicit inputs/outputs."""
+    step = DecodeStep(model)
+    state = model.init_state(3)
+    token = torch.zeros(3, dtype=torch.long)
+    batch = Dim("batch", min=1, max=4096)
+    shapes = ({0: batch},) + tuple({0: batch} for _ in state)
+    with size_oblivious():
+        program = torch.export.export(step, (token, *state), dynamic_shapes=(shapes[0], shapes[1:]), strict=False)
+    torch.export.save(program, str(path))
+    return program
+
+
+def state_signature(model: Model) -> list[dict]:
+    """Shapes (without the batch dimension) and dtypes of the decoding state, for loaders without attnspec."""
+    return [{"shape": list(t.shape[1:]), "dtype": str(t.dtype).replace("torch.", "")} for t in model.init_state(1)]

@@ -1,0 +1,200 @@
+"""Planning: choose per mixer the execution mode for full sequences and for one-token decoding.
+
+The cost model estimates, per mixer and per mode, the multiply-adds, the bytes moved through
+memory and the number of sequential steps, from the sequence length L, the widths (feature
+width m, value width d, head count H) and whether the transition is per channel or complex.
+A mode's estimated time is
+
+    macs / MAC_RATE + bytes / BANDWIDTH + sequential_steps * STEP_OVERHEAD
+
+with rates for a 2-core CPU; ``auto`` takes the cheapest valid mode. Two regimes:
+
+* full sequence (training, prefill): the model is compiled and exported with a dynamic length,
+  so only modes without a Python loop over positions qualify (chunk, scan, quadratic); a
+  forced ``recurrent`` is rejected for builds with the reason.
+* decoding: the recurrent step (constant-size state) for mixers that have one; softmax and
+  Scatterbrain need the whole prefix, so a model containing them has no decoding step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from attnspec.errors import BuildError
+from attnspec.spec.ir import LinearMixer, ScatterbrainMixer, Spec, iter_blocks
+from attnspec.spec.source import format_path
+
+MAC_RATE = 40e9  # multiply-adds per second a 2-core CPU sustains on these shapes (measured order)
+BANDWIDTH = 10e9  # bytes per second of memory traffic
+STEP_OVERHEAD = 20e-6  # seconds per sequential step (a kernel launch / Python iteration)
+BYTES = 4
+
+
+@dataclass
+class Cost:
+    """Estimated work of one mixer at one length (all heads, batch 1)."""
+
+    macs: float
+    bytes: float
+    state_bytes: float
+    sequential_steps: int
+
+    @property
+    def seconds(self) -> float:
+        return self.macs / MAC_RATE + self.bytes / BANDWIDTH + self.sequential_steps * STEP_OVERHEAD
+
+
+@dataclass
+class LayerPlan:
+    """The plan of one block's mixer."""
+
+    path: str
+    mixer: str
+    full_mode: str
+    decode_mode: str | None
+    cost: Cost
+    reason: str
+    candidates: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """The plan of a model at one length: one :class:`LayerPlan` per block, in execution order."""
+
+    length: int
+    layers: list[LayerPlan]
+
+    @property
+    def full_modes(self) -> list[str]:
+        return [layer.full_mode for layer in self.layers]
+
+    @property
+    def has_decode(self) -> bool:
+        return all(layer.decode_mode is not None for layer in self.layers)
+
+    def to_json(self) -> dict:
+        return {"length": self.length, "layers": [asdict(layer) for layer in self.layers]}
+
+
+def _feature_width(mixer) -> int:
+    fmap = mixer.feature_map if isinstance(mixer, LinearMixer) else None
+    if fmap is not None and fmap.kind == "performer":
+        width = fmap.num_features
+    elif isinstance(mixer, ScatterbrainMixer) and mixer.lowrank.kind == "performer":
+        width = mixer.lowrank.num_features
+    else:
+        width = mixer.d_qk
+    if isinstance(mixer, LinearMixer) and mixer.reweighting.kind == "cos":
+        width *= 2
+    return width
+
+
+def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, complex_: bool) -> dict[str, Cost]:
+    """Estimated costs of each mode of (gated) linear attention; see the module docstring."""
+    c = 2 if complex_ else 1  # real and imaginary parts of the state
+    state = H * m * d * c
+    n = -(-L // chunk)
+    levels = max(1, math.ceil(math.log(max(n, 1), 32)))
+    intra_decay = L * chunk * (m if per_channel else 1)
+    costs = {
+        "recurrent": Cost(macs=H * L * m * d * 2 * c, bytes=H * L * (2 * m + d) * BYTES + L * state * BYTES,
+                          state_bytes=state * BYTES, sequential_steps=L),
+        "scan": Cost(macs=H * L * m * d * c * (1 + max(1, math.ceil(math.log2(max(L, 2))))),
+                     bytes=H * L * m * d * c * BYTES * (2 + 2 * math.ceil(math.log2(max(L, 2)))),
+                     state_bytes=state * BYTES, sequential_steps=math.ceil(math.log2(max(L, 2)))),
+        "chunk": Cost(macs=H * (L * chunk * (m + d) + 2 * L * m * d * c + intra_decay + n * 32 * m * d * c),
+                      bytes=H * (L * chunk * (1 + (m if per_channel else 0)) + n * m * d * c * 3 + L * (2 * m + 2 * d)) * BYTES,
+                      state_bytes=state * BYTES, sequential_steps=2 * levels + 4),
+        "quadratic": Cost(macs=H * (L * L * (m + d) + (L * L * m if per_channel else 0)),
+                          bytes=H * L * L * (2 + (m if per_channel else 0)) * BYTES,
+                          state_bytes=state * BYTES, sequential_steps=4),
+    }
+    return costs
+
+
+def _softmax_cost(L: int, H: int, dk: int, dv: int) -> Cost:
+    return Cost(macs=H * L * L * (dk + dv) / 2, bytes=H * L * (2 * dk + 2 * dv) * BYTES * 4, state_bytes=0,
+                sequential_steps=4)
+
+
+def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False) -> Plan:
+    """Plan every block of a resolved spec at ``length`` (default ``max_len``).
+
+    With ``for_build`` a forced mode that cannot be compiled with a dynamic length is an error.
+    """
+    L = length or spec.max_len
+    if L < 1:
+        raise BuildError(f"--length must be positive, got {L}")
+    layers = []
+    for path, block in iter_blocks(spec, expand=True):
+        layers.append(_plan_mixer(block.mixer, format_path(path + ("mixer",)), L, for_build))
+    return Plan(L, layers)
+
+
+def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
+    H = mixer.heads
+    if mixer.kind == "softmax" or (isinstance(mixer, LinearMixer) and mixer.feature_map.kind == "exp"):
+        cost = _softmax_cost(L, H, mixer.d_qk, mixer.d_v)
+        return LayerPlan(path, _describe(mixer), "quadratic", None, cost,
+                         "the softmax kernel has no finite features: quadratic is the only mode; no constant-size "
+                         "decoding state (the whole prefix is needed)", {"quadratic": cost.seconds})
+    transition = getattr(mixer, "transition", None)
+    per_channel = transition is not None and getattr(transition, "per", "head") == "channel" and transition.kind != "none"
+    complex_ = transition is not None and (getattr(transition, "complex", False) or
+                                           (transition.kind == "data" and transition.phase != "none"))
+    d = mixer.d_v + (1 if getattr(mixer, "normalize", True) else 0)
+    costs = linear_costs(L, H, _feature_width(mixer), d, mixer.chunk_size, per_channel, complex_)
+    if isinstance(mixer, ScatterbrainMixer):
+        costs.pop("scan")
+        sparse = _support_size(mixer)
+        for cost in costs.values():
+            cost.macs += H * L * sparse * (mixer.d_qk + mixer.d_v + _feature_width(mixer))
+            cost.bytes += H * L * sparse * (mixer.d_qk + mixer.d_v) * BYTES
+    if not mixer.causal:  # every mode but quadratic computes the linear form q (K^T V): no loop, no scan
+        m = _feature_width(mixer)
+        linear_form = Cost(macs=H * L * m * d * 2, bytes=H * L * (2 * m + 2 * d) * BYTES, state_bytes=0,
+                           sequential_steps=3)
+        costs = {name: (costs[name] if name == "quadratic" else linear_form) for name in costs}
+    loops = mixer.causal  # causal recurrent mode is a Python loop over positions
+    compilable = {name: cost for name, cost in costs.items() if name != "recurrent" or not loops}
+    seconds = {name: cost.seconds for name, cost in costs.items()}
+    decode = "recurrent" if mixer.causal and isinstance(mixer, LinearMixer) else None
+    if mixer.mode != "auto":
+        if for_build and mixer.mode == "recurrent" and loops:
+            raise BuildError(f"{path}.mode: 'recurrent' loops over positions in Python, so it cannot be compiled "
+                             "or exported with a dynamic sequence length; use `mode: auto` or `chunk` (decoding "
+                             "uses the recurrent form anyway)")
+        chosen = mixer.mode
+        reason = f"forced by the spec (mode: {mixer.mode})"
+    else:
+        chosen = min(compilable, key=lambda name: compilable[name].seconds)
+        ranked = sorted(compilable, key=lambda name: compilable[name].seconds)
+        reason = "cheapest: " + ", ".join(f"{name} {compilable[name].seconds * 1e3:.2f} ms" for name in ranked)
+        if "recurrent" in costs and loops:
+            reason += f"; recurrent {costs['recurrent'].seconds * 1e3:.2f} ms (not compilable with dynamic length)"
+    if decode is None and mixer.kind == "scatterbrain":
+        reason += "; no decoding step (the sparse part needs the whole prefix)"
+    elif decode is None:
+        reason += "; no decoding step (non-causal)"
+    return LayerPlan(path, _describe(mixer), chosen, decode, costs[chosen], reason, seconds)
+
+
+def _support_size(mixer: ScatterbrainMixer) -> int:
+    sparse = mixer.sparse
+    if sparse.kind == "lsh":
+        return sparse.rounds * sparse.capacity
+    return sparse.window if sparse.kind == "local" else sparse.size
+
+
+def _describe(mixer) -> str:
+    if isinstance(mixer, LinearMixer):
+        parts = [f"linear[{mixer.feature_map.kind}"]
+        if mixer.reweighting.kind != "none":
+            parts.append(mixer.reweighting.kind)
+        if mixer.transition.kind != "none":
+            parts.append(f"{mixer.transition.kind} transition")
+        return ", ".join(parts) + f"] x{mixer.heads}"
+    if isinstance(mixer, ScatterbrainMixer):
+        return f"scatterbrain[{mixer.lowrank.kind} + {mixer.sparse.kind}] x{mixer.heads}"
+    return f"softmax x{mixer.heads}"

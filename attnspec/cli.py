@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from attnspec.errors import AttnSpecError, SpecError
@@ -144,12 +145,12 @@ def explain(
 
     spec = load_spec(file, overrides or ())
     plan = plan_spec(spec, length=length)
-    table = Table(title=f"{spec.name}: plan at L = {plan.length}")
+    table = Table(title=escape(f"{spec.name}: plan at L = {plan.length}"))
     for column in ("layer", "mixer", "full sequence", "decode", "est. GMAC", "est. MiB", "why"):
         table.add_column(column)
     for entry in plan.layers:
-        table.add_row(entry.path, entry.mixer, entry.full_mode, entry.decode_mode or "-",
-                      f"{entry.cost.macs / 1e9:.3f}", f"{entry.cost.bytes / 2**20:.1f}", entry.reason)
+        table.add_row(escape(entry.path), escape(entry.mixer), entry.full_mode, entry.decode_mode or "-",
+                      f"{entry.cost.macs / 1e9:.3f}", f"{entry.cost.bytes / 2**20:.1f}", escape(entry.reason))
     out.print(table)
 
 
@@ -192,7 +193,7 @@ def verify(
     for column in ("layer", "mode", "max abs diff", "max rel diff", "tolerance", "ok"):
         table.add_column(column)
     for row in report.rows:
-        table.add_row(row.layer, row.mode, f"{row.abs_diff:.2e}", f"{row.rel_diff:.2e}", f"{row.tolerance:.0e}",
+        table.add_row(escape(row.layer), row.mode, f"{row.abs_diff:.2e}", f"{row.rel_diff:.2e}", f"{row.tolerance:.0e}",
                       "yes" if row.ok else "NO")
     out.print(table)
     if not report.ok:

@@ -127,8 +127,8 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False)
     if L < 1:
         raise BuildError(f"--length must be positive, got {L}")
     layers = []
-    for path, block in iter_blocks(spec, expand=True):
-        layers.append(_plan_mixer(block.mixer, format_path(path + ("mixer",)), L, for_build))
+    for index, (path, block) in enumerate(iter_blocks(spec, expand=True)):
+        layers.append(_plan_mixer(block.mixer, f"blocks[{index}] ({format_path(path)})", L, for_build))
     return Plan(L, layers)
 
 
@@ -162,7 +162,7 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
     decode = "recurrent" if mixer.causal and isinstance(mixer, LinearMixer) else None
     if mixer.mode != "auto":
         if for_build and mixer.mode == "recurrent" and loops:
-            raise BuildError(f"{path}.mode: 'recurrent' loops over positions in Python, so it cannot be compiled "
+            raise BuildError(f"{path}: mixer.mode 'recurrent' loops over positions in Python, so it cannot be compiled "
                              "or exported with a dynamic sequence length; use `mode: auto` or `chunk` (decoding "
                              "uses the recurrent form anyway)")
         chosen = mixer.mode

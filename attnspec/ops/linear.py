@@ -253,6 +253,19 @@ def _segsum(x: Tensor) -> Tensor:
     return sums.masked_fill(~causal.unsqueeze(-1), float("-inf"))
 
 
+def batched_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for equal leading (batch) dims, as one ``bmm`` on explicitly flattened batches.
+
+    ``torch.matmul``'s decomposition branches on whether batch dimensions have size 1, which
+    makes compiled code recompile when the number of chunks changes from 1 to more; an explicit
+    bmm has no such branch.
+    """
+    batch = a.shape[:-2]
+    count = math.prod(batch)
+    out = torch.bmm(a.reshape(count, a.shape[-2], a.shape[-1]), b.reshape(count, b.shape[-2], b.shape[-1]))
+    return out.reshape(*batch, a.shape[-2], b.shape[-1])
+
+
 def _rotate(x: Tensor, log_mag: Tensor, phase: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """``x * exp(log_mag + i phase)`` as (re, im); im is None for real decays."""
     scaled = x * torch.exp(log_mag)
@@ -263,9 +276,9 @@ def _rotate(x: Tensor, log_mag: Tensor, phase: Tensor | None) -> tuple[Tensor, T
 
 def _read_state(q_re: Tensor, q_im: Tensor | None, state: PairState) -> Tensor:
     """``Re((q_re + i q_im) @ (S.re + i S.im))`` for queries (..., T, Dk) and states (..., Dk, Dv)."""
-    out = q_re @ state.re
+    out = batched_matmul(q_re, state.re)
     if q_im is not None and state.im is not None:
-        out = out - q_im @ state.im
+        out = out - batched_matmul(q_im, state.im)
     return out
 
 
@@ -356,7 +369,7 @@ def _apply_decay_matrix(weight: Tensor, states: Tensor) -> Tensor:
     """``out[..., c, :, :] = sum_c' weight[..., c, c', 0] * states[..., c', :, :]`` (one decay per head)."""
     assert weight.shape[-1] == 1, "per-channel decays use inclusive_scan"
     flat = states.flatten(-2)
-    return (weight.squeeze(-1) @ flat).unflatten(-1, states.shape[-2:])
+    return batched_matmul(weight.squeeze(-1), flat).unflatten(-1, states.shape[-2:])
 
 
 def blocked_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, levels: int) -> PairState:
@@ -370,7 +383,7 @@ def blocked_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, level
     if levels <= 1:
         return _matrix_scan(log_mag, phase, writes)
     B, H, n = log_mag.shape[:3]
-    g = (n + GROUP - 1) // GROUP  # unconditional padding, as in _chunked
+    g = (n + GROUP - 1) // GROUP + 1  # unconditional padding and g >= 2, as in _chunked
     pad = g * GROUP - n
     log_mag = F.pad(log_mag, [0, 0, 0, pad])
     phase = None if phase is None else F.pad(phase, [0, 0, 0, pad])
@@ -511,9 +524,10 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
     C = chunk_size
-    # n = ceil(L / C) and pad = n C - L, always applied (possibly 0): written this way, L + pad = n C holds
-    # symbolically, so compiled and exported code stays dynamic in L (a branch on L % C would specialise it)
-    n = (L + C - 1) // C
+    # n = ceil(L / C) + 1 chunks and pad = n C - L, always applied: written this way L + pad = n C holds
+    # symbolically, and the extra all-padding chunk keeps n >= 2, so compiled and exported code never
+    # specialises on "one chunk" (size-1 dimensions are special to torch's shape reasoning) or on L % C.
+    n = (L + C - 1) // C + 1
     pad = n * C - L
     q, k, v = (F.pad(t, [0, 0, 0, pad]) for t in (q, k, v))
     if decay is not None:  # padded positions have a = 1 (log 0) and write nothing
@@ -523,9 +537,9 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
 
     if decay is None:
-        scores = (q @ k.transpose(-1, -2)).masked_fill(~mask, 0.0)
-        out = scores @ v
-        chunk_states = PairState(torch.cumsum(k.transpose(-1, -2) @ v, dim=2), None)  # inclusive over chunks
+        scores = batched_matmul(q, k.transpose(-1, -2)).masked_fill(~mask, 0.0)
+        out = batched_matmul(scores, v)
+        chunk_states = PairState(torch.cumsum(batched_matmul(k.transpose(-1, -2), v), dim=2), None)  # inclusive over chunks
         if initial is not None:
             chunk_states = PairState(chunk_states.re + initial.re.unsqueeze(2), None)
         entering = PairState(_shift_in(chunk_states.re, initial.re if initial is not None else None), None)
@@ -543,16 +557,17 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     if phase is not None:
         pair = pair * torch.cos(_segsum(phase).masked_fill(~mask.unsqueeze(-1), 0.0))
     if Dd == 1:
-        scores = (q @ k.transpose(-1, -2)) * pair.squeeze(-1)
+        scores = batched_matmul(q, k.transpose(-1, -2)) * pair.squeeze(-1)
     else:
         scores = (q.unsqueeze(-2) * k.unsqueeze(-3) * pair).sum(-1)  # per-channel decays: (.., i, j, Dk)
-    out = scores @ v
+    out = batched_matmul(scores, v)
 
     # Each chunk's write to the state: sum_j exp(sum_{s>j in chunk} log a_s) k_j^T v_j.
     to_end = _reverse_exclusive_cumsum(log_mag)
     to_end_phase = None if phase is None else _reverse_exclusive_cumsum(phase)
     k_re, k_im = _rotate(k, to_end, to_end_phase)
-    writes = PairState(k_re.transpose(-1, -2) @ v, None if k_im is None else k_im.transpose(-1, -2) @ v)
+    writes = PairState(batched_matmul(k_re.transpose(-1, -2), v),
+                       None if k_im is None else batched_matmul(k_im.transpose(-1, -2), v))
     from_start = torch.cumsum(log_mag, dim=-2)  # (B, H, n, C, Dd): decay from chunk start to i
     from_start_phase = None if phase is None else torch.cumsum(phase, dim=-2)
     chunk_mag = from_start[..., -1, :]  # (B, H, n, Dd): decay across a whole chunk
@@ -582,6 +597,12 @@ def _unpad(x: Tensor, length) -> Tensor:
 
 
 def _shift_in(states: Tensor, first: Tensor | None) -> Tensor:
-    """States entering each chunk: the previous chunk's (B, H, n, Dk, Dv), ``first`` (or 0) for chunk 0."""
-    head = first.unsqueeze(2) if first is not None else torch.zeros_like(states[:, :, :1])
-    return torch.cat([head, states[:, :, :-1]], dim=2)
+    """States entering each chunk: the previous chunk's (B, H, n, Dk, Dv), ``first`` (or 0) for chunk 0.
+
+    Written as pad-and-narrow (size exactly n) rather than ``cat([first, states[:, :, :-1]])``, whose
+    size ``min(1, n) + max(0, n - 1)`` symbolic shapes cannot equate with n.
+    """
+    shifted = _shift(states, 1, dim=-3)
+    if first is not None:
+        shifted = shifted + _at_first(first, states.shape[2])
+    return shifted

@@ -1,0 +1,139 @@
+"""attnspec build end to end: build directory, reload, exported programs, generation, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import attnspec
+from attnspec.compiler.build import build_directory
+from attnspec.compiler.compile import check_compiled
+from attnspec.compiler.export import example_input
+from attnspec.errors import BuildError, SpecError
+from tests.conftest import ROOT, SPECS
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_spec_builds_compiles_verifies_and_exports_in_one_process(built_specs):
+    assert len(built_specs) == len(SPECS) >= 12
+    for name, result in built_specs.items():
+        manifest = result.manifest
+        assert manifest["compile"] is not None and manifest["compile"]["lengths"], name
+        assert manifest["verification"]["ok"], name
+        assert manifest["export"]["model.pt2"]["max_abs_diff_vs_eager"] < 1e-4, name
+        files = set(os.listdir(result.directory))
+        assert {"spec.yaml", "model.safetensors", "model.pt2", "manifest.json"} <= files, name
+        assert ("step.pt2" in files) == manifest["has_step"], name
+
+
+def test_compiled_equals_eager_without_recompiling_at_new_lengths():
+    model = attnspec.build(SPECS[0].parent / "retnet.yaml", "d_model=32", "layers[0].repeat=1")
+    inputs = [example_input(model, 2, n) for n in (100, 37, 300, 1000, 63)]
+    report = check_compiled(model, inputs, atol=1e-4, rtol=1e-4)  # raises on any recompile
+    assert report["lengths"] == [100, 37, 300, 1000, 63]
+
+
+def test_reloaded_model_equals_the_built_one(built_specs):
+    for name in ("gateloop", "scatterbrain", "ffn-aoglu", "rank-collapse-san"):
+        directory = built_specs[name].directory
+        model = attnspec.load(directory)
+        spec_again = attnspec.load_spec(directory / "spec.yaml")
+        assert spec_again == model.spec
+        program = torch.export.load(str(directory / "model.pt2"))
+        inputs = example_input(model, 2, 45)
+        with torch.no_grad():
+            assert torch.allclose(program.module()(inputs), model(inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_exported_programs_run_without_attnspec_at_unseen_lengths(built_specs, tmp_path):
+    cases = []
+    for name, result in built_specs.items():
+        model = attnspec.load(result.directory)
+        lengths = [n for n in (37, 300, 1000) if n <= model.spec.max_len]
+        for length in lengths:
+            inputs = example_input(model, 2, length, torch.Generator().manual_seed(length))
+            with torch.no_grad():
+                cases.append((str(result.directory / "model.pt2"), inputs, model(inputs)))
+    torch.save(cases, tmp_path / "cases.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        worst = 0.0
+        for program_path, inputs, expected in torch.load({str(tmp_path / 'cases.pt')!r}, weights_only=False):
+            got = torch.export.load(program_path).module()(inputs)
+            worst = max(worst, (got - expected).abs().max().item())
+            assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (program_path, inputs.shape)
+        assert not any(name.startswith("attnspec") for name in sys.modules), "attnspec was imported"
+        print("ok", worst)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_generation_with_the_state_cache_equals_greedy_full_model(built_specs):
+    directory = built_specs["gateloop"].directory
+    result = subprocess.run([sys.executable, "-c", "from attnspec.cli import main; main()", "run", str(directory),
+                             "--tokens", "3 1 4 1 5", "--generate", "12"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    generated = [int(t) for t in result.stdout.split("generated:")[1].split()]
+    program = torch.export.load(str(directory / "model.pt2")).module()
+    sequence = [3, 1, 4, 1, 5]
+    with torch.no_grad():
+        for _ in range(12):
+            sequence.append(int(program(torch.tensor([sequence]))[0, -1].argmax()))
+    assert generated == sequence[5:]
+
+
+def test_decode_step_state_size_is_constant(built_specs):
+    manifest = built_specs["retnet"].manifest
+    state = manifest["export"]["step.pt2"]["state"]
+    assert state[0] == {"shape": [], "dtype": "int64"} and all(entry["shape"] for entry in state[1:])
+
+
+def test_tampered_directory_is_refused(built_specs, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(built_specs["linear-elu"].directory, copy)
+    with open(copy / "model.safetensors", "r+b") as handle:
+        handle.seek(200)
+        handle.write(b"\x00\x01\x02")
+    with pytest.raises(BuildError, match="does not match the sha256"):
+        attnspec.load(copy)
+
+
+def test_failing_build_leaves_nothing_behind(tmp_path):
+    target = tmp_path / "out"
+    with pytest.raises(BuildError, match="dynamic sequence length"):
+        build_directory(SPECS[0].parent / "gateloop.yaml", target, overrides=["layers[0].layers[0].mixer.mode=recurrent"])
+    with pytest.raises(SpecError):
+        build_directory(SPECS[0].parent / "gateloop.yaml", target, overrides=["d_model=-1"])
+    assert os.listdir(tmp_path) == []
+
+
+def test_existing_directory_needs_force(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep.txt").write_text("x")
+    with pytest.raises(BuildError, match="--force"):
+        build_directory(SPECS[0].parent / "rank-collapse-san.yaml", target, compile_check=False)
+    assert (target / "keep.txt").exists()
+    build_directory(SPECS[0].parent / "rank-collapse-san.yaml", target, compile_check=False, force=True,
+                    overrides=["layers[0].repeat=1"])
+    assert not (target / "keep.txt").exists() and (target / "manifest.json").exists()
+    assert json.loads((target / "manifest.json").read_text())["compile"] is None
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_cli_build_prints_summary_and_next_steps(tmp_path):
+    result = subprocess.run([sys.executable, "-c", "from attnspec.cli import main; main()", "build",
+                             "specs/linear-elu.yaml", "-o", str(tmp_path / "elu"), "--no-compile", "--set", "d_model=16",
+                             "--set", "layers[0].repeat=1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "attnspec run" in result.stdout and "model.pt2" in result.stdout and "Traceback" not in result.stderr

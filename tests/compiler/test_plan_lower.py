@@ -1,0 +1,71 @@
+"""Planning, lowering and the parameter count (no compilation: fast)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnspec.compiler import build_model, count_parameters, plan_spec
+from attnspec.compiler.lower import as_spec
+from attnspec.errors import BuildError
+from attnspec.spec import loads_spec
+from tests.compiler.conftest import small_overrides
+from tests.conftest import SPECS
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_parameter_count_matches_the_spec(path):
+    for overrides in ([], small_overrides(path)):
+        model = build_model(path, *overrides)
+        assert sum(p.numel() for p in model.parameters()) == count_parameters(as_spec(path, overrides))
+
+
+def test_parameter_count_of_trainable_kernels_and_gates():
+    base = 'name = "t"\ninput = tokens(vocab_size=10)\nd_model = 32\nmax_len = 64\n'
+    for mixer in ["linear(heads=2, feature_map=aoglu(rank=3, stack=3, share_across_heads=false))",
+                  "linear(heads=2, feature_map=glu(stack=2), output_gate=sigmoid, group_norm=true)",
+                  "linear(heads=2, feature_map=identity, normalize=false, transition=data(per=channel))",
+                  "linear(heads=2, feature_map=identity, normalize=false, transition=fixed(complex=true, per=channel))",
+                  "scatterbrain(lowrank(linear(feature_map=oglu)) + sparse(local(window=4)), heads=2)",
+                  "softmax(heads=4, transition=data(phase=none, per=head))"]:
+        spec = loads_spec(base + f"layers {{ block {{ mixer = {mixer} mlp = glu }} }}\nhead = lm(tied=true)", "attn")
+        model = build_model(spec)
+        assert sum(p.numel() for p in model.parameters()) == count_parameters(spec), mixer
+
+
+def test_rebuilding_gives_the_same_function():
+    a, b = build_model(SPECS[0].parent / "scatterbrain.yaml"), build_model(SPECS[0].parent / "scatterbrain.yaml")
+    tokens = torch.randint(0, 512, (2, 50))
+    with torch.no_grad():
+        assert torch.equal(a(tokens), b(tokens))
+
+
+def test_auto_plan_prefers_chunk_for_long_sequences_and_respects_forced_modes():
+    spec = as_spec(SPECS[0].parent / "linear-elu.yaml")
+    assert plan_spec(spec, 8192).full_modes == ["chunk"] * 4
+    forced = as_spec(SPECS[0].parent / "linear-elu.yaml", ["layers[0].layers[0].mixer.mode=quadratic"])
+    plan = plan_spec(forced, 8192)
+    assert plan.full_modes == ["quadratic"] * 4 and "forced" in plan.layers[0].reason
+    assert all(layer.decode_mode == "recurrent" for layer in plan.layers)
+
+
+def test_plan_chooses_scan_for_tiny_states_and_quadratic_for_softmax():
+    plan = plan_spec(as_spec(SPECS[0].parent / "gateloop.yaml"), 1024)
+    assert plan.full_modes[0] == "scan"  # d_qk = d_v = 1: scan's per-position states are tiny
+    hybrid = plan_spec(as_spec(SPECS[0].parent / "hybrid.yaml"))
+    assert "quadratic" in hybrid.full_modes and not hybrid.has_decode
+
+
+def test_forced_recurrent_is_rejected_for_builds_with_the_reason():
+    spec = as_spec(SPECS[0].parent / "gateloop.yaml", ["layers[0].layers[0].mixer.mode=recurrent"])
+    plan_spec(spec)  # fine for planning and explaining
+    with pytest.raises(BuildError, match="cannot be compiled or exported with a dynamic sequence length"):
+        plan_spec(spec, for_build=True)
+
+
+def test_verify_reports_every_mode(tmp_path):
+    from attnspec.compiler.verify import verify_model
+
+    report = verify_model(build_model(SPECS[0].parent / "cosformer.yaml", "d_model=32"))
+    assert report.ok and len(report.rows) == 4 * 3
+    assert report.to_json()["worst_rel_diff"] < 1e-12

@@ -17,12 +17,19 @@ Implementation choices (why, not what):
   1/cumprod, never differences of long cumulative sums), so gates near 0 (even exactly 0,
   ``log_a = -inf``) and long sequences neither underflow into NaN nor lose precision.
 * The normaliser is the same recurrence applied to an extra all-ones column of ``v``.
-* The cross-chunk recurrence (chunk mode) and the scan mode use a Hillis-Steele scan with a
-  fixed number of shifted combines (``ceil(log2(n))``, or from ``max_length``), vectorised over
-  positions: ``torch.compile`` and ``torch.export`` see no Python loop over positions, and with
-  ``max_length`` given no new sequence length recompiles. torch's ``associative_scan`` is not
-  used: on CPU it supports only ``combine_mode="generic"``, recompiles per length and cannot be
-  exported with a dynamic length.
+* Chunk mode: dense attention inside chunks of ``chunk_size``; across chunks the states come
+  from a *blocked matrix scan* for per-head decays (within groups of 32 chunks the inclusive
+  states are one matrix product with the decay matrix ``exp(segment sums)``, the group totals
+  recurse the same way) and from a Hillis-Steele scan for per-channel decays. The number of
+  levels/steps is fixed by ``max_length``, so ``torch.compile`` and ``torch.export`` see no
+  Python loop over positions and no new length recompiles.
+* Scan mode: a Hillis-Steele prefix scan over positions with the GateLoop operator
+  ``(a1, S1) . (a2, S2) = (a1 a2, a2 S1 + S2)``, materialising every per-position state (small
+  states only). torch's ``associative_scan`` is not used: on CPU it supports only
+  ``combine_mode="generic"``, recompiles per length and cannot be exported with a dynamic length.
+* Shapes are written so symbolic shape reasoning never specialises on L: padding is always
+  applied (``n = ceil(L / C) + 1`` chunks, never a single one), batched products are explicit
+  ``bmm``s, and the padding is dropped with an index_select rather than a slice.
 """
 
 from __future__ import annotations

@@ -1,0 +1,156 @@
+"""Speed of the modes of causal gated linear attention against PyTorch's causal SDPA.
+
+    python benchmarks/modes.py                 # the full table (several minutes on 2 cores)
+    python benchmarks/modes.py --quick         # L = 256 and 2048 only
+
+For B=1, H=8, Dk=Dv=64, float32 and a per-head data-dependent decay, it times forward and
+forward+backward of every mode, eager and compiled (torch.compile, dynamic=True), and
+``scaled_dot_product_attention(is_causal=True)`` at the same sizes, all in one run; it prints
+the times and the ratio SDPA time / mode time (higher is faster). It also prints the chunk
+mode's achieved GFLOP/s (useful multiply-adds only: the causal half of each chunk's scores
+and values, plus the state write and read) against a 2048^3 float32 matrix product measured
+in the same run, and the one-token decoding step time after prefixes of 256 and 16384.
+
+Modes that would not fit or finish are reported as n/a with the reason: quadratic (L x L
+scores) and scan (per-position states, L x Dk x Dv per head) beyond 4096, and the eager
+recurrent mode (a Python loop per position) beyond 2048; recurrent is never compiled (its
+loop would be unrolled per length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
+
+B, H, D = 1, 8, 64
+MAX_LENGTH = 16384
+LIMITS = {"quadratic": 4096, "scan": 4096, "recurrent": 2048}
+
+
+def timed(fn, repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs after one warm-up."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def inputs(L: int, grad: bool = False):
+    generator = torch.Generator().manual_seed(L)
+    q = torch.randn(B, H, L, D, generator=generator).requires_grad_(grad)
+    k = torch.randn(B, H, L, D, generator=generator).requires_grad_(grad)
+    v = torch.randn(B, H, L, D, generator=generator).requires_grad_(grad)
+    log_a = F.logsigmoid(torch.randn(B, H, L, generator=generator) + 4).requires_grad_(grad)
+    return q, k, v, log_a
+
+
+def gla(mode: str):
+    def run(q, k, v, log_a):
+        return linear_attention(q, k, v, log_a, mode=mode, chunk_size=64, max_length=MAX_LENGTH)
+    return run
+
+
+def sdpa(q, k, v, log_a):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def measure(fn, L: int, backward: bool, repeats: int) -> float:
+    if not backward:
+        args = inputs(L)
+        with torch.no_grad():
+            return timed(lambda: fn(*args), repeats)
+    args = inputs(L, grad=True)
+
+    def step():
+        out = fn(*args)
+        out.sum().backward()
+        for t in args:
+            t.grad = None
+    return timed(step, repeats)
+
+
+def chunk_useful_flops(L: int, C: int = 64) -> float:
+    """2 x useful multiply-adds of the chunk algorithm: causal half of C x C scores and values, state write, read."""
+    return 2 * B * H * (L * C / 2 * (D + D) + 2 * L * D * D)
+
+
+def matmul_gflops(repeats: int) -> float:
+    a = torch.randn(2048, 2048)
+    return 2 * 2048 ** 3 / timed(lambda: a @ a, repeats) / 1e9
+
+
+def decode_step_seconds(prefix: int, repeats: int) -> float:
+    """Time of one recurrent step after a prefix: the state is (B, H, Dk, Dv) whatever the prefix."""
+    q, k, v, log_a = inputs(prefix)
+    with torch.no_grad():
+        _, state = linear_attention(q, k, v, log_a, mode="chunk", return_state=True, max_length=MAX_LENGTH)
+        pair = PairState(state, None)
+        q1, k1, v1 = q[:, :, -1], k[:, :, -1], v[:, :, -1]
+        decay = Decay(log_a[:, :, -1].unsqueeze(-1), None)  # (B, H, 1): one decay per head
+        return timed(lambda: recurrent_step(q1, k1, v1, decay, pair), repeats * 20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="only L = 256 and 2048")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    lengths = [256, 2048] if args.quick else [256, 1024, 2048, 4096, 8192, 16384]
+    console = Console()
+    console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B={B} H={H} Dk=Dv={D} float32, "
+                  "per-head decay; times in ms, (x) = SDPA time / this time")
+    variants = [("sdpa", "eager", sdpa)]
+    for mode in ("chunk", "scan", "quadratic", "recurrent"):
+        variants.append((mode, "eager", gla(mode)))
+    for mode in ("chunk", "scan", "quadratic"):
+        variants.append((mode, "compiled", torch.compile(gla(mode), fullgraph=True, dynamic=True)))
+    variants.append(("sdpa", "compiled", torch.compile(sdpa, fullgraph=True, dynamic=True)))
+
+    for backward in (False, True):
+        table = Table(title="forward + backward" if backward else "forward")
+        table.add_column("mode")
+        for L in lengths:
+            table.add_column(f"L={L}", justify="right")
+        baseline = {L: measure(sdpa, L, backward, args.repeats) for L in lengths}
+        for name, how, fn in variants:
+            cells = []
+            for L in lengths:
+                if name in LIMITS and L > LIMITS[name]:
+                    cells.append("n/a")
+                    continue
+                seconds = baseline[L] if (name, how) == ("sdpa", "eager") else measure(fn, L, backward, args.repeats)
+                cells.append(f"{seconds * 1e3:.1f} ({baseline[L] / seconds:.1f}x)")
+            table.add_row(f"{name} {how}", *cells)
+        console.print(table)
+
+    rate = matmul_gflops(args.repeats)
+    compiled_chunk = torch.compile(gla("chunk"), fullgraph=True, dynamic=True)
+    table = Table(title=f"chunk mode throughput vs a 2048^3 matmul at {rate:.0f} GFLOP/s (forward)")
+    for column in ("L", "eager GFLOP/s", "compiled GFLOP/s", "compiled % of matmul"):
+        table.add_column(column, justify="right")
+    for L in lengths:
+        flops = chunk_useful_flops(L)
+        eager = flops / measure(gla("chunk"), L, False, args.repeats) / 1e9
+        compiled = flops / measure(compiled_chunk, L, False, args.repeats) / 1e9
+        table.add_row(str(L), f"{eager:.1f}", f"{compiled:.1f}", f"{100 * compiled / rate:.0f}%")
+    console.print(table)
+
+    short, long = decode_step_seconds(256, args.repeats), decode_step_seconds(16384, args.repeats)
+    console.print(f"decode step: prefix 256 {short * 1e6:.1f} us, prefix 16384 {long * 1e6:.1f} us, "
+                  f"ratio {long / short:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -77,3 +77,24 @@ def test_every_command_has_help():
     for command in ("check", "schema", "fmt", "explain", "build", "verify", "run"):
         result = attnspec(command, "--help")
         assert result.returncode == 0 and "Usage" in result.stdout, command
+
+
+def test_explain_prints_the_plan():
+    result = attnspec("explain", "specs/hybrid.yaml", "--length", "4096")
+    assert result.returncode == 0, result.stderr
+    assert "chunk" in result.stdout and "quadratic" in result.stdout and "recurrent" in result.stdout
+
+
+def test_verify_a_spec_prints_the_table_and_succeeds():
+    result = attnspec("verify", "specs/cosformer.yaml", "--set", "d_model=16", "--set", "layers[0].repeat=1")
+    assert result.returncode == 0, result.stderr
+    assert "quadratic" in result.stdout and "yes" in result.stdout and "NO" not in result.stdout
+
+
+def test_build_and_run_errors_are_clean(tmp_path):
+    result = attnspec("run", str(tmp_path), "--tokens", "1 2")
+    assert result.returncode == 2 and "not a build directory" in result.stderr and "Traceback" not in result.stderr
+    result = attnspec("build", "specs/gateloop.yaml", "-o", str(tmp_path / "x"), "--set",
+                      "layers[0].layers[0].mixer.mode=recurrent")
+    assert result.returncode == 2 and "dynamic sequence length" in result.stderr
+    assert not (tmp_path / "x").exists() and list(tmp_path.iterdir()) == []

@@ -597,10 +597,12 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
 
 
 def _unpad(x: Tensor, length) -> Tensor:
-    """``x[:, :, :length]`` written as an index_select: a slice makes symbolic shapes prove
-    ``length <= x.shape[2]`` (here ``L <= C * ceil(L / C)``, which they cannot), specialising
-    compiled and exported code on L; the gather needs no such proof."""
-    return x.index_select(2, torch.arange(length, device=x.device))
+    """``x[:, :, :length]``. When traced (compile/export) it is an index_select: a slice makes symbolic
+    shapes prove ``length <= x.shape[2]`` (here ``L <= C * (ceil(L / C) + 1)``, which they cannot),
+    specialising the program on L; the gather needs no such proof. Eager code takes the free view."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return x.index_select(2, torch.arange(length, device=x.device))
+    return x[:, :, :length]
 
 
 def _shift_in(states: Tensor, first: Tensor | None) -> Tensor:

@@ -137,3 +137,16 @@ def test_cli_build_prints_summary_and_next_steps(tmp_path):
                              "--set", "layers[0].repeat=1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "attnspec run" in result.stdout and "model.pt2" in result.stdout and "Traceback" not in result.stderr
+
+
+def test_aot_package_loads_and_matches_eager(tmp_path):
+    result = build_directory(SPECS[0].parent / "linear-elu.yaml", tmp_path / "aot", aot=True, compile_check=False,
+                             overrides=["d_model=16", "layers[0].repeat=1", "max_len=256"])
+    package = result.directory / "model.aoti.pt2"
+    assert package.exists() and "model.aoti.pt2" in result.manifest["files"]
+    runner = torch._inductor.aoti_load_package(str(package))
+    model = attnspec.load(result.directory)
+    for length in (23, 200):
+        inputs = example_input(model, 2, length)
+        with torch.no_grad():
+            assert torch.allclose(runner(inputs), model(inputs), atol=1e-4, rtol=1e-4)

@@ -34,7 +34,6 @@ from attnspec.compiler.verify import verify_model
 from attnspec.errors import AttnSpecError, BuildError
 from attnspec.spec import load_data, to_yaml, validate_data
 
-STAGES = ("parse", "validate", "plan", "lower", "verify", "compile", "export")
 FILES = ("spec.yaml", "model.safetensors", "model.pt2", "step.pt2", "model.aoti.pt2")
 
 

@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 
 from attnspec.compiler.build import sha256
 from attnspec.compiler.lower import lower
-from attnspec.compiler.plan import Plan
 from attnspec.errors import BuildError
 from attnspec.nn.model import Model
 from attnspec.spec import load_spec
@@ -67,4 +66,4 @@ def load_model(directory: Path | str) -> Model:
     return model.eval()
 
 
-__all__ = ["load_model", "read_manifest", "Plan"]
+__all__ = ["load_model", "read_manifest"]

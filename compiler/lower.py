@@ -11,7 +11,7 @@ from typing import Any
 
 from attnspec.nn.model import Model, build_model_from_spec
 from attnspec.spec import load_spec
-from attnspec.spec.ir import LinearMixer, ScatterbrainMixer, Spec, iter_blocks
+from attnspec.spec.ir import TRAINABLE_FEATURES, LinearMixer, ScatterbrainMixer, Spec, iter_blocks
 from attnspec.compiler.plan import Plan, plan_spec
 
 
@@ -87,7 +87,7 @@ def _mixer_parameters(mixer, d: int) -> int:
             total += (d * width + width) * (2 if transition.phase != "none" else 1)
     fmap = mixer.feature_map if isinstance(mixer, LinearMixer) else (
         mixer.lowrank.feature_map if isinstance(mixer, ScatterbrainMixer) and mixer.lowrank.kind == "linear" else None)
-    if fmap is not None and fmap.kind in ("softplus_linear", "glu", "oglu", "aoglu"):
+    if fmap is not None and fmap.kind in TRAINABLE_FEATURES:
         groups = 1 if fmap.share_across_heads else H
         if fmap.kind == "aoglu":  # W_f plus the low-rank gate U V
             per_unit = dk * dk + 2 * dk * (fmap.rank or max(1, dk // 4))

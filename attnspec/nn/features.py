@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnspec.nn.registry import register
+from attnspec.spec.ir import TRAINABLE_FEATURES
 from attnspec.ops.features import performer_features, random_projection
 
 
@@ -95,7 +96,7 @@ class PerformerFeatures(FeatureMap):
         return performer_features(x * self.sqrt_scale, self.projection, query=query)
 
 
-@register("feature_map", "softplus_linear", "glu", "oglu", "aoglu")
+@register("feature_map", *sorted(TRAINABLE_FEATURES))
 class TrainableKernel(FeatureMap):
     """The FFN kernels of Yorsh & Kovalenko: ``stack`` units, the last one strictly positive.
 

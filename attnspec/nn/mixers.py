@@ -63,6 +63,13 @@ class Mixer(nn.Module):
             o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))
         return self.out_proj(o)
 
+    def _softmax_attention(self, x: Tensor) -> Tensor:
+        """Softmax attention with the mixer's (real, per-head) decay as log-bias: (B, L, d) -> (B, H, L, Dv)."""
+        q, k, v = self._project(x)
+        decay = self.transition(x)
+        log_a = None if decay is None else decay.log_mag[..., 0]
+        return softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale)
+
     def regularization_loss(self) -> Tensor | None:
         return None
 
@@ -124,17 +131,11 @@ class LinearMixer(Mixer):
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         if self.softmax_kernel:
-            return self._output(self._softmax_forward(x), x)
+            return self._output(self._softmax_attention(x), x)
         q, k, v, decay = self._prepare(x)
         o = linear_attention(q, k, v, decay, causal=self.causal, mode=mode or self.mode, chunk_size=self.chunk_size,
                              max_length=self.max_len if self.causal else None)
         return self._output(self._finish(o), x)
-
-    def _softmax_forward(self, x: Tensor) -> Tensor:
-        q, k, v = self._project(x)
-        decay = self.transition(x)
-        log_a = None if decay is None else decay.log_mag[..., 0]
-        return softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale)
 
     # -- decoding
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
@@ -170,10 +171,7 @@ class SoftmaxMixer(Mixer):
         self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
-        q, k, v = self._project(x)
-        decay = self.transition(x)
-        log_a = None if decay is None else decay.log_mag[..., 0]
-        return self._output(softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale), x)
+        return self._output(self._softmax_attention(x), x)
 
 
 class _PerformerNode:

@@ -18,9 +18,6 @@ import yaml
 from attnspec.errors import Problem, SpecError
 from attnspec.spec.source import Path, Position, SourceMap, format_path
 
-Parser = Callable[[str, str], tuple[Any, SourceMap]]
-
-
 def deep_merge(base: Any, child: Any) -> Any:
     """Merge ``child`` over ``base``: mappings merge key by key, anything else is replaced."""
     if isinstance(base, dict) and isinstance(child, dict):

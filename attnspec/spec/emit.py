@@ -55,7 +55,7 @@ def to_attn(spec: Spec, minimal: bool = True) -> str:
     out = []
     for key, value in data.items():
         if key != "layers":
-            out.append(f"{key} = {_value(value, key, 0)}")
+            out.append(f"{key} = {_value(value, key)}")
     out.append("layers {")
     out.extend(_layers(data["layers"], 1))
     out.append("}")
@@ -73,12 +73,12 @@ def _layers(items: list, depth: int) -> list[str]:
         else:
             lines.append(f"{pad}block {{")
             for key, value in item.items():
-                lines.append(f"{pad}  {key} = {_value(value, key, depth + 1)}")
+                lines.append(f"{pad}  {key} = {_value(value, key)}")
             lines.append(f"{pad}}}")
     return lines
 
 
-def _value(value: Any, key: str, depth: int) -> str:
+def _value(value: Any, key: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -90,14 +90,14 @@ def _value(value: Any, key: str, depth: int) -> str:
             return value
         return json.dumps(value)
     if isinstance(value, list):
-        return "[" + ", ".join(_value(v, key, depth) for v in value) + "]"
+        return "[" + ", ".join(_value(v, key) for v in value) + "]"
     if isinstance(value, dict) and "kind" in value:
         args = []
         parts = [k for k in ("lowrank", "sparse") if k in value and value["kind"] == "scatterbrain"]
         if parts:
-            args.append(" + ".join(f"{k}({_value(value[k], k, depth)})" for k in parts))
-        args += [f"{k}={_value(v, k, depth)}" for k, v in value.items() if k != "kind" and k not in parts]
+            args.append(" + ".join(f"{k}({_value(value[k], k)})" for k in parts))
+        args += [f"{k}={_value(v, k)}" for k, v in value.items() if k != "kind" and k not in parts]
         return f"{value['kind']}({', '.join(args)})"
     assert isinstance(value, dict)
-    inner = " ".join(f"{k} = {_value(v, k, depth)}" for k, v in value.items())
+    inner = " ".join(f"{k} = {_value(v, k)}" for k, v in value.items())
     return "{ " + inner + " }" if inner else "{ }"

@@ -24,8 +24,6 @@ from pydantic import (
     Tag,
 )
 
-SPEC_VERSION = 1
-
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -342,7 +340,6 @@ class ScatterbrainMixer(_MixerBase):
 
 
 Mixer = component(LinearMixer, SoftmaxMixer, ScatterbrainMixer)
-MIXER_KINDS = ("linear", "softmax", "scatterbrain")
 
 # --------------------------------------------------------------------------- blocks and model
 

@@ -26,7 +26,6 @@ _TYPE_NAMES = {
     "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "a whole number",
     "float_type": "a number", "bool_type": "true or false", "string_type": "a string",
     "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
-    "literal_error": None,
 }
 
 
@@ -88,7 +87,7 @@ def _problems_from_pydantic(err: ValidationError, data: Any, smap: SourceMap) ->
         path = _user_path(loc, data)
         if error["type"] == "union_tag_invalid" and isinstance(_value_at(data, path), dict):
             path = path + ("kind",)  # point at the offending `kind:` value itself
-        message = _message(error, loc, path, data)
+        message = _message(error, loc)
         if (path, message) in seen:
             continue
         seen.add((path, message))
@@ -105,7 +104,7 @@ def _value_at(data: Any, path: Path) -> Any:
     return data
 
 
-def _message(error: dict, loc: tuple, path: Path, data: Any) -> str:
+def _message(error: dict, loc: tuple) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
     value = error.get("input")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnspec.spec import load_spec, loads_spec, to_attn, to_yaml
+from attnspec.spec import iter_blocks, load_spec, loads_spec, to_attn, to_yaml
 from tests.conftest import SPECS
 
 
@@ -22,7 +22,7 @@ def test_resolved_spec_revalidates_to_itself(path):
     resolved = load_spec(path)
     again = loads_spec(to_yaml(resolved, minimal=False), "yaml")
     assert again == resolved
-    for _, block in __import__("attnspec.spec", fromlist=["iter_blocks"]).iter_blocks(resolved):
+    for _, block in iter_blocks(resolved):
         assert block.mixer.d_qk and block.mixer.d_v and block.mixer.scale
 
 

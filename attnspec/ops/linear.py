@@ -13,23 +13,31 @@ Implementation choices (why, not what):
 
 * Complex transitions are carried as (log-magnitude, phase) and the state as a pair of real
   tensors (re, im), so Inductor only ever sees real arithmetic.
-* Decays between positions are *segment sums* of log|a| computed directly (never cumprod and
-  1/cumprod, never differences of long cumulative sums), so gates near 0 (even exactly 0,
+* Decays between positions are never cumprod and 1/cumprod (which underflow). Over a whole
+  sequence they are *segment sums* of log|a| accumulated directly (never differences of long
+  cumulative sums); inside a chunk they are differences of the chunk's cumulative sums taken in
+  float64, which stay exact to ~1e-11 because a chunk is short and log|a| is clamped at
+  ``LOG_ZERO`` (where exp is exactly 0 anyway). So gates near 0 (even exactly 0,
   ``log_a = -inf``) and long sequences neither underflow into NaN nor lose precision.
 * The normaliser is the same recurrence applied to an extra all-ones column of ``v``.
-* Chunk mode: dense attention inside chunks of ``chunk_size``; across chunks the states come
-  from a *blocked matrix scan* for per-head decays (within groups of 32 chunks the inclusive
-  states are one matrix product with the decay matrix ``exp(segment sums)``, the group totals
-  recurse the same way) and from a Hillis-Steele scan for per-channel decays. The number of
-  levels/steps is fixed by ``max_length``, so ``torch.compile`` and ``torch.export`` see no
-  Python loop over positions and no new length recompiles.
+* Chunk mode: dense attention inside chunks of ``chunk_size`` (pairwise decays ``exp(b_i - b_j)``
+  from one fused pass, no C x C cumulative sum); across chunks the states come from
+  :func:`chunk_scan`: inside groups of ``GROUP`` chunks the recurrence itself, unrolled over the
+  group and vectorised over everything else (one fused pass over the states, no matrix product),
+  the group totals scanned the same way one level up, and a small quadratic form at the top. It
+  serves per-head and per-channel, real and complex decays alike. The number of levels is fixed
+  by ``max_length``, so ``torch.compile`` and ``torch.export`` see no Python loop over positions
+  and no new length recompiles.
 * Scan mode: a Hillis-Steele prefix scan over positions with the GateLoop operator
   ``(a1, S1) . (a2, S2) = (a1 a2, a2 S1 + S2)``, materialising every per-position state (small
   states only). torch's ``associative_scan`` is not used: on CPU it supports only
   ``combine_mode="generic"``, recompiles per length and cannot be exported with a dynamic length.
 * Shapes are written so symbolic shape reasoning never specialises on L: padding is always
   applied (``n = ceil(L / C) + 1`` chunks, never a single one), batched products are explicit
-  ``bmm``s, and the padding is dropped with an index_select rather than a slice.
+  ``bmm``s, and the padding is dropped with an index_select rather than a slice. ``n`` is written
+  as one floor division, ``(L + 2C - 1) // C``: with ``ceil(L / C) + 1`` sympy distributes the
+  stride ``C D n`` into a sum, Inductor then fails to see that the chunked views are plain
+  reshapes and copies every bmm operand.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ from torch import Tensor
 from attnspec.errors import ShapeError
 
 MODES = ("recurrent", "scan", "chunk", "quadratic")
+# log|a| at or below this is a = 0: exp underflows to exactly 0 in float32 and float64 alike.
+LOG_ZERO = -1000.0
 State = Tensor | tuple[Tensor, Tensor]
 
 
@@ -291,12 +301,8 @@ def _read_state(q_re: Tensor, q_im: Tensor | None, state: PairState) -> Tensor:
 
 def _decay_state(state: PairState, log_mag: Tensor, phase: Tensor | None) -> PairState:
     """``diag(exp(log_mag + i phase)) @ S``; ``log_mag``/``phase`` (..., Dk) broadcast over Dv."""
-    mag = torch.exp(log_mag).unsqueeze(-1)
-    if phase is None:
-        return PairState(state.re * mag, None if state.im is None else state.im * mag)
-    cos, sin = torch.cos(phase).unsqueeze(-1), torch.sin(phase).unsqueeze(-1)
-    im = state.im if state.im is not None else torch.zeros_like(state.re)
-    return PairState(mag * (cos * state.re - sin * im), mag * (sin * state.re + cos * im))
+    rotation = None if phase is None else (torch.cos(phase), torch.sin(phase))
+    return _rotate_state(state, torch.exp(log_mag), rotation)
 
 
 def _add(a: PairState, b: PairState) -> PairState:
@@ -340,30 +346,101 @@ def _shift(x: Tensor, shift: int, dim: int) -> Tensor:
     return F.pad(x, pad).narrow(dim, 0, size)
 
 
-GROUP = 32  # chunks per group of the blocked cross-chunk scan
+GROUP = 16  # chunks per group of the cross-chunk scan: a recurrence unrolled over a group
+TOP = 64  # at most this many elements go to the quadratic top level of the cross-chunk scan
 
 
 def scan_levels(n: int, max_length: int | None = None, unit: int = 1) -> int:
-    """Levels of :func:`blocked_scan` needed for ``n`` elements (or ``ceil(max_length / unit)``)."""
-    count = -(-max_length // unit) if max_length is not None else int(n)
-    levels = 1
-    while count > GROUP ** levels:
+    """Grouping levels of :func:`chunk_scan` for ``n`` elements (or for the count at ``max_length``).
+
+    Each level replaces ``m`` elements by ``ceil(m / GROUP) + 1`` group totals, until at most ``TOP``
+    are left for the quadratic top level.
+    """
+    count = -(-max_length // unit) + 1 if max_length is not None else int(n)
+    levels = 0
+    while count > TOP:
+        count = -(-count // GROUP) + 1
         levels += 1
     return levels
 
 
-def _matrix_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState) -> PairState:
-    """Inclusive states ``S_c = sum_{c' <= c} exp(sum_{s=c'+1..c} log a_s) W_c'`` as one matmul.
+def chunk_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, levels: int) -> PairState:
+    """Inclusive prefix states of ``S_c = diag(a_c) S_(c-1) + W_c`` along axis ``-3`` of ``writes``.
 
-    ``log_mag``/``phase``: ``(..., n, Dd)``; ``writes``: ``(..., n, Dk, Dv)``. Costs O(n^2 Dk Dv), so
-    it is used on groups of at most ``GROUP`` elements.
+    Args:
+        log_mag, phase: ``(B, H, n, Dd)`` log-magnitude and phase (or None) of ``a_c``, ``Dd`` 1 or Dk.
+        writes: ``(B, H, n, Dk, Dv)`` real and imaginary parts (im None for real decays).
+        levels: grouping levels (:func:`scan_levels`), fixed by the caller so that compiled code
+            does not branch on ``n``.
+
+    Within groups of ``GROUP`` elements the recurrence itself runs, unrolled over the group and
+    vectorised over all groups, heads and state entries, so Inductor fuses it into one pass over
+    the states. The group totals are scanned the same way one level up, and the top level is the
+    quadratic form (a decay matrix from segment sums times the stacked states).
+    """
+    if levels == 0:
+        return _quadratic_scan(log_mag, phase, writes)
+    n = log_mag.shape[2]
+    g = (n + 2 * GROUP - 1) // GROUP  # = ceil(n / GROUP) + 1: unconditional padding and g >= 2, as in _chunked
+    pad = g * GROUP - n
+    group = lambda t: None if t is None else t.unflatten(2, (g, GROUP))  # noqa: E731
+    log_mag = group(F.pad(log_mag, [0, 0, 0, pad]))  # padded elements: a = 1 ...
+    phase = None if phase is None else group(F.pad(phase, [0, 0, 0, pad]))
+    # ... and write nothing. The padding is a clamped gather times 0/1 rather than F.pad: Inductor
+    # turns F.pad into masked loads, which it does not share between the unrolled steps.
+    index = torch.arange(g * GROUP, device=log_mag.device)
+    keep = (index < n).to(writes.re.dtype).reshape(g, GROUP, 1, 1)
+    spread = lambda t: None if t is None else group(t.index_select(2, index.clamp(max=n - 1))) * keep  # noqa: E731
+    local = _sequential_scan(log_mag, phase, PairState(spread(writes.re), spread(writes.im)))
+    totals = PairState(local.re[:, :, :, -1], None if local.im is None else local.im[:, :, :, -1])
+    done = chunk_scan(log_mag.sum(dim=-2), None if phase is None else phase.sum(dim=-2), totals, levels - 1)
+    entering = PairState(_shift_in(done.re, None), None if done.im is None else _shift_in(done.im, None))
+    from_start = torch.cumsum(log_mag, dim=-2)  # (B, H, g, GROUP, Dd): decay from the group start
+    from_start_phase = None if phase is None else torch.cumsum(phase, dim=-2)
+    carried = _decay_state(PairState(entering.re.unsqueeze(3), None if entering.im is None else entering.im.unsqueeze(3)),
+                           from_start, from_start_phase)
+    states = _add(local, carried)
+    ungroup = lambda t: None if t is None else _unpad(t.flatten(2, 3), n)  # noqa: E731
+    return PairState(ungroup(states.re), ungroup(states.im))
+
+
+def _sequential_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState) -> PairState:
+    """The recurrence along axis -3 of ``writes`` (``(..., G, Dk, Dv)``), unrolled over its G elements."""
+    mag = torch.exp(log_mag)
+    cos = None if phase is None else torch.cos(phase)
+    sin = None if phase is None else torch.sin(phase)
+    pick = lambda t, j: None if t is None else t[..., j, :, :]  # noqa: E731
+    state = PairState(pick(writes.re, 0), pick(writes.im, 0))
+    states = [state]
+    for j in range(1, writes.re.shape[-3]):
+        state = _add(_rotate_state(state, mag[..., j, :], None if phase is None else (cos[..., j, :], sin[..., j, :])),
+                     PairState(pick(writes.re, j), pick(writes.im, j)))
+        states.append(state)
+    stack = lambda part: None if part[0] is None else torch.stack(part, dim=-3)  # noqa: E731
+    return PairState(stack([s.re for s in states]), stack([s.im for s in states]))
+
+
+def _rotate_state(state: PairState, mag: Tensor, rotation: tuple[Tensor, Tensor] | None) -> PairState:
+    """``diag(mag * (cos + i sin)) @ S`` with precomputed factors of shape (..., Dd), broadcast over Dv."""
+    mag = mag.unsqueeze(-1)
+    if rotation is None:
+        return PairState(state.re * mag, None if state.im is None else state.im * mag)
+    cos, sin = (t.unsqueeze(-1) for t in rotation)
+    im = state.im if state.im is not None else torch.zeros_like(state.re)
+    return PairState(mag * (cos * state.re - sin * im), mag * (sin * state.re + cos * im))
+
+
+def _quadratic_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState) -> PairState:
+    """Inclusive states ``S_c = sum_{c' <= c} exp(sum_{s=c'+1..c} log a_s) W_c'`` all at once.
+
+    ``log_mag``/``phase``: ``(..., n, Dd)``; ``writes``: ``(..., n, Dk, Dv)``. O(n^2 Dk Dv) work, so it
+    is only used on at most ``TOP`` elements.
     """
     rel = _segsum(log_mag)  # (..., n, n, Dd), -inf above the diagonal
     weight = torch.exp(rel)
     if phase is None:
-        re = _apply_decay_matrix(weight, writes.re)
-        im = None if writes.im is None else _apply_decay_matrix(weight, writes.im)
-        return PairState(re, im)
+        return PairState(_apply_decay_matrix(weight, writes.re),
+                         None if writes.im is None else _apply_decay_matrix(weight, writes.im))
     angle = _segsum(phase).masked_fill(torch.isinf(rel), 0.0)
     t_re, t_im = weight * torch.cos(angle), weight * torch.sin(angle)
     w_im = writes.im if writes.im is not None else torch.zeros_like(writes.re)
@@ -373,43 +450,12 @@ def _matrix_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState) -> Pa
 
 
 def _apply_decay_matrix(weight: Tensor, states: Tensor) -> Tensor:
-    """``out[..., c, :, :] = sum_c' weight[..., c, c', 0] * states[..., c', :, :]`` (one decay per head)."""
-    assert weight.shape[-1] == 1, "per-channel decays use inclusive_scan"
-    flat = states.flatten(-2)
-    return batched_matmul(weight.squeeze(-1), flat).unflatten(-1, states.shape[-2:])
+    """``out[..., c, :, :] = sum_c' weight[..., c, c', :, None] * states[..., c', :, :]``.
 
-
-def blocked_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, levels: int) -> PairState:
-    """Inclusive prefix states of ``S_c = a_c S_(c-1) + W_c`` along axis ``-3`` of ``writes``.
-
-    ``log_mag``/``phase``: ``(B, H, n, 1)`` (one decay per head); ``writes``: ``(B, H, n, Dk, Dv)``.
-    Within groups of ``GROUP`` elements the states are one matrix product with the decay
-    matrix ``exp(segment sums)``; the group summaries are combined by the same method one
-    level up. ``levels`` is fixed by the caller so compiled code does not branch on n.
+    ``weight``: ``(..., n, n, Dd)`` with Dd 1 or Dk; ``states``: ``(..., n, Dk, Dv)``. A broadcast
+    product summed by Inductor in one reduction (no bmm, whose batch shape would depend on Dd).
     """
-    if levels <= 1:
-        return _matrix_scan(log_mag, phase, writes)
-    B, H, n = log_mag.shape[:3]
-    g = (n + GROUP - 1) // GROUP + 1  # unconditional padding and g >= 2, as in _chunked
-    pad = g * GROUP - n
-    log_mag = F.pad(log_mag, [0, 0, 0, pad])
-    phase = None if phase is None else F.pad(phase, [0, 0, 0, pad])
-    writes = PairState(*(None if t is None else F.pad(t, [0, 0, 0, 0, 0, pad]) for t in writes))
-    group = lambda t: None if t is None else t.unflatten(2, (g, GROUP))  # noqa: E731
-    log_mag, phase = group(log_mag), group(phase)
-    local = _matrix_scan(log_mag, phase, PairState(group(writes.re), group(writes.im)))
-    group_mag = log_mag.sum(dim=-2)
-    group_phase = None if phase is None else phase.sum(dim=-2)
-    totals = PairState(local.re[:, :, :, -1], None if local.im is None else local.im[:, :, :, -1])
-    done = blocked_scan(group_mag, group_phase, totals, levels - 1)
-    entering = PairState(_shift_in(done.re, None), None if done.im is None else _shift_in(done.im, None))
-    from_start = torch.cumsum(log_mag, dim=-2)  # (B, H, g, GROUP, Dd)
-    from_start_phase = None if phase is None else torch.cumsum(phase, dim=-2)
-    carried = _decay_state(PairState(entering.re.unsqueeze(3), None if entering.im is None else entering.im.unsqueeze(3)),
-                           from_start, from_start_phase)
-    states = _add(local, carried)
-    ungroup = lambda t: None if t is None else _unpad(t.flatten(2, 3), n)  # noqa: E731
-    return PairState(ungroup(states.re), ungroup(states.im))
+    return (weight.unsqueeze(-1) * states.unsqueeze(-4)).sum(dim=-3)
 
 
 # ----------------------------------------------------------------------------- modes
@@ -534,7 +580,8 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     # n = ceil(L / C) + 1 chunks and pad = n C - L, always applied: written this way L + pad = n C holds
     # symbolically, and the extra all-padding chunk keeps n >= 2, so compiled and exported code never
     # specialises on "one chunk" (size-1 dimensions are special to torch's shape reasoning) or on L % C.
-    n = (L + C - 1) // C + 1
+    # One floor division rather than ceil + 1 keeps the chunked views free (module docstring).
+    n = (L + 2 * C - 1) // C
     pad = n * C - L
     q, k, v = (F.pad(t, [0, 0, 0, pad]) for t in (q, k, v))
     if decay is not None:  # padded positions have a = 1 (log 0) and write nothing
@@ -554,43 +601,44 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
         final = PairState(chunk_states.re[:, :, -1], None)
         return _unpad(out.reshape(B, H, n * C, Dv), L), final
 
+    # Log-decays from the chunk start to each position, b_i = sum_{s <= i in chunk} log a_s, accumulated
+    # in float64: every decay below is exp of a difference of these, and float64 keeps the difference
+    # exact to ~1e-11 even after a stretch of strong decays (|b| up to C * |LOG_ZERO|). Clamping at
+    # LOG_ZERO keeps a = 0 (log a = -inf) exactly 0 while avoiding inf - inf.
     Dd = decay.log_mag.shape[-1]
-    log_mag = decay.log_mag.reshape(B, H, n, C, Dd)
-    phase = None if decay.phase is None else decay.phase.reshape(B, H, n, C, Dd)
+    wide = lambda t: torch.cumsum(t.reshape(B, H, n, C, Dd).to(torch.float64), dim=-2)  # noqa: E731
+    from_start = wide(decay.log_mag.clamp_min(LOG_ZERO))  # (B, H, n, C, Dd)
+    from_start_phase = None if decay.phase is None else wide(decay.phase)
+    narrow = lambda t: None if t is None else t.to(q.dtype)  # noqa: E731
+    pairwise = lambda t: t.unsqueeze(-2) - t.unsqueeze(-3)  # noqa: E731  [.., i, j, :] = t_i - t_j
 
-    # Inside each chunk: pairwise decays exp(sum_{s=j+1..i} log a_s), masked above the diagonal.
-    rel_mag = _segsum(log_mag)  # (B, H, n, C, C, Dd)
-    pair = torch.exp(rel_mag)
-    if phase is not None:
-        pair = pair * torch.cos(_segsum(phase).masked_fill(~mask.unsqueeze(-1), 0.0))
+    # Inside each chunk: pairwise decays exp(b_i - b_j) for j <= i, 0 above the diagonal.
+    causal = mask.unsqueeze(-1)
+    pair = torch.exp(torch.where(causal, narrow(pairwise(from_start)), float("-inf")))
+    if from_start_phase is not None:
+        pair = pair * torch.cos(narrow(pairwise(from_start_phase)))
     if Dd == 1:
         scores = batched_matmul(q, k.transpose(-1, -2)) * pair.squeeze(-1)
     else:
         scores = (q.unsqueeze(-2) * k.unsqueeze(-3) * pair).sum(-1)  # per-channel decays: (.., i, j, Dk)
     out = batched_matmul(scores, v)
 
-    # Each chunk's write to the state: sum_j exp(sum_{s>j in chunk} log a_s) k_j^T v_j.
-    to_end = _reverse_exclusive_cumsum(log_mag)
-    to_end_phase = None if phase is None else _reverse_exclusive_cumsum(phase)
+    # Each chunk's write to the state: sum_j exp(b_C - b_j) k_j^T v_j.
+    chunk_mag, chunk_phase = from_start[..., -1, :], None if from_start_phase is None else from_start_phase[..., -1, :]
+    to_end = narrow(chunk_mag.unsqueeze(-2) - from_start)
+    to_end_phase = None if from_start_phase is None else narrow(chunk_phase.unsqueeze(-2) - from_start_phase)
     k_re, k_im = _rotate(k, to_end, to_end_phase)
     writes = PairState(batched_matmul(k_re.transpose(-1, -2), v),
                        None if k_im is None else batched_matmul(k_im.transpose(-1, -2), v))
-    from_start = torch.cumsum(log_mag, dim=-2)  # (B, H, n, C, Dd): decay from chunk start to i
-    from_start_phase = None if phase is None else torch.cumsum(phase, dim=-2)
-    chunk_mag = from_start[..., -1, :]  # (B, H, n, Dd): decay across a whole chunk
-    chunk_phase = None if from_start_phase is None else from_start_phase[..., -1, :]
+    chunk_mag, chunk_phase = narrow(chunk_mag), narrow(chunk_phase)  # (B, H, n, Dd): decay across a chunk
     if initial is not None:  # fold S0 into the first chunk's write
         first = _decay_state(initial, chunk_mag[:, :, 0], None if chunk_phase is None else chunk_phase[:, :, 0])
         writes = _add(writes, PairState(_at_first(first.re, n), None if first.im is None else _at_first(first.im, n)))
-    if Dd == 1:  # one decay per head: the blocked matrix form (matrix products)
-        states = blocked_scan(chunk_mag, chunk_phase, writes, levels=scan_levels(n, max_length, C))
-    else:  # one decay per channel: an elementwise Hillis-Steele scan (a batched matmul over channels would
-        # specialise compiled code on the number of chunks)
-        states = inclusive_scan(chunk_mag, chunk_phase, writes, dim=-3, steps=scan_steps(n, max_length, C))
+    states = chunk_scan(chunk_mag, chunk_phase, writes, levels=scan_levels(n, max_length, C))
     start_re = initial.re if initial is not None else None
     start_im = initial.im if initial is not None else None
     entering = PairState(_shift_in(states.re, start_re), None if states.im is None else _shift_in(states.im, start_im))
-    q_re, q_im = _rotate(q, from_start, from_start_phase)
+    q_re, q_im = _rotate(q, narrow(from_start), narrow(from_start_phase))
     out = out + _read_state(q_re, q_im, entering)
     final = PairState(states.re[:, :, -1], None if states.im is None else states.im[:, :, -1])
     return _unpad(out.reshape(B, H, n * C, Dv), L), final

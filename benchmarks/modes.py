@@ -11,8 +11,17 @@ mode's achieved GFLOP/s (useful multiply-adds only: the causal half of each chun
 and values, plus the state write and read) against a 2048^3 float32 matrix product measured
 in the same run, and the one-token decoding step time after prefixes of 256 and 16384.
 
+Allocator: by default glibc malloc serves blocks over its mmap threshold (which rises to at most
+32 MiB) with fresh mappings and returns the top of the heap over its trim threshold to the OS, so a compiled graph whose
+intermediates are ~16 MiB page-faults and zero-fills them again on every call (perf: ~18% of
+the chunk mode's time in the kernel's page-fault path, and run-to-run swings of up to 2x). The
+benchmark therefore first asks glibc (``mallopt``) to keep freed memory, as PyTorch's CPU tuning
+guide recommends (there: jemalloc or tcmalloc); ``--glibc-defaults`` measures without it. The
+header says which was used. The same settings can be given to any program through
+``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824``.
+
 Modes that would not fit or finish are reported as n/a with the reason: quadratic (L x L
-scores) and scan (per-position states, L x Dk x Dv per head) beyond 4096, and the eager
+scores) beyond 4096, scan (per-position states, L x Dk x Dv per head) beyond 2048, and the eager
 recurrent mode (a Python loop per position) beyond 2048; recurrent is never compiled (its
 loop would be unrolled per length).
 """
@@ -20,6 +29,8 @@ loop would be unrolled per length).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import statistics
 import time
 
@@ -32,7 +43,7 @@ from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_st
 
 B, H, D = 1, 8, 64
 MAX_LENGTH = 16384
-LIMITS = {"quadratic": 4096, "scan": 4096, "recurrent": 2048}
+LIMITS = {"quadratic": 4096, "scan": 2048, "recurrent": 2048}
 
 
 def timed(fn, repeats: int) -> float:
@@ -90,6 +101,16 @@ def matmul_gflops(repeats: int) -> float:
     return 2 * 2048 ** 3 / timed(lambda: a @ a, repeats) / 1e9
 
 
+def keep_freed_memory() -> bool:
+    """Ask glibc malloc to keep freed blocks (big blocks from the heap, not mmap; no trimming). False if not glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+        return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**30))
+    except (OSError, AttributeError):
+        return False
+
+
 def decode_step_seconds(prefix: int, repeats: int) -> float:
     """Time of one recurrent step after a prefix: the state is (B, H, Dk, Dv) whatever the prefix."""
     q, k, v, log_a = inputs(prefix)
@@ -105,12 +126,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="only L = 256 and 2048")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--glibc-defaults", action="store_true",
+                        help="keep glibc's allocator defaults (freed big blocks go back to the OS; see the docstring)")
     args = parser.parse_args()
+    allocator = "glibc defaults" if args.glibc_defaults else (
+        "glibc, freed memory kept (mallopt)" if keep_freed_memory() else "default (not glibc)")
     torch.manual_seed(0)
     lengths = [256, 2048] if args.quick else [256, 1024, 2048, 4096, 8192, 16384]
-    console = Console()
-    console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B={B} H={H} Dk=Dv={D} float32, "
-                  "per-head decay; times in ms, (x) = SDPA time / this time")
+    console = Console(width=150)
+    console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, allocator: {allocator}; B={B} H={H} "
+                  f"Dk=Dv={D} float32, per-head decay; times in ms, (x) = SDPA time / this time")
     variants = [("sdpa", "eager", sdpa)]
     for mode in ("chunk", "scan", "quadratic", "recurrent"):
         variants.append((mode, "eager", gla(mode)))
@@ -137,7 +162,7 @@ def main() -> None:
 
     rate = matmul_gflops(args.repeats)
     compiled_chunk = torch.compile(gla("chunk"), fullgraph=True, dynamic=True)
-    table = Table(title=f"chunk mode throughput vs a 2048^3 matmul at {rate:.0f} GFLOP/s (forward)")
+    table = Table(title=f"chunk mode throughput (forward; useful multiply-adds) vs a 2048^3 matmul at {rate:.0f} GFLOP/s")
     for column in ("L", "eager GFLOP/s", "compiled GFLOP/s", "compiled % of matmul"):
         table.add_column(column, justify="right")
     for L in lengths:

@@ -95,7 +95,7 @@ def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, 
     c = 2 if complex_ else 1  # real and imaginary parts of the state
     state = H * m * d * c
     n = -(-L // chunk)
-    levels = max(1, math.ceil(math.log(max(n, 1), 32)))
+    levels = max(0, math.ceil(math.log(max(n / 64, 1), 16)))  # grouping levels of the cross-chunk scan
     intra_decay = L * chunk * (m if per_channel else 1)
     costs = {
         "recurrent": Cost(macs=H * L * m * d * 2 * c, bytes=H * L * (2 * m + d) * BYTES + L * state * BYTES,
@@ -103,9 +103,10 @@ def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, 
         "scan": Cost(macs=H * L * m * d * c * (1 + max(1, math.ceil(math.log2(max(L, 2))))),
                      bytes=H * L * m * d * c * BYTES * (2 + 2 * math.ceil(math.log2(max(L, 2)))),
                      state_bytes=state * BYTES, sequential_steps=math.ceil(math.log2(max(L, 2)))),
-        "chunk": Cost(macs=H * (L * chunk * (m + d) + 2 * L * m * d * c + intra_decay + n * 32 * m * d * c),
-                      bytes=H * (L * chunk * (1 + (m if per_channel else 0)) + n * m * d * c * 3 + L * (2 * m + 2 * d)) * BYTES,
-                      state_bytes=state * BYTES, sequential_steps=2 * levels + 4),
+        # the cross-chunk scan is a recurrence over chunk states: ~2 multiply-adds and ~5 passes per entry
+        "chunk": Cost(macs=H * (L * chunk * (m + d) + 2 * L * m * d * c + intra_decay + 2 * n * m * d * c),
+                      bytes=H * (L * chunk * (1 + (m if per_channel else 0)) + n * m * d * c * 5 + L * (2 * m + 2 * d)) * BYTES,
+                      state_bytes=state * BYTES, sequential_steps=2 * levels + 6),
         "quadratic": Cost(macs=H * (L * L * (m + d) + (L * L * m if per_channel else 0)),
                           bytes=H * L * L * (2 + (m if per_channel else 0)) * BYTES,
                           state_bytes=state * BYTES, sequential_steps=4),

@@ -406,6 +406,8 @@ def chunk_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, levels:
 
 def _sequential_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState) -> PairState:
     """The recurrence along axis -3 of ``writes`` (``(..., G, Dk, Dv)``), unrolled over its G elements."""
+    if phase is not None and writes.im is None:  # a complex transition makes every state after the first complex
+        writes = PairState(writes.re, torch.zeros_like(writes.re))
     mag = torch.exp(log_mag)
     cos = None if phase is None else torch.cos(phase)
     sin = None if phase is None else torch.sin(phase)

@@ -15,6 +15,7 @@ import torch
 
 from attnspec.errors import ShapeError
 from attnspec.ops import MODES, linear_attention
+from attnspec.ops.linear import PairState, _quadratic_scan, chunk_scan
 from tests.ops.reference import linear_attention_reference
 
 DECAYS = ["none", "head-real", "head-complex", "channel-real", "channel-complex"]
@@ -95,6 +96,21 @@ def test_cross_chunk_scan_levels_do_not_change_results(max_length, decay):
     expected, _, _ = linear_attention_reference(q, k, v, log_a)
     out = linear_attention(q, k, v, log_a, mode="chunk", chunk_size=1, max_length=max_length)
     assert rel(out, expected) <= 1e-10
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("complex_writes", [False, True])
+def test_cross_chunk_scan_equals_its_quadratic_form(levels, per_channel, complex_writes):
+    """chunk_scan (recurrence unrolled over groups, padding, group totals one level up) against the
+    all-pairs form it replaces, for 100 elements, including real writes under a complex transition."""
+    n, Dk, Dv = 100, 3, 2
+    log_mag = torch.log(torch.rand(1, 2, n, Dk if per_channel else 1, dtype=torch.float64) * 0.5 + 0.5)
+    phase = torch.randn_like(log_mag)
+    writes = PairState(torch.randn(1, 2, n, Dk, Dv, dtype=torch.float64),
+                       torch.randn(1, 2, n, Dk, Dv, dtype=torch.float64) if complex_writes else None)
+    got, want = chunk_scan(log_mag, phase, writes, levels), _quadratic_scan(log_mag, phase, writes)
+    assert rel(got.re, want.re) <= 1e-12 and rel(got.im, want.im) <= 1e-12
 
 
 @pytest.mark.parametrize("decay", ["none", "head-complex", "channel-real"])

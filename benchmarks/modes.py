@@ -1,6 +1,6 @@
 """Speed of the modes of causal gated linear attention against PyTorch's causal SDPA.
 
-    python benchmarks/modes.py                 # the full table (several minutes on 2 cores)
+    python benchmarks/modes.py                 # the full table (about 15 minutes on 2 cores)
     python benchmarks/modes.py --quick         # L = 256 and 2048 only
 
 For B=1, H=8, Dk=Dv=64, float32 and a per-head data-dependent decay, it times forward and
@@ -11,14 +11,14 @@ mode's achieved GFLOP/s (useful multiply-adds only: the causal half of each chun
 and values, plus the state write and read) against a 2048^3 float32 matrix product measured
 in the same run, and the one-token decoding step time after prefixes of 256 and 16384.
 
-Allocator: by default glibc malloc serves blocks over its mmap threshold (which rises to at most
-32 MiB) with fresh mappings and returns the top of the heap over its trim threshold to the OS, so a compiled graph whose
-intermediates are ~16 MiB page-faults and zero-fills them again on every call (perf: ~18% of
-the chunk mode's time in the kernel's page-fault path, and run-to-run swings of up to 2x). The
-benchmark therefore first asks glibc (``mallopt``) to keep freed memory, as PyTorch's CPU tuning
-guide recommends (there: jemalloc or tcmalloc); ``--glibc-defaults`` measures without it. The
-header says which was used. The same settings can be given to any program through
-``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824``.
+Allocator: by default glibc malloc serves blocks over its mmap threshold (which rises to at
+most 32 MiB) with fresh mappings and returns the top of the heap over its trim threshold to the
+OS, so a compiled graph whose intermediates are ~16 MiB page-faults and zero-fills them again on
+every call (perf: ~18% of the chunk mode's time in the kernel's page-fault path, and run-to-run
+swings of up to 2x). The benchmark therefore first asks glibc (``mallopt``) to keep freed
+memory, as PyTorch's CPU tuning guide recommends (there: jemalloc or tcmalloc);
+``--glibc-defaults`` measures without it. The header says which was used. The same settings can
+be given to any program through ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824``.
 
 Modes that would not fit or finish are reported as n/a with the reason: quadratic (L x L
 scores) beyond 4096, scan (per-position states, L x Dk x Dv per head) beyond 2048, and the eager

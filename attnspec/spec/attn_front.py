@@ -103,11 +103,13 @@ class _Converter:
                 out["layers"] = self._layers(item.children, ("layers",))
         return out
 
-    def _assign(self, node: Tree, out: dict, path: Path) -> None:
+    def _assign(self, node: Tree, out: dict, path: Path,
+                duplicate: str = "duplicate key '{}'; remove one of them") -> None:
+        """``key = value`` (or a call's ``key=value``) into ``out``; ``duplicate`` is the message for a repeated key."""
         key_token, value = node.children
         key = str(key_token)
         if key in out:
-            raise self._error(f"duplicate key '{key}'; remove one of them", key_token, path + (key,))
+            raise self._error(duplicate.format(key), key_token, path + (key,))
         self.smap.keys[path + (key,)] = self._pos(key_token)
         out[key] = self._value(value, path + (key,))
 
@@ -164,12 +166,7 @@ class _Converter:
             if arg is None:
                 continue
             if arg.data == "keyword":
-                key_token, value = arg.children
-                key = str(key_token)
-                if key in out:
-                    raise self._error(f"argument '{key}' given twice", key_token, path + (key,))
-                self.smap.keys[path + (key,)] = self._pos(key_token)
-                out[key] = self._value(value, path + (key,))
+                self._assign(arg, out, path, duplicate="argument '{}' given twice")
                 continue
             value = arg.children[0]
             terms = value.children if value.data == "sum" else [value]

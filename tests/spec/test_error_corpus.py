@@ -103,6 +103,7 @@ CASES = [
     ("attn-unknown-call-key", "attn", 'name = "t"\ninput = tokens(vocab_size=3)\nd_model = 8\nmax_len = 8\nlayers { block { mixer = linear(⟪heds=2) } }\n', (), ["unknown key 'heds'", "heads"]),
     ("attn-sum-outside", "attn", 'name = "t"\nmixer = ⟪a(b) + c(d)\n', (), ["only allowed as an argument"]),
     ("attn-duplicate", "attn", 'name = "t"\n⟪name = "u"\n', (), ["duplicate key 'name'"]),
+    ("attn-duplicate-argument", "attn", 'name = "t"\ninput = tokens(vocab_size=3, ⟪vocab_size=4)\n', (), ["argument 'vocab_size' given twice"]),
     ("attn-bad-positional", "attn", 'name = "t"\ninput = tokens(⟪3)\n', (), ["positional argument", "key=value"]),
     ("attn-unknown-kind", "attn", 'name = "t"\ninput = tokens(vocab_size=3)\nd_model = 8\nmax_len = 8\nlayers { block { mixer = linear(feature_map=⟪rleu) } }\n', (), ["unknown kind 'rleu'", "relu"]),
     ("attn-wrong-type", "attn", 'name = "t"\ninput = tokens(vocab_size=3)\nd_model = ⟪"8"\nmax_len = 8\nlayers { block { mixer = softmax } }\n', (), ["expected an integer"]),

@@ -11,6 +11,10 @@ mode's achieved GFLOP/s (useful multiply-adds only: the causal half of each chun
 and values, plus the state write and read) against a 2048^3 float32 matrix product measured
 in the same run, and the one-token decoding step time after prefixes of 256 and 16384.
 
+Without gradients the chunk mode runs on its CPU kernel (``attnspec/ops/native.py``); the rows
+and columns marked "graph" force the graph path (what runs when gradients are needed, and in
+exported programs) in the same run, so the two can be compared.
+
 Allocator: by default glibc malloc serves blocks over its mmap threshold (which rises to at
 most 32 MiB) with fresh mappings and returns the top of the heap over its trim threshold to the
 OS, so a compiled graph whose intermediates are ~16 MiB page-faults and zero-fills them again on
@@ -39,6 +43,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
+from attnspec.ops import native
 from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
 
 B, H, D = 1, 8, 64
@@ -69,6 +74,14 @@ def inputs(L: int, grad: bool = False):
 def gla(mode: str):
     def run(q, k, v, log_a):
         return linear_attention(q, k, v, log_a, mode=mode, chunk_size=64, max_length=MAX_LENGTH)
+    return run
+
+
+def graph_only(fn):
+    """``fn`` with the chunk mode's CPU kernel switched off (compiled code retraces for it)."""
+    def run(*args):
+        with native.disabled():
+            return fn(*args)
     return run
 
 
@@ -132,24 +145,33 @@ def main() -> None:
     allocator = "glibc defaults" if args.glibc_defaults else (
         "glibc, freed memory kept (mallopt)" if keep_freed_memory() else "default (not glibc)")
     torch.manual_seed(0)
+    torch._dynamo.config.cache_size_limit = 64  # one compiled function per mode, traced per grad mode and kernel switch
     lengths = [256, 2048] if args.quick else [256, 1024, 2048, 4096, 8192, 16384]
     console = Console(width=150)
     console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, allocator: {allocator}; B={B} H={H} "
                   f"Dk=Dv={D} float32, per-head decay; times in ms, (x) = SDPA time / this time")
-    variants = [("sdpa", "eager", sdpa)]
-    for mode in ("chunk", "scan", "quadratic", "recurrent"):
-        variants.append((mode, "eager", gla(mode)))
-    for mode in ("chunk", "scan", "quadratic"):
-        variants.append((mode, "compiled", torch.compile(gla(mode), fullgraph=True, dynamic=True)))
-    variants.append(("sdpa", "compiled", torch.compile(sdpa, fullgraph=True, dynamic=True)))
+    # (name, how, function, forward only). Without gradients the chunk mode runs on its CPU kernel;
+    # "graph" rows force the graph path, which is also what every fwd+bwd chunk row runs.
+    compiled = {mode: torch.compile(gla(mode), fullgraph=True, dynamic=True) for mode in ("chunk", "scan", "quadratic")}
+    variants = [("sdpa", "eager", sdpa, False), ("chunk", "eager", gla("chunk"), False),
+                ("chunk graph", "eager", graph_only(gla("chunk")), True)]
+    for mode in ("scan", "quadratic", "recurrent"):
+        variants.append((mode, "eager", gla(mode), False))
+    variants += [("chunk", "compiled", compiled["chunk"], False),
+                 ("chunk graph", "compiled", graph_only(compiled["chunk"]), True),
+                 ("scan", "compiled", compiled["scan"], False), ("quadratic", "compiled", compiled["quadratic"], False),
+                 ("sdpa", "compiled", torch.compile(sdpa, fullgraph=True, dynamic=True), False)]
 
     for backward in (False, True):
-        table = Table(title="forward + backward" if backward else "forward")
+        table = Table(title="forward + backward (the chunk mode on its graph path)" if backward else
+                      "forward (chunk: the CPU kernel; chunk graph: the graph path)")
         table.add_column("mode")
         for L in lengths:
             table.add_column(f"L={L}", justify="right")
         baseline = {L: measure(sdpa, L, backward, args.repeats) for L in lengths}
-        for name, how, fn in variants:
+        for name, how, fn, forward_only in variants:
+            if backward and forward_only:
+                continue
             cells = []
             for L in lengths:
                 if name in LIMITS and L > LIMITS[name]:
@@ -161,15 +183,17 @@ def main() -> None:
         console.print(table)
 
     rate = matmul_gflops(args.repeats)
-    compiled_chunk = torch.compile(gla("chunk"), fullgraph=True, dynamic=True)
     table = Table(title=f"chunk mode throughput (forward; useful multiply-adds) vs a 2048^3 matmul at {rate:.0f} GFLOP/s")
-    for column in ("L", "eager GFLOP/s", "compiled GFLOP/s", "compiled % of matmul"):
+    for column in ("L", "kernel eager GFLOP/s", "kernel compiled GFLOP/s", "% of matmul",
+                   "graph compiled GFLOP/s", "% of matmul "):
         table.add_column(column, justify="right")
     for L in lengths:
         flops = chunk_useful_flops(L)
         eager = flops / measure(gla("chunk"), L, False, args.repeats) / 1e9
-        compiled = flops / measure(compiled_chunk, L, False, args.repeats) / 1e9
-        table.add_row(str(L), f"{eager:.1f}", f"{compiled:.1f}", f"{100 * compiled / rate:.0f}%")
+        kernel = flops / measure(compiled["chunk"], L, False, args.repeats) / 1e9
+        graph = flops / measure(graph_only(compiled["chunk"]), L, False, args.repeats) / 1e9
+        table.add_row(str(L), f"{eager:.1f}", f"{kernel:.1f}", f"{100 * kernel / rate:.0f}%", f"{graph:.1f}",
+                      f"{100 * graph / rate:.0f}%")
     console.print(table)
 
     short, long = decode_step_seconds(256, args.repeats), decode_step_seconds(16384, args.repeats)

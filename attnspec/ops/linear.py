@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnspec.errors import ShapeError
+from attnspec.ops import native
 
 MODES = ("recurrent", "scan", "chunk", "quadratic")
 # log|a| at or below this is a = 0: exp underflows to exactly 0 in float32 and float64 alike.
@@ -132,22 +133,46 @@ def linear_attention(
     if normalize:
         # The normaliser z is the state of the same recurrence for a value that is always 1.
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-    q = q * scale
-    if not causal:
-        out, final = _noncausal(q, k, v, mode), None
+    if _native_chunk_applies(q, k, v, decay, initial, causal, mode):
+        log_a_per_head = None if decay is None else decay.log_mag.squeeze(-1)
+        out, final_re = native.chunked_linear_attention(q, k, v, log_a_per_head, None if initial is None else initial.re,
+                                                        scale, chunk_size)
+        final = PairState(final_re, None)
+    elif not causal:
+        out, final = _noncausal(q * scale, k, v, mode), None
     elif mode == "recurrent":
-        out, final = _recurrent(q, k, v, decay, initial)
+        out, final = _recurrent(q * scale, k, v, decay, initial)
     elif mode == "scan":
-        out, final = _scan_mode(q, k, v, decay, initial, max_length)
+        out, final = _scan_mode(q * scale, k, v, decay, initial, max_length)
     elif mode == "chunk":
-        out, final = _chunked(q, k, v, decay, initial, chunk_size, max_length)
+        out, final = _chunked(q * scale, k, v, decay, initial, chunk_size, max_length)
     else:
-        out, final = _quadratic(q, k, v, decay, initial)
+        out, final = _quadratic(q * scale, k, v, decay, initial)
     if normalize:
         out = out[..., :-1] / out[..., -1:].clamp_min(eps)
     if not return_state:
         return out
     return out, _export_state(final, normalize)
+
+
+def _native_chunk_applies(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None,
+                          causal: bool, mode: str) -> bool:
+    """Whether the chunk mode runs on the CPU kernel (:mod:`attnspec.ops.native`) rather than the graph path.
+
+    The kernel covers float32 CPU inputs with no decay or one real decay per head, and has no
+    backward, so it is used only when no gradient is needed. Exported programs always take the
+    graph path, so that they load without attnspec.
+    """
+    if mode != "chunk" or not causal or q.device.type != "cpu" or q.dtype != torch.float32:
+        return False
+    if decay is not None and (decay.phase is not None or decay.log_mag.shape[-1] != 1):
+        return False
+    if torch.compiler.is_exporting():
+        return False
+    inputs = (q, k, v, None if decay is None else decay.log_mag, None if initial is None else initial.re)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+        return False
+    return native.available()
 
 
 # ----------------------------------------------------------------------------- validation

@@ -1,0 +1,212 @@
+"""The compiled CPU kernel of the chunk mode's forward pass, and the torch op that calls it.
+
+``csrc/chunked_linear_attention.cpp`` computes causal gated linear attention in chunks for
+float32 inputs with no decay or one real decay per head: one thread per (batch, head) walks its
+chunks in order with the chunk and the state in cache (see the source for why that beats the
+graph path's batched matrix products). :func:`attnspec.ops.linear_attention` uses it through
+:func:`chunked_linear_attention` when the chunk mode is asked for, the case is covered, no
+gradient is needed (the kernel has no backward) and the program is not being exported (exported
+programs stay plain ATen, loadable without attnspec); otherwise the graph path runs. Both
+compute the same function and are tested against the same float64 reference.
+
+The source is compiled on first use with the system C++ compiler (``$CXX``, else ``c++``, ``g++``
+or ``clang++``) for this machine (``-march=native``), in about a second, and cached under
+``$ATTNSPEC_CACHE_DIR`` (default ``~/.cache/attnspec``), keyed by the source, compiler and flags.
+Nothing is downloaded. If no compiler works, a warning says why once and the graph path is used.
+``ATTNSPEC_NATIVE=0`` switches the kernel off for a process; :func:`disabled` does so for a block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from attnspec.errors import AttnSpecError
+
+SOURCE = Path(__file__).with_name("csrc") / "chunked_linear_attention.cpp"
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
+COMPILERS = ("c++", "g++", "clang++")
+BUILD_TIMEOUT_S = 300
+
+
+class NativeBuildError(AttnSpecError):
+    """The CPU kernel could not be compiled or loaded here (the graph path still works)."""
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$ATTNSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnspec``, else ``~/.cache/attnspec``."""
+    if os.environ.get("ATTNSPEC_CACHE_DIR"):
+        return Path(os.environ["ATTNSPEC_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "attnspec"
+
+
+def find_compiler() -> str:
+    """``$CXX`` if set, else the first of ``c++``, ``g++``, ``clang++`` on PATH."""
+    if os.environ.get("CXX"):
+        return os.environ["CXX"]
+    for name in COMPILERS:
+        if shutil.which(name):
+            return name
+    raise NativeBuildError("no C++ compiler found (set CXX, or install g++ or clang++)")
+
+
+def build(compiler: str | None = None, flags: tuple[str, ...] = FLAGS, directory: Path | None = None) -> Path:
+    """Compile the kernel into a shared library, unless an identical build is cached; return its path.
+
+    The library appears atomically (written to a temporary name, then renamed), so concurrent
+    processes never load a half-written file. Raises :class:`NativeBuildError` with the
+    compiler's message if compiling fails.
+    """
+    compiler = compiler or find_compiler()
+    directory = directory or cache_dir()
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), compiler.encode(), " ".join(flags).encode(),
+                                     platform.machine().encode()])).hexdigest()[:16]
+    target = directory / f"chunked_linear_attention-{key}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.stem}.{os.getpid()}.partial.so")
+    try:
+        result = subprocess.run([compiler, *flags, "-o", str(partial), str(SOURCE)], capture_output=True, text=True,
+                                timeout=BUILD_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        partial.unlink(missing_ok=True)
+        raise NativeBuildError(f"could not run the C++ compiler {compiler!r}: {error}") from None
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        message = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        raise NativeBuildError(f"{compiler} failed to compile {SOURCE.name}:\n" + "\n".join(message))
+    os.replace(partial, target)
+    return target
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """Open a built library and declare the kernel's C signature."""
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as error:
+        raise NativeBuildError(f"could not load {path}: {error}") from None
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    library.chunked_linear_attention_forward.restype = ctypes.c_int
+    library.chunked_linear_attention_forward.argtypes = [
+        pointer, pointer, pointer, pointer, pointer,  # q, k, v, log_a (or null), initial state (or null)
+        ctypes.POINTER(ctypes.c_int64),  # 19 element strides
+        size, size, size, size, size, size,  # B, H, L, Dk, Dv, chunk size
+        ctypes.c_float,  # scale
+        pointer, pointer,  # out (B, H, L, Dv), final state (B, H, Dk, Dv)
+        ctypes.c_int,  # threads
+    ]
+    return library
+
+
+_library: ctypes.CDLL | None = None
+_failure: str | None = None  # why the kernel is unavailable in this process, once known
+_disabled = 0
+
+
+def _library_or_none() -> ctypes.CDLL | None:
+    """The loaded kernel, built on the first call; None (after one warning) if it cannot be built."""
+    global _library, _failure
+    if _library is None and _failure is None:
+        try:
+            _library = load(build())
+        except NativeBuildError as error:
+            _failure = str(error)
+            warnings.warn(f"attnspec: the chunk mode's CPU kernel is unavailable, the graph path is used "
+                          f"instead (slower in inference): {error}", RuntimeWarning, stacklevel=3)
+    return _library
+
+
+def enabled() -> bool:
+    """Not switched off: ``ATTNSPEC_NATIVE`` is not ``0`` and no :func:`disabled` block is active.
+
+    Compiled code is guarded on :func:`disabled` (entering one retraces); the environment
+    variable is read when code is traced, so set it before the process starts.
+    """
+    return _disabled == 0 and os.environ.get("ATTNSPEC_NATIVE", "1") != "0"
+
+
+@torch.compiler.assume_constant_result
+def built() -> bool:
+    """Whether the kernel builds and loads on this machine; builds it on the first call.
+
+    Fixed for the life of the process, so compiled code evaluates it once, when traced, without a
+    guard (and without tracing the build).
+    """
+    return _library_or_none() is not None
+
+
+def available() -> bool:
+    """Whether the kernel may be used here and now: :func:`enabled` and :func:`built`."""
+    return enabled() and built()
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the block on the graph path only (for comparisons and benchmarks)."""
+    global _disabled
+    _disabled += 1
+    try:
+        yield
+    finally:
+        _disabled -= 1
+
+
+def forward_into(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None, initial_state: Tensor | None, scale: float,
+                 chunk_size: int, out: Tensor, final_state: Tensor) -> None:
+    """Run the kernel, writing every element of ``out`` and ``final_state``.
+
+    Args:
+        q, k: ``(B, H, L, Dk)`` float32 CPU tensors, any strides. v: ``(B, H, L, Dv)``, likewise.
+        log_a: ``(B, H, L)`` float32 log-decays (``-inf`` resets) or None (no decay).
+        initial_state: ``(B, H, Dk, Dv)`` float32 or None (zeros).
+        scale: multiplier on q. chunk_size: positions per chunk (any positive integer).
+        out: contiguous ``(B, H, L, Dv)`` float32. final_state: contiguous ``(B, H, Dk, Dv)`` float32.
+    """
+    library = _library_or_none()
+    if library is None:
+        raise NativeBuildError(_failure or "the kernel is unavailable")
+    B, H, L, Dk = q.shape
+    Dv = v.shape[-1]
+    strides = [*q.stride(), *k.stride(), *v.stride(),
+               *(log_a.stride() if log_a is not None else (0, 0, 0)),
+               *(initial_state.stride() if initial_state is not None else (0, 0, 0, 0))]
+    address = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    status = library.chunked_linear_attention_forward(
+        address(q), address(k), address(v), address(log_a), address(initial_state), (ctypes.c_int64 * 19)(*strides),
+        B, H, L, Dk, Dv, chunk_size, scale, out.data_ptr(), final_state.data_ptr(), torch.get_num_threads())
+    if status != 0:
+        raise MemoryError("the chunk kernel could not allocate its per-thread workspace")
+
+
+@torch.library.custom_op("attnspec::chunked_linear_attention", mutates_args=(), device_types="cpu")
+def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_a: Optional[Tensor], initial_state: Optional[Tensor],
+                             scale: float, chunk_size: int) -> tuple[Tensor, Tensor]:
+    """Causal gated linear attention by the CPU kernel: ``(o (B, H, L, Dv), final state (B, H, Dk, Dv))``.
+
+    Arguments as in :func:`forward_into`. A torch op, so ``torch.compile`` keeps it in the graph
+    (``fullgraph=True`` holds) with any sequence length. Forward only: it has no autograd formula.
+    """
+    B, H, L, Dk = q.shape
+    out = q.new_empty(B, H, L, v.shape[-1])
+    final_state = q.new_empty(B, H, Dk, v.shape[-1])
+    forward_into(q, k, v, log_a, initial_state, scale, chunk_size, out, final_state)
+    return out, final_state
+
+
+@chunked_linear_attention.register_fake
+def _(q, k, v, log_a, initial_state, scale, chunk_size):
+    B, H, L, Dk = q.shape
+    return q.new_empty(B, H, L, v.shape[-1]), q.new_empty(B, H, Dk, v.shape[-1])

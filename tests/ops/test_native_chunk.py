@@ -1,0 +1,237 @@
+"""The chunk mode's CPU kernel (attnspec.ops.native) against the float64 reference, and when it is used.
+
+Tolerance: float32 within 1e-4 relative RMS of the float64 reference, as for every float32 mode
+(test_linear_attention.py): the kernel sums the same O(C + Dk) terms per entry in float32, with
+in-chunk log-decays accumulated in float64 like the graph path (observed 1e-7 to 5e-7).
+"""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnspec.ops import linear_attention, native
+from attnspec.ops.native import NativeBuildError, build, forward_into, load
+from tests.ops.reference import linear_attention_reference
+
+TOLERANCE = 1e-4
+
+
+def rel_rms(a, b):
+    return ((a.double() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-300)).item()
+
+
+def strided_inputs(B, H, L, Dk, Dv, decay, generator=None):
+    """float32 q, k, v laid out (B, L, H, D) and viewed as (B, H, L, D), as a mixer's projections give them."""
+    make = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    q, k, v = (make(B, L, H, D).transpose(1, 2) for D in (Dk, Dk, Dv))
+    log_a = None
+    if decay != "none":
+        log_a = F.logsigmoid(make(B, L, H) + 3).transpose(1, 2)
+        if decay == "resets":  # a = 0 at a few positions (and a long stretch of a ~ 1 elsewhere)
+            log_a = log_a.clone()
+            log_a[:, :, ::17] = float("-inf")
+    return q, k, v, log_a
+
+
+def kernel(q, k, v, log_a=None, initial=None, scale=1.0, chunk_size=64):
+    """The kernel writing into NaN-filled buffers: an element it forgets stays NaN."""
+    B, H, L, Dk = q.shape
+    out = torch.full((B, H, L, v.shape[-1]), float("nan"))
+    final = torch.full((B, H, Dk, v.shape[-1]), float("nan"))
+    forward_into(q, k, v, log_a, initial, scale, chunk_size, out, final)
+    return out, final
+
+
+@pytest.mark.parametrize("B, H, L, Dk, Dv, chunk_size", [
+    (1, 1, 1, 5, 3, 64),  # one position
+    (2, 3, 63, 60, 60, 64),  # a single short chunk, odd head count (3 heads on 2 threads)
+    (1, 2, 500, 60, 65, 64),  # a partial last chunk, Dv not a multiple of the vector width
+    (1, 2, 300, 17, 33, 37),  # an odd chunk size
+    (1, 1, 40, 8, 8, 1),  # chunks of one position: the recurrence itself
+])
+@pytest.mark.parametrize("decay", ["none", "per-head", "resets"])
+@pytest.mark.parametrize("with_initial_state", [False, True])
+def test_kernel_matches_the_float64_reference(B, H, L, Dk, Dv, chunk_size, decay, with_initial_state):
+    q, k, v, log_a = strided_inputs(B, H, L, Dk, Dv, decay)
+    S0 = torch.randn(B, H, Dv, Dk).transpose(-1, -2) if with_initial_state else None  # strided too
+    out, final = kernel(q, k, v, log_a, S0, scale=0.7, chunk_size=chunk_size)
+    expected, expected_state, _ = linear_attention_reference(
+        q.double(), k.double(), v.double(), None if log_a is None else log_a.double(), scale=0.7,
+        S0=None if S0 is None else S0.double())
+    assert torch.isfinite(out).all() and torch.isfinite(final).all()
+    assert rel_rms(out, expected) <= TOLERANCE
+    assert rel_rms(final, expected_state.real) <= TOLERANCE
+
+
+def test_linear_attention_normalised_with_state_continuation_on_the_kernel(monkeypatch):
+    calls = spy_on_kernel(monkeypatch)
+    q, k, v, log_a = strided_inputs(2, 2, 150, 12, 7, "per-head")
+    q, k = q.abs() + 0.1, k.abs() + 0.1
+    S0, z0 = torch.rand(2, 2, 12, 7), torch.rand(2, 2, 12) + 0.5
+    with torch.no_grad():
+        whole, (S, z) = linear_attention(q, k, v, log_a, normalize=True, initial_state=(S0, z0), return_state=True,
+                                         chunk_size=32)
+        first, state = linear_attention(q[:, :, :70], k[:, :, :70], v[:, :, :70], log_a[:, :, :70], normalize=True,
+                                        initial_state=(S0, z0), return_state=True, chunk_size=32)
+        second = linear_attention(q[:, :, 70:], k[:, :, 70:], v[:, :, 70:], log_a[:, :, 70:], normalize=True,
+                                  initial_state=state, chunk_size=32)
+    assert calls == [True, True, True]
+    expected, expected_S, expected_z = linear_attention_reference(
+        q.double(), k.double(), v.double(), log_a.double(), normalize=True, S0=S0.double(), z0=z0.double())
+    assert rel_rms(whole, expected) <= TOLERANCE
+    assert rel_rms(S, expected_S.real) <= TOLERANCE and rel_rms(z, expected_z.real) <= TOLERANCE
+    assert rel_rms(torch.cat([first, second], dim=2), expected) <= TOLERANCE
+
+
+def spy_on_kernel(monkeypatch) -> list:
+    """Record each use of the kernel op by linear_attention (eager calls only)."""
+    calls = []
+    real = native.chunked_linear_attention
+
+    def spy(*args):
+        calls.append(True)
+        return real(*args)
+    monkeypatch.setattr(native, "chunked_linear_attention", spy)
+    return calls
+
+
+@pytest.mark.parametrize("case, uses_kernel", [
+    ("inference", True),
+    ("no decay", True),
+    ("gradient needed", False),
+    ("float64", False),
+    ("complex decay", False),
+    ("per-channel decay", False),
+    ("other mode", False),
+    ("disabled", False),
+])
+def test_the_kernel_is_used_exactly_where_it_applies(monkeypatch, case, uses_kernel):
+    calls = spy_on_kernel(monkeypatch)
+    q, k, v, log_a = strided_inputs(1, 2, 70, 6, 5, "per-head")
+    kwargs = {}
+    if case == "no decay":
+        log_a = None
+    elif case == "gradient needed":
+        q.requires_grad_(True)
+    elif case == "float64":
+        q, k, v, log_a = (t.double() for t in (q, k, v, log_a))
+    elif case == "complex decay":
+        log_a = torch.complex(log_a, torch.randn_like(log_a))
+    elif case == "per-channel decay":
+        log_a = log_a.unsqueeze(-1).expand(1, 2, 70, 6)
+    elif case == "other mode":
+        kwargs["mode"] = "quadratic"
+    with torch.set_grad_enabled(case == "gradient needed"):
+        if case == "disabled":
+            with native.disabled():
+                out = linear_attention(q, k, v, log_a, **kwargs)
+        else:
+            out = linear_attention(q, k, v, log_a, **kwargs)
+    assert calls == ([True] if uses_kernel else [])
+    expected, _, _ = linear_attention_reference(q.detach().double(), k.double(), v.double(),
+                                                None if log_a is None else log_a.detach().to(torch.complex128))
+    assert rel_rms(out.detach(), expected) <= TOLERANCE
+
+
+def test_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv("ATTNSPEC_NATIVE", "0")
+    assert not native.available()
+    monkeypatch.delenv("ATTNSPEC_NATIVE")
+    assert native.available()
+
+
+def test_kernel_is_causal():
+    """Changing every input after position t leaves the outputs up to t bit for bit unchanged."""
+    q, k, v, log_a = strided_inputs(1, 2, 200, 16, 16, "per-head")
+    out, _ = kernel(q, k, v, log_a)
+    for t in (0, 63, 64, 130):
+        changed = [x.clone() for x in (q, k, v, log_a)]
+        for x in changed:
+            x[:, :, t + 1:] = torch.randn_like(x[:, :, t + 1:]) if x.dim() == 4 else -torch.rand_like(x[:, :, t + 1:])
+        again, _ = kernel(*changed)
+        assert torch.equal(again[:, :, :t + 1], out[:, :, :t + 1])
+        assert not torch.equal(again[:, :, t + 1:], out[:, :, t + 1:])
+
+
+@pytest.mark.parametrize("magnitude", [(0.999, 0.99999), (1e-30, 1e-3)], ids=["near-1", "near-0"])
+def test_kernel_is_finite_and_exact_at_length_65536(magnitude):
+    L = 65536
+    low, high = magnitude
+    q, k, v, _ = strided_inputs(1, 2, L, 8, 8, "none")
+    log_a = torch.log(torch.rand(1, 2, L) * (high - low) + low)
+    out, final = kernel(q, k, v, log_a)
+    assert torch.isfinite(out).all() and torch.isfinite(final).all()
+    # The float64 graph chunk mode is exact to ~1e-15 (test_linear_attention.py).
+    expected, expected_state = linear_attention(q.double(), k.double(), v.double(), log_a.double(), mode="chunk",
+                                                return_state=True)
+    assert rel_rms(out, expected) <= TOLERANCE and rel_rms(final, expected_state) <= TOLERANCE
+
+
+def test_build_is_cached_and_leaves_nothing_on_failure(tmp_path):
+    first = build(directory=tmp_path)
+    assert build(directory=tmp_path) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
+    with pytest.raises(NativeBuildError, match="failed to compile"):
+        build(flags=native.FLAGS + ("-no-such-flag",), directory=tmp_path / "bad")
+    assert list((tmp_path / "bad").iterdir()) == []
+    with pytest.raises(NativeBuildError, match="could not run the C\\+\\+ compiler"):
+        build(compiler=str(tmp_path / "no-compiler"), directory=tmp_path / "bad")
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx512f is an x86 flag")
+def test_the_8_lane_build_for_cpus_without_avx512(tmp_path):
+    """The source picks 16-float vectors with AVX-512 and 8 otherwise; the narrow variant must be right too."""
+    library = load(build(flags=native.FLAGS + ("-mno-avx512f",), directory=tmp_path))
+    q, k, v, log_a = strided_inputs(1, 3, 300, 60, 65, "resets")
+    B, H, L, Dk = q.shape
+    out, final = torch.full((B, H, L, 65), float("nan")), torch.full((B, H, Dk, 65), float("nan"))
+    strides = [*q.stride(), *k.stride(), *v.stride(), *log_a.stride(), 0, 0, 0, 0]
+    status = library.chunked_linear_attention_forward(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), log_a.data_ptr(), None, (native.ctypes.c_int64 * 19)(*strides),
+        B, H, L, Dk, 65, 64, 1.0, out.data_ptr(), final.data_ptr(), 2)
+    assert status == 0
+    expected, expected_state, _ = linear_attention_reference(q.double(), k.double(), v.double(), log_a.double())
+    assert rel_rms(out, expected) <= TOLERANCE and rel_rms(final, expected_state.real) <= TOLERANCE
+
+
+def test_without_a_compiler_the_graph_path_runs_after_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))
+    monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_failure", None)
+    q, k, v, log_a = strided_inputs(1, 2, 70, 6, 5, "per-head")
+    with pytest.warns(RuntimeWarning, match="graph path is used"):
+        out = linear_attention(q, k, v, log_a)
+    with native.disabled():
+        expected = linear_attention(q, k, v, log_a)
+    assert torch.equal(out, expected)
+    assert not native.available()  # decided once per process: no second build attempt, no second warning
+
+
+@pytest.mark.slow
+def test_compiled_graph_keeps_the_kernel_and_does_not_recompile_across_lengths():
+    seen = set()
+
+    def recording_backend(graph_module, example_inputs):
+        seen.update(node.target for node in graph_module.graph.nodes)
+        from torch._inductor.compile_fx import compile_fx
+        return compile_fx(graph_module, example_inputs)
+
+    def attention(q, k, v, log_a):
+        return linear_attention(q, k, v, log_a, chunk_size=64, max_length=4096)
+
+    compiled = torch.compile(attention, fullgraph=True, dynamic=True, backend=recording_backend)
+    with torch.no_grad():
+        for i, L in enumerate((100, 37, 300, 1000, 63)):
+            inputs = strided_inputs(2, 2, L, 16, 8, "resets")
+            if i == 0:
+                got = compiled(*inputs)
+            else:
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    got = compiled(*inputs)
+            assert torch.equal(got, attention(*inputs))
+    assert torch.ops.attnspec.chunked_linear_attention.default in seen

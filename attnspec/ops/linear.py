@@ -28,6 +28,11 @@ Implementation choices (why, not what):
   serves per-head and per-channel, real and complex decays alike. The number of levels is fixed
   by ``max_length``, so ``torch.compile`` and ``torch.export`` see no Python loop over positions
   and no new length recompiles.
+* Chunk mode without gradients (inference), float32 on the CPU, no decay or one real decay per
+  head: a fused C++ kernel (:mod:`attnspec.ops.native`) computes the same chunks with one thread
+  per head walking its chunks in order, about 1.7x faster than the graph path at L = 8192. It has
+  no backward, so training takes the graph path; exported programs do too, so they load without
+  attnspec.
 * Scan mode: a Hillis-Steele prefix scan over positions with the GateLoop operator
   ``(a1, S1) . (a2, S2) = (a1 a2, a2 S1 + S2)``, materialising every per-position state (small
   states only). torch's ``associative_scan`` is not used: on CPU it supports only

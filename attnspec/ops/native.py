@@ -32,7 +32,7 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor
 
-from attnspec.errors import AttnSpecError
+from attnspec.errors import AttnSpecError, ShapeError
 
 SOURCE = Path(__file__).with_name("csrc") / "chunked_linear_attention.cpp"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
@@ -175,6 +175,7 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None, initial_
         scale: multiplier on q. chunk_size: positions per chunk (any positive integer).
         out: contiguous ``(B, H, L, Dv)`` float32. final_state: contiguous ``(B, H, Dk, Dv)`` float32.
     """
+    _check_arguments(q, k, v, log_a, initial_state, out, final_state)
     library = _library_or_none()
     if library is None:
         raise NativeBuildError(_failure or "the kernel is unavailable")
@@ -189,6 +190,25 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None, initial_
         B, H, L, Dk, Dv, chunk_size, scale, out.data_ptr(), final_state.data_ptr(), torch.get_num_threads())
     if status != 0:
         raise MemoryError("the chunk kernel could not allocate its per-thread workspace")
+
+
+def _check_arguments(q, k, v, log_a, initial_state, out, final_state) -> None:
+    """The kernel reads and writes raw memory: refuse anything but the shapes and dtypes it assumes."""
+    if q.dim() != 4 or v.dim() != 4:
+        raise ShapeError(f"q and v must have shape (B, H, L, D), got {tuple(q.shape)} and {tuple(v.shape)}")
+    B, H, L, Dk = q.shape
+    Dv = v.shape[-1]
+    expected = {"q": (q, (B, H, L, Dk)), "k": (k, (B, H, L, Dk)), "v": (v, (B, H, L, Dv)),
+                "log_a": (log_a, (B, H, L)), "initial_state": (initial_state, (B, H, Dk, Dv)),
+                "out": (out, (B, H, L, Dv)), "final_state": (final_state, (B, H, Dk, Dv))}
+    for name, (t, shape) in expected.items():
+        if t is None:
+            continue
+        if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device.type != "cpu":
+            raise ShapeError(f"{name} must be a float32 CPU tensor of shape {shape}, got {t.dtype} {t.device.type} "
+                             f"{tuple(t.shape)}")
+    if out is None or final_state is None or not (out.is_contiguous() and final_state.is_contiguous()):
+        raise ShapeError("out and final_state must be contiguous tensors")
 
 
 @torch.library.custom_op("attnspec::chunked_linear_attention", mutates_args=(), device_types="cpu")

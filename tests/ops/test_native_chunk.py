@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnspec.errors import ShapeError
 from attnspec.ops import linear_attention, native
 from attnspec.ops.native import NativeBuildError, build, forward_into, load
 from tests.ops.reference import linear_attention_reference
@@ -50,8 +51,9 @@ def kernel(q, k, v, log_a=None, initial=None, scale=1.0, chunk_size=64):
     (1, 1, 1, 5, 3, 64),  # one position
     (2, 3, 63, 60, 60, 64),  # a single short chunk, odd head count (3 heads on 2 threads)
     (1, 2, 500, 60, 65, 64),  # a partial last chunk, Dv not a multiple of the vector width
-    (1, 2, 300, 17, 33, 37),  # an odd chunk size
+    (1, 2, 300, 17, 31, 37),  # an odd chunk size; Dv one short of two 16-lane vectors
     (1, 1, 40, 8, 8, 1),  # chunks of one position: the recurrence itself
+    (1, 1, 130, 60, 65, 64),  # one head, two threads: its value columns are split between them
 ])
 @pytest.mark.parametrize("decay", ["none", "per-head", "resets"])
 @pytest.mark.parametrize("with_initial_state", [False, True])
@@ -235,3 +237,14 @@ def test_compiled_graph_keeps_the_kernel_and_does_not_recompile_across_lengths()
                     got = compiled(*inputs)
             assert torch.equal(got, attention(*inputs))
     assert torch.ops.attnspec.chunked_linear_attention.default in seen
+
+
+def test_kernel_refuses_arguments_it_would_misread():
+    q, k, v, log_a = strided_inputs(1, 2, 10, 4, 3, "per-head")
+    out, final = torch.empty(1, 2, 10, 3), torch.empty(1, 2, 4, 3)
+    with pytest.raises(ShapeError, match="k must be a float32 CPU tensor of shape"):
+        forward_into(q, k.double(), v, log_a, None, 1.0, 64, out, final)
+    with pytest.raises(ShapeError, match="log_a must be"):
+        forward_into(q, k, v, log_a[:, :, :5], None, 1.0, 64, out, final)
+    with pytest.raises(ShapeError, match="contiguous"):
+        forward_into(q, k, v, log_a, None, 1.0, 64, torch.empty(1, 2, 3, 10).transpose(-1, -2), final)

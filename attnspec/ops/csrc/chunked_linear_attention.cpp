@@ -134,6 +134,12 @@ struct Problem {
   float *out;    // (B, H, L, Dv), contiguous
   float *final;  // (B, H, Dk, Dv), contiguous
   int threads;
+  long splits, block;  // each head's value columns are split into `splits` blocks of `block` columns
+};
+
+// The value columns first .. first + count - 1 of one head: the unit of work of one thread.
+struct Columns {
+  long first, count;
 };
 
 // Scores of rows i0 .. i0 + R - 1 against columns j0 .. j0 + NV W - 1, decayed and causally masked.
@@ -159,9 +165,11 @@ static inline void scores_tile(const Workspace &w, long Dk, long i0, long j0) {
 }
 
 // Output rows i0 .. i0 + R - 1, columns e0 .. e0 + NV W - 1: decayed scores times v plus the
-// decayed queries times the state entering the chunk. Only the first Dv columns are written.
+// decayed queries times the state entering the chunk. Only the first Dv columns are written, to
+// rows of out_row floats.
 template <int NV>
-static inline void output_tile(const Workspace &w, long Dk, long Dv, long i0, long e0, long m, float *out) {
+static inline void output_tile(const Workspace &w, long Dk, long Dv, long out_row, long i0, long e0, long m,
+                               float *out) {
   vec acc[R][NV_MAX];
   for (int r = 0; r < R; r++)
     for (int v = 0; v < NV; v++) acc[r][v] = splat(0.f);
@@ -169,7 +177,7 @@ static inline void output_tile(const Workspace &w, long Dk, long Dv, long i0, lo
   multiply_add<NV>(acc, w.scores + i0 * w.CP, w.CP, 1, w.v + e0, w.DvP, depth);
   multiply_add<NV>(acc, w.q_decayed + i0 * Dk, Dk, 1, w.state + e0, w.DvP, Dk);
   for (int r = 0; r < R && i0 + r < m; r++) {
-    float *row = out + (i0 + r) * Dv;
+    float *row = out + (i0 + r) * out_row;
     for (int v = 0; v < NV; v++) {
       const long e = e0 + v * W;
       if (e + W <= Dv) {
@@ -210,8 +218,8 @@ static inline long tile_vectors(long remaining_vectors) {
 // Copies positions t0 .. t0 + m - 1 of one head into the workspace and fills b (log_decay).
 // Returns exp(b_m), the decay across the chunk.
 static float load_chunk(const Problem &P, const Workspace &w, const float *q, const float *k, const float *v,
-                        const float *log_a, long t0, long m) {
-  const long Dk = P.Dk, Dv = P.Dv;
+                        const float *log_a, long Dv, long t0, long m) {
+  const long Dk = P.Dk;
   double total = 0.0;
   for (long i = 0; i < m; i++) {
     const double x = log_a ? log_a[(t0 + i) * P.sa[2]] : 0.0;
@@ -244,23 +252,23 @@ static float load_chunk(const Problem &P, const Workspace &w, const float *q, co
   return (float)exp(total);
 }
 
-static void one_head(const Problem &P, long b, long h, const Workspace &w) {
-  const long Dk = P.Dk, Dv = P.Dv, L = P.L, C = P.C;
+static void one_head(const Problem &P, long b, long h, Columns columns, const Workspace &w) {
+  const long Dk = P.Dk, Dv = columns.count, L = P.L, C = P.C;
   const float *q = P.q + b * P.sq[0] + h * P.sq[1];
   const float *k = P.k + b * P.sk[0] + h * P.sk[1];
-  const float *v = P.v + b * P.sv[0] + h * P.sv[1];
+  const float *v = P.v + b * P.sv[0] + h * P.sv[1] + columns.first * P.sv[3];
   const float *log_a = P.log_a ? P.log_a + b * P.sa[0] + h * P.sa[1] : nullptr;
-  float *out = P.out + (b * P.H + h) * L * Dv;
+  float *out = P.out + (b * P.H + h) * L * P.Dv + columns.first;
 
   memset(w.state, 0, sizeof(float) * w.floats);  // the whole workspace: padding must be 0
   if (P.initial) {
-    const float *s0 = P.initial + b * P.si[0] + h * P.si[1];
+    const float *s0 = P.initial + b * P.si[0] + h * P.si[1] + columns.first * P.si[3];
     for (long d = 0; d < Dk; d++)
       for (long e = 0; e < Dv; e++) w.state[d * w.DvP + e] = s0[d * P.si[2] + e * P.si[3]];
   }
   for (long t0 = 0; t0 < L; t0 += C) {
     const long m = L - t0 < C ? L - t0 : C;
-    const float chunk_decay = load_chunk(P, w, q, k, v, log_a, t0, m);
+    const float chunk_decay = load_chunk(P, w, q, k, v, log_a, Dv, t0, m);
     const long rows = round_up(m, R);
     for (long i0 = 0; i0 < rows; i0 += R) {
       const long vectors = (i0 + R - 1) / W + 1;  // the column vectors that hold some j <= i0 + R - 1
@@ -268,14 +276,14 @@ static void one_head(const Problem &P, long b, long h, const Workspace &w) {
     }
     for (long i0 = 0; i0 < rows; i0 += R)
       for (long e0 = 0; e0 < w.DvP; e0 += NV_MAX * W)
-        WITH_WIDTH(tile_vectors((w.DvP - e0) / W), output_tile, w, Dk, Dv, i0, e0, m, out + t0 * Dv);
+        WITH_WIDTH(tile_vectors((w.DvP - e0) / W), output_tile, w, Dk, Dv, P.Dv, i0, e0, m, out + t0 * P.Dv);
     for (long d0 = 0; d0 < w.DkR; d0 += R)  // after the output: the output reads the entering state
       for (long e0 = 0; e0 < w.DvP; e0 += NV_MAX * W)
         WITH_WIDTH(tile_vectors((w.DvP - e0) / W), state_tile, w, chunk_decay, d0, e0, m);
   }
-  float *final = P.final + (b * P.H + h) * Dk * Dv;
+  float *final = P.final + (b * P.H + h) * Dk * P.Dv + columns.first;
   for (long d = 0; d < Dk; d++)
-    for (long e = 0; e < Dv; e++) final[d * Dv + e] = w.state[d * w.DvP + e];
+    for (long e = 0; e < Dv; e++) final[d * P.Dv + e] = w.state[d * w.DvP + e];
 }
 
 struct Worker {
@@ -284,18 +292,23 @@ struct Worker {
   int failed;
 };
 
-// Heads index, index + threads, ...: equal shares, and a head never moves between threads.
+// Work items index, index + threads, ...: equal shares, and a (head, column block) never moves
+// between threads.
 static void *run_worker(void *arg) {
   Worker *worker = (Worker *)arg;
   const Problem &P = *worker->P;
-  const size_t bytes = round_up(sizeof(float) * layout(P.C, P.Dk, P.Dv, nullptr).floats, 64);
+  const size_t bytes = round_up(sizeof(float) * layout(P.C, P.Dk, P.block, nullptr).floats, 64);
   float *memory = (float *)aligned_alloc(64, bytes);
   if (!memory) {
     worker->failed = 1;
     return nullptr;
   }
-  const Workspace w = layout(P.C, P.Dk, P.Dv, memory);
-  for (long bh = worker->index; bh < P.B * P.H; bh += P.threads) one_head(P, bh / P.H, bh % P.H, w);
+  const Workspace w = layout(P.C, P.Dk, P.block, memory);
+  for (long item = worker->index; item < P.B * P.H * P.splits; item += P.threads) {
+    const long bh = item / P.splits, first = item % P.splits * P.block;
+    const Columns columns{first, P.Dv - first < P.block ? P.Dv - first : P.block};
+    one_head(P, bh / P.H, bh % P.H, columns, w);
+  }
   free(memory);
   return nullptr;
 }
@@ -306,15 +319,22 @@ extern "C" int chunked_linear_attention_forward(const float *q, const float *k, 
                                                 int64_t L, int64_t Dk, int64_t Dv, int64_t C, float scale,
                                                 float *out, float *final, int threads) {
   const int MAX_THREADS = 256;
-  Problem P{q, k, v, log_a, initial, {}, {}, {}, {}, {}, B, H, L, Dk, Dv, C, scale, out, final, threads};
+  Problem P{q, k, v, log_a, initial, {}, {}, {}, {}, {}, B, H, L, Dk, Dv, C, scale, out, final, threads, 1, 0};
   memcpy(P.sq, strides, 4 * sizeof(int64_t));
   memcpy(P.sk, strides + 4, 4 * sizeof(int64_t));
   memcpy(P.sv, strides + 8, 4 * sizeof(int64_t));
   memcpy(P.sa, strides + 12, 3 * sizeof(int64_t));
   memcpy(P.si, strides + 15, 4 * sizeof(int64_t));
-  const long limit = B * H < MAX_THREADS ? B * H : MAX_THREADS;
+  if (B * H == 0 || Dv == 0) return 0;
+  // Fewer heads than threads: split each head's value columns (whole vectors) between threads.
+  // Each block recomputes the head's scores, a quarter of the work at Dk = Dv = C.
+  const long heads = B * H, vectors = round_up(Dv, W) / W;
+  long splits = heads < threads ? (threads + heads - 1) / heads : 1;
+  splits = splits < vectors ? splits : vectors;
+  P.block = (vectors + splits - 1) / splits * W;
+  P.splits = (Dv + P.block - 1) / P.block;
+  const long items = heads * P.splits, limit = items < MAX_THREADS ? items : MAX_THREADS;
   P.threads = threads < 1 ? 1 : (threads > limit ? (int)limit : threads);
-  if (B * H == 0) return 0;
   pthread_t ids[MAX_THREADS];
   bool started[MAX_THREADS] = {};
   Worker workers[MAX_THREADS];

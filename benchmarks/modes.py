@@ -125,15 +125,29 @@ def keep_freed_memory() -> bool:
         return False
 
 
-def decode_step_seconds(prefix: int, repeats: int) -> float:
-    """Time of one recurrent step after a prefix: the state is (B, H, Dk, Dv) whatever the prefix."""
+def decode_step(prefix: int):
+    """One recurrent step after a prefix, as a callable: the state is (B, H, Dk, Dv) whatever the prefix."""
     q, k, v, log_a = inputs(prefix)
     with torch.no_grad():
         _, state = linear_attention(q, k, v, log_a, mode="chunk", return_state=True, max_length=MAX_LENGTH)
-        pair = PairState(state, None)
-        q1, k1, v1 = q[:, :, -1], k[:, :, -1], v[:, :, -1]
-        decay = Decay(log_a[:, :, -1].unsqueeze(-1), None)  # (B, H, 1): one decay per head
-        return timed(lambda: recurrent_step(q1, k1, v1, decay, pair), repeats * 20)
+    pair = PairState(state, None)
+    q1, k1, v1 = q[:, :, -1], k[:, :, -1], v[:, :, -1]
+    decay = Decay(log_a[:, :, -1].unsqueeze(-1), None)  # (B, H, 1): one decay per head
+
+    def step():
+        with torch.no_grad():
+            return recurrent_step(q1, k1, v1, decay, pair)
+    return step
+
+
+def decode_step_seconds(prefixes: tuple[int, ...], repeats: int, rounds: int = 5) -> list[float]:
+    """Median step time per prefix, measured in alternating rounds so that drift hits every prefix alike."""
+    steps = [decode_step(prefix) for prefix in prefixes]
+    samples = [[] for _ in prefixes]
+    for _ in range(rounds):
+        for step, times in zip(steps, samples):
+            times.append(timed(step, repeats * 20))
+    return [statistics.median(times) for times in samples]
 
 
 def main() -> None:
@@ -204,7 +218,7 @@ def main() -> None:
                       f"{graph:.1f}", f"{100 * graph / rate:.0f}%")
     console.print(table)
 
-    short, long = decode_step_seconds(256, args.repeats), decode_step_seconds(16384, args.repeats)
+    short, long = decode_step_seconds((256, 16384), args.repeats)
     console.print(f"decode step: prefix 256 {short * 1e6:.1f} us, prefix 16384 {long * 1e6:.1f} us, "
                   f"ratio {long / short:.2f}")
 

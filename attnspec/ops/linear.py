@@ -28,8 +28,8 @@ Implementation choices (why, not what):
   serves per-head and per-channel, real and complex decays alike. The number of levels is fixed
   by ``max_length``, so ``torch.compile`` and ``torch.export`` see no Python loop over positions
   and no new length recompiles.
-* Chunk mode without gradients (inference), float32 on the CPU, no decay or one real decay per
-  head: a fused C++ kernel (:mod:`attnspec.ops.native`) computes the same chunks with one thread
+* Chunk mode without gradients (inference), float32 on the CPU, no decay or one real or complex
+  decay per head: a fused C++ kernel (:mod:`attnspec.ops.native`) computes the same chunks with one thread
   per head walking its chunks in order, about 1.7x faster than the graph path at L = 8192. It has
   no backward, so training takes the graph path; exported programs do too, so they load without
   attnspec.
@@ -139,10 +139,12 @@ def linear_attention(
         # The normaliser z is the state of the same recurrence for a value that is always 1.
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     if _native_chunk_applies(q, k, v, decay, initial, causal, mode):
-        log_a_per_head = None if decay is None else decay.log_mag.squeeze(-1)
-        out, final_re = native.chunked_linear_attention(q, k, v, log_a_per_head, None if initial is None else initial.re,
-                                                        scale, chunk_size)
-        final = PairState(final_re, None)
+        per_head = lambda t: None if t is None else t.squeeze(-1)  # noqa: E731  (B, H, L, 1) -> (B, H, L)
+        out, final_re, final_im = native.chunked_linear_attention(
+            q, k, v, per_head(decay.log_mag) if decay is not None else None,
+            per_head(decay.phase) if decay is not None else None, initial.re if initial is not None else None,
+            initial.im if initial is not None else None, scale, chunk_size)
+        final = PairState(final_re, final_im if decay is not None and decay.phase is not None else None)
     elif not causal:
         out, final = _noncausal(q * scale, k, v, mode), None
     elif mode == "recurrent":
@@ -164,17 +166,17 @@ def _native_chunk_applies(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, 
                           causal: bool, mode: str) -> bool:
     """Whether the chunk mode runs on the CPU kernel (:mod:`attnspec.ops.native`) rather than the graph path.
 
-    The kernel covers float32 CPU inputs with no decay or one real decay per head, and has no
-    backward, so it is used only when no gradient is needed. Exported programs always take the
+    The kernel covers float32 CPU inputs with no decay or one real or complex decay per head, and
+    has no backward, so it is used only when no gradient is needed. Exported programs always take the
     graph path, so that they load without attnspec.
     """
     if mode != "chunk" or not causal or q.device.type != "cpu" or q.dtype != torch.float32:
         return False
-    if decay is not None and (decay.phase is not None or decay.log_mag.shape[-1] != 1):
+    if decay is not None and decay.log_mag.shape[-1] != 1:
         return False
     if torch.compiler.is_exporting():
         return False
-    inputs = (q, k, v, None if decay is None else decay.log_mag, None if initial is None else initial.re)
+    inputs = (q, k, v, *(decay or ()), *(initial or ()))
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
         return False
     return native.available()

@@ -1,7 +1,7 @@
 """The compiled CPU kernel of the chunk mode's forward pass, and the torch op that calls it.
 
 ``csrc/chunked_linear_attention.cpp`` computes causal gated linear attention in chunks for
-float32 inputs with no decay or one real decay per head: one thread per (batch, head) walks its
+float32 inputs with no decay or one real or complex decay per head: one thread per (batch, head) walks its
 chunks in order with the chunk and the state in cache (see the source for why that beats the
 graph path's batched matrix products). :func:`attnspec.ops.linear_attention` uses it through
 :func:`chunked_linear_attention` when the chunk mode is asked for, the case is covered, no
@@ -101,11 +101,13 @@ def load(path: Path) -> ctypes.CDLL:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     library.chunked_linear_attention_forward.restype = ctypes.c_int
     library.chunked_linear_attention_forward.argtypes = [
-        pointer, pointer, pointer, pointer, pointer,  # q, k, v, log_a (or null), initial state (or null)
-        ctypes.POINTER(ctypes.c_int64),  # 19 element strides
+        pointer, pointer, pointer,  # q, k, v
+        pointer, pointer,  # log|a| and phase (or null)
+        pointer, pointer,  # initial state, real and imaginary part (or null)
+        ctypes.POINTER(ctypes.c_int64),  # 26 element strides
         size, size, size, size, size, size,  # B, H, L, Dk, Dv, chunk size
         ctypes.c_float,  # scale
-        pointer, pointer,  # out (B, H, L, Dv), final state (B, H, Dk, Dv)
+        pointer, pointer, pointer,  # out (B, H, L, Dv), final state real and imaginary part (B, H, Dk, Dv)
         ctypes.c_int,  # threads
     ]
     return library
@@ -164,69 +166,82 @@ def disabled() -> Iterator[None]:
         _disabled -= 1
 
 
-def forward_into(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None, initial_state: Tensor | None, scale: float,
-                 chunk_size: int, out: Tensor, final_state: Tensor) -> None:
-    """Run the kernel, writing every element of ``out`` and ``final_state``.
+def forward_into(q: Tensor, k: Tensor, v: Tensor, log_mag: Tensor | None, phase: Tensor | None,
+                 initial_state: Tensor | None, initial_state_im: Tensor | None, scale: float, chunk_size: int,
+                 out: Tensor, final_state: Tensor, final_state_im: Tensor) -> None:
+    """Run the kernel, writing every element of ``out``, ``final_state`` and ``final_state_im``.
 
     Args:
         q, k: ``(B, H, L, Dk)`` float32 CPU tensors, any strides. v: ``(B, H, L, Dv)``, likewise.
-        log_a: ``(B, H, L)`` float32 log-decays (``-inf`` resets) or None (no decay).
-        initial_state: ``(B, H, Dk, Dv)`` float32 or None (zeros).
+        log_mag: ``(B, H, L)`` float32 log-magnitudes of the decay (``-inf`` resets), or None (no decay).
+        phase: ``(B, H, L)`` float32 phases of a complex decay, or None (real decay); needs ``log_mag``.
+        initial_state, initial_state_im: ``(B, H, Dk, Dv)`` float32 real and imaginary part of the
+            state before position 0, or None (zeros).
         scale: multiplier on q. chunk_size: positions per chunk (any positive integer).
-        out: contiguous ``(B, H, L, Dv)`` float32. final_state: contiguous ``(B, H, Dk, Dv)`` float32.
+        out: contiguous ``(B, H, L, Dv)`` float32. final_state, final_state_im: contiguous
+            ``(B, H, Dk, Dv)`` float32 (the imaginary part is 0 for real decays).
     """
-    _check_arguments(q, k, v, log_a, initial_state, out, final_state)
+    _check_arguments(q, k, v, log_mag, phase, initial_state, initial_state_im, out, final_state, final_state_im)
     library = _library_or_none()
     if library is None:
         raise NativeBuildError(_failure or "the kernel is unavailable")
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
-    strides = [*q.stride(), *k.stride(), *v.stride(),
-               *(log_a.stride() if log_a is not None else (0, 0, 0)),
-               *(initial_state.stride() if initial_state is not None else (0, 0, 0, 0))]
+    strides = [*q.stride(), *k.stride(), *v.stride()]
+    for t, rank in ((log_mag, 3), (phase, 3), (initial_state, 4), (initial_state_im, 4)):
+        strides += t.stride() if t is not None else (0,) * rank
     address = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     status = library.chunked_linear_attention_forward(
-        address(q), address(k), address(v), address(log_a), address(initial_state), (ctypes.c_int64 * 19)(*strides),
-        B, H, L, Dk, Dv, chunk_size, scale, out.data_ptr(), final_state.data_ptr(), torch.get_num_threads())
+        address(q), address(k), address(v), address(log_mag), address(phase), address(initial_state),
+        address(initial_state_im), (ctypes.c_int64 * len(strides))(*strides), B, H, L, Dk, Dv, chunk_size, scale,
+        out.data_ptr(), final_state.data_ptr(), final_state_im.data_ptr(), torch.get_num_threads())
     if status != 0:
         raise MemoryError("the chunk kernel could not allocate its per-thread workspace")
 
 
-def _check_arguments(q, k, v, log_a, initial_state, out, final_state) -> None:
+def _check_arguments(q, k, v, log_mag, phase, initial_state, initial_state_im, out, final_state, final_state_im):
     """The kernel reads and writes raw memory: refuse anything but the shapes and dtypes it assumes."""
     if q.dim() != 4 or v.dim() != 4:
         raise ShapeError(f"q and v must have shape (B, H, L, D), got {tuple(q.shape)} and {tuple(v.shape)}")
+    if phase is not None and log_mag is None:
+        raise ShapeError("phase needs log_mag (a complex decay has both)")
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
-    expected = {"q": (q, (B, H, L, Dk)), "k": (k, (B, H, L, Dk)), "v": (v, (B, H, L, Dv)),
-                "log_a": (log_a, (B, H, L)), "initial_state": (initial_state, (B, H, Dk, Dv)),
-                "out": (out, (B, H, L, Dv)), "final_state": (final_state, (B, H, Dk, Dv))}
+    sequence, state = (B, H, L), (B, H, Dk, Dv)
+    expected = {"q": (q, (B, H, L, Dk)), "k": (k, (B, H, L, Dk)), "v": (v, (B, H, L, Dv)), "log_mag": (log_mag, sequence),
+                "phase": (phase, sequence), "initial_state": (initial_state, state),
+                "initial_state_im": (initial_state_im, state), "out": (out, (B, H, L, Dv)),
+                "final_state": (final_state, state), "final_state_im": (final_state_im, state)}
     for name, (t, shape) in expected.items():
         if t is None:
             continue
         if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device.type != "cpu":
             raise ShapeError(f"{name} must be a float32 CPU tensor of shape {shape}, got {t.dtype} {t.device.type} "
                              f"{tuple(t.shape)}")
-    if out is None or final_state is None or not (out.is_contiguous() and final_state.is_contiguous()):
-        raise ShapeError("out and final_state must be contiguous tensors")
+    outputs = (out, final_state, final_state_im)
+    if any(t is None or not t.is_contiguous() for t in outputs):
+        raise ShapeError("out, final_state and final_state_im must be contiguous tensors")
 
 
 @torch.library.custom_op("attnspec::chunked_linear_attention", mutates_args=(), device_types="cpu")
-def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_a: Optional[Tensor], initial_state: Optional[Tensor],
-                             scale: float, chunk_size: int) -> tuple[Tensor, Tensor]:
-    """Causal gated linear attention by the CPU kernel: ``(o (B, H, L, Dv), final state (B, H, Dk, Dv))``.
+def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_mag: Optional[Tensor], phase: Optional[Tensor],
+                             initial_state: Optional[Tensor], initial_state_im: Optional[Tensor], scale: float,
+                             chunk_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Causal gated linear attention by the CPU kernel: ``o (B, H, L, Dv)`` and the final state's real
+    and imaginary parts ``(B, H, Dk, Dv)``.
 
     Arguments as in :func:`forward_into`. A torch op, so ``torch.compile`` keeps it in the graph
     (``fullgraph=True`` holds) with any sequence length. Forward only: it has no autograd formula.
     """
     B, H, L, Dk = q.shape
     out = q.new_empty(B, H, L, v.shape[-1])
-    final_state = q.new_empty(B, H, Dk, v.shape[-1])
-    forward_into(q, k, v, log_a, initial_state, scale, chunk_size, out, final_state)
-    return out, final_state
+    final_state, final_state_im = q.new_empty(B, H, Dk, v.shape[-1]), q.new_empty(B, H, Dk, v.shape[-1])
+    forward_into(q, k, v, log_mag, phase, initial_state, initial_state_im, scale, chunk_size, out, final_state,
+                 final_state_im)
+    return out, final_state, final_state_im
 
 
 @chunked_linear_attention.register_fake
-def _(q, k, v, log_a, initial_state, scale, chunk_size):
+def _(q, k, v, log_mag, phase, initial_state, initial_state_im, scale, chunk_size):
     B, H, L, Dk = q.shape
-    return q.new_empty(B, H, L, v.shape[-1]), q.new_empty(B, H, Dk, v.shape[-1])
+    return q.new_empty(B, H, L, v.shape[-1]), q.new_empty(B, H, Dk, v.shape[-1]), q.new_empty(B, H, Dk, v.shape[-1])

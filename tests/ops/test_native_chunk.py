@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from attnspec.errors import ShapeError
-from attnspec.ops import linear_attention, native
+from attnspec.ops import Decay, linear_attention, native
 from attnspec.ops.native import NativeBuildError, build, forward_into, load
 from tests.ops.reference import linear_attention_reference
 
@@ -22,29 +22,43 @@ TOLERANCE = 1e-4
 
 
 def rel_rms(a, b):
-    return ((a.double() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-300)).item()
+    """Relative RMS error of ``a`` against ``b`` (complex tensors as pairs of real ones), in float64."""
+    a, b = (torch.view_as_real(t.to(torch.complex128)) if t.is_complex() else t.double() for t in (a, b))
+    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-300)).item()
 
 
-def strided_inputs(B, H, L, Dk, Dv, decay, generator=None):
-    """float32 q, k, v laid out (B, L, H, D) and viewed as (B, H, L, D), as a mixer's projections give them."""
-    make = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
-    q, k, v = (make(B, L, H, D).transpose(1, 2) for D in (Dk, Dk, Dv))
+def strided_inputs(B, H, L, Dk, Dv, decay):
+    """float32 q, k, v laid out (B, L, H, D) and viewed as (B, H, L, D), as a mixer's projections give them,
+    and a per-head log-decay (B, H, L): None, real, or complex ("complex..."); "...resets" puts a = 0 at
+    every 17th position."""
+    q, k, v = (torch.randn(B, L, H, D).transpose(1, 2) for D in (Dk, Dk, Dv))
     log_a = None
     if decay != "none":
-        log_a = F.logsigmoid(make(B, L, H) + 3).transpose(1, 2)
-        if decay == "resets":  # a = 0 at a few positions (and a long stretch of a ~ 1 elsewhere)
+        log_a = F.logsigmoid(torch.randn(B, L, H) + 3).transpose(1, 2)
+        if decay.endswith("resets"):
             log_a = log_a.clone()
             log_a[:, :, ::17] = float("-inf")
+        if decay.startswith("complex"):
+            log_a = torch.complex(log_a, torch.randn(B, L, H).transpose(1, 2))
     return q, k, v, log_a
 
 
 def kernel(q, k, v, log_a=None, initial=None, scale=1.0, chunk_size=64):
-    """The kernel writing into NaN-filled buffers: an element it forgets stays NaN."""
+    """The kernel writing into NaN-filled buffers (an element it forgets stays NaN): ``(out, final state)``,
+    the final state complex for a complex ``log_a``. ``log_a`` and ``initial`` may be complex."""
     B, H, L, Dk = q.shape
     out = torch.full((B, H, L, v.shape[-1]), float("nan"))
-    final = torch.full((B, H, Dk, v.shape[-1]), float("nan"))
-    forward_into(q, k, v, log_a, initial, scale, chunk_size, out, final)
-    return out, final
+    final, final_im = (torch.full((B, H, Dk, v.shape[-1]), float("nan")) for _ in range(2))
+    log_mag = phase = initial_im = None
+    if log_a is not None:
+        log_mag, phase = (log_a.real, log_a.imag) if log_a.is_complex() else (log_a, None)
+    if initial is not None and initial.is_complex():
+        initial, initial_im = initial.real, initial.imag
+    forward_into(q, k, v, log_mag, phase, initial, initial_im, scale, chunk_size, out, final, final_im)
+    if phase is None:
+        assert torch.all(final_im == 0)
+        return out, final
+    return out, torch.complex(final, final_im)
 
 
 @pytest.mark.parametrize("B, H, L, Dk, Dv, chunk_size", [
@@ -55,23 +69,27 @@ def kernel(q, k, v, log_a=None, initial=None, scale=1.0, chunk_size=64):
     (1, 1, 40, 8, 8, 1),  # chunks of one position: the recurrence itself
     (1, 1, 130, 60, 65, 64),  # one head, two threads: its value columns are split between them
 ])
-@pytest.mark.parametrize("decay", ["none", "per-head", "resets"])
+@pytest.mark.parametrize("decay", ["none", "real", "real-resets", "complex", "complex-resets"])
 @pytest.mark.parametrize("with_initial_state", [False, True])
 def test_kernel_matches_the_float64_reference(B, H, L, Dk, Dv, chunk_size, decay, with_initial_state):
     q, k, v, log_a = strided_inputs(B, H, L, Dk, Dv, decay)
-    S0 = torch.randn(B, H, Dv, Dk).transpose(-1, -2) if with_initial_state else None  # strided too
+    S0 = None
+    if with_initial_state:
+        S0 = torch.randn(B, H, Dv, Dk).transpose(-1, -2)  # strided too
+        if decay.startswith("complex"):
+            S0 = torch.complex(S0, torch.randn(B, H, Dk, Dv))
     out, final = kernel(q, k, v, log_a, S0, scale=0.7, chunk_size=chunk_size)
     expected, expected_state, _ = linear_attention_reference(
-        q.double(), k.double(), v.double(), None if log_a is None else log_a.double(), scale=0.7,
-        S0=None if S0 is None else S0.double())
+        q.double(), k.double(), v.double(), None if log_a is None else log_a.to(torch.complex128), scale=0.7,
+        S0=None if S0 is None else S0.to(torch.complex128))
     assert torch.isfinite(out).all() and torch.isfinite(final).all()
     assert rel_rms(out, expected) <= TOLERANCE
-    assert rel_rms(final, expected_state.real) <= TOLERANCE
+    assert rel_rms(final, expected_state if final.is_complex() else expected_state.real) <= TOLERANCE
 
 
 def test_linear_attention_normalised_with_state_continuation_on_the_kernel(monkeypatch):
     calls = spy_on_kernel(monkeypatch)
-    q, k, v, log_a = strided_inputs(2, 2, 150, 12, 7, "per-head")
+    q, k, v, log_a = strided_inputs(2, 2, 150, 12, 7, "real")
     q, k = q.abs() + 0.1, k.abs() + 0.1
     S0, z0 = torch.rand(2, 2, 12, 7), torch.rand(2, 2, 12) + 0.5
     with torch.no_grad():
@@ -106,14 +124,14 @@ def spy_on_kernel(monkeypatch) -> list:
     ("no decay", True),
     ("gradient needed", False),
     ("float64", False),
-    ("complex decay", False),
+    ("complex decay", True),
     ("per-channel decay", False),
     ("other mode", False),
     ("disabled", False),
 ])
 def test_the_kernel_is_used_exactly_where_it_applies(monkeypatch, case, uses_kernel):
     calls = spy_on_kernel(monkeypatch)
-    q, k, v, log_a = strided_inputs(1, 2, 70, 6, 5, "per-head")
+    q, k, v, log_a = strided_inputs(1, 2, 70, 6, 5, "real")
     kwargs = {}
     if case == "no decay":
         log_a = None
@@ -148,12 +166,13 @@ def test_switched_off_by_environment(monkeypatch):
 
 def test_kernel_is_causal():
     """Changing every input after position t leaves the outputs up to t bit for bit unchanged."""
-    q, k, v, log_a = strided_inputs(1, 2, 200, 16, 16, "per-head")
+    q, k, v, log_a = strided_inputs(1, 2, 200, 16, 16, "complex")
     out, _ = kernel(q, k, v, log_a)
     for t in (0, 63, 64, 130):
         changed = [x.clone() for x in (q, k, v, log_a)]
         for x in changed:
-            x[:, :, t + 1:] = torch.randn_like(x[:, :, t + 1:]) if x.dim() == 4 else -torch.rand_like(x[:, :, t + 1:])
+            x[:, :, t + 1:] = torch.randn_like(x[:, :, t + 1:]) if x.dim() == 4 else torch.complex(
+                -torch.rand(x[:, :, t + 1:].shape), torch.randn(x[:, :, t + 1:].shape))
         again, _ = kernel(*changed)
         assert torch.equal(again[:, :, :t + 1], out[:, :, :t + 1])
         assert not torch.equal(again[:, :, t + 1:], out[:, :, t + 1:])
@@ -188,16 +207,21 @@ def test_build_is_cached_and_leaves_nothing_on_failure(tmp_path):
 def test_the_8_lane_build_for_cpus_without_avx512(tmp_path):
     """The source picks 16-float vectors with AVX-512 and 8 otherwise; the narrow variant must be right too."""
     library = load(build(flags=native.FLAGS + ("-mno-avx512f",), directory=tmp_path))
-    q, k, v, log_a = strided_inputs(1, 3, 300, 60, 65, "resets")
+    q, k, v, log_a = strided_inputs(1, 3, 300, 60, 65, "complex-resets")
+    log_mag, phase = log_a.real.contiguous(), log_a.imag.contiguous()
     B, H, L, Dk = q.shape
-    out, final = torch.full((B, H, L, 65), float("nan")), torch.full((B, H, Dk, 65), float("nan"))
-    strides = [*q.stride(), *k.stride(), *v.stride(), *log_a.stride(), 0, 0, 0, 0]
+    out = torch.full((B, H, L, 65), float("nan"))
+    final, final_im = (torch.full((B, H, Dk, 65), float("nan")) for _ in range(2))
+    strides = [*q.stride(), *k.stride(), *v.stride(), *log_mag.stride(), *phase.stride(), *[0] * 8]
     status = library.chunked_linear_attention_forward(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), log_a.data_ptr(), None, (native.ctypes.c_int64 * 19)(*strides),
-        B, H, L, Dk, 65, 64, 1.0, out.data_ptr(), final.data_ptr(), 2)
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), log_mag.data_ptr(), phase.data_ptr(), None, None,
+        (native.ctypes.c_int64 * 26)(*strides), B, H, L, Dk, 65, 64, 1.0, out.data_ptr(), final.data_ptr(),
+        final_im.data_ptr(), 2)
     assert status == 0
-    expected, expected_state, _ = linear_attention_reference(q.double(), k.double(), v.double(), log_a.double())
-    assert rel_rms(out, expected) <= TOLERANCE and rel_rms(final, expected_state.real) <= TOLERANCE
+    expected, expected_state, _ = linear_attention_reference(q.double(), k.double(), v.double(),
+                                                             log_a.to(torch.complex128))
+    assert rel_rms(out, expected) <= TOLERANCE
+    assert rel_rms(torch.complex(final, final_im), expected_state) <= TOLERANCE
 
 
 def test_without_a_compiler_the_graph_path_runs_after_one_warning(monkeypatch, tmp_path):
@@ -205,7 +229,7 @@ def test_without_a_compiler_the_graph_path_runs_after_one_warning(monkeypatch, t
     monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(native, "_library", None)
     monkeypatch.setattr(native, "_failure", None)
-    q, k, v, log_a = strided_inputs(1, 2, 70, 6, 5, "per-head")
+    q, k, v, log_a = strided_inputs(1, 2, 70, 6, 5, "real")
     with pytest.warns(RuntimeWarning, match="graph path is used"):
         out = linear_attention(q, k, v, log_a)
     with native.disabled():
@@ -229,7 +253,8 @@ def test_compiled_graph_keeps_the_kernel_and_does_not_recompile_across_lengths()
     compiled = torch.compile(attention, fullgraph=True, dynamic=True, backend=recording_backend)
     with torch.no_grad():
         for i, L in enumerate((100, 37, 300, 1000, 63)):
-            inputs = strided_inputs(2, 2, L, 16, 8, "resets")
+            q, k, v, log_a = strided_inputs(2, 2, L, 16, 8, "complex-resets")
+            inputs = (q, k, v, Decay(log_a.real.unsqueeze(-1), log_a.imag.unsqueeze(-1)))  # no complex in the graph
             if i == 0:
                 got = compiled(*inputs)
             else:
@@ -240,11 +265,14 @@ def test_compiled_graph_keeps_the_kernel_and_does_not_recompile_across_lengths()
 
 
 def test_kernel_refuses_arguments_it_would_misread():
-    q, k, v, log_a = strided_inputs(1, 2, 10, 4, 3, "per-head")
-    out, final = torch.empty(1, 2, 10, 3), torch.empty(1, 2, 4, 3)
+    q, k, v, log_a = strided_inputs(1, 2, 10, 4, 3, "real")
+    out, final, final_im = torch.empty(1, 2, 10, 3), torch.empty(1, 2, 4, 3), torch.empty(1, 2, 4, 3)
     with pytest.raises(ShapeError, match="k must be a float32 CPU tensor of shape"):
-        forward_into(q, k.double(), v, log_a, None, 1.0, 64, out, final)
-    with pytest.raises(ShapeError, match="log_a must be"):
-        forward_into(q, k, v, log_a[:, :, :5], None, 1.0, 64, out, final)
+        forward_into(q, k.double(), v, log_a, None, None, None, 1.0, 64, out, final, final_im)
+    with pytest.raises(ShapeError, match="log_mag must be"):
+        forward_into(q, k, v, log_a[:, :, :5], None, None, None, 1.0, 64, out, final, final_im)
+    with pytest.raises(ShapeError, match="phase needs log_mag"):
+        forward_into(q, k, v, None, log_a, None, None, 1.0, 64, out, final, final_im)
     with pytest.raises(ShapeError, match="contiguous"):
-        forward_into(q, k, v, log_a, None, 1.0, 64, torch.empty(1, 2, 3, 10).transpose(-1, -2), final)
+        forward_into(q, k, v, log_a, None, None, None, 1.0, 64, torch.empty(1, 2, 3, 10).transpose(-1, -2), final,
+                     final_im)

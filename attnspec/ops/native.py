@@ -10,7 +10,8 @@ programs stay plain ATen, loadable without attnspec); otherwise the graph path r
 compute the same function and are tested against the same float64 reference.
 
 The source is compiled on first use with the system C++ compiler (``$CXX``, else ``c++``, ``g++``
-or ``clang++``) for this machine (``-march=native``), in about a second, and cached under
+or ``clang++``) for this machine (``-march=native``, or the compiler's default target if that
+flag is refused), in about a second, and cached under
 ``$ATTNSPEC_CACHE_DIR`` (default ``~/.cache/attnspec``), keyed by the source, compiler and flags.
 Nothing is downloaded. If no compiler works, a warning says why once and the graph path is used.
 ``ATTNSPEC_NATIVE=0`` switches the kernel off for a process; :func:`disabled` does so for a block.
@@ -36,6 +37,8 @@ from attnspec.errors import AttnSpecError, ShapeError
 
 SOURCE = Path(__file__).with_name("csrc") / "chunked_linear_attention.cpp"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
+# Tried when FLAGS fail (some compilers reject -march=native): the compiler's default target.
+PORTABLE_FLAGS = tuple(flag for flag in FLAGS if flag != "-march=native")
 COMPILERS = ("c++", "g++", "clang++")
 BUILD_TIMEOUT_S = 300
 
@@ -118,12 +121,23 @@ _failure: str | None = None  # why the kernel is unavailable in this process, on
 _disabled = 0
 
 
+def _build_and_load() -> ctypes.CDLL:
+    """Build for this machine; if the compiler refuses that, for its default target (the first error is raised)."""
+    try:
+        return load(build())
+    except NativeBuildError as error:
+        try:
+            return load(build(flags=PORTABLE_FLAGS))
+        except NativeBuildError:
+            raise error from None
+
+
 def _library_or_none() -> ctypes.CDLL | None:
     """The loaded kernel, built on the first call; None (after one warning) if it cannot be built."""
     global _library, _failure
     if _library is None and _failure is None:
         try:
-            _library = load(build())
+            _library = _build_and_load()
         except NativeBuildError as error:
             _failure = str(error)
             warnings.warn(f"attnspec: the chunk mode's CPU kernel is unavailable, the graph path is used "

@@ -8,6 +8,7 @@ in-chunk log-decays accumulated in float64 like the graph path (observed 1e-7 to
 from __future__ import annotations
 
 import platform
+import warnings
 
 import pytest
 import torch
@@ -276,3 +277,23 @@ def test_kernel_refuses_arguments_it_would_misread():
     with pytest.raises(ShapeError, match="contiguous"):
         forward_into(q, k, v, log_a, None, None, None, 1.0, 64, torch.empty(1, 2, 3, 10).transpose(-1, -2), final,
                      final_im)
+
+
+def test_a_compiler_that_refuses_march_native_gets_the_portable_build(monkeypatch, tmp_path):
+    wrapper = tmp_path / "picky-c++"
+    wrapper.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = "-march=native" ] && '
+                       '{ echo "error: unsupported option -march=native" >&2; exit 1; }; done\n'
+                       f'exec {native.find_compiler()} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_failure", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the fallback is silent: the kernel works
+        assert native.available()
+    assert [p.name.startswith("chunked_linear_attention-") for p in (tmp_path / "cache").iterdir()] == [True]
+    q, k, v, log_a = strided_inputs(1, 2, 100, 12, 9, "complex")
+    out, _ = kernel(q, k, v, log_a)
+    expected, _, _ = linear_attention_reference(q.double(), k.double(), v.double(), log_a.to(torch.complex128))
+    assert rel_rms(out, expected) <= TOLERANCE

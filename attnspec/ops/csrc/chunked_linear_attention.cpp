@@ -128,18 +128,19 @@ static Workspace layout(long C, long Dk, long Dv, float *base) {
     at += floats;
     return p;
   };
+  // What real decays use first and together (cache sets), the complex-only buffers after.
   w.state = take(w.DkR * w.DvP);
+  w.q = take(w.CR * Dk);
+  w.q_decayed = take(w.CR * Dk);
+  w.k_transposed = take(Dk * w.CP);
+  w.k_decayed = take(w.CP * w.DkR);
+  w.v = take(w.CP * w.DvP);
+  w.scores = take(w.CR * w.CP);
   w.state_im = take(w.DkR * w.DvP);
   w.next = take(w.DkR * w.DvP);
   w.next_im = take(w.DkR * w.DvP);
-  w.q = take(w.CR * Dk);
-  w.q_decayed = take(w.CR * Dk);
   w.q_decayed_im = take(w.CR * Dk);
-  w.k_transposed = take(Dk * w.CP);
-  w.k_decayed = take(w.CP * w.DkR);
   w.k_decayed_im = take(w.CP * w.DkR);
-  w.v = take(w.CP * w.DvP);
-  w.scores = take(w.CR * w.CP);
   at += at & 1;  // 8-byte alignment for the doubles
   w.log_decay = (double *)take(2 * (w.CP + W));
   w.phase_cos = (double *)take(2 * (w.CP + W));
@@ -166,8 +167,8 @@ struct Columns {
 };
 
 // Scores of rows i0 .. i0 + R - 1 against columns j0 .. j0 + NV W - 1, decayed and causally masked.
-template <int NV>
-static inline void scores_tile(const Workspace &w, bool rotating, long Dk, long i0, long j0) {
+template <int NV, bool ROTATING>
+static inline void scores_tile(const Workspace &w, long Dk, long i0, long j0) {
   vec acc[R][NV_MAX];
   for (int r = 0; r < R; r++)
     for (int v = 0; v < NV; v++) acc[r][v] = splat(0.f);
@@ -181,7 +182,7 @@ static inline void scores_tile(const Workspace &w, bool rotating, long Dk, long 
       // b_i - b_j in double (b reaches C * LOG_ZERO; float32 would lose the small differences), then exp.
       const vec diff = __builtin_convertvector(w.log_decay[i] - *(const unaligned_dvec *)(w.log_decay + j), vec);
       vec decay = vector_exp(diff);
-      if (rotating) {  // cos(phi_i - phi_j) = cos phi_i cos phi_j + sin phi_i sin phi_j
+      if (ROTATING) {  // cos(phi_i - phi_j) = cos phi_i cos phi_j + sin phi_i sin phi_j
         const vec cos_j = __builtin_convertvector(*(const unaligned_dvec *)(w.phase_cos + j), vec);
         const vec sin_j = __builtin_convertvector(*(const unaligned_dvec *)(w.phase_sin + j), vec);
         decay *= (float)w.phase_cos[i] * cos_j + (float)w.phase_sin[i] * sin_j;
@@ -196,8 +197,8 @@ static inline void scores_tile(const Workspace &w, bool rotating, long Dk, long 
 // Output rows i0 .. i0 + R - 1, columns e0 .. e0 + NV W - 1: decayed scores times v plus the
 // decayed queries times the state entering the chunk. Only the first Dv columns are written, to
 // rows of out_row floats.
-template <int NV>
-static inline void output_tile(const Workspace &w, bool rotating, long Dk, long Dv, long out_row, long i0, long e0,
+template <int NV, bool ROTATING>
+static inline void output_tile(const Workspace &w, long Dk, long Dv, long out_row, long i0, long e0,
                                long m, float *out) {
   vec acc[R][NV_MAX];
   for (int r = 0; r < R; r++)
@@ -205,7 +206,7 @@ static inline void output_tile(const Workspace &w, bool rotating, long Dk, long 
   const long depth = i0 + R < m ? i0 + R : m;  // scores vanish for j > i
   multiply_add<NV>(acc, w.scores + i0 * w.CP, w.CP, 1, w.v + e0, w.DvP, depth);
   multiply_add<NV>(acc, w.q_decayed + i0 * Dk, Dk, 1, w.state + e0, w.DvP, Dk);
-  if (rotating) multiply_add<NV>(acc, w.q_decayed_im + i0 * Dk, Dk, 1, w.state_im + e0, w.DvP, Dk);
+  if (ROTATING) multiply_add<NV>(acc, w.q_decayed_im + i0 * Dk, Dk, 1, w.state_im + e0, w.DvP, Dk);
   for (int r = 0; r < R && i0 + r < m; r++) {
     float *row = out + (i0 + r) * out_row;
     for (int v = 0; v < NV; v++) {
@@ -235,8 +236,9 @@ static inline void state_tile(const Workspace &w, ChunkDecay a, long d0, long e0
 // The same for complex decays, into the next-state buffers (both parts read both old parts):
 // real part  |a| (cos phi_m S_re - sin phi_m S_im) + sum_j Re(k~_j)^T v_j, and with `imaginary`
 // the imaginary part |a| (sin phi_m S_re + cos phi_m S_im) + sum_j Im(k~_j)^T v_j.
-template <int NV>
-static inline void rotating_state_tile(const Workspace &w, ChunkDecay a, bool imaginary, long d0, long e0, long m) {
+template <int NV, bool IMAGINARY>
+static inline void rotating_state_tile(const Workspace &w, ChunkDecay a, long d0, long e0, long m) {
+  constexpr bool imaginary = IMAGINARY;
   const float from_re = a.magnitude * (imaginary ? a.sin : a.cos);
   const float from_im = a.magnitude * (imaginary ? a.cos : -a.sin);
   const long at = d0 * w.DvP + e0;
@@ -252,22 +254,23 @@ static inline void rotating_state_tile(const Workspace &w, ChunkDecay a, bool im
     for (int v = 0; v < NV; v++) store(rows + r * w.DvP + v * W, acc[r][v]);
 }
 
-// Calls fn<nv>(args...) for a runtime nv in 1 .. NV_MAX (the tile width is a template parameter so
-// that the accumulators stay in registers).
-#define WITH_WIDTH(nv, fn, ...)                          \
-  switch (nv) {                                          \
-    case 1: fn<1>(__VA_ARGS__); break;                   \
-    case 2: fn<2>(__VA_ARGS__); break;                   \
-    case 3: fn<NV_MAX < 3 ? NV_MAX : 3>(__VA_ARGS__); break; \
-    default: fn<NV_MAX>(__VA_ARGS__); break;             \
+// Runs `call` with a compile-time NV equal to the runtime nv in 1 .. NV_MAX (the tile width is a
+// template parameter so that the accumulators stay in registers).
+#define WITH_WIDTH(nv, call)                                   \
+  switch (nv) {                                                \
+    case 1: { constexpr int NV = 1; call; } break;             \
+    case 2: { constexpr int NV = 2; call; } break;             \
+    case 3: { constexpr int NV = NV_MAX < 3 ? NV_MAX : 3; call; } break; \
+    default: { constexpr int NV = NV_MAX; call; } break;       \
   }
 
 static inline long tile_vectors(long remaining_vectors) {
   return remaining_vectors < NV_MAX ? remaining_vectors : NV_MAX;
 }
 
-// Copies positions t0 .. t0 + m - 1 of one head into the workspace and fills b (log_decay) and
-// cos/sin phi. Returns the decay across the chunk.
+// Copies positions t0 .. t0 + m - 1 of one head into the workspace and fills b (log_decay) and,
+// for complex decays, cos/sin phi. Returns the decay across the chunk.
+template <bool ROTATING>
 static ChunkDecay load_chunk(const Problem &P, const Workspace &w, const float *q, const float *k, const float *v,
                              const float *log_a, const float *phase, long Dv, long t0, long m) {
   const long Dk = P.Dk;
@@ -276,28 +279,27 @@ static ChunkDecay load_chunk(const Problem &P, const Workspace &w, const float *
     const double x = log_a ? log_a[(t0 + i) * P.sa[2]] : 0.0;
     total += x < LOG_ZERO ? LOG_ZERO : x;  // clamped: -inf (a reset) must not make inf - inf below
     w.log_decay[i] = total;
-    if (phase) {
+    if (ROTATING) {
       angle += phase[(t0 + i) * P.sp[2]];
       w.phase_cos[i] = cos(angle), w.phase_sin[i] = sin(angle);
     }
   }
-  const double end_cos = phase ? cos(angle) : 1.0, end_sin = phase ? sin(angle) : 0.0;
+  const double end_cos = ROTATING ? cos(angle) : 1.0, end_sin = ROTATING ? sin(angle) : 0.0;
   for (long i = m; i < w.CP + W; i++) w.log_decay[i] = total, w.phase_cos[i] = end_cos, w.phase_sin[i] = end_sin;
   for (long i = 0; i < m; i++) {
     const float *qi = q + (t0 + i) * P.sq[2], *ki = k + (t0 + i) * P.sk[2], *vi = v + (t0 + i) * P.sv[2];
     const double from_start = exp(w.log_decay[i]), to_end = exp(total - w.log_decay[i]);
     // exp(i phi_i), and exp(i (phi_m - phi_i)) by the angle-difference identities.
-    const double c = phase ? w.phase_cos[i] : 1.0, s = phase ? w.phase_sin[i] : 0.0;
+    const double c = ROTATING ? w.phase_cos[i] : 1.0, s = ROTATING ? w.phase_sin[i] : 0.0;
     const float q_re = (float)(from_start * c), q_im = (float)(-from_start * s);
     const float k_re = (float)(to_end * (end_cos * c + end_sin * s)), k_im = (float)(to_end * (end_sin * c - end_cos * s));
     for (long d = 0; d < Dk; d++) {
       const float qs = qi[d * P.sq[3]] * P.scale, kd = ki[d * P.sk[3]];
       w.q[i * Dk + d] = qs;
       w.q_decayed[i * Dk + d] = qs * q_re;
-      w.q_decayed_im[i * Dk + d] = qs * q_im;
       w.k_transposed[d * w.CP + i] = kd;
       w.k_decayed[i * w.DkR + d] = kd * k_re;
-      w.k_decayed_im[i * w.DkR + d] = kd * k_im;
+      if (ROTATING) w.q_decayed_im[i * Dk + d] = qs * q_im, w.k_decayed_im[i * w.DkR + d] = kd * k_im;
     }
     for (long e = 0; e < Dv; e++) w.v[i * w.DvP + e] = vi[e * P.sv[3]];
   }
@@ -316,15 +318,45 @@ static ChunkDecay load_chunk(const Problem &P, const Workspace &w, const float *
   return ChunkDecay{(float)exp(total), (float)end_cos, (float)end_sin};
 }
 
+// The chunks of one head in order (state in w.state/w.state_im on entry and on return).
+template <bool ROTATING>
+static void walk_chunks(const Problem &P, Workspace &w, const float *q, const float *k, const float *v,
+                        const float *log_a, const float *phase, long Dv, float *out) {
+  const long Dk = P.Dk, L = P.L, C = P.C;
+  for (long t0 = 0; t0 < L; t0 += C) {
+    const long m = L - t0 < C ? L - t0 : C;
+    const ChunkDecay chunk_decay = load_chunk<ROTATING>(P, w, q, k, v, log_a, phase, Dv, t0, m);
+    const long rows = round_up(m, R);
+    for (long i0 = 0; i0 < rows; i0 += R) {
+      const long vectors = (i0 + R - 1) / W + 1;  // the column vectors that hold some j <= i0 + R - 1
+      for (long v0 = 0; v0 < vectors; v0 += NV_MAX)
+        WITH_WIDTH(tile_vectors(vectors - v0), (scores_tile<NV, ROTATING>(w, Dk, i0, v0 * W)));
+    }
+    for (long i0 = 0; i0 < rows; i0 += R)
+      for (long e0 = 0; e0 < w.DvP; e0 += NV_MAX * W)
+        WITH_WIDTH(tile_vectors((w.DvP - e0) / W),
+                   (output_tile<NV, ROTATING>(w, Dk, Dv, P.Dv, i0, e0, m, out + t0 * P.Dv)));
+    for (long d0 = 0; d0 < w.DkR; d0 += R)  // after the output: the output reads the entering state
+      for (long e0 = 0; e0 < w.DvP; e0 += NV_MAX * W) {
+        if (ROTATING) {
+          WITH_WIDTH(tile_vectors((w.DvP - e0) / W), (rotating_state_tile<NV, false>(w, chunk_decay, d0, e0, m)));
+          WITH_WIDTH(tile_vectors((w.DvP - e0) / W), (rotating_state_tile<NV, true>(w, chunk_decay, d0, e0, m)));
+        } else {
+          WITH_WIDTH(tile_vectors((w.DvP - e0) / W), (state_tile<NV>(w, chunk_decay, d0, e0, m)));
+        }
+      }
+    if (ROTATING) std::swap(w.state, w.next), std::swap(w.state_im, w.next_im);
+  }
+}
+
 static void one_head(const Problem &P, long b, long h, Columns columns, Workspace w) {
-  const long Dk = P.Dk, Dv = columns.count, L = P.L, C = P.C;
-  const bool rotating = P.phase != nullptr;
+  const long Dk = P.Dk, Dv = columns.count;
   const float *q = P.q + b * P.sq[0] + h * P.sq[1];
   const float *k = P.k + b * P.sk[0] + h * P.sk[1];
   const float *v = P.v + b * P.sv[0] + h * P.sv[1] + columns.first * P.sv[3];
   const float *log_a = P.log_a ? P.log_a + b * P.sa[0] + h * P.sa[1] : nullptr;
   const float *phase = P.phase ? P.phase + b * P.sp[0] + h * P.sp[1] : nullptr;
-  float *out = P.out + (b * P.H + h) * L * P.Dv + columns.first;
+  float *out = P.out + (b * P.H + h) * P.L * P.Dv + columns.first;
 
   memset(w.state, 0, sizeof(float) * w.floats);  // the whole workspace: padding must be 0
   const float *initial[2] = {P.initial, P.initial_im};
@@ -337,30 +369,10 @@ static void one_head(const Problem &P, long b, long h, Columns columns, Workspac
     for (long d = 0; d < Dk; d++)
       for (long e = 0; e < Dv; e++) state[part][d * w.DvP + e] = s0[d * st[2] + e * st[3]];
   }
-  for (long t0 = 0; t0 < L; t0 += C) {
-    const long m = L - t0 < C ? L - t0 : C;
-    const ChunkDecay chunk_decay = load_chunk(P, w, q, k, v, log_a, phase, Dv, t0, m);
-    const long rows = round_up(m, R);
-    for (long i0 = 0; i0 < rows; i0 += R) {
-      const long vectors = (i0 + R - 1) / W + 1;  // the column vectors that hold some j <= i0 + R - 1
-      for (long v0 = 0; v0 < vectors; v0 += NV_MAX)
-        WITH_WIDTH(tile_vectors(vectors - v0), scores_tile, w, rotating, Dk, i0, v0 * W);
-    }
-    for (long i0 = 0; i0 < rows; i0 += R)
-      for (long e0 = 0; e0 < w.DvP; e0 += NV_MAX * W)
-        WITH_WIDTH(tile_vectors((w.DvP - e0) / W), output_tile, w, rotating, Dk, Dv, P.Dv, i0, e0, m, out + t0 * P.Dv);
-    for (long d0 = 0; d0 < w.DkR; d0 += R)  // after the output: the output reads the entering state
-      for (long e0 = 0; e0 < w.DvP; e0 += NV_MAX * W) {
-        const long nv = tile_vectors((w.DvP - e0) / W);
-        if (!rotating) {
-          WITH_WIDTH(nv, state_tile, w, chunk_decay, d0, e0, m);
-        } else {
-          WITH_WIDTH(nv, rotating_state_tile, w, chunk_decay, false, d0, e0, m);
-          WITH_WIDTH(nv, rotating_state_tile, w, chunk_decay, true, d0, e0, m);
-        }
-      }
-    if (rotating) std::swap(w.state, w.next), std::swap(w.state_im, w.next_im);
-  }
+  if (phase)
+    walk_chunks<true>(P, w, q, k, v, log_a, phase, Dv, out);
+  else
+    walk_chunks<false>(P, w, q, k, v, log_a, nullptr, Dv, out);
   float *final[2] = {P.final + (b * P.H + h) * Dk * P.Dv + columns.first,
                      P.final_im + (b * P.H + h) * Dk * P.Dv + columns.first};
   const float *last[2] = {w.state, w.state_im};  // the imaginary part stays 0 for real decays

@@ -29,10 +29,10 @@ Implementation choices (why, not what):
   by ``max_length``, so ``torch.compile`` and ``torch.export`` see no Python loop over positions
   and no new length recompiles.
 * Chunk mode without gradients (inference), float32 on the CPU, no decay or one real or complex
-  decay per head: a fused C++ kernel (:mod:`attnspec.ops.native`) computes the same chunks with one thread
-  per head walking its chunks in order, about 1.7x faster than the graph path at L = 8192. It has
-  no backward, so training takes the graph path; exported programs do too, so they load without
-  attnspec.
+  decay per head: a fused C++ kernel (:mod:`attnspec.ops.native`) computes the same chunks with
+  one thread per head walking its chunks in order, about 2.5x faster than the compiled graph path
+  at L = 8192. It has no backward, so training takes the graph path; exported programs do too, so
+  they load without attnspec.
 * Scan mode: a Hillis-Steele prefix scan over positions with the GateLoop operator
   ``(a1, S1) . (a2, S2) = (a1 a2, a2 S1 + S2)``, materialising every per-position state (small
   states only). torch's ``associative_scan`` is not used: on CPU it supports only
@@ -139,12 +139,7 @@ def linear_attention(
         # The normaliser z is the state of the same recurrence for a value that is always 1.
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     if _native_chunk_applies(q, k, v, decay, initial, causal, mode):
-        per_head = lambda t: None if t is None else t.squeeze(-1)  # noqa: E731  (B, H, L, 1) -> (B, H, L)
-        out, final_re, final_im = native.chunked_linear_attention(
-            q, k, v, per_head(decay.log_mag) if decay is not None else None,
-            per_head(decay.phase) if decay is not None else None, initial.re if initial is not None else None,
-            initial.im if initial is not None else None, scale, chunk_size)
-        final = PairState(final_re, final_im if decay is not None and decay.phase is not None else None)
+        out, final = _native_chunked(q, k, v, decay, initial, scale, chunk_size)
     elif not causal:
         out, final = _noncausal(q * scale, k, v, mode), None
     elif mode == "recurrent":
@@ -180,6 +175,18 @@ def _native_chunk_applies(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, 
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
         return False
     return native.available()
+
+
+def _native_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None, scale: float,
+                    chunk_size: int) -> tuple[Tensor, PairState]:
+    """The chunk mode on the CPU kernel; per-head decays ``(B, H, L, 1)`` go in as ``(B, H, L)``."""
+    log_mag = phase = None
+    if decay is not None:
+        log_mag, phase = decay.log_mag.squeeze(-1), None if decay.phase is None else decay.phase.squeeze(-1)
+    start_re, start_im = initial if initial is not None else (None, None)
+    out, final_re, final_im = native.chunked_linear_attention(q, k, v, log_mag, phase, start_re, start_im, scale,
+                                                              chunk_size)
+    return out, PairState(final_re, None if phase is None else final_im)
 
 
 # ----------------------------------------------------------------------------- validation

@@ -1,9 +1,9 @@
 """The compiled CPU kernel of the chunk mode's forward pass, and the torch op that calls it.
 
 ``csrc/chunked_linear_attention.cpp`` computes causal gated linear attention in chunks for
-float32 inputs with no decay or one real or complex decay per head: one thread per (batch, head) walks its
-chunks in order with the chunk and the state in cache (see the source for why that beats the
-graph path's batched matrix products). :func:`attnspec.ops.linear_attention` uses it through
+float32 inputs with no decay or one real or complex decay per head: one thread per (batch, head)
+walks its chunks in order with the chunk and the state in cache (see the source for why that
+beats the graph path's batched matrix products). :func:`attnspec.ops.linear_attention` uses it through
 :func:`chunked_linear_attention` when the chunk mode is asked for, the case is covered, no
 gradient is needed (the kernel has no backward) and the program is not being exported (exported
 programs stay plain ATen, loadable without attnspec); otherwise the graph path runs. Both
@@ -11,8 +11,9 @@ compute the same function and are tested against the same float64 reference.
 
 The source is compiled on first use with the system C++ compiler (``$CXX``, else ``c++``, ``g++``
 or ``clang++``) for this machine (``-march=native``, or the compiler's default target if that
-flag is refused), in about a second, and cached under
-``$ATTNSPEC_CACHE_DIR`` (default ``~/.cache/attnspec``), keyed by the source, compiler and flags.
+flag is refused), in about a second, and cached under ``$ATTNSPEC_CACHE_DIR`` (default
+``~/.cache/attnspec``), keyed by the source, compiler, flags and this CPU's instruction sets (a
+cache shared between machines never hands one a library built for another).
 Nothing is downloaded. If no compiler works, a warning says why once and the graph path is used.
 ``ATTNSPEC_NATIVE=0`` switches the kernel off for a process; :func:`disabled` does so for a block.
 """
@@ -48,7 +49,8 @@ class NativeBuildError(AttnSpecError):
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels are kept: ``$ATTNSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnspec``, else ``~/.cache/attnspec``."""
+    """Where compiled kernels are kept: ``$ATTNSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnspec``, else
+    ``~/.cache/attnspec``."""
     if os.environ.get("ATTNSPEC_CACHE_DIR"):
         return Path(os.environ["ATTNSPEC_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -75,11 +77,15 @@ def build(compiler: str | None = None, flags: tuple[str, ...] = FLAGS, directory
     compiler = compiler or find_compiler()
     directory = directory or cache_dir()
     key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), compiler.encode(), " ".join(flags).encode(),
-                                     platform.machine().encode()])).hexdigest()[:16]
+                                     _cpu_identity().encode()])).hexdigest()[:16]
     target = directory / f"chunked_linear_attention-{key}.so"
     if target.exists():
         return target
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise NativeBuildError(f"cannot create the kernel cache {directory} ({error}); set ATTNSPEC_CACHE_DIR to a "
+                               "writable directory") from None
     partial = target.with_name(f"{target.stem}.{os.getpid()}.partial.so")
     try:
         result = subprocess.run([compiler, *flags, "-o", str(partial), str(SOURCE)], capture_output=True, text=True,
@@ -93,6 +99,17 @@ def build(compiler: str | None = None, flags: tuple[str, ...] = FLAGS, directory
         raise NativeBuildError(f"{compiler} failed to compile {SOURCE.name}:\n" + "\n".join(message))
     os.replace(partial, target)
     return target
+
+
+def _cpu_identity() -> str:
+    """The architecture and, on Linux, the CPU's feature flags: what ``-march=native`` compiles for."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()} {flags.strip()}"
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -222,8 +239,8 @@ def _check_arguments(q, k, v, log_mag, phase, initial_state, initial_state_im, o
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
     sequence, state = (B, H, L), (B, H, Dk, Dv)
-    expected = {"q": (q, (B, H, L, Dk)), "k": (k, (B, H, L, Dk)), "v": (v, (B, H, L, Dv)), "log_mag": (log_mag, sequence),
-                "phase": (phase, sequence), "initial_state": (initial_state, state),
+    expected = {"q": (q, (B, H, L, Dk)), "k": (k, (B, H, L, Dk)), "v": (v, (B, H, L, Dv)),
+                "log_mag": (log_mag, sequence), "phase": (phase, sequence), "initial_state": (initial_state, state),
                 "initial_state_im": (initial_state_im, state), "out": (out, (B, H, L, Dv)),
                 "final_state": (final_state, state), "final_state_im": (final_state_im, state)}
     for name, (t, shape) in expected.items():

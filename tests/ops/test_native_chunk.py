@@ -202,6 +202,10 @@ def test_build_is_cached_and_leaves_nothing_on_failure(tmp_path):
     assert list((tmp_path / "bad").iterdir()) == []
     with pytest.raises(NativeBuildError, match="could not run the C\\+\\+ compiler"):
         build(compiler=str(tmp_path / "no-compiler"), directory=tmp_path / "bad")
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    with pytest.raises(NativeBuildError, match="set ATTNSPEC_CACHE_DIR to a writable directory"):
+        build(directory=not_a_directory / "cache")
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx512f is an x86 flag")

@@ -292,7 +292,8 @@ static ChunkDecay load_chunk(const Problem &P, const Workspace &w, const float *
     // exp(i phi_i), and exp(i (phi_m - phi_i)) by the angle-difference identities.
     const double c = ROTATING ? w.phase_cos[i] : 1.0, s = ROTATING ? w.phase_sin[i] : 0.0;
     const float q_re = (float)(from_start * c), q_im = (float)(-from_start * s);
-    const float k_re = (float)(to_end * (end_cos * c + end_sin * s)), k_im = (float)(to_end * (end_sin * c - end_cos * s));
+    const float k_re = (float)(to_end * (end_cos * c + end_sin * s));
+    const float k_im = (float)(to_end * (end_sin * c - end_cos * s));
     for (long d = 0; d < Dk; d++) {
       const float qs = qi[d * P.sq[3]] * P.scale, kd = ki[d * P.sk[3]];
       w.q[i * Dk + d] = qs;
@@ -421,7 +422,8 @@ extern "C" int chunked_linear_attention_forward(const float *q, const float *k, 
             final, final_im, threads, 1, 0};
   int64_t *parts[7] = {P.sq, P.sk, P.sv, P.sa, P.sp, P.si, P.sj};
   const int sizes[7] = {4, 4, 4, 3, 3, 4, 4};
-  for (int part = 0, at = 0; part < 7; at += sizes[part], part++) memcpy(parts[part], strides + at, sizes[part] * sizeof(int64_t));
+  for (int part = 0, at = 0; part < 7; at += sizes[part], part++)
+    memcpy(parts[part], strides + at, sizes[part] * sizeof(int64_t));
   if (B * H == 0 || Dv == 0) return 0;
   // Fewer heads than threads: split each head's value columns (whole vectors) between threads.
   // Each block recomputes the head's scores, a quarter of the work at Dk = Dv = C.

@@ -64,7 +64,7 @@ def kernel(q, k, v, log_a=None, initial=None, scale=1.0, chunk_size=64):
 
 @pytest.mark.parametrize("B, H, L, Dk, Dv, chunk_size", [
     (1, 1, 1, 5, 3, 64),  # one position
-    (2, 3, 63, 60, 60, 64),  # a single short chunk, odd head count (3 heads on 2 threads)
+    (2, 3, 63, 60, 60, 64),  # a single short chunk; 2 x 3 heads shared by 2 threads
     (1, 2, 500, 60, 65, 64),  # a partial last chunk, Dv not a multiple of the vector width
     (1, 2, 300, 17, 31, 37),  # an odd chunk size; Dv one short of two 16-lane vectors
     (1, 1, 40, 8, 8, 1),  # chunks of one position: the recurrence itself

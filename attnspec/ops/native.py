@@ -127,6 +127,7 @@ def load(path: Path) -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_int64),  # 26 element strides
         size, size, size, size, size, size,  # B, H, L, Dk, Dv, chunk size
         ctypes.c_float,  # scale
+        ctypes.c_double,  # log_zero
         pointer, pointer, pointer,  # out (B, H, L, Dv), final state real and imaginary part (B, H, Dk, Dv)
         ctypes.c_int,  # threads
     ]
@@ -199,7 +200,7 @@ def disabled() -> Iterator[None]:
 
 def forward_into(q: Tensor, k: Tensor, v: Tensor, log_mag: Tensor | None, phase: Tensor | None,
                  initial_state: Tensor | None, initial_state_im: Tensor | None, scale: float, chunk_size: int,
-                 out: Tensor, final_state: Tensor, final_state_im: Tensor) -> None:
+                 log_zero: float, out: Tensor, final_state: Tensor, final_state_im: Tensor) -> None:
     """Run the kernel, writing every element of ``out``, ``final_state`` and ``final_state_im``.
 
     Args:
@@ -209,6 +210,8 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, log_mag: Tensor | None, phase:
         initial_state, initial_state_im: ``(B, H, Dk, Dv)`` float32 real and imaginary part of the
             state before position 0, or None (zeros).
         scale: multiplier on q. chunk_size: positions per chunk (any positive integer).
+        log_zero: log-magnitudes at or below this are a = 0 (``attnspec.ops.linear.LOG_ZERO``); they
+            are clamped to it, so a reset never makes ``inf - inf``.
         out: contiguous ``(B, H, L, Dv)`` float32. final_state, final_state_im: contiguous
             ``(B, H, Dk, Dv)`` float32 (the imaginary part is 0 for real decays).
     """
@@ -225,7 +228,7 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, log_mag: Tensor | None, phase:
     status = library.chunked_linear_attention_forward(
         address(q), address(k), address(v), address(log_mag), address(phase), address(initial_state),
         address(initial_state_im), (ctypes.c_int64 * len(strides))(*strides), B, H, L, Dk, Dv, chunk_size, scale,
-        out.data_ptr(), final_state.data_ptr(), final_state_im.data_ptr(), torch.get_num_threads())
+        log_zero, out.data_ptr(), final_state.data_ptr(), final_state_im.data_ptr(), torch.get_num_threads())
     if status != 0:
         raise MemoryError("the chunk kernel could not allocate its per-thread workspace")
 
@@ -257,7 +260,7 @@ def _check_arguments(q, k, v, log_mag, phase, initial_state, initial_state_im, o
 @torch.library.custom_op("attnspec::chunked_linear_attention", mutates_args=(), device_types="cpu")
 def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_mag: Optional[Tensor], phase: Optional[Tensor],
                              initial_state: Optional[Tensor], initial_state_im: Optional[Tensor], scale: float,
-                             chunk_size: int) -> tuple[Tensor, Tensor, Tensor]:
+                             chunk_size: int, log_zero: float) -> tuple[Tensor, Tensor, Tensor]:
     """Causal gated linear attention by the CPU kernel: ``o (B, H, L, Dv)`` and the final state's real
     and imaginary parts ``(B, H, Dk, Dv)``.
 
@@ -267,12 +270,12 @@ def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_mag: Optional[
     B, H, L, Dk = q.shape
     out = q.new_empty(B, H, L, v.shape[-1])
     final_state, final_state_im = q.new_empty(B, H, Dk, v.shape[-1]), q.new_empty(B, H, Dk, v.shape[-1])
-    forward_into(q, k, v, log_mag, phase, initial_state, initial_state_im, scale, chunk_size, out, final_state,
-                 final_state_im)
+    forward_into(q, k, v, log_mag, phase, initial_state, initial_state_im, scale, chunk_size, log_zero, out,
+                 final_state, final_state_im)
     return out, final_state, final_state_im
 
 
 @chunked_linear_attention.register_fake
-def _(q, k, v, log_mag, phase, initial_state, initial_state_im, scale, chunk_size):
+def _(q, k, v, log_mag, phase, initial_state, initial_state_im, scale, chunk_size, log_zero):
     B, H, L, Dk = q.shape
     return q.new_empty(B, H, L, v.shape[-1]), q.new_empty(B, H, Dk, v.shape[-1]), q.new_empty(B, H, Dk, v.shape[-1])

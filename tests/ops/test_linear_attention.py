@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from attnspec.errors import ShapeError
-from attnspec.ops import MODES, linear_attention
+from attnspec.ops import MODES, linear_attention, native
 from attnspec.ops.linear import PairState, _quadratic_scan, chunk_scan
 from tests.ops.reference import linear_attention_reference
 
@@ -49,6 +49,20 @@ def rel_rms(a, b):
     return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-300)).item()
 
 
+# Float32 inference (no gradient) in chunk mode runs on the CPU kernel where it applies
+# (test_native_chunk.py); "chunk-graph" runs the same call on the graph path, which training and
+# exported programs use, so float32-only properties are checked on both.
+FLOAT32_PATHS = [*MODES, "chunk-graph"]
+
+
+def float32_attention(q, k, v, log_a, mode, **kwargs):
+    """``linear_attention`` in ``mode``, or in chunk mode with the kernel switched off for "chunk-graph"."""
+    if mode == "chunk-graph":
+        with native.disabled():
+            return linear_attention(q, k, v, log_a, mode="chunk", **kwargs)
+    return linear_attention(q, k, v, log_a, mode=mode, **kwargs)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("decay", DECAYS)
 @pytest.mark.parametrize("normalize", [False, True])
@@ -69,14 +83,14 @@ def test_odd_sizes_L500_Dk60(mode, decay):
     assert rel(linear_attention(q, k, v, log_a, mode=mode, chunk_size=chunk), expected) <= 1e-10
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", FLOAT32_PATHS)
 @pytest.mark.parametrize("decay", ["none", "head-complex", "channel-complex"])
 def test_float32_within_1e4_relative_rms(mode, decay):
     q, k, v, log_a = make_inputs(L=300, decay=decay, dtype=torch.float32, positive=True)
     expected, _, _ = linear_attention_reference(q.double(), k.double(), v.double(),
                                                 None if log_a is None else log_a.to(torch.complex128 if log_a.is_complex() else torch.float64),
                                                 normalize=True)
-    out = linear_attention(q, k, v, log_a, normalize=True, mode=mode, chunk_size=64)
+    out = float32_attention(q, k, v, log_a, mode, normalize=True, chunk_size=64)
     assert out.dtype == torch.float32
     assert rel_rms(out.double(), expected) <= 1e-4
 
@@ -190,7 +204,7 @@ def test_long_sequence_is_finite(mode, magnitude):
         assert rel_rms(out[:, :, -100:], tail) <= 1e-4
 
 
-@pytest.mark.parametrize("mode", ["chunk", "quadratic"])
+@pytest.mark.parametrize("mode", ["chunk", "chunk-graph", "quadratic"])
 def test_float32_keeps_precision_after_strong_decays_inside_a_chunk(mode):
     """In-chunk decays are differences of cumulative sums of log|a|. After 32 saturated gates (log|a| = -300,
     as logsigmoid gives for a pre-activation of -300) the sums are near -9600, where float32 spacing is 1e-3:
@@ -200,7 +214,7 @@ def test_float32_keeps_precision_after_strong_decays_inside_a_chunk(mode):
     log_a = torch.full((1, 2, 64), -1e-3)
     log_a[:, :, :32] = -300.0
     expected, _, _ = linear_attention_reference(q.double(), k.double(), v.double(), log_a.double())
-    out = linear_attention(q, k, v, log_a, mode=mode, chunk_size=64)
+    out = float32_attention(q, k, v, log_a, mode, chunk_size=64)
     assert rel_rms(out[:, :, 32:].double(), expected[:, :, 32:]) <= 1e-4
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from attnspec.errors import ShapeError
 from attnspec.ops import Decay, linear_attention, native
+from attnspec.ops.linear import LOG_ZERO
 from attnspec.ops.native import NativeBuildError, build, forward_into, load
 from tests.ops.reference import linear_attention_reference
 
@@ -55,7 +56,7 @@ def kernel(q, k, v, log_a=None, initial=None, scale=1.0, chunk_size=64):
         log_mag, phase = (log_a.real, log_a.imag) if log_a.is_complex() else (log_a, None)
     if initial is not None and initial.is_complex():
         initial, initial_im = initial.real, initial.imag
-    forward_into(q, k, v, log_mag, phase, initial, initial_im, scale, chunk_size, out, final, final_im)
+    forward_into(q, k, v, log_mag, phase, initial, initial_im, scale, chunk_size, LOG_ZERO, out, final, final_im)
     if phase is None:
         assert torch.all(final_im == 0)
         return out, final
@@ -220,7 +221,7 @@ def test_the_8_lane_build_for_cpus_without_avx512(tmp_path):
     strides = [*q.stride(), *k.stride(), *v.stride(), *log_mag.stride(), *phase.stride(), *[0] * 8]
     status = library.chunked_linear_attention_forward(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), log_mag.data_ptr(), phase.data_ptr(), None, None,
-        (native.ctypes.c_int64 * 26)(*strides), B, H, L, Dk, 65, 64, 1.0, out.data_ptr(), final.data_ptr(),
+        (native.ctypes.c_int64 * 26)(*strides), B, H, L, Dk, 65, 64, 1.0, LOG_ZERO, out.data_ptr(), final.data_ptr(),
         final_im.data_ptr(), 2)
     assert status == 0
     expected, expected_state, _ = linear_attention_reference(q.double(), k.double(), v.double(),
@@ -273,14 +274,14 @@ def test_kernel_refuses_arguments_it_would_misread():
     q, k, v, log_a = strided_inputs(1, 2, 10, 4, 3, "real")
     out, final, final_im = torch.empty(1, 2, 10, 3), torch.empty(1, 2, 4, 3), torch.empty(1, 2, 4, 3)
     with pytest.raises(ShapeError, match="k must be a float32 CPU tensor of shape"):
-        forward_into(q, k.double(), v, log_a, None, None, None, 1.0, 64, out, final, final_im)
+        forward_into(q, k.double(), v, log_a, None, None, None, 1.0, 64, LOG_ZERO, out, final, final_im)
     with pytest.raises(ShapeError, match="log_mag must be"):
-        forward_into(q, k, v, log_a[:, :, :5], None, None, None, 1.0, 64, out, final, final_im)
+        forward_into(q, k, v, log_a[:, :, :5], None, None, None, 1.0, 64, LOG_ZERO, out, final, final_im)
     with pytest.raises(ShapeError, match="phase needs log_mag"):
-        forward_into(q, k, v, None, log_a, None, None, 1.0, 64, out, final, final_im)
+        forward_into(q, k, v, None, log_a, None, None, 1.0, 64, LOG_ZERO, out, final, final_im)
     with pytest.raises(ShapeError, match="contiguous"):
-        forward_into(q, k, v, log_a, None, None, None, 1.0, 64, torch.empty(1, 2, 3, 10).transpose(-1, -2), final,
-                     final_im)
+        forward_into(q, k, v, log_a, None, None, None, 1.0, 64, LOG_ZERO, torch.empty(1, 2, 3, 10).transpose(-1, -2),
+                     final, final_im)
 
 
 def test_a_compiler_that_refuses_march_native_gets_the_portable_build(monkeypatch, tmp_path):

@@ -4,7 +4,7 @@
 //
 //     S_t = a_t S_(t-1) + k_t^T v_t,    o_t = Re(scale * q_t S_t),    a_t = exp(log|a|_t + i theta_t) (or 1)
 //
-// chunk by chunk. For a chunk of m <= C positions with b_i = sum_{s <= i} max(log|a|_s, LOG_ZERO)
+// chunk by chunk. For a chunk of m <= C positions with b_i = sum_{s <= i} max(log|a|_s, log_zero)
 // and phi_i = sum_{s <= i} theta_s (both accumulated in double, as the graph path does):
 //
 //     o_i   = sum_{j <= i} (scale q_i . k_j) exp(b_i - b_j) cos(phi_i - phi_j) v_j
@@ -47,8 +47,6 @@ typedef int32_t ivec __attribute__((vector_size(W * 4)));
 typedef double dvec __attribute__((vector_size(W * 8)));
 typedef double unaligned_dvec __attribute__((vector_size(W * 8), aligned(8)));
 
-// log|a| at or below this is a = 0 (the same constant as attnspec.ops.linear.LOG_ZERO).
-static const double LOG_ZERO = -1000.0;
 
 static inline vec load(const float *p) { return *(const unaligned_vec *)p; }
 static inline void store(float *p, vec x) { *(unaligned_vec *)p = x; }
@@ -155,6 +153,7 @@ struct Problem {
   int64_t sq[4], sk[4], sv[4], sa[3], sp[3], si[4], sj[4];
   long B, H, L, Dk, Dv, C;
   float scale;
+  double log_zero;  // log|a| at or below this is a = 0 (attnspec.ops.linear.LOG_ZERO, passed in)
   float *out;                 // (B, H, L, Dv), contiguous
   float *final, *final_im;    // (B, H, Dk, Dv) each, contiguous
   int threads;
@@ -179,7 +178,7 @@ static inline void scores_tile(const Workspace &w, long Dk, long i0, long j0) {
     const long i = i0 + r;
     for (int v = 0; v < NV; v++) {
       const long j = j0 + v * W;
-      // b_i - b_j in double (b reaches C * LOG_ZERO; float32 would lose the small differences), then exp.
+      // b_i - b_j in double (b reaches C * log_zero; float32 would lose the small differences), then exp.
       const vec diff = __builtin_convertvector(w.log_decay[i] - *(const unaligned_dvec *)(w.log_decay + j), vec);
       vec decay = vector_exp(diff);
       if (ROTATING) {  // cos(phi_i - phi_j) = cos phi_i cos phi_j + sin phi_i sin phi_j
@@ -277,7 +276,7 @@ static ChunkDecay load_chunk(const Problem &P, const Workspace &w, const float *
   double total = 0.0, angle = 0.0;
   for (long i = 0; i < m; i++) {
     const double x = log_a ? log_a[(t0 + i) * P.sa[2]] : 0.0;
-    total += x < LOG_ZERO ? LOG_ZERO : x;  // clamped: -inf (a reset) must not make inf - inf below
+    total += x < P.log_zero ? P.log_zero : x;  // clamped: -inf (a reset) must not make inf - inf below
     w.log_decay[i] = total;
     if (ROTATING) {
       angle += phase[(t0 + i) * P.sp[2]];
@@ -415,11 +414,11 @@ static void *run_worker(void *arg) {
 extern "C" int chunked_linear_attention_forward(const float *q, const float *k, const float *v, const float *log_a,
                                                 const float *phase, const float *initial, const float *initial_im,
                                                 const int64_t *strides, int64_t B, int64_t H, int64_t L, int64_t Dk,
-                                                int64_t Dv, int64_t C, float scale, float *out, float *final,
-                                                float *final_im, int threads) {
+                                                int64_t Dv, int64_t C, float scale, double log_zero, float *out,
+                                                float *final, float *final_im, int threads) {
   const int MAX_THREADS = 256;
-  Problem P{q, k, v, log_a, phase, initial, initial_im, {}, {}, {}, {}, {}, {}, {}, B, H, L, Dk, Dv, C, scale, out,
-            final, final_im, threads, 1, 0};
+  Problem P{q, k, v, log_a, phase, initial, initial_im, {}, {}, {}, {}, {}, {}, {}, B, H, L, Dk, Dv, C, scale,
+            log_zero, out, final, final_im, threads, 1, 0};
   int64_t *parts[7] = {P.sq, P.sk, P.sv, P.sa, P.sp, P.si, P.sj};
   const int sizes[7] = {4, 4, 4, 3, 3, 4, 4};
   for (int part = 0, at = 0; part < 7; at += sizes[part], part++)

@@ -66,7 +66,25 @@ class BuildError(AttnSpecError):
     """A build, export or load failed for a reason the user can act on."""
 
 
+def shorten(value: object, limit: int = 60) -> str:
+    """``repr(value)`` (``str`` for strings, quoted), cut to ``limit`` characters with "..." so a
+    message never carries a long value (a 1 MB string, a file's content)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def excerpt_line(line: str, column: int, width: int = 100) -> str:
+    """The source ``line`` with a caret under ``column`` (1-based), cut to ``width`` characters around it."""
+    start = max(0, min(column - 1 - width // 2, len(line) - width))
+    shown = line[start: start + width]
+    if start > 0:
+        shown = "..." + shown[3:]
+    if start + width < len(line):
+        shown = shown[:-3] + "..."
+    return f"    {shown}\n    {' ' * (column - 1 - start)}^"
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return `` (did you mean 'x'?)`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    close = difflib.get_close_matches(str(word)[:100], [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""

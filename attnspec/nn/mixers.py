@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnspec.errors import ShapeError
 from attnspec.nn.registry import build, register
 from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
 from attnspec.ops.scatterbrain import scatterbrain_attention
@@ -30,6 +31,7 @@ class Mixer(nn.Module):
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__()
+        self.kind = node.kind
         self.heads, self.d_qk, self.d_v = node.heads, node.d_qk, node.d_v
         self.causal, self.scale, self.max_len = node.causal, node.scale, max_len
         self.chunk_size = node.chunk_size
@@ -41,6 +43,14 @@ class Mixer(nn.Module):
         self.gate = nn.Linear(d_model, self.heads * self.d_v, bias=False) if node.output_gate != "none" else None
         self.gate_kind = node.output_gate
         self.norm_weight = nn.Parameter(torch.ones(self.heads * self.d_v)) if node.group_norm else None
+
+    def _checked_mode(self, mode: str | None) -> str:
+        """``mode`` (or the planned ``self.mode`` when None), refused unless this mixer has it."""
+        if mode is None:
+            return self.mode
+        if mode not in self.modes:
+            raise ShapeError(f"a {self.kind} mixer runs in {', '.join(self.modes)}, not in mode {mode!r}")
+        return mode
 
     def _heads(self, y: Tensor, width: int) -> Tensor:
         B, L = y.shape[:2]
@@ -97,18 +107,17 @@ class LinearMixer(Mixer):
 
     # -- shared by forward and step
     def _prepare(self, x: Tensor, offset: Tensor | int = 0):
-        """q~, k~ (B, H, L, m), v (B, H, L, Dv [+1]), Decay or None, for positions offset.. offset+L-1."""
+        """q~, k~ (B, H, L, m), v (B, H, L, Dv), Decay or None, and the per-query log scale of the
+        kernel (B, H, L) or None, for positions offset .. offset+L-1."""
         q, k, v = self._project(x)
         q, log_scale = self.features(q, True)
         k, _ = self.features(k, False)
         if log_scale is not None and not self.normalize:  # the un-normalised estimate needs its true scale
-            q = q * torch.exp(log_scale).unsqueeze(-1)
+            q, log_scale = q * torch.exp(log_scale).unsqueeze(-1), None
         if self.reweight:
             q, k = self._cos_reweight(q, k, offset)
-        if self.normalize:
-            v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
         scale = 1.0 if self.features.consumes_scale else self.scale
-        return q * scale, k, v, self.transition(x)
+        return q * scale, k, v, self.transition(x), log_scale
 
     def _cos_reweight(self, q: Tensor, k: Tensor, offset: Tensor | int) -> tuple[Tensor, Tensor]:
         """cosFormer: features [phi cos(pi i / 2M), phi sin(pi i / 2M)] with 1-based positions i."""
@@ -124,18 +133,15 @@ class LinearMixer(Mixer):
         cos, sin = torch.cos(angle), torch.sin(angle)
         return torch.cat([q * cos, q * sin], dim=-1), torch.cat([k * cos, k * sin], dim=-1)
 
-    def _finish(self, o: Tensor) -> Tensor:
-        if self.normalize:
-            return o[..., :-1] / o[..., -1:].clamp_min(self.eps)
-        return o
-
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        mode = self._checked_mode(mode)
         if self.softmax_kernel:
             return self._output(self._softmax_attention(x), x)
-        q, k, v, decay = self._prepare(x)
-        o = linear_attention(q, k, v, decay, causal=self.causal, mode=mode or self.mode, chunk_size=self.chunk_size,
+        q, k, v, decay, log_scale = self._prepare(x)
+        o = linear_attention(q, k, v, decay, causal=self.causal, normalize=self.normalize, eps=self.eps,
+                             log_scale=log_scale, mode=mode, chunk_size=self.chunk_size,
                              max_length=self.max_len if self.causal else None)
-        return self._output(self._finish(o), x)
+        return self._output(o, x)
 
     # -- decoding
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
@@ -147,12 +153,13 @@ class LinearMixer(Mixer):
     def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token: ``x_t`` (B, d_model), ``position`` (B,) 0-based -> (y_t (B, d_model), new state)."""
         x = x_t.unsqueeze(1)
-        q, k, v, decay = self._prepare(x, position)
+        q, k, v, decay, log_scale = self._prepare(x, position)
         step_decay = None if decay is None else Decay(decay.log_mag[:, :, 0],
                                                       None if decay.phase is None else decay.phase[:, :, 0])
         pair = PairState(state[0], state[1] if len(state) > 1 else None)
-        o, pair = recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], step_decay, pair)
-        y = self._output(self._finish(o.unsqueeze(2)), x)
+        o, pair = recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], step_decay, pair, normalize=self.normalize,
+                                 eps=self.eps, log_scale=None if log_scale is None else log_scale[:, :, 0])
+        y = self._output(o.unsqueeze(2), x)
         new_state = (pair.re,) if pair.im is None else (pair.re, pair.im)
         return y[:, 0], new_state
 
@@ -171,6 +178,7 @@ class SoftmaxMixer(Mixer):
         self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        self._checked_mode(mode)
         return self._output(self._softmax_attention(x), x)
 
 
@@ -211,12 +219,13 @@ class ScatterbrainMixer(Mixer):
         return make(L, self.support_size, causal=self.causal, batch=B, heads=H, device=q.device)
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        mode = self._checked_mode(mode)
         q, k, v = self._project(x)
         sqrt_scale = 1.0 if self.features.consumes_scale else math.sqrt(self.scale)
         q_features, log_scale = self.features(q * sqrt_scale, True)
         k_features, _ = self.features(k * sqrt_scale, False)
         o = scatterbrain_attention(q, k, v, q_features, k_features, self.support(q, k), q_log_scale=log_scale,
-                                   causal=self.causal, scale=self.scale, eps=self.eps, mode=mode or self.mode,
+                                   causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
                                    chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None)
         return self._output(o, x)
 

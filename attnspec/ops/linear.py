@@ -6,8 +6,8 @@ Per batch and head, with q, k already feature-mapped (and re-weighted):
 
 where ``a_t = exp(log_a_t)`` is real or complex (``log|a| + i theta``), per head or per key
 channel. With ``normalize=True`` the same recurrence is run on ``k`` alone and the output is
-divided by ``Re(scale * q_t z_t)`` clamped below at ``eps``. Non-causal attention sums over all
-positions (no transition).
+divided by ``Re(scale * q_t z_t)`` clamped below at ``eps`` (:func:`apply_normalizer`, the one place
+the normaliser is computed). Non-causal attention sums over all positions (no transition).
 
 Implementation choices (why, not what):
 
@@ -98,6 +98,7 @@ def linear_attention(
     initial_state: State | None = None,
     return_state: bool = False,
     max_length: int | None = None,
+    log_scale: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, State]:
     """Causal or non-causal (gated) linear attention.
 
@@ -113,7 +114,7 @@ def linear_attention(
         causal: position t sees positions <= t. Non-causal requires ``log_a is None``.
         normalize: divide by the same recurrence run on ``k`` alone (linear-attention normaliser).
         scale: multiplier on ``q``.
-        eps: lower clamp of the normaliser.
+        eps: lower clamp of the normaliser, on its true scale (see ``log_scale``).
         mode: ``"recurrent"`` (sequential reference), ``"scan"`` (parallel prefix scan over
             positions, O(L Dk Dv) memory), ``"chunk"`` (dense within chunks, scan across chunks)
             or ``"quadratic"`` (an L x L score matrix with log-space decay differences).
@@ -125,6 +126,10 @@ def linear_attention(
             feeding it back as ``initial_state`` continues the sequence.
         max_length: longest L the caller will use. Fixes the number of scan steps so compiled
             code does not specialise on L; longer inputs raise.
+        log_scale: ``(B, H, L)`` per-query log factor of the kernel, or None (0): the kernel the
+            features stand for is ``exp(log_scale_i) * q_i . k_j`` (Performer features are stored
+            rescaled so they stay finite). It cancels in the normalised output; only the ``eps``
+            clamp depends on it, which then acts on the true normaliser.
 
     Returns:
         ``o`` of shape ``(B, H, L, Dv)`` with the dtype of ``v``; with ``return_state`` also the
@@ -151,10 +156,33 @@ def linear_attention(
     else:
         out, final = _quadratic(q * scale, k, v, decay, initial)
     if normalize:
-        out = out[..., :-1] / out[..., -1:].clamp_min(eps)
+        out = apply_normalizer(out, eps, log_scale)
     if not return_state:
         return out
     return out, _export_state(final, normalize)
+
+
+def apply_normalizer(out: Tensor, eps: float, log_scale: Tensor | None = None) -> Tensor:
+    """Normalised output: the value columns of ``out`` divided by its last column, the normaliser.
+
+    Args:
+        out: ``(..., Dv + 1)``: numerator columns, then the normaliser ``Re(q~ . z)``.
+        eps: lower clamp of the normaliser on its true scale ``exp(log_scale) * out[..., -1]``.
+        log_scale: ``(...)`` (``out``'s shape without the last dimension) or None (0).
+
+    Returns:
+        ``(..., Dv)``. The clamp is ``eps * exp(-log_scale)`` on the stored normaliser: features
+        stored rescaled (Performer keys carry ``exp(-|w|^2/2)``, about ``e^(-d/2)``) would otherwise
+        meet an ``eps`` far above their normaliser, and the clamp would replace it (relative error
+        1.0 against softmax at d_qk = 64 before this). The floor's exponent is kept within the dtype's
+        range, so it is never 0 (0/0) nor inf.
+    """
+    numerator, normalizer = out[..., :-1], out[..., -1:]
+    if log_scale is None:
+        return numerator / normalizer.clamp_min(eps)
+    info = torch.finfo(out.dtype)
+    log_floor = (math.log(eps) - log_scale.to(out.dtype).unsqueeze(-1)).clamp(math.log(info.tiny), math.log(info.max) / 2)
+    return numerator / torch.maximum(normalizer, torch.exp(log_floor))
 
 
 def _native_chunk_applies(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None,
@@ -330,6 +358,31 @@ def _rotate(x: Tensor, log_mag: Tensor, phase: Tensor | None) -> tuple[Tensor, T
     return scaled * torch.cos(phase), scaled * torch.sin(phase)
 
 
+def wrap_phase(phase: Tensor) -> Tensor:
+    """``phase`` reduced to [-pi, pi): only cos and sin of phases are ever used.
+
+    Phase sums grow with the length (a fixed RetNet-style theta summed over 4096 positions, times
+    100, is ~4e5 rad, where a float32 ulp is 0.03 rad), so every sum of phases is reduced before it
+    is narrowed to the input dtype or summed again.
+    """
+    return torch.remainder(phase + math.pi, 2 * math.pi) - math.pi
+
+
+def _phase_cumsum(phase: Tensor, dim: int) -> Tensor:
+    """Inclusive cumulative sum of ``phase`` along ``dim``, taken in float64 and reduced (same dtype out)."""
+    return wrap_phase(torch.cumsum(phase.to(torch.float64), dim=dim)).to(phase.dtype)
+
+
+def _phase_segsum(phase: Tensor) -> Tensor:
+    """``out[..., i, j, :] = sum_{s=j+1..i} phase_s`` reduced to [-pi, pi), for all i, j (the caller masks j > i).
+
+    ``phase``: ``(..., T, D)`` -> ``(..., T, T, D)``. Differences of float64 cumulative sums: exact to
+    ~1e-16 * |sum|, and phases (unlike log-magnitudes) are finite, so no inf - inf can arise.
+    """
+    total = torch.cumsum(phase.to(torch.float64), dim=-2)
+    return wrap_phase(total.unsqueeze(-2) - total.unsqueeze(-3)).to(phase.dtype)
+
+
 def _read_state(q_re: Tensor, q_im: Tensor | None, state: PairState) -> Tensor:
     """``Re((q_re + i q_im) @ (S.re + i S.im))`` for queries (..., T, Dk) and states (..., Dk, Dv)."""
     out = batched_matmul(q_re, state.re)
@@ -367,14 +420,17 @@ def inclusive_scan(log_mag: Tensor, phase: Tensor | None, state: PairState, dim:
     """
     assert dim < 0
     decay_dim = dim + 1
+    # The phase of the segment ending at t is a difference of float64 prefix sums, rounded once:
+    # doubling it in the input dtype would add one rounding per level, growing with the segment.
+    phase_prefix = None if phase is None else torch.cumsum(phase.to(torch.float64), dim=decay_dim)
     for s in range(steps):
         shift = 1 << s
         prev = PairState(_shift(state.re, shift, dim), None if state.im is None else _shift(state.im, shift, dim))
         prev_mag = _shift(log_mag, shift, decay_dim)  # padded with log 1 = 0
-        prev_phase = None if phase is None else _shift(phase, shift, decay_dim)
+        if phase_prefix is not None:  # where t < shift the previous state is 0, so the phase there is moot
+            phase = wrap_phase(phase_prefix - _shift(phase_prefix, shift, decay_dim)).to(log_mag.dtype)
         state = _add(_decay_state(prev, log_mag, phase), state)
         log_mag = log_mag + prev_mag
-        phase = None if phase is None else phase + prev_phase
     return state
 
 
@@ -432,10 +488,11 @@ def chunk_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, levels:
     spread = lambda t: None if t is None else group(t.index_select(2, index.clamp(max=n - 1))) * keep  # noqa: E731
     local = _sequential_scan(log_mag, phase, PairState(spread(writes.re), spread(writes.im)))
     totals = PairState(local.re[:, :, :, -1], None if local.im is None else local.im[:, :, :, -1])
-    done = chunk_scan(log_mag.sum(dim=-2), None if phase is None else phase.sum(dim=-2), totals, levels - 1)
+    group_phase = None if phase is None else wrap_phase(phase.to(torch.float64).sum(dim=-2)).to(phase.dtype)
+    done = chunk_scan(log_mag.sum(dim=-2), group_phase, totals, levels - 1)
     entering = PairState(_shift_in(done.re, None), None if done.im is None else _shift_in(done.im, None))
     from_start = torch.cumsum(log_mag, dim=-2)  # (B, H, g, GROUP, Dd): decay from the group start
-    from_start_phase = None if phase is None else torch.cumsum(phase, dim=-2)
+    from_start_phase = None if phase is None else _phase_cumsum(phase, dim=-2)
     carried = _decay_state(PairState(entering.re.unsqueeze(3), None if entering.im is None else entering.im.unsqueeze(3)),
                            from_start, from_start_phase)
     states = _add(local, carried)
@@ -482,7 +539,7 @@ def _quadratic_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState) ->
     if phase is None:
         return PairState(_apply_decay_matrix(weight, writes.re),
                          None if writes.im is None else _apply_decay_matrix(weight, writes.im))
-    angle = _segsum(phase).masked_fill(torch.isinf(rel), 0.0)
+    angle = _phase_segsum(phase)  # zero weight where rel = -inf, so no masking is needed
     t_re, t_im = weight * torch.cos(angle), weight * torch.sin(angle)
     w_im = writes.im if writes.im is not None else torch.zeros_like(writes.re)
     re = _apply_decay_matrix(t_re, writes.re) - _apply_decay_matrix(t_im, w_im)
@@ -514,22 +571,29 @@ def _zero_state(q: Tensor, v: Tensor, is_complex: bool) -> PairState:
     return PairState(zeros, torch.zeros_like(zeros) if is_complex else None)
 
 
-def recurrent_step(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, state: PairState) -> tuple[Tensor, PairState]:
+def recurrent_step(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, state: PairState, *,
+                   normalize: bool = False, eps: float = 1e-6,
+                   log_scale: Tensor | None = None) -> tuple[Tensor, PairState]:
     """One position of the recurrence: ``S <- diag(a) S + k^T v``, ``o = Re(q S)``.
 
     Args:
-        q, k: ``(B, H, Dk)`` (q already scaled). v: ``(B, H, Dv)`` (with the ones column when
-            normalising). decay: ``(B, H, 1 or Dk)`` log-magnitude and phase, or None.
-        state: ``(B, H, Dk, Dv)`` real part and imaginary part (None for real transitions).
+        q, k: ``(B, H, Dk)`` (q already scaled). v: ``(B, H, Dv)``. decay: ``(B, H, 1 or Dk)``
+            log-magnitude and phase, or None.
+        state: ``(B, H, Dk, Dv)`` real part and imaginary part (None for real transitions); with
+            ``normalize`` ``(B, H, Dk, Dv + 1)``, the last column being the normaliser state z.
+        normalize, eps, log_scale: as in :func:`linear_attention` (``log_scale`` ``(B, H)``).
 
     Returns:
         ``(o, state)`` with ``o`` of shape ``(B, H, Dv)``. Plain tensors in and out, so the
         decoding step of a model can be exported.
     """
+    if normalize:
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     if decay is not None:
         state = _decay_state(state, decay.log_mag, decay.phase)
     state = _add(state, PairState(k.unsqueeze(-1) * v.unsqueeze(-2), None))
-    return _read_state(q.unsqueeze(-2), None, state).squeeze(-2), state
+    out = _read_state(q.unsqueeze(-2), None, state).squeeze(-2)
+    return (apply_normalizer(out, eps, log_scale) if normalize else out), state
 
 
 def _recurrent(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None):
@@ -582,7 +646,7 @@ def _quadratic(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pa
             out = out + q @ initial.re
         return out, final
     rel_mag = _segsum(decay.log_mag)  # (B, H, L, L, Dk')
-    rel_phase = None if decay.phase is None else _segsum(decay.phase).masked_fill(torch.isinf(rel_mag), 0.0)
+    rel_phase = None if decay.phase is None else _phase_segsum(decay.phase)
     pair = torch.exp(rel_mag)
     if rel_phase is not None:
         pair = pair * torch.cos(rel_phase)
@@ -593,12 +657,13 @@ def _quadratic(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pa
     out = scores @ v
     # Decay from each position to the end (sum_{s > j} log a_s), and from the start to each position.
     to_end = _reverse_exclusive_cumsum(decay.log_mag)
-    to_end_phase = None if decay.phase is None else _reverse_exclusive_cumsum(decay.phase)
+    to_end_phase = None if decay.phase is None else _reverse_exclusive_cumsum(decay.phase.to(torch.float64))
+    to_end_phase = None if to_end_phase is None else wrap_phase(to_end_phase).to(decay.phase.dtype)
     k_re, k_im = _rotate(k, to_end, to_end_phase)
     final = PairState(k_re.transpose(-1, -2) @ v, None if k_im is None else k_im.transpose(-1, -2) @ v)
     if initial is not None:
         from_start = torch.cumsum(decay.log_mag, dim=2)
-        from_start_phase = None if decay.phase is None else torch.cumsum(decay.phase, dim=2)
+        from_start_phase = None if decay.phase is None else _phase_cumsum(decay.phase, dim=2)
         q_re, q_im = _rotate(q, from_start, from_start_phase)
         out = out + _read_state(q_re, q_im, initial)
         total_mag = from_start[:, :, -1]
@@ -651,13 +716,14 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     from_start = wide(decay.log_mag.clamp_min(LOG_ZERO))  # (B, H, n, C, Dd)
     from_start_phase = None if decay.phase is None else wide(decay.phase)
     narrow = lambda t: None if t is None else t.to(q.dtype)  # noqa: E731
+    narrow_phase = lambda t: None if t is None else wrap_phase(t).to(q.dtype)  # noqa: E731
     pairwise = lambda t: t.unsqueeze(-2) - t.unsqueeze(-3)  # noqa: E731  [.., i, j, :] = t_i - t_j
 
     # Inside each chunk: pairwise decays exp(b_i - b_j) for j <= i, 0 above the diagonal.
     causal = mask.unsqueeze(-1)
     pair = torch.exp(torch.where(causal, narrow(pairwise(from_start)), float("-inf")))
     if from_start_phase is not None:
-        pair = pair * torch.cos(narrow(pairwise(from_start_phase)))
+        pair = pair * torch.cos(narrow_phase(pairwise(from_start_phase)))
     if Dd == 1:
         scores = batched_matmul(q, k.transpose(-1, -2)) * pair.squeeze(-1)
     else:
@@ -667,11 +733,11 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     # Each chunk's write to the state: sum_j exp(b_C - b_j) k_j^T v_j.
     chunk_mag, chunk_phase = from_start[..., -1, :], None if from_start_phase is None else from_start_phase[..., -1, :]
     to_end = narrow(chunk_mag.unsqueeze(-2) - from_start)
-    to_end_phase = None if from_start_phase is None else narrow(chunk_phase.unsqueeze(-2) - from_start_phase)
+    to_end_phase = None if from_start_phase is None else narrow_phase(chunk_phase.unsqueeze(-2) - from_start_phase)
     k_re, k_im = _rotate(k, to_end, to_end_phase)
     writes = PairState(batched_matmul(k_re.transpose(-1, -2), v),
                        None if k_im is None else batched_matmul(k_im.transpose(-1, -2), v))
-    chunk_mag, chunk_phase = narrow(chunk_mag), narrow(chunk_phase)  # (B, H, n, Dd): decay across a chunk
+    chunk_mag, chunk_phase = narrow(chunk_mag), narrow_phase(chunk_phase)  # (B, H, n, Dd): decay across a chunk
     if initial is not None:  # fold S0 into the first chunk's write
         first = _decay_state(initial, chunk_mag[:, :, 0], None if chunk_phase is None else chunk_phase[:, :, 0])
         writes = _add(writes, PairState(_at_first(first.re, n), None if first.im is None else _at_first(first.im, n)))
@@ -679,7 +745,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     start_re = initial.re if initial is not None else None
     start_im = initial.im if initial is not None else None
     entering = PairState(_shift_in(states.re, start_re), None if states.im is None else _shift_in(states.im, start_im))
-    q_re, q_im = _rotate(q, narrow(from_start), narrow(from_start_phase))
+    q_re, q_im = _rotate(q, narrow(from_start), narrow_phase(from_start_phase))
     out = out + _read_state(q_re, q_im, entering)
     final = PairState(states.re[:, :, -1], None if states.im is None else states.im[:, :, -1])
     return _unpad(out.reshape(B, H, n * C, Dv), L), final

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from attnspec.errors import ShapeError
-from attnspec.ops.linear import linear_attention
+from attnspec.ops.linear import apply_normalizer, linear_attention
 from attnspec.ops.support import Support
 
 
@@ -53,7 +53,7 @@ def scatterbrain_attention(
         q_log_scale: ``(B, H, L)`` log scale of the query features (Performer); None means 0.
         causal: only j <= i (the support must respect it too; it is re-checked here).
         scale: multiplier on ``q.k`` in the exact part.
-        eps: lower clamp of the (rescaled) joint normaliser.
+        eps: lower clamp of the joint normaliser, on its true scale.
         mode, chunk_size, max_length: execution of the low-rank part (see ``linear_attention``).
 
     Returns:
@@ -82,4 +82,4 @@ def scatterbrain_attention(
     correction = exact - (lowrank_scale.unsqueeze(-1) * estimate).masked_fill(~valid, 0.0)
     sparse = (correction.unsqueeze(-1) * _gather_rows(v1, support.index)).sum(-2)
     total = lowrank * lowrank_scale.unsqueeze(-1) + sparse
-    return total[..., :-1] / total[..., -1:].clamp_min(eps)
+    return apply_normalizer(total, eps, reference)  # the stored sums are the true ones times exp(-reference)

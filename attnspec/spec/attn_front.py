@@ -16,7 +16,8 @@ from typing import Any
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from attnspec.errors import Problem, SpecError
+from attnspec.errors import Problem, SpecError, excerpt_line
+from attnspec.spec import limits
 from attnspec.spec.source import Path, Position, SourceMap, format_path
 
 _READABLE = {
@@ -44,12 +45,46 @@ def parse_attn(text: str, source: str = "<string>") -> tuple[dict, SourceMap]:
 
     Raises :class:`SpecError` with line, column, the source line and a caret.
     """
+    if len(text) > limits.MAX_SPEC_BYTES:
+        raise SpecError(Problem(f"{len(text):,} characters; specs are limited to {limits.MAX_SPEC_BYTES:,}",
+                                source=source))
+    _check_nesting(text, source)
     try:
         tree = grammar().parse(text)
     except UnexpectedInput as err:
         raise SpecError(_syntax_problem(err, text, source)) from None
     smap = SourceMap(root=Position(source, 1, 1))
     return _Converter(source, smap).start(tree), smap
+
+
+def _check_nesting(text: str, source: str) -> None:
+    """Refuse brackets nested deeper than the limit before parsing (the tree is converted recursively).
+
+    Brackets inside strings and comments are skipped; unbalanced ones are left to the parser.
+    """
+    depth, line, column, i = 0, 1, 0, 0
+    while i < len(text):
+        char = text[i]
+        column += 1
+        if char == "\n":
+            line, column = line + 1, 0
+        elif char == "#":
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+            continue
+        elif char == '"':
+            i += 1
+            while i < len(text) and text[i] not in '"\n':
+                i += 2 if text[i] == "\\" else 1
+                column += 1
+        elif char in "([{":
+            depth += 1
+            if depth > limits.MAX_DEPTH:
+                raise SpecError(Problem(f"nested more than {limits.MAX_DEPTH} levels deep (attnspec's limit)",
+                                        source=source, line=line, column=column))
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+        i += 1
 
 
 def _syntax_problem(err: UnexpectedInput, text: str, source: str) -> Problem:
@@ -70,9 +105,7 @@ def _syntax_problem(err: UnexpectedInput, text: str, source: str) -> Problem:
         lines = text.rstrip().splitlines() or [""]
         line, column = len(lines), len(lines[-1]) + 1
     lines = text.splitlines()
-    excerpt = None
-    if 1 <= line <= len(lines):
-        excerpt = f"    {lines[line - 1]}\n    {' ' * (column - 1)}^"
+    excerpt = excerpt_line(lines[line - 1], column) if 1 <= line <= len(lines) else None
     return Problem(message, source=source, line=line, column=column, excerpt=excerpt)
 
 
@@ -127,7 +160,8 @@ class _Converter:
                 count, *body = item.children
                 self.smap.values[here + ("repeat",)] = self._pos(count)
                 self.smap.values[here + ("layers",)] = self._pos(item)
-                result.append({"repeat": int(count), "layers": self._layers(body, here + ("layers",))})
+                result.append({"repeat": self._number(count, here + ("repeat",)),
+                               "layers": self._layers(body, here + ("layers",))})
         return result
 
     def _value(self, node: Tree | Token, path: Path) -> Any:
@@ -136,10 +170,14 @@ class _Converter:
         if kind == "name":
             return str(node.children[0])
         if kind == "string":
-            return json.loads(str(node.children[0]))
+            try:
+                return json.loads(str(node.children[0]))
+            except json.JSONDecodeError as err:
+                raise self._error(f"invalid string: {err.msg.removesuffix(' at')} (character {err.pos} of the string); strings use JSON escapes "
+                                  "(\\n, \\t, \\\", \\\\, \\uXXXX) and may not contain raw tabs or newlines",
+                                  node, path) from None
         if kind == "number":
-            text = str(node.children[0])
-            return float(text) if any(c in text for c in ".eE") else int(text)
+            return self._number(node, path)
         if kind in ("true", "false", "null"):
             return {"true": True, "false": False, "null": None}[kind]
         if kind == "list":
@@ -156,6 +194,13 @@ class _Converter:
             raise self._error("a sum such as `lowrank(...) + sparse(...)` is only allowed as an argument, e.g. "
                               "`mixer = scatterbrain(lowrank(performer()) + sparse(lsh()))`", node, path)
         raise self._error(f"unexpected {kind}", node, path)  # pragma: no cover
+
+    def _number(self, node: Tree | Token, path: Path) -> int | float:
+        text = str(node if isinstance(node, Token) else node.children[0])
+        if len(text) > limits.MAX_NUMBER_CHARS:
+            raise self._error(f"a number of {len(text)} characters; numbers are limited to "
+                              f"{limits.MAX_NUMBER_CHARS} characters", node, path)
+        return float(text) if any(c in text for c in ".eE") else int(text)
 
     def _call(self, node: Tree, path: Path) -> dict:
         name, *args = node.children

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 from pathlib import Path as FsPath
 from typing import Any, Callable
 
-import yaml
-
-from attnspec.errors import Problem, SpecError
+from attnspec.errors import Problem, SpecError, shorten
+from attnspec.spec import limits
 from attnspec.spec.source import Path, Position, SourceMap, format_path
+from attnspec.spec.yaml_front import parse_yaml_value
 
 def deep_merge(base: Any, child: Any) -> Any:
     """Merge ``child`` over ``base``: mappings merge key by key, anything else is replaced."""
@@ -29,10 +30,13 @@ def deep_merge(base: Any, child: Any) -> Any:
 
 
 def resolve_extends(data: dict, smap: SourceMap, file: FsPath | None, read: Callable[[FsPath], tuple[Any, SourceMap]],
-                    chain: tuple[FsPath, ...] = ()) -> tuple[dict, SourceMap]:
+                    chain: tuple[FsPath, ...] = (), root: FsPath | None = None) -> tuple[dict, SourceMap]:
     """Apply ``extends: other.yaml`` (relative to ``file``), recursively, detecting cycles.
 
-    ``read`` loads another spec file into ``(data, source_map)``.
+    ``read`` loads another spec file into ``(data, source_map)``. Every file extended, at any depth,
+    must lie inside ``root``: the directory of the first spec (or the working directory for spec
+    text), so a spec received from someone else cannot read files elsewhere. Problems found in an
+    extended file are reported with its name, line and column but without its text.
     """
     if "extends" not in data:
         return data, smap
@@ -41,16 +45,28 @@ def resolve_extends(data: dict, smap: SourceMap, file: FsPath | None, read: Call
     if not isinstance(target, str) or not target:
         raise _problem("`extends` must be a relative file path such as `base.yaml`", ("extends",), where)
     base_dir = file.parent if file is not None else FsPath.cwd()
+    root = (root or base_dir).resolve()
+    if FsPath(target).is_absolute():
+        raise _problem(f"`extends` takes a path relative to this spec, not an absolute path "
+                       f"({shorten(target)}); put the base spec beside this one", ("extends",), where)
     base_file = (base_dir / target).resolve()
+    if not base_file.is_relative_to(root):
+        raise _problem(f"`extends: {shorten(target)}` leads outside {root}, the directory of the spec being "
+                       "loaded; a spec may only extend files in its own directory tree", ("extends",), where)
     here = file.resolve() if file is not None else None
     cycle = chain + ((here,) if here else ())
     if base_file in cycle:
         names = " -> ".join(p.name for p in cycle + (base_file,))
         raise _problem(f"`extends` cycle: {names}; remove one of the `extends` keys", ("extends",), where)
+    if len(cycle) >= limits.MAX_DEPTH:
+        raise _problem(f"more than {limits.MAX_DEPTH} specs extend one another", ("extends",), where)
     if not base_file.is_file():
-        raise _problem(f"cannot extend '{target}': no such file (looked for {base_file})", ("extends",), where)
-    base_data, base_map = read(base_file)
-    base_data, base_map = resolve_extends(base_data, base_map, base_file, read, cycle)
+        raise _problem(f"cannot extend {shorten(target)}: no such file (looked for {base_file})", ("extends",), where)
+    try:
+        base_data, base_map = read(base_file)
+        base_data, base_map = resolve_extends(base_data, base_map, base_file, read, cycle, root)
+    except SpecError as error:  # located in the other file, without echoing its text
+        raise SpecError([replace(problem, excerpt=None) for problem in error.problems]) from None
     child = {k: v for k, v in data.items() if k != "extends"}
     return deep_merge(base_data, child), base_map.merged_with(smap)
 
@@ -95,7 +111,8 @@ def apply_override(data: dict, smap: SourceMap, assignment: str) -> dict:
     shorthand (``feature_map: relu``) is expanded so its fields can be set. Unknown keys
     are left for validation, which reports them with a suggestion.
     """
-    where = Position(f"--set {assignment}")
+    shown = assignment if len(assignment) <= 80 else assignment[:77] + "..."
+    where = Position(f"--set {shown}")
     if "=" not in assignment:
         raise SpecError(Problem("an override must look like `path.to.key=value`, e.g. "
                                 "`layers[0].mixer.feature_map=relu`", source=where.source))
@@ -104,11 +121,7 @@ def apply_override(data: dict, smap: SourceMap, assignment: str) -> dict:
         path = parse_dotted_path(raw_path.strip())
     except ValueError as err:
         raise SpecError(Problem(f"malformed path '{raw_path.strip()}': {err}", source=where.source)) from None
-    try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    except yaml.YAMLError as err:
-        raise SpecError(Problem(f"cannot parse the value {raw_value!r}: {getattr(err, 'problem', err)}",
-                                source=where.source)) from None
+    value = parse_yaml_value(raw_value, where.source)[0] if raw_value.strip() else ""
     data = copy.deepcopy(data)
     node: Any = data
     for depth, part in enumerate(path[:-1]):

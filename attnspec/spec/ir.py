@@ -24,9 +24,19 @@ from pydantic import (
     Tag,
 )
 
+from attnspec.spec import limits
+
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+def Count(limit: int) -> Any:
+    """A positive integer at most ``limit`` (see :mod:`attnspec.spec.limits`)."""
+    return Annotated[int, Field(gt=0, le=limit)]
+
+
+Seed = Annotated[int, Field(ge=0, le=limits.MAX_SEED)]
 
 
 class Node(BaseModel):
@@ -35,6 +45,8 @@ class Node(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         strict=True,
+        allow_inf_nan=False,
+        str_max_length=limits.MAX_STRING_CHARS,
         use_attribute_docstrings=True,
         validate_default=True,
     )
@@ -90,21 +102,21 @@ class PerformerFeatures(Node):
     """Performer positive random features phi(x) = exp(Wx - |x|^2/2)/sqrt(m), unbiased for exp(q.k)."""
 
     kind: Literal["performer"]
-    num_features: PositiveInt = 64
+    num_features: Count(limits.MAX_FEATURES) = 64
     """Number of random features m (the feature width)."""
     projection: Literal["orthogonal", "iid"] = "orthogonal"
     """Rows of W drawn i.i.d. N(0, 1), or in orthogonal blocks with chi-distributed norms."""
     redraw: Literal["never", "interval"] = "never"
     """`never`: the projection is fixed by `seed`. `interval`: the training loop redraws it every
     `redraw_interval` steps through `attnspec.nn.redraw_random_features(model, step)`."""
-    redraw_interval: PositiveInt | None = None
+    redraw_interval: Count(limits.MAX_STEPS) | None = None
     """Steps between redraws; required with `redraw: interval`, forbidden otherwise."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the projection (the model seed is added), so a rebuilt model computes the same function."""
 
 
 class _TrainableKernel(Node):
-    stack: PositiveInt = 1
+    stack: Count(limits.MAX_STACK) = 1
     """Number of units applied in sequence; only the last one is made positive (Softplus)."""
     share_across_heads: bool = True
     """One set of kernel weights shared by all heads (true) or separate weights per head (false)."""
@@ -140,7 +152,7 @@ class AogluFeatures(_OrthogonalKernel):
     """OGLU with a low-rank gate W_g = U V (rank r < n/2); 1.5 n^2 weights per unit at r = n/4."""
 
     kind: Literal["aoglu"]
-    rank: PositiveInt | None = None
+    rank: Count(limits.MAX_HEAD_WIDTH) | None = None
     """Rank r of the gate; defaults to n/4 (n = d_qk). Must be below n/2."""
 
 
@@ -175,7 +187,7 @@ class CosReweighting(Node):
     """cosFormer: weights cos(pi/2 (i-j)/M), split by Ptolemy's identity (feature width doubles)."""
 
     kind: Literal["cos"]
-    M: PositiveInt | None = None
+    M: Count(limits.MAX_SUPPORT) | None = None
     """Horizon M >= sequence length. Required (and >= max_len) for causal use so that every mode
     and the decoder use the same M; `null` means M = L per call (non-causal only)."""
 
@@ -225,10 +237,10 @@ class PerformerLowRank(Node):
     """Low-rank part with Performer positive random features."""
 
     kind: Literal["performer"]
-    num_features: PositiveInt | None = None
+    num_features: Count(limits.MAX_FEATURES) | None = None
     """Number of random features; derived from `budget` when omitted (64 without a budget)."""
     projection: Literal["orthogonal", "iid"] = "orthogonal"
-    seed: int = 0
+    seed: Seed = 0
 
 
 class LinearLowRank(Node):
@@ -245,22 +257,22 @@ class LshSupport(Node):
     """Angular LSH support: a query sees keys that share its bucket in any round (counted once)."""
 
     kind: Literal["lsh"]
-    buckets: PositiveInt = 8
+    buckets: Count(limits.MAX_BUCKETS) = 8
     """Buckets per round (even: a random rotation and argmax over [xR, -xR])."""
-    rounds: PositiveInt = 2
+    rounds: Count(limits.MAX_ROUNDS) = 2
     """Hash rounds; a pair colliding in several rounds counts once."""
-    capacity: PositiveInt | None = None
+    capacity: Count(limits.MAX_SUPPORT) | None = None
     """Keys per query per round: the nearest-in-position keys of the query's bucket (only earlier
     ones when causal). Bounds memory at O(L * rounds * capacity). Derived from `budget` when
     omitted (32 without a budget)."""
-    seed: int = 0
+    seed: Seed = 0
 
 
 class LocalSupport(Node):
     """Sliding-window support: |i - j| < window (j <= i when causal)."""
 
     kind: Literal["local"]
-    window: PositiveInt | None = None
+    window: Count(limits.MAX_SUPPORT) | None = None
     """Window size; derived from `budget` when omitted (64 without a budget)."""
 
 
@@ -268,7 +280,7 @@ class BlockSupport(Node):
     """Block-diagonal support: i and j in the same block of `size` positions."""
 
     kind: Literal["block"]
-    size: PositiveInt | None = None
+    size: Count(limits.MAX_SUPPORT) | None = None
     """Block size; derived from `budget` when omitted (64 without a budget)."""
 
 
@@ -281,17 +293,17 @@ OutputGate = Literal["none", "sigmoid", "swish"]
 
 
 class _MixerBase(Node):
-    heads: PositiveInt = 1
+    heads: Count(limits.MAX_HEADS) = 1
     """Number of heads."""
-    d_qk: PositiveInt | None = None
+    d_qk: Count(limits.MAX_HEAD_WIDTH) | None = None
     """Per-head query/key width; defaults to d_model / heads."""
-    d_v: PositiveInt | None = None
+    d_v: Count(limits.MAX_HEAD_WIDTH) | None = None
     """Per-head value width; defaults to d_model / heads."""
     causal: bool = True
     """Position t sees only positions <= t."""
     mode: Mode = "auto"
     """Execution mode; `auto` lets the compiler's cost model choose."""
-    chunk_size: PositiveInt = 64
+    chunk_size: Count(limits.MAX_CHUNK) = 64
     """Chunk length of the chunked mode (a power of two)."""
     scale: PositiveFloat | None = None
     """Multiplier on q.k; defaults to 1/sqrt(d_qk) for exp/softmax kernels and 1 otherwise."""
@@ -331,7 +343,7 @@ class ScatterbrainMixer(_MixerBase):
     budget: Annotated[float, Field(gt=0, le=1)] | None = None
     """Fraction of full attention each query may spend (e.g. 0.125); sizes not given are derived
     from it and `ratio`."""
-    ratio: Annotated[list[PositiveInt], Field(min_length=2, max_length=2)] = Field(
+    ratio: Annotated[list[Count(limits.MAX_RATIO)], Field(min_length=2, max_length=2)] = Field(
         default_factory=lambda: [3, 1]
     )
     """Budget split `[sparse, low_rank]`; the paper trains with 3:1."""
@@ -351,7 +363,7 @@ class Mlp(Node):
 
     kind: Literal["mlp", "glu", "none"] = "mlp"
     """`mlp`: W2 act(W1 x); `glu`: W2 (act(W1 x) * W3 x); `none`: no channel mixer."""
-    expansion: PositiveInt = 4
+    expansion: Count(limits.MAX_EXPANSION) = 4
     """Hidden width = expansion * d_model."""
     activation: Literal["gelu", "relu", "silu"] = "gelu"
 
@@ -377,8 +389,8 @@ def _layer_tag(value: Any) -> str:
 class Group(Node):
     """`repeat` copies of `layers` (each copy has its own weights)."""
 
-    repeat: PositiveInt
-    layers: Annotated[list["Layer"], Field(min_length=1)]
+    repeat: Count(limits.MAX_REPEAT)
+    layers: Annotated[list["Layer"], Field(min_length=1, max_length=limits.MAX_BLOCKS)]
 
 
 Layer = Annotated[
@@ -392,14 +404,14 @@ class TokenInput(Node):
     """Integer tokens, embedded with a learned table."""
 
     kind: Literal["tokens"]
-    vocab_size: PositiveInt
+    vocab_size: Count(limits.MAX_VOCAB)
 
 
 class FeatureInput(Node):
     """Real-valued sequences (batch, length, dim), projected to d_model."""
 
     kind: Literal["features"]
-    dim: PositiveInt
+    dim: Count(limits.MAX_INPUT_DIM)
 
 
 Input = Annotated[Union[TokenInput, FeatureInput], Field(discriminator="kind")]
@@ -417,7 +429,7 @@ class ClassifierHead(Node):
     """Sequence classification from pooled features."""
 
     kind: Literal["classifier"]
-    classes: PositiveInt
+    classes: Count(limits.MAX_CLASSES)
     pooling: Literal["mean", "last"] = "mean"
     """`last` is the causal choice: the last position has seen the whole sequence."""
 
@@ -436,17 +448,17 @@ class Spec(Node):
 
     version: Literal[1] = 1
     """Spec format version."""
-    name: str
+    name: Annotated[str, Field(min_length=1, max_length=limits.MAX_NAME_CHARS)]
     """Model name (used in build summaries and manifests)."""
     description: str = ""
     input: Input
-    d_model: PositiveInt
-    max_len: PositiveInt
+    d_model: Count(limits.MAX_D_MODEL)
+    max_len: Count(limits.MAX_LEN)
     """Longest sequence the model is built for (cos re-weighting and budgets use it)."""
     dtype: Literal["float32", "float64"] = "float32"
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the weight initialisation and of every random projection and hash."""
-    layers: Annotated[list[Layer], Field(min_length=1)]
+    layers: Annotated[list[Layer], Field(min_length=1, max_length=limits.MAX_BLOCKS)]
     final_norm: NormKind = "layernorm"
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
 

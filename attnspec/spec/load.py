@@ -5,10 +5,13 @@ This is the one entry point the CLI and the compiler use.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path as FsPath
 from typing import Any, Iterable
 
 from attnspec.errors import Problem, SpecError
+from attnspec.spec import limits
 from attnspec.spec.attn_front import parse_attn
 from attnspec.spec.compose import apply_override, resolve_extends
 from attnspec.spec.ir import Spec
@@ -40,20 +43,41 @@ def format_of(path: FsPath) -> str:
                             "*.yaml, *.yml or *.attn", source=str(path)))
 
 
+def read_text_file(path: FsPath, what: str = "spec", limit: int = limits.MAX_SPEC_BYTES) -> str:
+    """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes.
+
+    FIFOs, devices and directories are refused before anything is read (reading a FIFO blocks,
+    ``/dev/zero`` never ends). Raises :class:`SpecError` naming the file.
+    """
+    source = str(path)
+    try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise SpecError(Problem(f"is a directory, not a {what} file", source=source))
+        if not stat.S_ISREG(info.st_mode):
+            raise SpecError(Problem(f"is not a regular file (a FIFO, socket or device); give a {what} file",
+                                    source=source))
+        if info.st_size > limit:
+            raise SpecError(Problem(f"is {info.st_size:,} bytes; {what} files are limited to {limit:,}",
+                                    source=source))
+        with open(path, "rb") as handle:
+            raw = handle.read(limit + 1)
+    except FileNotFoundError:
+        raise SpecError(Problem("no such file", source=source)) from None
+    except OSError as err:
+        raise SpecError(Problem(f"cannot read: {err.strerror}", source=source)) from None
+    if len(raw) > limit:  # it grew after the stat
+        raise SpecError(Problem(f"is over {limit:,} bytes, the limit for {what} files", source=source))
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(Problem(f"not UTF-8 text ({err.reason} at byte {err.start})", source=source)) from None
+
+
 def read_file(path: FsPath) -> tuple[dict, SourceMap]:
     """Read and parse one spec file (no ``extends`` applied)."""
     fmt = format_of(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(Problem("no such file", source=str(path))) from None
-    except IsADirectoryError:
-        raise SpecError(Problem("is a directory, not a spec file", source=str(path))) from None
-    except UnicodeDecodeError as err:
-        raise SpecError(Problem(f"not UTF-8 text ({err.reason} at byte {err.start})", source=str(path))) from None
-    except OSError as err:
-        raise SpecError(Problem(f"cannot read: {err.strerror}", source=str(path))) from None
-    return parse_text(text, fmt, str(path))
+    return parse_text(read_text_file(path), fmt, str(path))
 
 
 def load_data(source: str | FsPath | dict, overrides: Iterable[str] = ()) -> tuple[dict, SourceMap]:

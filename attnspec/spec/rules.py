@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from attnspec.spec import limits
 from attnspec.spec.ir import (
     NON_NEGATIVE_FEATURES,
     AogluFeatures,
@@ -16,6 +17,7 @@ from attnspec.spec.ir import (
     CosReweighting,
     DataTransition,
     FixedTransition,
+    Group,
     LinearLowRank,
     LinearMixer,
     LmHead,
@@ -45,7 +47,16 @@ def check_rules(spec: Spec) -> list[Violation]:
     return found
 
 
+def expanded_block_count(layers: list) -> int:
+    """Blocks after every ``repeat`` is expanded, computed without expanding anything."""
+    return sum(item.repeat * expanded_block_count(item.layers) if isinstance(item, Group) else 1 for item in layers)
+
+
 def _model_rules(spec: Spec) -> Iterator[Violation]:
+    blocks = expanded_block_count(spec.layers)
+    if blocks > limits.MAX_BLOCKS:
+        yield ("layers",), (f"the layers expand to {blocks:,} blocks; a model has at most {limits.MAX_BLOCKS} "
+                            "(attnspec's limit): lower a `repeat`")
     if isinstance(spec.head, LmHead) and not isinstance(spec.input, TokenInput):
         yield ("head",), ("an `lm` head predicts tokens, but the input is real-valued features; "
                           "use `head: {kind: classifier, classes: N}` or `head: none`, or token input")

@@ -16,7 +16,8 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ValidationError
 
-from attnspec.errors import Problem, SpecError, did_you_mean
+from attnspec.errors import Problem, SpecError, did_you_mean, shorten
+from attnspec.spec import limits
 from attnspec.spec.ir import Spec
 from attnspec.spec.resolve import resolve
 from attnspec.spec.rules import check_rules
@@ -43,6 +44,7 @@ def validate_data(data: Any, smap: SourceMap | None = None, resolved: bool = Tru
     smap = smap or SourceMap()
     if not isinstance(data, dict):
         raise SpecError(Problem("the spec must be a mapping", source=smap.root.source if smap.root else None))
+    _check_size(data, smap)
     try:
         spec = Spec.model_validate(data)
     except ValidationError as err:
@@ -51,6 +53,32 @@ def validate_data(data: Any, smap: SourceMap | None = None, resolved: bool = Tru
     if violations:
         raise SpecError([_locate(path, message, smap, key=False) for path, message in violations])
     return resolve(spec) if resolved else spec
+
+
+def _check_size(data: Any, smap: SourceMap) -> None:
+    """Refuse data nested deeper than ``MAX_DEPTH`` or holding more than ``MAX_VALUES`` values.
+
+    The front-ends bound what they produce; this bounds data handed to the API directly (and the
+    result of ``--set``), before pydantic recurses into it. Iterative, so any depth is safe to walk.
+    """
+    count = 0
+    stack: list[tuple[Any, Path]] = [(data, ())]
+    while stack:
+        node, path = stack.pop()
+        count += 1
+        if count > limits.MAX_VALUES:
+            raise SpecError(_locate(path, f"the spec holds more than {limits.MAX_VALUES:,} values (attnspec's "
+                                          "limit)", smap, key=False))
+        if len(path) > limits.MAX_DEPTH:
+            raise SpecError(_locate(path[:limits.MAX_DEPTH], f"nested more than {limits.MAX_DEPTH} levels deep "
+                                                             "(attnspec's limit)", smap, key=False))
+        if isinstance(node, dict):
+            stack.extend((value, path + (key,)) for key, value in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((value, path + (i,)) for i, value in enumerate(node))
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node).bit_length() > 4 * limits.MAX_NUMBER_CHARS:
+            raise SpecError(_locate(path, f"an integer of {abs(node).bit_length()} bits; numbers are limited to "
+                                          f"{limits.MAX_NUMBER_CHARS} digits", smap, key=False))
 
 
 def _locate(path: Path, message: str, smap: SourceMap, key: bool) -> Problem:
@@ -112,28 +140,34 @@ def _message(error: dict, loc: tuple) -> str:
         allowed = allowed_keys(loc[:-1])
         hint = did_you_mean(loc[-1], allowed)
         listing = f"; allowed keys: {', '.join(allowed)}" if allowed and not hint else ""
-        return f"unknown key '{loc[-1]}'{hint}{listing}"
+        return f"unknown key {shorten(loc[-1])}{hint}{listing}"
     if kind == "missing":
         return f"missing required key '{loc[-1]}'"
     if kind == "union_tag_invalid":
         tags = re.findall(r"'([^']*)'", ctx.get("expected_tags", ""))
-        return f"unknown kind '{ctx.get('tag')}'{did_you_mean(ctx.get('tag'), tags)}; expected one of: {', '.join(tags)}"
+        return (f"unknown kind {shorten(ctx.get('tag'))}{did_you_mean(ctx.get('tag'), tags)}; expected one of: "
+                f"{', '.join(tags)}")
     if kind == "union_tag_not_found":
         tags = allowed_kinds(loc)
         return f"missing 'kind'; expected one of: {', '.join(tags)}" if tags else "missing 'kind'"
     if kind == "literal_error":
         options = re.findall(r"'([^']*)'|(\d+)", ctx.get("expected", ""))
         options = [a or b for a, b in options]
-        return (f"unknown value {value!r}{did_you_mean(value, options)}; expected one of: "
+        return (f"unknown value {shorten(value)}{did_you_mean(value, options)}; expected one of: "
                 f"{', '.join(options)}")
     if kind in _TYPE_NAMES:
-        got = f"{type(value).__name__} {value!r}" if value is not None else "null"
+        got = f"{type(value).__name__} {shorten(value)}" if value is not None else "null"
         return f"expected {_TYPE_NAMES[kind]}, got {got}"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        return f"{error['msg'].replace('Input should', 'must')}, got {value!r}"
-    if kind in ("too_short", "too_long"):
-        return error["msg"].replace("List should", "must").replace("Value should", "must")
-    return error["msg"]
+    if kind in ("less_than", "less_than_equal"):
+        return f"{error['msg'].replace('Input should', 'must')}, got {shorten(value)} (attnspec's limit)"
+    if kind in ("greater_than", "greater_than_equal"):
+        return f"{error['msg'].replace('Input should', 'must')}, got {shorten(value)}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {shorten(value)}"
+    if kind in ("too_short", "too_long", "string_too_short", "string_too_long"):
+        text = error["msg"].replace("List should", "must").replace("Value should", "must")
+        return text.replace("String should", "must") + (" (attnspec's limit)" if "long" in kind else "")
+    return shorten(error["msg"], 200)
 
 
 # ---------------------------------------------------------------- walking the IR's types along a loc

@@ -49,7 +49,12 @@ def resolve_extends(data: dict, smap: SourceMap, file: FsPath | None, read: Call
     if FsPath(target).is_absolute():
         raise _problem(f"`extends` takes a path relative to this spec, not an absolute path "
                        f"({shorten(target)}); put the base spec beside this one", ("extends",), where)
-    base_file = (base_dir / target).resolve()
+    try:
+        base_file = (base_dir / target).resolve()
+        exists = base_file.is_file()
+    except (OSError, ValueError) as err:  # a name too long, a NUL byte, a symlink loop
+        raise _problem(f"cannot extend {shorten(target)}: {getattr(err, 'strerror', None) or err}", ("extends",),
+                       where) from None
     if not base_file.is_relative_to(root):
         raise _problem(f"`extends: {shorten(target)}` leads outside {root}, the directory of the spec being "
                        "loaded; a spec may only extend files in its own directory tree", ("extends",), where)
@@ -60,8 +65,9 @@ def resolve_extends(data: dict, smap: SourceMap, file: FsPath | None, read: Call
         raise _problem(f"`extends` cycle: {names}; remove one of the `extends` keys", ("extends",), where)
     if len(cycle) >= limits.MAX_DEPTH:
         raise _problem(f"more than {limits.MAX_DEPTH} specs extend one another", ("extends",), where)
-    if not base_file.is_file():
-        raise _problem(f"cannot extend {shorten(target)}: no such file (looked for {base_file})", ("extends",), where)
+    if not exists:
+        raise _problem(f"cannot extend {shorten(target)}: no such file (looked for {shorten(str(base_file), 120)})",
+                       ("extends",), where)
     try:
         base_data, base_map = read(base_file)
         base_data, base_map = resolve_extends(base_data, base_map, base_file, read, cycle, root)

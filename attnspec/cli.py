@@ -9,6 +9,7 @@ one line (set ``ATTNSPEC_DEBUG=1`` for the traceback) with exit code 70.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -214,12 +215,18 @@ def run(
     out.print(result, markup=False)
 
 
+def _terminate(signum, frame) -> None:
+    """SIGTERM unwinds like Ctrl-C, so a build removes its scratch directory before exiting."""
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning errors into messages and exit codes.
 
     Usage errors (unknown option, missing argument) are reported by typer with exit
     code 2; attnspec errors are printed here with exit code 2.
     """
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except SystemExit:
@@ -228,7 +235,7 @@ def main() -> None:
         _print_error(error)
         sys.exit(2)
     except KeyboardInterrupt:
-        err.print("interrupted", style="red")
+        err.print("interrupted; nothing was left half-written", style="red")
         sys.exit(130)
     except Exception as error:  # anything else is a bug in attnspec
         if os.environ.get("ATTNSPEC_DEBUG"):

@@ -1,17 +1,14 @@
 """``attnspec build``: spec -> verified, compiled, exported build directory (DESIGN sec. 5).
 
-Stages: parse, validate, plan, lower, verify, compile, export. The directory is written into
-a temporary sibling and renamed at the end, so an interrupted or failing build leaves neither
-a half directory nor temporary files behind.
+Stages: parse, validate, plan, lower, verify, compile, export. Nothing is written before the spec
+is valid; the directory is then written into a locked scratch sibling and published with one
+atomic rename (:mod:`attnspec.compiler.outdir`), so an interrupted or failing build leaves the
+output as it was, and ``--force`` replaces only a build directory attnspec wrote.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,12 +26,12 @@ import attnspec
 from attnspec.compiler.compile import check_compiled
 from attnspec.compiler.export import example_input, export_model, export_step, state_signature
 from attnspec.compiler.lower import count_parameters, lower
+from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
+from attnspec.compiler.outdir import Scratch, check_output
 from attnspec.compiler.plan import plan_spec
 from attnspec.compiler.verify import verify_model
 from attnspec.errors import AttnSpecError, BuildError
-from attnspec.spec import load_data, to_yaml, validate_data
-
-FILES = ("spec.yaml", "model.safetensors", "model.pt2", "step.pt2", "model.aoti.pt2")
+from attnspec.spec import limits, load_data, to_yaml, validate_data
 
 
 @dataclass
@@ -44,14 +41,6 @@ class BuildResult:
     directory: Path
     manifest: dict
     stage_seconds: dict[str, float] = field(default_factory=dict)
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -69,37 +58,36 @@ def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), 
         overrides: ``"path=value"`` strings, as ``--set``.
         aot: also write an AOTInductor package ``model.aoti.pt2``.
         compile_check: compile with ``torch.compile`` and compare with eager (``--no-compile`` skips it).
-        force: replace an existing directory.
+        force: replace an existing build directory (never any other directory).
         console: where progress and the summary go (None: quiet).
 
     Raises:
-        SpecError: the spec is invalid. BuildError: a stage failed (nothing is left behind).
+        SpecError: the spec is invalid (nothing is written). BuildError: a stage failed, or the output
+            is not ours to write (the output is left as it was).
     """
     output = Path(output)
-    if output.exists() and not force:
-        raise BuildError(f"{output} already exists; pass --force to replace it, or choose another -o")
-    if output.exists() and not output.is_dir():
-        raise BuildError(f"{output} exists and is not a directory")
+    check_output(output, force)
     seconds: dict[str, float] = {}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
-    try:
-        with _progress(console) as stage:
-            with stage("parse", seconds):
-                data, smap = load_data(spec_path, overrides)
-            with stage("validate", seconds):
-                spec = validate_data(data, smap)
-            with stage("plan", seconds):
-                plan = plan_spec(spec, for_build=True)
+    with _progress(console) as stage, _internal_errors_as_build_errors():
+        with stage("parse", seconds):
+            data, smap = load_data(spec_path, overrides)
+        with stage("validate", seconds):
+            spec = validate_data(data, smap)
+            expected = count_parameters(spec)
+            if expected > limits.MAX_PARAMETERS:
+                raise BuildError(f"the spec implies {expected:,} parameters, over the limit of "
+                                 f"{limits.MAX_PARAMETERS:,}; make the model smaller")
+        with stage("plan", seconds):
+            plan = plan_spec(spec, for_build=True)
+        with Scratch(output) as scratch:  # nothing is written before this point
             with stage("lower", seconds):
                 model = lower(spec, plan)
                 parameters = sum(p.numel() for p in model.parameters())
-                expected = count_parameters(spec)
                 if parameters != expected:  # a lowering bug, never a user error
                     raise BuildError(f"internal: built {parameters} parameters, the spec implies {expected}")
-                (scratch / "spec.yaml").write_text(to_yaml(spec, minimal=False, header=f"resolved spec of {spec.name}, "
-                                                                                         f"built by attnspec {attnspec.__version__}"))
-                save_file(_weights(model), str(scratch / "model.safetensors"))
+                header = f"resolved spec of {spec.name}, built by attnspec {attnspec.__version__}"
+                (scratch.path / "spec.yaml").write_text(to_yaml(spec, minimal=False, header=header))
+                save_file(_weights(model), str(scratch.path / "model.safetensors"))
             with stage("verify", seconds):
                 verification = verify_model(model)
                 if not verification.ok:
@@ -111,18 +99,11 @@ def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), 
                 with stage("compile", seconds):
                     compiled = _compile_check(model)
             with stage("export", seconds):
-                exported = _export(model, scratch, aot)
-        manifest = _manifest(spec, plan, parameters, verification, compiled, exported, seconds, scratch)
-        (scratch / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(scratch, 0o777 & ~umask)  # mkdtemp made it private; a build directory is ordinary
-        _replace(scratch, output)
-    except BaseException as error:
-        shutil.rmtree(scratch, ignore_errors=True)
-        if isinstance(error, (AttnSpecError, KeyboardInterrupt, SystemExit)):
-            raise
-        raise BuildError(f"build failed: {type(error).__name__}: {error}") from error
+                exported = _export(model, scratch.path, aot)
+            manifest = _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds,
+                                 scratch.path)
+            (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            scratch.publish(force)
     result = BuildResult(output, manifest, seconds)
     if console is not None:
         _summary(console, result)
@@ -153,17 +134,19 @@ def _export(model, scratch: Path, aot: bool) -> dict:
     return info
 
 
-def _manifest(spec, plan, parameters, verification, compiled, exported, seconds, scratch: Path) -> dict:
+def _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds, scratch: Path) -> dict:
     files = {name: {"sha256": sha256(scratch / name), "bytes": (scratch / name).stat().st_size}
-             for name in FILES if (scratch / name).exists()}
+             for name in FILE_NAMES if (scratch / name).exists()}
     return {
-        "format": 1,
+        "format": FORMAT,
         "name": spec.name,
         "attnspec_version": attnspec.__version__,
         "torch_version": torch.__version__,
         "parameters": parameters,
         "input": spec.input.kind,
+        "vocab_size": getattr(spec.input, "vocab_size", None),
         "head": spec.head.kind,
+        "causal": all(block.mixer.causal for block in model.blocks),
         "max_len": spec.max_len,
         "dtype": spec.dtype,
         "plan": plan.to_json(),
@@ -176,15 +159,15 @@ def _manifest(spec, plan, parameters, verification, compiled, exported, seconds,
     }
 
 
-def _replace(scratch: Path, output: Path) -> None:
-    """Move the finished scratch directory to ``output`` (replacing an old build only at the very end)."""
-    if output.exists():
-        backup = output.with_name(f".{output.name}.old-{os.getpid()}")
-        os.replace(output, backup)
-        os.replace(scratch, output)
-        shutil.rmtree(backup, ignore_errors=True)
-    else:
-        os.replace(scratch, output)
+@contextmanager
+def _internal_errors_as_build_errors() -> Iterator[None]:
+    """Any failure that is not an attnspec error (a bug, an unexpected torch error) becomes a BuildError."""
+    try:
+        yield
+    except (AttnSpecError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:  # noqa: BLE001
+        raise BuildError(f"build failed: {type(error).__name__}: {error}") from error
 
 
 @contextmanager

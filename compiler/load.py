@@ -1,69 +1,83 @@
 """``attnspec.load(DIR)``: rebuild a model from a build directory's spec and weights.
 
-Every file listed in ``manifest.json`` is checked against its sha256 first; a modified or
-corrupted directory is refused with a clear error.
+The directory is untrusted data (README, "Trust"): the manifest is validated against its schema
+and every file it lists is checked (regular file, size, sha256) before anything is read; the
+weights are read with safetensors (never pickle) and must match the spec's model tensor for
+tensor (names, shapes, dtypes) with finite values. The model takes the modes of the manifest's
+plan; nothing is planned again.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from attnspec.compiler.build import sha256
-from attnspec.compiler.lower import lower
-from attnspec.errors import BuildError
-from attnspec.nn.model import Model
+from attnspec.compiler.manifest import Manifest, read_manifest
+from attnspec.errors import AttnSpecError, BuildError, shorten
+from attnspec.nn.model import Model, build_model_from_spec
 from attnspec.spec import load_spec
 
 
-def read_manifest(directory: Path | str, check_hashes: bool = True) -> dict:
-    """The manifest of a build directory, after checking every file's sha256 (unless told not to)."""
-    directory = Path(directory)
-    manifest_path = directory / "manifest.json"
-    if not manifest_path.is_file():
-        raise BuildError(f"{directory} is not a build directory (no manifest.json); build one with "
-                         "`attnspec build SPEC -o DIR`")
+def load_weights(model: Model, path: Path) -> None:
+    """Copy the tensors of the safetensors file ``path`` into ``model``, refusing any mismatch.
+
+    Raises:
+        BuildError: naming the file and the first tensor that is missing, unexpected, of another
+            shape or dtype, or not finite.
+    """
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BuildError(f"{manifest_path} is not valid JSON ({error}); rebuild the directory") from None
-    if check_hashes:
-        for name, info in manifest.get("files", {}).items():
-            path = directory / name
-            if not path.is_file():
-                raise BuildError(f"{path} is listed in the manifest but missing; rebuild the directory")
-            if sha256(path) != info["sha256"]:
-                raise BuildError(f"{path} does not match the sha256 in manifest.json (the build directory was "
-                                 "modified or corrupted); rebuild it with `attnspec build`")
-    return manifest
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise BuildError(f"{path} is not a valid safetensors file ({shorten(str(error), 120)}); rebuild the "
+                         "directory") from None
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise BuildError(f"{path} does not fit spec.yaml (missing {[shorten(n) for n in missing[:3]]}, unexpected "
+                         f"{[shorten(n) for n in unexpected[:3]]}); rebuild the directory")
+    for name, target in expected.items():
+        tensor = tensors[name]
+        if tensor.shape != target.shape or tensor.dtype != target.dtype:
+            raise BuildError(f"{path}: tensor '{name}' is {tensor.dtype} {tuple(tensor.shape)}, the spec's model has "
+                             f"{target.dtype} {tuple(target.shape)}; rebuild the directory")
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise BuildError(f"{path}: tensor '{name}' holds NaN or infinite values; rebuild the directory")
+    model.load_state_dict(tensors, strict=True)
 
 
-def load_model(directory: Path | str) -> Model:
+def load_model(directory: Path | str, manifest: Manifest | None = None) -> Model:
     """Rebuild the eager model of a build directory (spec.yaml + model.safetensors).
 
     Args:
         directory: a directory written by ``attnspec build``.
+        manifest: its manifest, when already read and checked (:func:`read_manifest`).
 
     Returns:
         The model, in eval mode, with the modes of the build's plan.
 
     Raises:
-        BuildError: the directory is not a build directory, or its files do not match the manifest.
+        BuildError: the directory is not a build directory, or its files do not match the manifest,
+            the spec or each other.
     """
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    spec = load_spec(directory / "spec.yaml")
-    plan_modes = [layer["full_mode"] for layer in manifest["plan"]["layers"]]
-    model = lower(spec)
-    model.set_modes(plan_modes)
-    state = load_file(str(directory / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise BuildError(f"{directory}/model.safetensors does not fit spec.yaml (missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}); rebuild the directory")
+    manifest = manifest or read_manifest(directory)
+    try:
+        spec = load_spec(directory / "spec.yaml")
+    except AttnSpecError as error:
+        raise BuildError(f"{directory}/spec.yaml is not a valid spec ({shorten(str(error), 300)}); rebuild the "
+                         "directory") from None
+    model = build_model_from_spec(spec)
+    modes = [layer.full_mode for layer in manifest.plan.layers]
+    if len(modes) != len(model.blocks) or any(mode not in block.mixer.modes for mode, block in zip(modes, model.blocks)):
+        raise BuildError(f"{directory}/manifest.json: its plan does not fit spec.yaml ({len(modes)} modes for "
+                         f"{len(model.blocks)} blocks, or a mode a mixer lacks); rebuild the directory")
+    model.set_modes(modes)
+    load_weights(model, directory / "model.safetensors")
     return model.eval()
 
 
-__all__ = ["load_model", "read_manifest"]
+__all__ = ["load_model", "load_weights", "read_manifest"]

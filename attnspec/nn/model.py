@@ -13,6 +13,7 @@ from torch import Tensor, nn
 import attnspec.nn.features  # noqa: F401  (registers the feature maps)
 import attnspec.nn.mixers  # noqa: F401  (registers the mixers)
 import attnspec.nn.transitions  # noqa: F401  (registers the transitions)
+from attnspec.errors import ShapeError
 from attnspec.nn.features import PerformerFeatures
 from attnspec.nn.registry import build
 from attnspec.spec.ir import Block as BlockNode
@@ -133,7 +134,36 @@ class Model(nn.Module):
         one-token decoding works with a fixed-size state."""
         return self.token_input and self.head_kind == "lm" and all(block.mixer.has_step for block in self.blocks)
 
+    def check_inputs(self, inputs: Tensor, per_position: bool = True) -> None:
+        """Refuse inputs the model cannot take, naming the limit (eager calls only: traced code has
+        its shapes fixed by export's dynamic dimensions, and a value check there would break the graph).
+
+        ``per_position``: ``inputs`` is a sequence (B, L[, dim]); False for one decoding step (B[, dim]).
+        """
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return
+        spec = self.spec
+        rank = 2 if per_position else 1
+        if not isinstance(inputs, Tensor):
+            raise ShapeError(f"the model takes a tensor, got {type(inputs).__name__}")
+        if self.token_input:
+            if inputs.dim() != rank or inputs.dtype not in (torch.int64, torch.int32):
+                shape = "(batch, length)" if per_position else "(batch,)"
+                raise ShapeError(f"token input must be an int64 tensor {shape}, got {inputs.dtype} {tuple(inputs.shape)}")
+            if inputs.numel() and (int(inputs.min()) < 0 or int(inputs.max()) >= spec.input.vocab_size):
+                raise ShapeError(f"token ids must be in [0, {spec.input.vocab_size}) (vocab_size), got ids from "
+                                 f"{int(inputs.min())} to {int(inputs.max())}")
+        else:
+            dtype = self.embed.weight.dtype
+            if inputs.dim() != rank + 1 or inputs.shape[-1] != spec.input.dim or inputs.dtype != dtype:
+                shape = f"(batch, length, {spec.input.dim})" if per_position else f"(batch, {spec.input.dim})"
+                raise ShapeError(f"feature input must be a {dtype} tensor {shape}, got {inputs.dtype} "
+                                 f"{tuple(inputs.shape)}")
+        if per_position and inputs.shape[1] > spec.max_len:
+            raise ShapeError(f"the sequence has {inputs.shape[1]} positions, more than max_len = {spec.max_len}")
+
     def forward(self, inputs: Tensor, mode: str | None = None) -> Tensor:
+        self.check_inputs(inputs)
         x = self.embed(inputs)
         for block in self.blocks:
             x = block(x, mode)
@@ -165,6 +195,7 @@ class Model(nn.Module):
 
         Equals ``forward`` on the whole prefix at the last position (tests check it).
         """
+        self.check_inputs(token, per_position=False)
         position, rest = state[0], list(state[1:])
         x = self.embed(token)
         new_state: list[Tensor] = [position + 1]

@@ -139,10 +139,15 @@ def linear_attention(
         ShapeError: an argument has the wrong shape, dtype or combination (the message names it).
     """
     decay, initial = _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state,
-                                   return_state, max_length)
+                                   return_state, max_length, scale, eps)
     if normalize:
         # The normaliser z is the state of the same recurrence for a value that is always 1.
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    if _is_empty_sequence(q):  # every mode agrees: nothing to attend to, the state passes through
+        out = v.new_zeros(*v.shape[:2], 0, v.shape[-1])
+        final = initial if initial is not None else _zero_state(q, v, decay is not None and decay.phase is not None)
+        out = out[..., :-1] if normalize else out
+        return (out, _export_state(final, normalize)) if return_state else out
     if _native_chunk_applies(q, k, v, decay, initial, causal, mode):
         out, final = _native_chunked(q, k, v, decay, initial, scale, chunk_size)
     elif not causal:
@@ -160,6 +165,13 @@ def linear_attention(
     if not return_state:
         return out
     return out, _export_state(final, normalize)
+
+
+def _is_empty_sequence(q: Tensor) -> bool:
+    """L = 0 in eager code (traced code has L >= 1: export's dynamic length starts at 2)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    return q.shape[2] == 0
 
 
 def apply_normalizer(out: Tensor, eps: float, log_scale: Tensor | None = None) -> Tensor:
@@ -220,7 +232,8 @@ def _native_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initia
 # ----------------------------------------------------------------------------- validation
 
 
-def _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state, return_state, max_length):
+def _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state, return_state, max_length,
+                  scale, eps):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise ShapeError(f"{name} must be a tensor, got {type(t).__name__}")
@@ -237,6 +250,12 @@ def _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_s
         raise ShapeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if mode not in MODES:
         raise ShapeError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):  # traced floats may be symbolic
+        for name, number in (("scale", scale), ("eps", eps)):
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+                raise ShapeError(f"{name} must be a finite number, got {number!r}")
+        if eps <= 0:
+            raise ShapeError(f"eps must be positive, got {eps!r}")
     if mode == "chunk" and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ShapeError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if max_length is not None and isinstance(L, int) and L > max_length:

@@ -21,6 +21,7 @@ Nothing is downloaded. If no compiler works, a warning says why once and the gra
 from __future__ import annotations
 
 import contextlib
+import math
 import ctypes
 import hashlib
 import os
@@ -216,6 +217,10 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, log_mag: Tensor | None, phase:
             ``(B, H, Dk, Dv)`` float32 (the imaginary part is 0 for real decays).
     """
     _check_arguments(q, k, v, log_mag, phase, initial_state, initial_state_im, out, final_state, final_state_im)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ShapeError(f"chunk_size must be a positive integer, got {chunk_size!r}")  # 0 would never advance
+    if not (math.isfinite(scale) and math.isfinite(log_zero)):
+        raise ShapeError(f"scale and log_zero must be finite, got {scale!r} and {log_zero!r}")
     library = _library_or_none()
     if library is None:
         raise NativeBuildError(_failure or "the kernel is unavailable")

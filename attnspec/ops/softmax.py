@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -42,6 +44,15 @@ def softmax_attention(
     Returns:
         ``(B, H, L, Dv)``. Differentiable on CPU (PyTorch's SDPA math/flash kernels).
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dtype not in (torch.float32, torch.float64):
+            raise ShapeError(f"{name} must be a float32 or float64 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ShapeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()  # traced floats may be symbolic
+    if scale is not None and not tracing and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                                              or not math.isfinite(scale)):
+        raise ShapeError(f"scale must be a finite number, got {scale!r}")
     if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
         raise ShapeError(f"q, k must be (B, H, L, Dk) and v (B, H, L, Dv) with equal B, H, L; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")

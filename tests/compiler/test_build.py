@@ -117,17 +117,26 @@ def test_failing_build_leaves_nothing_behind(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_existing_directory_needs_force(tmp_path):
+def test_existing_directory_needs_force_and_force_replaces_only_builds(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "keep.txt").write_text("x")
+    spec = SPECS[0].parent / "rank-collapse-san.yaml"
     with pytest.raises(BuildError, match="--force"):
-        build_directory(SPECS[0].parent / "rank-collapse-san.yaml", target, compile_check=False)
-    assert (target / "keep.txt").exists()
-    build_directory(SPECS[0].parent / "rank-collapse-san.yaml", target, compile_check=False, force=True,
-                    overrides=["layers[0].repeat=1"])
-    assert not (target / "keep.txt").exists() and (target / "manifest.json").exists()
+        build_directory(spec, target, compile_check=False)
+    with pytest.raises(BuildError, match="did not write it"):  # a user's directory: never replaced
+        build_directory(spec, target, compile_check=False, force=True)
+    assert os.listdir(target) == ["keep.txt"]
+    (target / "keep.txt").unlink()
+    target.rmdir()
+    build_directory(spec, target, compile_check=False, overrides=["layers[0].repeat=1"])
+    build_directory(spec, target, compile_check=False, force=True, overrides=["layers[0].repeat=2"])
     assert json.loads((target / "manifest.json").read_text())["compile"] is None
+    assert len(attnspec.load(target).blocks) == 2
+    (target / "notes.md").write_text("my notes")  # a build holding the user's files is not replaced either
+    with pytest.raises(BuildError, match="notes.md"):
+        build_directory(spec, target, compile_check=False, force=True)
+    assert (target / "notes.md").read_text() == "my notes"
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 

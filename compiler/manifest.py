@@ -1,0 +1,182 @@
+"""``manifest.json``: the strict schema of a build directory's manifest, and reading it as data.
+
+A build directory may come from someone else, so its manifest is untrusted input: it is read with
+a size limit, parsed as JSON without NaN or infinities, and validated against :class:`Manifest`
+(strict types, unknown keys refused). The ``files`` table is required and names only the files
+a build writes; each is checked to be a regular file (never a symlink) inside the directory, of
+the recorded size and sha256. The hashes prove integrity against corruption and accidents, not
+authenticity: whoever can write the directory can rewrite the manifest too (README, "Trust").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from attnspec.errors import BuildError, shorten
+from attnspec.spec import limits
+
+FORMAT = 2
+MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 1 << 20
+REQUIRED_FILES = ("spec.yaml", "model.safetensors", "model.pt2")
+OPTIONAL_FILES = ("step.pt2", "model.aoti.pt2")
+FILE_NAMES = REQUIRED_FILES + OPTIONAL_FILES
+"""Every file a build may write besides the manifest: plain names, so nothing outside the directory
+can be named."""
+
+Text = Annotated[str, Field(max_length=4096)]
+Mode = Literal["recurrent", "scan", "chunk", "quadratic"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class FileEntry(_Strict):
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    bytes: Annotated[int, Field(ge=0, le=1 << 44)]
+
+
+class PlanLayer(_Strict):
+    path: Text
+    mixer: Text
+    full_mode: Mode
+    decode_mode: Mode | None
+    cost: dict[Text, float]
+    reason: Text
+    candidates: dict[Text, float]
+
+
+class PlanRecord(_Strict):
+    length: Annotated[int, Field(gt=0, le=limits.MAX_LEN)]
+    layers: Annotated[list[PlanLayer], Field(max_length=limits.MAX_BLOCKS)]
+
+
+class StateEntry(_Strict):
+    shape: Annotated[list[Annotated[int, Field(ge=0, le=1 << 31)]], Field(max_length=8)]
+    dtype: Literal["float32", "float64", "int64"]
+
+
+class StepExport(_Strict):
+    state: Annotated[list[StateEntry], Field(max_length=4 * limits.MAX_BLOCKS + 1)]
+
+
+class ModelExport(_Strict):
+    checked_length: int
+    max_abs_diff_vs_eager: float
+
+
+class ExportRecord(_Strict):
+    model: ModelExport = Field(alias="model.pt2")
+    step: StepExport | None = Field(default=None, alias="step.pt2")
+
+
+class Manifest(_Strict):
+    """What ``attnspec build`` writes to ``manifest.json`` (format 2)."""
+
+    format: Literal[2]
+    name: Annotated[str, Field(max_length=limits.MAX_NAME_CHARS)]
+    attnspec_version: Annotated[str, Field(max_length=64)]
+    torch_version: Annotated[str, Field(max_length=64)]
+    parameters: Annotated[int, Field(ge=0, le=limits.MAX_PARAMETERS)]
+    input: Literal["tokens", "features"]
+    vocab_size: Annotated[int, Field(gt=0, le=limits.MAX_VOCAB)] | None
+    head: Literal["lm", "classifier", "none"]
+    causal: bool
+    """Every mixer is causal (position t sees only positions <= t)."""
+    max_len: Annotated[int, Field(gt=0, le=limits.MAX_LEN)]
+    dtype: Literal["float32", "float64"]
+    plan: PlanRecord
+    verification: dict[Text, Any]
+    compile: dict[Text, Any] | None
+    export: ExportRecord
+    has_step: bool
+    stage_seconds: dict[Text, float]
+    files: dict[Literal[FILE_NAMES], FileEntry]  # type: ignore[valid-type]
+
+
+def sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def regular_file(path: Path, what: str) -> os.stat_result:
+    """``lstat`` of ``path``, refusing symlinks and anything but a regular file (BuildError)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise BuildError(f"{path}: missing; {what}") from None
+    except OSError as error:
+        raise BuildError(f"{path}: cannot read ({error.strerror})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise BuildError(f"{path} is a symbolic link; a build directory holds only regular files (rebuild it)")
+    if not stat.S_ISREG(info.st_mode):
+        raise BuildError(f"{path} is not a regular file; rebuild the directory")
+    return info
+
+
+def parse_manifest(directory: Path) -> Manifest:
+    """The manifest of ``directory`` validated against the schema, without checking the files."""
+    if not directory.is_dir():
+        raise BuildError(f"{directory} is not a directory; give a build directory written by `attnspec build`")
+    path = directory / MANIFEST
+    if not os.path.lexists(path):
+        raise BuildError(f"{directory} is not a build directory (no {MANIFEST}); build one with "
+                         "`attnspec build SPEC -o DIR`")
+    info = regular_file(path, "rebuild the directory")
+    if info.st_size > MAX_MANIFEST_BYTES:
+        raise BuildError(f"{path} is {info.st_size:,} bytes, over the {MAX_MANIFEST_BYTES:,} a manifest may have")
+    try:
+        data = json.loads(path.read_bytes(), parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BuildError(f"{path} is not valid JSON ({shorten(str(error), 120)}); rebuild the directory") from None
+    if isinstance(data, dict) and data.get("format") != FORMAT and isinstance(data.get("format"), int):
+        raise BuildError(f"{path} has format {data['format']}; this attnspec reads format {FORMAT}: rebuild the "
+                         "directory with `attnspec build`")
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise BuildError(f"{path} is not a valid attnspec manifest: {where}: {shorten(first['msg'], 200)} "
+                         f"({error.error_count()} problem(s)); rebuild the directory") from None
+    missing = [name for name in REQUIRED_FILES if name not in manifest.files]
+    if manifest.has_step:
+        missing += [] if "step.pt2" in manifest.files else ["step.pt2"]
+    if missing:
+        raise BuildError(f"{path} does not list {', '.join(missing)} in its files table; rebuild the directory")
+    return manifest
+
+
+def read_manifest(directory: Path | str, check_files: bool = True) -> Manifest:
+    """The validated manifest of a build directory; with ``check_files``, every listed file must be a
+    regular file with the recorded size and sha256."""
+    directory = Path(directory)
+    manifest = parse_manifest(directory)
+    if check_files:
+        for name, entry in manifest.files.items():
+            path = directory / name
+            info = regular_file(path, "it is listed in manifest.json; rebuild the directory")
+            if info.st_size != entry.bytes or sha256(path) != entry.sha256:
+                raise BuildError(f"{path} does not match the sha256 and size recorded in manifest.json (the build directory "
+                                 "was modified or corrupted); rebuild it with `attnspec build`")
+    return manifest
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+__all__ = ["Manifest", "FORMAT", "MANIFEST", "FILE_NAMES", "read_manifest", "parse_manifest", "sha256",
+           "regular_file"]

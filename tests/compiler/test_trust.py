@@ -1,0 +1,333 @@
+"""Build directories received from someone else: every crafted one is refused, none runs anything.
+
+Each case copies one real build, tampers with it as an attacker or an accident would and, where an
+attacker would, recomputes the manifest's hashes (the manifest sits in the same directory, so the
+hashes prove integrity, not authenticity). ``attnspec run`` (manifest, programs) and
+``attnspec.load`` (manifest, spec, weights) must then raise BuildError, never another exception,
+and no pickled payload may run: the payloads below would create a marker file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import attnspec
+from attnspec.compiler.build import build_directory
+from attnspec.compiler.manifest import sha256
+from attnspec.compiler.runner import run_directory
+from attnspec.errors import BuildError
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+class _Payload:
+    """Unpickling this runs ``open(marker, "w")``: proof of code execution if the marker appears."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("trust") / "base"
+    build_directory(ROOT / "specs" / "linear-elu.yaml", directory, compile_check=False,
+                    overrides=["d_model=16", "layers[0].repeat=1", "max_len=64"])
+    return directory
+
+
+def fix_hashes(directory: Path) -> None:
+    """Recompute size and sha256 of every listed regular file, as an attacker can."""
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for name, entry in manifest.get("files", {}).items():
+        target = directory / name
+        if target.is_file() and not target.is_symlink():
+            entry.update(sha256=sha256(target), bytes=target.stat().st_size)
+    path.write_text(json.dumps(manifest))
+
+
+def edit_manifest(change):
+    def mutate(directory: Path) -> None:
+        path = directory / "manifest.json"
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps(change(data)))
+    return mutate
+
+
+def rewrite_zip(path: Path, replace: dict[str, bytes | None] | None = None, add: dict[str, bytes] | None = None):
+    """Rewrite the zip at ``path``: entries ending with a key of ``replace`` get its bytes (None drops them)."""
+    entries = []
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            data = archive.read(info)
+            for suffix, new in (replace or {}).items():
+                if info.filename.endswith(suffix):
+                    data = new
+            if data is not None:
+                entries.append((info.filename, data))
+    root = entries[0][0].split("/")[0]
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in entries:
+            archive.writestr(name, data)
+        for name, data in (add or {}).items():
+            archive.writestr(f"{root}/{name}", data)
+
+
+def pickled(marker: Path) -> bytes:
+    return pickle.dumps(_Payload(marker))
+
+
+def weights_edit(change):
+    def mutate(directory: Path) -> None:
+        tensors = load_file(str(directory / "model.safetensors"))
+        change(tensors)
+        save_file(tensors, str(directory / "model.safetensors"))
+    return mutate
+
+
+def use_pickle_weight(marker: Path):
+    def mutate(directory: Path) -> None:
+        path = directory / "model.pt2"
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("_weights_config.json"))
+            config = json.loads(archive.read(name))
+        first = next(iter(config["config"].values()))
+        first["use_pickle"] = True
+        rewrite_zip(path, {name.split("/", 1)[1]: json.dumps(config).encode(),
+                           f"weights/{first['path_name']}": pickled(marker)})
+    return mutate
+
+
+def legacy_format(marker: Path):
+    def mutate(directory: Path) -> None:
+        with zipfile.ZipFile(directory / "model.pt2", "w") as archive:
+            archive.writestr("version", "8.0.0")
+            archive.writestr("serialized_exported_program.json", "{}")
+            archive.writestr("serialized_state_dict.pt", pickled(marker))
+            archive.writestr("serialized_constants.pt", pickled(marker))
+            archive.writestr("serialized_example_inputs.pt", pickled(marker))
+    return mutate
+
+
+def symlink_to_copy(name: str):
+    def mutate(directory: Path) -> None:
+        outside = directory.parent / f"outside-{name}"
+        shutil.copy(directory / name, outside)
+        (directory / name).unlink()
+        (directory / name).symlink_to(outside)
+    return mutate
+
+
+def write(name: str, data: bytes):
+    def mutate(directory: Path) -> None:
+        (directory / name).write_bytes(data)
+    return mutate
+
+
+def truncate(name: str, keep: int):
+    def mutate(directory: Path) -> None:
+        data = (directory / name).read_bytes()
+        (directory / name).write_bytes(data[:keep])
+    return mutate
+
+
+def remove(name: str):
+    return lambda directory: (directory / name).unlink()
+
+
+def swap(a: str, b: str):
+    def mutate(directory: Path) -> None:
+        first, second = (directory / a).read_bytes(), (directory / b).read_bytes()
+        (directory / a).write_bytes(second)
+        (directory / b).write_bytes(first)
+    return mutate
+
+
+def other_spec(directory: Path) -> None:
+    (directory / "spec.yaml").write_text((ROOT / "specs" / "gateloop.yaml").read_text())
+
+
+def fifo(name: str):
+    def mutate(directory: Path) -> None:
+        (directory / name).unlink()
+        os.mkfifo(directory / name)
+    return mutate
+
+
+def nan_weight(tensors):
+    tensors["embed.weight"][0, 0] = float("nan")
+
+
+def cases(marker: Path):
+    """(id, mutation, recompute hashes, who must refuse it).
+
+    "both": ``run`` and ``load``; "run": the programs, which ``load`` never reads; "load": the spec,
+    the weights and the plan's modes, which ``run`` never reads (it runs the intact programs).
+    """
+    return [
+        ("manifest-missing", remove("manifest.json"), False, "both"),
+        ("manifest-list", write("manifest.json", b"[1, 2]"), False, "both"),
+        ("manifest-garbage", write("manifest.json", b"\x89PNG\x00\xff"), False, "both"),
+        ("manifest-nan", write("manifest.json", b'{"format": NaN}'), False, "both"),
+        ("manifest-deep", write("manifest.json", b"[" * 100_000), False, "both"),
+        ("manifest-huge", write("manifest.json", b" " * (2 << 20) + b"{}"), False, "both"),
+        ("manifest-dir", lambda d: ((d / "manifest.json").unlink(), (d / "manifest.json").mkdir()), False, "both"),
+        ("manifest-symlink", symlink_to_copy("manifest.json"), False, "both"),
+        ("no-files-table", edit_manifest(lambda m: {k: v for k, v in m.items() if k != "files"}), False, "both"),
+        ("empty-files-table", edit_manifest(lambda m: {**m, "files": {}}), False, "both"),
+        ("files-without-model", edit_manifest(lambda m: {**m, "files": {k: v for k, v in m["files"].items()
+                                                                        if k != "model.pt2"}}), False, "both"),
+        ("file-outside", edit_manifest(lambda m: {**m, "files": {**m["files"], "../../etc/hostname":
+                                                                 m["files"]["spec.yaml"]}}), False, "both"),
+        ("file-absolute", edit_manifest(lambda m: {**m, "files": {**m["files"], "/etc/hostname":
+                                                                  m["files"]["spec.yaml"]}}), False, "both"),
+        ("format-1", edit_manifest(lambda m: {**m, "format": 1}), False, "both"),
+        ("unknown-key", edit_manifest(lambda m: {**m, "run_this": "rm -rf /"}), False, "both"),
+        ("wrong-type", edit_manifest(lambda m: {**m, "parameters": "many"}), False, "both"),
+        ("plan-mode", edit_manifest(lambda m: {**m, "plan": {**m["plan"], "layers": [
+            {**m["plan"]["layers"][0], "full_mode": "foo"}]}}), False, "both"),
+        ("plan-length", edit_manifest(lambda m: {**m, "plan": {**m["plan"], "layers": m["plan"]["layers"] * 3}}),
+         False, "load"),
+        ("step-without-file", edit_manifest(lambda m: {**m, "files": {k: v for k, v in m["files"].items()
+                                                                      if k != "step.pt2"}}), False, "both"),
+        ("wrong-hash", write("spec.yaml", b"name: changed\n"), False, "both"),
+        ("weights-missing", remove("model.safetensors"), False, "both"),
+        ("weights-garbage", write("model.safetensors", b"\xff" * 64), True, "load"),
+        ("weights-truncated", truncate("model.safetensors", 100), True, "load"),
+        ("weights-wrong-shape", weights_edit(lambda t: t.update({"embed.weight": torch.zeros(3, 3)})), True, "load"),
+        ("weights-float64", weights_edit(lambda t: t.update({"embed.weight": t["embed.weight"].double()})), True,
+         "load"),
+        ("weights-int64", weights_edit(lambda t: t.update({"embed.weight": t["embed.weight"].long()})), True, "load"),
+        ("weights-nan", weights_edit(nan_weight), True, "load"),
+        ("weights-extra", weights_edit(lambda t: t.update({"extra": torch.zeros(2)})), True, "load"),
+        ("weights-missing-tensor", weights_edit(lambda t: t.pop("embed.weight")), True, "load"),
+        ("weights-symlink", symlink_to_copy("model.safetensors"), False, "both"),
+        ("spec-other", other_spec, True, "load"),
+        ("spec-python-tag", write("spec.yaml", b"name: !!python/object/apply:os.system [touch x]\n"), True, "load"),
+        ("spec-garbage", write("spec.yaml", b"\x00\x01"), True, "load"),
+        ("spec-fifo", fifo("spec.yaml"), False, "both"),
+        ("program-garbage", write("model.pt2", b"PK\x03\x04 not a zip"), True, "run"),
+        ("program-truncated", truncate("model.pt2", 3000), True, "run"),
+        ("program-pickled-inputs", lambda d: rewrite_zip(d / "model.pt2", {"sample_inputs/model.pt":
+                                                                           pickled(marker)}), True, "run"),
+        ("program-pickled-weight", use_pickle_weight(marker), True, "run"),
+        ("program-legacy-pickle", legacy_format(marker), True, "run"),
+        ("program-native-code", lambda d: rewrite_zip(d / "model.pt2", add={"data/aotinductor/model/x.so": b"\x7fELF"}),
+         True, "run"),
+        ("program-opaque-constant", lambda d: rewrite_zip(d / "model.pt2", add={
+            "data/constants/opaque_obj_0": pickled(marker)}), True, "run"),
+        ("programs-swapped", swap("model.pt2", "step.pt2"), True, "run"),
+    ]
+
+
+CASE_IDS = [case[0] for case in cases(Path("marker"))]
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_crafted_build_directory_is_refused(base, tmp_path, case_id):
+    marker = tmp_path / "PWNED"
+    _, mutate, recompute, refused_by = next(c for c in cases(marker) if c[0] == case_id)
+    directory = tmp_path / "crafted"
+    shutil.copytree(base, directory, symlinks=True)
+    mutate(directory)
+    if recompute:
+        fix_hashes(directory)
+    if refused_by in ("both", "run"):
+        with pytest.raises(BuildError):
+            run_directory(directory, "1 2 3", generate=2)
+    else:
+        run_directory(directory, "1 2 3", generate=2)
+    if refused_by in ("both", "load"):
+        with pytest.raises(BuildError):
+            attnspec.load(directory)
+    else:  # attnspec.load reads the spec and weights only, never a program
+        attnspec.load(directory)
+    assert not marker.exists(), "a pickled payload ran"
+
+
+def test_there_are_at_least_30_crafted_directories():
+    assert len(CASE_IDS) >= 30
+
+
+def test_the_pickled_inputs_payload_would_run_under_plain_torch_export_load(base, tmp_path):
+    # The control experiment: without attnspec's checks, torch.export.load runs the payload.
+    marker = tmp_path / "PWNED"
+    directory = tmp_path / "crafted"
+    shutil.copytree(base, directory)
+    rewrite_zip(directory / "model.pt2", {"sample_inputs/model.pt": pickled(marker)})
+    code = f"import torch\ntry:\n    torch.export.load({str(directory / 'model.pt2')!r})\nexcept Exception:\n    pass\n"
+    subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert marker.exists()
+
+
+def test_cli_refuses_crafted_directories_with_exit_2(base, tmp_path):
+    marker = tmp_path / "PWNED"
+    directory = tmp_path / "crafted"
+    shutil.copytree(base, directory)
+    rewrite_zip(directory / "model.pt2", {"sample_inputs/model.pt": pickled(marker)})
+    fix_hashes(directory)
+    for command in (["run", str(directory), "--tokens", "1 2"], ["verify", str(directory / "missing")]):
+        result = subprocess.run([sys.executable, "-m", "attnspec", *command], capture_output=True, text=True,
+                                timeout=300, cwd=ROOT)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr and "error:" in result.stderr
+    assert not marker.exists()
+
+
+def test_one_token_prompt_runs_as_one_token(base):
+    text = run_directory(base, "9", generate=1)
+    lines = dict(line.split(": ", 1) for line in text.splitlines())
+    assert lines["input"] == "9"
+    assert lines["next token (argmax)"] == lines["generated"]  # model.pt2 and step.pt2 agree
+    model = attnspec.load(base)
+    with torch.no_grad():
+        expected = int(model(torch.tensor([[9]]))[0, -1].argmax())
+    assert int(lines["next token (argmax)"]) == expected
+
+
+@pytest.mark.parametrize("tokens", ["99999999999999999999999", "-1", "1 x", "", "512", "1.5"])
+def test_bad_tokens_are_attnspec_errors(base, tokens):
+    from attnspec.errors import AttnSpecError
+
+    with pytest.raises(AttnSpecError):
+        run_directory(base, tokens)
+
+
+def test_load_takes_the_manifest_plan_without_planning(base, monkeypatch):
+    import attnspec.compiler.plan as plan
+
+    monkeypatch.setattr(plan, "plan_spec", lambda *a, **k: pytest.fail("load planned again"))
+    model = attnspec.load(base)
+    manifest = json.loads((base / "manifest.json").read_text())
+    assert [b.mixer.mode for b in model.blocks] == [layer["full_mode"] for layer in manifest["plan"]["layers"]]
+
+
+def test_package_source_never_unpickles():
+    # torch.load only with weights_only=True, no pickle module, no YAML loader that builds objects.
+    import re
+
+    sources = list((ROOT / "attnspec").rglob("*.py")) + list((ROOT / "compiler").rglob("*.py"))
+    assert len(sources) > 20
+    for path in sources:
+        text = path.read_text()
+        for line in text.splitlines():
+            if "torch.load(" in line and not line.lstrip().startswith(("#", '"', "``")):
+                assert "weights_only=True" in line, (path, line)
+        assert not re.search(r"^\s*(import pickle|from pickle|import dill|import cloudpickle)", text, re.M), path
+        assert not re.search(r"yaml\.(load|unsafe_load|full_load)\(|yaml\.(Unsafe|Full)?Loader\b", text), path

@@ -72,7 +72,8 @@ def load_model(directory: Path | str, manifest: Manifest | None = None) -> Model
                          "directory") from None
     model = build_model_from_spec(spec)
     modes = [layer.full_mode for layer in manifest.plan.layers]
-    if len(modes) != len(model.blocks) or any(mode not in block.mixer.modes for mode, block in zip(modes, model.blocks)):
+    fits = len(modes) == len(model.blocks) and all(mode in b.mixer.modes for mode, b in zip(modes, model.blocks))
+    if not fits:
         raise BuildError(f"{directory}/manifest.json: its plan does not fit spec.yaml ({len(modes)} modes for "
                          f"{len(model.blocks)} blocks, or a mode a mixer lacks); rebuild the directory")
     model.set_modes(modes)

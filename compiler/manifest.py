@@ -169,8 +169,8 @@ def read_manifest(directory: Path | str, check_files: bool = True) -> Manifest:
             path = directory / name
             info = regular_file(path, "it is listed in manifest.json; rebuild the directory")
             if info.st_size != entry.bytes or sha256(path) != entry.sha256:
-                raise BuildError(f"{path} does not match the sha256 and size recorded in manifest.json (the build directory "
-                                 "was modified or corrupted); rebuild it with `attnspec build`")
+                raise BuildError(f"{path} does not match the sha256 and size recorded in manifest.json (the build "
+                                 "directory was modified or corrupted); rebuild it with `attnspec build`")
     return manifest
 
 

@@ -149,7 +149,8 @@ class Model(nn.Module):
         if self.token_input:
             if inputs.dim() != rank or inputs.dtype not in (torch.int64, torch.int32):
                 shape = "(batch, length)" if per_position else "(batch,)"
-                raise ShapeError(f"token input must be an int64 tensor {shape}, got {inputs.dtype} {tuple(inputs.shape)}")
+                raise ShapeError(f"token input must be an int64 tensor {shape}, got {inputs.dtype} "
+                                 f"{tuple(inputs.shape)}")
             if inputs.numel() and (int(inputs.min()) < 0 or int(inputs.max()) >= spec.input.vocab_size):
                 raise ShapeError(f"token ids must be in [0, {spec.input.vocab_size}) (vocab_size), got ids from "
                                  f"{int(inputs.min())} to {int(inputs.max())}")

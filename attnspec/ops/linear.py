@@ -193,7 +193,8 @@ def apply_normalizer(out: Tensor, eps: float, log_scale: Tensor | None = None) -
     if log_scale is None:
         return numerator / normalizer.clamp_min(eps)
     info = torch.finfo(out.dtype)
-    log_floor = (math.log(eps) - log_scale.to(out.dtype).unsqueeze(-1)).clamp(math.log(info.tiny), math.log(info.max) / 2)
+    log_floor = math.log(eps) - log_scale.to(out.dtype).unsqueeze(-1)
+    log_floor = log_floor.clamp(math.log(info.tiny), math.log(info.max) / 2)
     return numerator / torch.maximum(normalizer, torch.exp(log_floor))
 
 
@@ -256,7 +257,7 @@ def _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_s
                 raise ShapeError(f"{name} must be a finite number, got {number!r}")
         if eps <= 0:
             raise ShapeError(f"eps must be positive, got {eps!r}")
-    if mode == "chunk" and (not isinstance(chunk_size, int) or chunk_size < 1):
+    if mode == "chunk" and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ShapeError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if max_length is not None and isinstance(L, int) and L > max_length:
         raise ShapeError(f"sequence length {L} exceeds max_length = {max_length}")

@@ -173,7 +173,8 @@ class _Converter:
             try:
                 return json.loads(str(node.children[0]))
             except json.JSONDecodeError as err:
-                raise self._error(f"invalid string: {err.msg.removesuffix(' at')} (character {err.pos} of the string); strings use JSON escapes "
+                raise self._error(f"invalid string: {err.msg.removesuffix(' at')} (character {err.pos} of the "
+                                  "string); strings use JSON escapes "
                                   "(\\n, \\t, \\\", \\\\, \\uXXXX) and may not contain raw tabs or newlines",
                                   node, path) from None
         if kind == "number":

@@ -76,7 +76,8 @@ def _check_size(data: Any, smap: SourceMap) -> None:
             stack.extend((value, path + (key,)) for key, value in node.items())
         elif isinstance(node, (list, tuple)):
             stack.extend((value, path + (i,)) for i, value in enumerate(node))
-        elif isinstance(node, int) and not isinstance(node, bool) and abs(node).bit_length() > 4 * limits.MAX_NUMBER_CHARS:
+        elif isinstance(node, int) and not isinstance(node, bool) \
+                and abs(node).bit_length() > 4 * limits.MAX_NUMBER_CHARS:
             raise SpecError(_locate(path, f"an integer of {abs(node).bit_length()} bits; numbers are limited to "
                                           f"{limits.MAX_NUMBER_CHARS} digits", smap, key=False))
 

@@ -39,3 +39,12 @@ def test_schema_rejects_unknown_keys():
     spec = yaml.safe_load((ROOT / "specs" / "gateloop.yaml").read_text())
     spec["layers"][0]["layers"][0]["mixer"]["feture_map"] = "relu"
     assert list(validator.iter_errors(spec))
+
+
+def test_readme_lists_every_limit():
+    from attnspec.spec import limits
+
+    readme = (ROOT / "README.md").read_text()
+    for what, unit, value in limits.TABLE:
+        row = f"| {what} | {value:,}{' ' + unit if unit else ''} |"
+        assert row in readme, f"README's Limits table lacks {row!r} (attnspec/spec/limits.py)"

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnspec.errors import ShapeError
-from attnspec.ops.linear import _segsum
+from attnspec.ops.linear.common import _segsum
 
 
 def decay_bias(log_a: Tensor) -> Tensor:

@@ -15,7 +15,8 @@ import torch
 
 from attnspec.errors import ShapeError
 from attnspec.ops import MODES, linear_attention, native
-from attnspec.ops.linear import PairState, _quadratic_scan, chunk_scan
+from attnspec.ops.linear import PairState, chunk_scan
+from attnspec.ops.linear.chunk import _quadratic_scan
 from tests.ops.reference import linear_attention_reference
 
 DECAYS = ["none", "head-real", "head-complex", "channel-real", "channel-complex"]

@@ -1,0 +1,125 @@
+"""Gated linear attention in four execution modes that compute the same function.
+
+Per batch and head, with q, k already feature-mapped (and re-weighted):
+
+    S_t = diag(a_t) S_(t-1) + k_t^T v_t,      o_t = Re(scale * q_t S_t)
+
+where ``a_t = exp(log_a_t)`` is real or complex (``log|a| + i theta``), per head or per key
+channel. With ``normalize=True`` the same recurrence is run on ``k`` alone and the output is
+divided by ``Re(scale * q_t z_t)`` clamped below at ``eps`` (:func:`apply_normalizer`, the one place
+the normaliser is computed). Non-causal attention sums over all positions (no transition).
+
+One file per job: :mod:`.common` (types, log-space pieces, the normaliser), :mod:`.checks`
+(arguments), one file per mode (:mod:`.recurrent`, :mod:`.scan`, :mod:`.chunk`,
+:mod:`.quadratic`), and :mod:`.naive`, the float64 reference every mode is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnspec.ops.linear.checks import _check_inputs, _export_state
+from attnspec.ops.linear.chunk import (GROUP, TOP, _chunked, _native_chunk_applies, _native_chunked, chunk_scan,
+                                       scan_levels)
+from attnspec.ops.linear.common import (LOG_ZERO, MODES, Decay, PairState, State, _zero_state, apply_normalizer,
+                                        batched_matmul, wrap_phase)
+from attnspec.ops.linear.quadratic import _noncausal, _quadratic
+from attnspec.ops.linear.recurrent import _recurrent, recurrent_step
+from attnspec.ops.linear.scan import _scan_mode, inclusive_scan, scan_steps
+
+def linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_a: Tensor | None = None,
+    *,
+    causal: bool = True,
+    normalize: bool = False,
+    scale: float = 1.0,
+    eps: float = 1e-6,
+    mode: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: State | None = None,
+    return_state: bool = False,
+    max_length: int | None = None,
+    log_scale: Tensor | None = None,
+) -> Tensor | tuple[Tensor, State]:
+    """Causal or non-causal (gated) linear attention.
+
+    Args:
+        q: ``(B, H, L, Dk)`` queries, already feature-mapped. Float32 or float64.
+        k: ``(B, H, L, Dk)`` keys, already feature-mapped; same dtype as ``q``.
+        v: ``(B, H, L, Dv)`` values; same dtype.
+        log_a: log-transition, ``None`` (a = 1), ``(B, H, L)`` (one per head) or ``(B, H, L, Dk)``
+            (one per key channel). Real (``log|a|``) or complex (``log|a| + i theta``, complex64 with
+            float32 inputs, complex128 with float64). ``-inf`` (a = 0) resets the state. Compiled
+            code passes a :class:`Decay` ``(log_mag, phase)`` of real ``(B, H, L, 1 or Dk)`` tensors
+            instead, so no complex tensor enters the graph.
+        causal: position t sees positions <= t. Non-causal requires ``log_a is None``.
+        normalize: divide by the same recurrence run on ``k`` alone (linear-attention normaliser).
+        scale: multiplier on ``q``.
+        eps: lower clamp of the normaliser, on its true scale (see ``log_scale``).
+        mode: ``"recurrent"`` (sequential reference), ``"scan"`` (parallel prefix scan over
+            positions, O(L Dk Dv) memory), ``"chunk"`` (dense within chunks, scan across chunks)
+            or ``"quadratic"`` (an L x L score matrix with log-space decay differences).
+        chunk_size: chunk length of the chunk mode; any L works (the tail is padded).
+        initial_state: state before position 0: ``S0`` of shape ``(B, H, Dk, Dv)`` (complex when
+            ``log_a`` is complex), or ``(S0, z0)`` with ``z0`` of shape ``(B, H, Dk)`` when
+            ``normalize``. Causal only.
+        return_state: also return the state after the last position, in the same form, so that
+            feeding it back as ``initial_state`` continues the sequence.
+        max_length: longest L the caller will use. Fixes the number of scan steps so compiled
+            code does not specialise on L; longer inputs raise.
+        log_scale: ``(B, H, L)`` per-query log factor of the kernel, or None (0): the kernel the
+            features stand for is ``exp(log_scale_i) * q_i . k_j`` (Performer features are stored
+            rescaled so they stay finite). It cancels in the normalised output; only the ``eps``
+            clamp depends on it, which then acts on the true normaliser.
+
+    Returns:
+        ``o`` of shape ``(B, H, L, Dv)`` with the dtype of ``v``; with ``return_state`` also the
+        final state.
+
+    Raises:
+        ShapeError: an argument has the wrong shape, dtype or combination (the message names it).
+    """
+    decay, initial = _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state,
+                                   return_state, max_length, scale, eps)
+    if normalize:
+        # The normaliser z is the state of the same recurrence for a value that is always 1.
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    if _is_empty_sequence(q):  # every mode agrees: nothing to attend to, the state passes through
+        out = v.new_zeros(*v.shape[:2], 0, v.shape[-1])
+        final = initial if initial is not None else _zero_state(q, v, decay is not None and decay.phase is not None)
+        out = out[..., :-1] if normalize else out
+        return (out, _export_state(final, normalize)) if return_state else out
+    if _native_chunk_applies(q, k, v, decay, initial, causal, mode):
+        out, final = _native_chunked(q, k, v, decay, initial, scale, chunk_size)
+    elif not causal:
+        out, final = _noncausal(q * scale, k, v, mode), None
+    elif mode == "recurrent":
+        out, final = _recurrent(q * scale, k, v, decay, initial)
+    elif mode == "scan":
+        out, final = _scan_mode(q * scale, k, v, decay, initial, max_length)
+    elif mode == "chunk":
+        out, final = _chunked(q * scale, k, v, decay, initial, chunk_size, max_length)
+    else:
+        out, final = _quadratic(q * scale, k, v, decay, initial)
+    if normalize:
+        out = apply_normalizer(out, eps, log_scale)
+    if not return_state:
+        return out
+    return out, _export_state(final, normalize)
+
+
+def _is_empty_sequence(q: Tensor) -> bool:
+    """L = 0 in eager code (traced code has L >= 1: export's dynamic length starts at 2)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    return q.shape[2] == 0
+
+
+
+__all__ = ["MODES", "LOG_ZERO", "Decay", "PairState", "State", "linear_attention", "recurrent_step",
+           "apply_normalizer", "wrap_phase", "chunk_scan", "scan_levels", "inclusive_scan", "scan_steps",
+           "batched_matmul", "GROUP", "TOP"]

@@ -172,10 +172,45 @@ def build(
     recurrent form) and manifest.json. It is written atomically: a failing stage leaves
     nothing behind.
     """
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     from attnspec.compiler.build import build_directory
 
-    build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
-                    force=force, console=out)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out) as progress:
+        tasks: dict[str, int] = {}
+
+        def on_stage(name: str, seconds: float | None) -> None:
+            if seconds is None:
+                tasks[name] = progress.add_task(f"{name}...", total=1)
+            else:
+                progress.update(tasks[name], completed=1, description=f"{name} ({seconds:.1f}s)")
+
+        result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
+                                 force=force, on_stage=on_stage)
+    _print_build_summary(result.directory, result.manifest)
+
+
+def _print_build_summary(directory: Path, manifest: dict) -> None:
+    """The table of what a build produced, and what to run next."""
+    table = Table(title=escape(f"built {manifest['name']} -> {directory}"))
+    table.add_column("item")
+    table.add_column("value")
+    table.add_row("parameters", f"{manifest['parameters']:,}")
+    for layer in manifest["plan"]["layers"]:
+        table.add_row(escape(layer["path"]), escape(f"{layer['mixer']}: {layer['full_mode']}"
+                      + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")))
+    verification = manifest["verification"]
+    table.add_row("verification", f"{len(verification['rows'])} mode checks, worst rel. diff "
+                                  f"{verification['worst_rel_diff']:.1e}: {'ok' if verification['ok'] else 'FAILED'}")
+    for name, info in manifest["files"].items():
+        table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB")
+    table.add_row("stages", ", ".join(f"{k} {v:.1f}s" for k, v in manifest["stage_seconds"].items()))
+    out.print(table)
+    run = (f"attnspec run {directory} --tokens \"1 2 3\"" + (" --generate 8" if manifest["has_step"] else "")
+           if manifest["input"] == "tokens" else "")
+    out.print(f"\nNext: {run}"
+              + f"\n      python -c \"import torch; p = torch.export.load('{directory}/model.pt2')\""
+              + f"\n      python -c \"import attnspec; model = attnspec.load('{directory}')\"", markup=False)
 
 
 @app.command()

@@ -4,20 +4,21 @@ Public API: :func:`build_model` (spec -> eager, planned model), :func:`load_mode
 directory -> model), :func:`build_directory` (the ``attnspec build`` job).
 """
 
-from attnspec.compiler.lower import build_model, count_parameters
-from attnspec.compiler.plan import plan_spec
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Imported on first use: loading a build directory needs neither the spec front-ends nor the
+# build machinery (rich, torch.compile, export), and `import attnspec.compiler.manifest` stays light.
+_LAZY = {"build_model": "lower", "count_parameters": "lower", "plan_spec": "plan", "load_model": "load",
+         "build_directory": "build"}
 
 
-def __getattr__(name):  # the build/load machinery imports safetensors and export: load it on use
-    if name == "load_model":
-        from attnspec.compiler.load import load_model
-
-        return load_model
-    if name == "build_directory":
-        from attnspec.compiler.build import build_directory
-
-        return build_directory
-    raise AttributeError(name)
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnspec.compiler' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"attnspec.compiler.{_LAZY[name]}"), name)
 
 
-__all__ = ["build_model", "count_parameters", "plan_spec", "load_model", "build_directory"]
+__all__ = sorted(_LAZY)

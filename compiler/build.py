@@ -13,13 +13,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from safetensors.torch import save_file
 
 import attnspec
@@ -31,7 +27,10 @@ from attnspec.compiler.outdir import Scratch, check_output
 from attnspec.compiler.plan import plan_spec
 from attnspec.compiler.verify import verify_model
 from attnspec.errors import AttnSpecError, BuildError
-from attnspec.spec import limits, load_data, to_yaml, validate_data
+from attnspec.spec import limits
+from attnspec.spec.emit import spec_to_data, to_yaml
+from attnspec.spec.load import load_data
+from attnspec.spec.validate import validate_data
 
 
 @dataclass
@@ -48,8 +47,13 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
 
 
+StageCallback = Callable[[str, "float | None"], None]
+"""``on_stage(name, None)`` when a stage starts, ``on_stage(name, seconds)`` when it ends."""
+
+
 def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), aot: bool = False,
-                    compile_check: bool = True, force: bool = False, console: Console | None = None) -> BuildResult:
+                    compile_check: bool = True, force: bool = False,
+                    on_stage: StageCallback | None = None) -> BuildResult:
     """Build ``spec_path`` into the directory ``output``.
 
     Args:
@@ -59,7 +63,7 @@ def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), 
         aot: also write an AOTInductor package ``model.aoti.pt2``.
         compile_check: compile with ``torch.compile`` and compare with eager (``--no-compile`` skips it).
         force: replace an existing build directory (never any other directory).
-        console: where progress and the summary go (None: quiet).
+        on_stage: called as each stage starts and ends (the CLI draws its progress display with it).
 
     Raises:
         SpecError: the spec is invalid (nothing is written). BuildError: a stage failed, or the output
@@ -68,7 +72,8 @@ def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), 
     output = Path(output)
     check_output(output, force)
     seconds: dict[str, float] = {}
-    with _progress(console) as stage, _internal_errors_as_build_errors():
+    stage = _Stages(on_stage)
+    with _internal_errors_as_build_errors():
         with stage("parse", seconds):
             data, smap = load_data(spec_path, overrides)
         with stage("validate", seconds):
@@ -104,10 +109,7 @@ def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), 
                                  scratch.path)
             (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             scratch.publish(force)
-    result = BuildResult(output, manifest, seconds)
-    if console is not None:
-        _summary(console, result)
-    return result
+    return BuildResult(output, manifest, seconds)
 
 
 def _compile_check(model) -> dict:
@@ -150,6 +152,7 @@ def _manifest(spec, plan, model, parameters, verification, compiled, exported, s
         "max_len": spec.max_len,
         "dtype": spec.dtype,
         "plan": plan.to_json(),
+        "spec": spec_to_data(spec, minimal=False),
         "verification": verification.to_json(),
         "compile": compiled,
         "export": exported,
@@ -170,51 +173,20 @@ def _internal_errors_as_build_errors() -> Iterator[None]:
         raise BuildError(f"build failed: {type(error).__name__}: {error}") from error
 
 
-@contextmanager
-def _progress(console: Console | None) -> Iterator:
-    """A ``stage(name, seconds)`` context manager factory that shows a rich progress line per stage."""
-    progress = None
-    if console is not None:
-        progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                            transient=False)
-        progress.start()
+class _Stages:
+    """``with stages("lower", seconds):`` times a stage into ``seconds`` and reports it to ``on_stage``."""
+
+    def __init__(self, on_stage: StageCallback | None):
+        self.on_stage = on_stage
 
     @contextmanager
-    def stage(name: str, seconds: dict[str, float]):
-        task = progress.add_task(f"{name}...", total=1) if progress else None
+    def __call__(self, name: str, seconds: dict[str, float]) -> Iterator[None]:
+        if self.on_stage is not None:
+            self.on_stage(name, None)
         start = time.perf_counter()
         try:
             yield
         finally:
             seconds[name] = round(time.perf_counter() - start, 3)
-            if progress is not None:
-                progress.update(task, completed=1, description=f"{name} ({seconds[name]:.1f}s)")
-
-    try:
-        yield stage
-    finally:
-        if progress is not None:
-            progress.stop()
-
-
-def _summary(console: Console, result: BuildResult) -> None:
-    manifest = result.manifest
-    table = Table(title=escape(f"built {manifest['name']} -> {result.directory}"))
-    table.add_column("item")
-    table.add_column("value")
-    table.add_row("parameters", f"{manifest['parameters']:,}")
-    for layer in manifest["plan"]["layers"]:
-        table.add_row(escape(layer["path"]), escape(f"{layer['mixer']}: {layer['full_mode']}"
-                      + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")))
-    verification = manifest["verification"]
-    table.add_row("verification", f"{len(verification['rows'])} mode checks, worst rel. diff "
-                                  f"{verification['worst_rel_diff']:.1e}: {'ok' if verification['ok'] else 'FAILED'}")
-    for name, info in manifest["files"].items():
-        table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB")
-    table.add_row("stages", ", ".join(f"{k} {v:.1f}s" for k, v in manifest["stage_seconds"].items()))
-    console.print(table)
-    run = (f"attnspec run {result.directory} --tokens \"1 2 3\"" + (" --generate 8" if manifest["has_step"] else "")
-           if manifest["input"] == "tokens" else "")
-    console.print(f"\nNext: {run}"
-                  + f"\n      python -c \"import torch; p = torch.export.load('{result.directory}/model.pt2')\""
-                  + f"\n      python -c \"import attnspec; model = attnspec.load('{result.directory}')\"", markup=False)
+            if self.on_stage is not None:
+                self.on_stage(name, seconds[name])

@@ -2,9 +2,10 @@
 
 The directory is untrusted data (README, "Trust"): the manifest is validated against its schema
 and every file it lists is checked (regular file, size, sha256) before anything is read; the
-weights are read with safetensors (never pickle) and must match the spec's model tensor for
-tensor (names, shapes, dtypes) with finite values. The model takes the modes of the manifest's
-plan; nothing is planned again.
+resolved spec the manifest carries is validated by the IR (the same data as spec.yaml, without
+the YAML front-end); the weights are read with safetensors (never pickle) and must match the
+spec's model tensor for tensor (names, shapes, dtypes) with finite values. The model takes the
+modes of the manifest's plan; nothing is planned again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from safetensors.torch import load_file
 from attnspec.compiler.manifest import Manifest, read_manifest
 from attnspec.errors import AttnSpecError, BuildError, shorten
 from attnspec.nn.model import Model, build_model_from_spec
-from attnspec.spec import load_spec
+from attnspec.spec.validate import validate_data
 
 
 def load_weights(model: Model, path: Path) -> None:
@@ -65,11 +66,11 @@ def load_model(directory: Path | str, manifest: Manifest | None = None) -> Model
     """
     directory = Path(directory)
     manifest = manifest or read_manifest(directory)
-    try:
-        spec = load_spec(directory / "spec.yaml")
+    try:  # the manifest's copy of spec.yaml, as data: the IR validates it, no front-end is needed
+        spec = validate_data(manifest.spec)
     except AttnSpecError as error:
-        raise BuildError(f"{directory}/spec.yaml is not a valid spec ({shorten(str(error), 300)}); rebuild the "
-                         "directory") from None
+        raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 300)}); rebuild "
+                         "the directory") from None
     model = build_model_from_spec(spec)
     modes = [layer.full_mode for layer in manifest.plan.layers]
     fits = len(modes) == len(model.blocks) and all(mode in b.mixer.modes for mode, b in zip(modes, model.blocks))

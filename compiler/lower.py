@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from attnspec.nn.model import Model, build_model_from_spec
-from attnspec.spec import load_spec
+from attnspec.spec.load import load_spec
 from attnspec.spec.ir import TRAINABLE_FEATURES, LinearMixer, ScatterbrainMixer, Spec, iter_blocks
 from attnspec.compiler.plan import Plan, plan_spec
 

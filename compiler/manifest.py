@@ -94,6 +94,8 @@ class Manifest(_Strict):
     max_len: Annotated[int, Field(gt=0, le=limits.MAX_LEN)]
     dtype: Literal["float32", "float64"]
     plan: PlanRecord
+    spec: dict[Text, Any]
+    """The resolved spec as data (what spec.yaml says), validated by the IR when loaded."""
     verification: dict[Text, Any]
     compile: dict[Text, Any] | None
     export: ExportRecord

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnspec.nn.registry import register
-from attnspec.spec.ir import TRAINABLE_FEATURES
 from attnspec.ops.features import performer_features, random_projection
 
 
@@ -96,7 +95,7 @@ class PerformerFeatures(FeatureMap):
         return performer_features(x * self.sqrt_scale, self.projection, query=query)
 
 
-@register("feature_map", *sorted(TRAINABLE_FEATURES))
+@register("feature_map", "aoglu", "glu", "oglu", "softplus_linear")
 class TrainableKernel(FeatureMap):
     """The FFN kernels of Yorsh & Kovalenko: ``stack`` units, the last one strictly positive.
 

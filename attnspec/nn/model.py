@@ -16,8 +16,7 @@ import attnspec.nn.transitions  # noqa: F401  (registers the transitions)
 from attnspec.errors import ShapeError
 from attnspec.nn.features import PerformerFeatures
 from attnspec.nn.registry import build
-from attnspec.spec.ir import Block as BlockNode
-from attnspec.spec.ir import Spec, iter_blocks
+from attnspec.spec.walk import iter_blocks
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -65,7 +64,7 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); without residual the ``x +`` is dropped."""
 
-    def __init__(self, node: BlockNode, *, d_model: int, max_len: int, seed: int):
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__()
         self.mixer = build("mixer", node.mixer, d_model=d_model, max_len=max_len, seed=seed)
         self.mlp = Mlp(node.mlp, d_model) if node.mlp.kind != "none" else None
@@ -107,7 +106,7 @@ class Model(nn.Module):
     final hidden states (B, L, d_model).
     """
 
-    def __init__(self, spec: Spec):
+    def __init__(self, spec):
         super().__init__()
         self.spec = spec
         d = spec.d_model
@@ -230,7 +229,7 @@ def redraw_random_features(model: nn.Module, step: int) -> int:
     return count
 
 
-def build_model_from_spec(spec: Spec) -> Model:
+def build_model_from_spec(spec) -> Model:
     """Instantiate the model of a resolved spec, deterministically from ``spec.seed``."""
     state = torch.random.get_rng_state()
     torch.manual_seed(spec.seed)

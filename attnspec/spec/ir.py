@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from attnspec.spec import limits
+from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
@@ -461,23 +462,3 @@ class Spec(Node):
     layers: Annotated[list[Layer], Field(min_length=1, max_length=limits.MAX_BLOCKS)]
     final_norm: NormKind = "layernorm"
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
-
-
-def iter_blocks(spec: Spec, expand: bool = False) -> list[tuple[tuple[Any, ...], Block]]:
-    """The spec's blocks in order, each with its path such as ``("layers", 0, "layers", 1)``.
-
-    With ``expand=False`` every written block appears once (for validation messages); with
-    ``expand=True`` each ``repeat`` group is expanded, giving the model's blocks in execution order.
-    """
-    found: list[tuple[tuple[Any, ...], Block]] = []
-
-    def walk(items: list, prefix: tuple[Any, ...]) -> None:
-        for i, item in enumerate(items):
-            if isinstance(item, Group):
-                for _ in range(item.repeat if expand else 1):
-                    walk(item.layers, prefix + (i, "layers"))
-            else:
-                found.append((prefix + (i,), item))
-
-    walk(spec.layers, ("layers",))
-    return found

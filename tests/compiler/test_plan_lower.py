@@ -10,6 +10,7 @@ from attnspec.compiler.lower import as_spec
 from attnspec.errors import BuildError
 from attnspec.spec import loads_spec
 from tests.compiler.conftest import small_overrides
+from attnspec.spec.walk import iter_blocks
 from tests.conftest import SPECS
 
 
@@ -17,7 +18,8 @@ from tests.conftest import SPECS
 def test_parameter_count_matches_the_spec(path):
     for overrides in ([], small_overrides(path)):
         model = build_model(path, *overrides)
-        assert sum(p.numel() for p in model.parameters()) == count_parameters(as_spec(path, overrides))
+        spec = as_spec(path, overrides)
+        assert sum(p.numel() for p in model.parameters()) == count_parameters(spec) == formula_parameters(spec)
 
 
 def test_parameter_count_of_trainable_kernels_and_gates():
@@ -30,7 +32,7 @@ def test_parameter_count_of_trainable_kernels_and_gates():
                   "softmax(heads=4, transition=data(phase=none, per=head))"]:
         spec = loads_spec(base + f"layers {{ block {{ mixer = {mixer} mlp = glu }} }}\nhead = lm(tied=true)", "attn")
         model = build_model(spec)
-        assert sum(p.numel() for p in model.parameters()) == count_parameters(spec), mixer
+        assert sum(p.numel() for p in model.parameters()) == count_parameters(spec) == formula_parameters(spec), mixer
 
 
 def test_rebuilding_gives_the_same_function():
@@ -69,3 +71,47 @@ def test_verify_reports_every_mode(tmp_path):
     report = verify_model(build_model(SPECS[0].parent / "cosformer.yaml", "d_model=32"))
     assert report.ok and len(report.rows) == 4 * 3
     assert report.to_json()["worst_rel_diff"] < 1e-12
+
+
+def formula_parameters(spec) -> int:
+    """The parameter count of ``spec`` by hand, from the papers' shapes: an oracle for count_parameters."""
+    d = spec.d_model
+    total = spec.input.vocab_size * d if spec.input.kind == "tokens" else spec.input.dim * d + d
+    norm = {"layernorm": 2 * d, "rmsnorm": d, "none": 0}
+    for _, block in iter_blocks(spec, expand=True):
+        total += _mixer_parameters(block.mixer, d)
+        total += norm[block.norm]
+        if block.mlp.kind != "none":
+            hidden = block.mlp.expansion * d
+            total += (d * hidden + hidden) * (2 if block.mlp.kind == "glu" else 1) + hidden * d + d
+            total += norm[block.norm]
+    total += norm[spec.final_norm]
+    if spec.head.kind == "lm" and not spec.head.tied:
+        total += spec.input.vocab_size * d
+    elif spec.head.kind == "classifier":
+        total += d * spec.head.classes + spec.head.classes
+    return total
+
+
+def _mixer_parameters(mixer, d: int) -> int:
+    H, dk, dv = mixer.heads, mixer.d_qk, mixer.d_v
+    total = 2 * d * H * dk + 2 * H * dv * d  # q, k, v and output projections
+    total += d * H * dv if mixer.output_gate != "none" else 0
+    total += H * dv if mixer.group_norm else 0
+    transition = getattr(mixer, "transition", None)
+    if transition is not None and transition.kind != "none":
+        width = H * (dk if transition.per == "channel" else 1)
+        if transition.kind == "fixed":
+            total += width * (2 if transition.complex else 1)
+        else:
+            total += (d * width + width) * (2 if transition.phase != "none" else 1)
+    fmap = mixer.feature_map if mixer.kind == "linear" else (
+        mixer.lowrank.feature_map if mixer.kind == "scatterbrain" and mixer.lowrank.kind == "linear" else None)
+    if fmap is not None and fmap.kind in ("softplus_linear", "glu", "oglu", "aoglu"):
+        groups = 1 if fmap.share_across_heads else H
+        if fmap.kind == "aoglu":  # W_f plus the low-rank gate U V
+            per_unit = dk * dk + 2 * dk * (fmap.rank or max(1, dk // 4))
+        else:  # W (softplus_linear) or W_f and W_g (glu, oglu)
+            per_unit = dk * dk * (1 if fmap.kind == "softplus_linear" else 2)
+        total += groups * fmap.stack * per_unit
+    return total

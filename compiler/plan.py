@@ -78,16 +78,12 @@ class Plan:
 
 
 def _feature_width(mixer) -> int:
-    fmap = mixer.feature_map if isinstance(mixer, LinearMixer) else None
-    if fmap is not None and fmap.kind == "performer":
-        width = fmap.num_features
-    elif isinstance(mixer, ScatterbrainMixer) and mixer.lowrank.kind == "performer":
-        width = mixer.lowrank.num_features
-    else:
-        width = mixer.d_qk
-    if isinstance(mixer, LinearMixer) and mixer.reweighting.kind == "cos":
-        width *= 2
-    return width
+    """The state's feature width m: the feature map's width, times the re-weighting's factor."""
+    if isinstance(mixer, LinearMixer):
+        return mixer.feature_map.width(mixer.d_qk) * mixer.reweighting.width_factor
+    if isinstance(mixer, ScatterbrainMixer):
+        return mixer.lowrank.features().width(mixer.d_qk)
+    return mixer.d_qk
 
 
 def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, complex_: bool) -> dict[str, Cost]:
@@ -135,15 +131,14 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False)
 
 def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
     H = mixer.heads
-    if mixer.kind == "softmax" or (isinstance(mixer, LinearMixer) and mixer.feature_map.kind == "exp"):
+    if mixer.kind == "softmax" or (isinstance(mixer, LinearMixer) and not mixer.feature_map.finite):
         cost = _softmax_cost(L, H, mixer.d_qk, mixer.d_v)
         return LayerPlan(path, _describe(mixer), "quadratic", None, cost,
                          "the softmax kernel has no finite features: quadratic is the only mode; no constant-size "
                          "decoding state (the whole prefix is needed)", {"quadratic": cost.seconds})
     transition = getattr(mixer, "transition", None)
-    per_channel = transition is not None and getattr(transition, "per", "head") == "channel" and transition.kind != "none"
-    complex_ = transition is not None and (getattr(transition, "complex", False) or
-                                           (transition.kind == "data" and transition.phase != "none"))
+    per_channel = transition is not None and transition.per_channel
+    complex_ = transition is not None and transition.is_complex
     d = mixer.d_v + (1 if getattr(mixer, "normalize", True) else 0)
     costs = linear_costs(L, H, _feature_width(mixer), d, mixer.chunk_size, per_channel, complex_)
     if isinstance(mixer, ScatterbrainMixer):

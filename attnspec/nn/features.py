@@ -18,13 +18,8 @@ from attnspec.ops.features import performer_features, random_projection
 
 
 class FeatureMap(nn.Module):
-    """Base class. ``out_features(n)`` gives the feature width for input width n."""
-
-    kind = ""
-    consumes_scale = False  # True: the feature map applies the softmax temperature itself
-
-    def out_features(self, n: int) -> int:
-        return n
+    """Base class: ``forward(x, query) -> (features, log_scale)``. The facts (feature width, whether
+    the map applies the mixer's scale itself, ...) are the IR node's (``node.width(n)``, ...)."""
 
     def regularization_loss(self) -> Tensor | None:
         return None
@@ -61,8 +56,6 @@ class SoftplusFeatures(IdentityFeatures):
 class ExpFeatures(IdentityFeatures):
     """The softmax kernel; it has no finite features, so mixers compute it quadratically."""
 
-    consumes_scale = True
-
     def forward(self, x, query):  # pragma: no cover - never called: the mixer takes the softmax path
         raise NotImplementedError("exp features are computed as softmax attention")
 
@@ -70,8 +63,6 @@ class ExpFeatures(IdentityFeatures):
 @register("feature_map", "performer")
 class PerformerFeatures(FeatureMap):
     """Positive random features, fixed by a seed (redrawn only through :func:`redraw_random_features`)."""
-
-    consumes_scale = True
 
     def __init__(self, node, *, dim: int, heads: int, scale: float, seed: int, **_):
         super().__init__()
@@ -81,9 +72,6 @@ class PerformerFeatures(FeatureMap):
         self.sqrt_scale = math.sqrt(scale)
         self.register_buffer("projection", random_projection(self.num_features, dim, orthogonal=self.orthogonal,
                                                              seed=self.seed))
-
-    def out_features(self, n: int) -> int:
-        return self.num_features
 
     def redraw(self, step: int) -> None:
         """Draw a new projection, reproducibly from the seed and ``step``."""

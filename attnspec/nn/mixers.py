@@ -91,19 +91,18 @@ class LinearMixer(Mixer):
     modes = ("chunk", "recurrent", "scan", "quadratic")
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
-        self.softmax_kernel = node.feature_map.kind == "exp"
+        self.softmax_kernel = not node.feature_map.finite  # exp: computed as softmax attention
         if self.softmax_kernel:
             self.modes = ("quadratic",)
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
         self.has_step = self.causal and not self.softmax_kernel
         self.features = build("feature_map", node.feature_map, dim=self.d_qk, heads=self.heads, scale=self.scale,
                               seed=seed)
-        self.cos_M = node.reweighting.M if node.reweighting.kind == "cos" else None
-        self.reweight = node.reweighting.kind == "cos"
+        self.feature_scale = 1.0 if node.feature_map.consumes_scale else self.scale
+        self.reweighting = build("reweighting", node.reweighting)
         self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
         self.normalize, self.eps = node.normalize, node.eps
-        width = self.features.out_features(self.d_qk)
-        self.state_width = 2 * width if self.reweight else width
+        self.state_width = node.feature_map.width(self.d_qk) * node.reweighting.width_factor
 
     # -- shared by forward and step
     def _prepare(self, x: Tensor, offset: Tensor | int = 0):
@@ -114,24 +113,8 @@ class LinearMixer(Mixer):
         k, _ = self.features(k, False)
         if log_scale is not None and not self.normalize:  # the un-normalised estimate needs its true scale
             q, log_scale = q * torch.exp(log_scale).unsqueeze(-1), None
-        if self.reweight:
-            q, k = self._cos_reweight(q, k, offset)
-        scale = 1.0 if self.features.consumes_scale else self.scale
-        return q * scale, k, v, self.transition(x), log_scale
-
-    def _cos_reweight(self, q: Tensor, k: Tensor, offset: Tensor | int) -> tuple[Tensor, Tensor]:
-        """cosFormer: features [phi cos(pi i / 2M), phi sin(pi i / 2M)] with 1-based positions i."""
-        L = q.shape[2]
-        M = self.cos_M if self.cos_M is not None else L
-        positions = torch.arange(1, L + 1, device=q.device, dtype=q.dtype)
-        if isinstance(offset, Tensor):
-            positions = positions.unsqueeze(0) + offset.to(q.dtype).view(-1, 1)  # (B, L)
-            positions = positions.view(-1, 1, L, 1)
-        else:
-            positions = (positions + offset).view(1, 1, L, 1)
-        angle = positions * (math.pi / (2 * M))
-        cos, sin = torch.cos(angle), torch.sin(angle)
-        return torch.cat([q * cos, q * sin], dim=-1), torch.cat([k * cos, k * sin], dim=-1)
+        q, k = self.reweighting(q, k, offset)
+        return q * self.feature_scale, k, v, self.transition(x), log_scale
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         mode = self._checked_mode(mode)
@@ -182,14 +165,6 @@ class SoftmaxMixer(Mixer):
         return self._output(self._softmax_attention(x), x)
 
 
-class _PerformerNode:
-    """Adapter: a Scatterbrain ``lowrank: performer`` node read as a Performer feature-map node."""
-
-    def __init__(self, node):
-        self.kind, self.num_features, self.projection, self.seed = "performer", node.num_features, node.projection, node.seed
-        self.redraw, self.redraw_interval = "never", None
-
-
 @register("mixer", "scatterbrain")
 class ScatterbrainMixer(Mixer):
     """Low-rank (Performer or a linear feature map) plus an exact sparse correction on a support."""
@@ -198,8 +173,9 @@ class ScatterbrainMixer(Mixer):
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
-        lowrank = _PerformerNode(node.lowrank) if node.lowrank.kind == "performer" else node.lowrank.feature_map
-        self.features = build("feature_map", lowrank, dim=self.d_qk, heads=self.heads, scale=self.scale, seed=seed)
+        features = node.lowrank.features()
+        self.features = build("feature_map", features, dim=self.d_qk, heads=self.heads, scale=self.scale, seed=seed)
+        self.sqrt_scale = 1.0 if features.consumes_scale else math.sqrt(self.scale)
         sparse = node.sparse
         self.support_kind = sparse.kind
         self.eps = node.eps
@@ -221,9 +197,8 @@ class ScatterbrainMixer(Mixer):
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         mode = self._checked_mode(mode)
         q, k, v = self._project(x)
-        sqrt_scale = 1.0 if self.features.consumes_scale else math.sqrt(self.scale)
-        q_features, log_scale = self.features(q * sqrt_scale, True)
-        k_features, _ = self.features(k * sqrt_scale, False)
+        q_features, log_scale = self.features(q * self.sqrt_scale, True)
+        k_features, _ = self.features(k * self.sqrt_scale, False)
         o = scatterbrain_attention(q, k, v, q_features, k_features, self.support(q, k), q_log_scale=log_scale,
                                    causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
                                    chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None)

@@ -1,11 +1,15 @@
-"""The component registry: IR ``kind`` -> ``nn.Module`` class, one table per slot.
+"""The nn half of the component registry: IR ``kind`` -> ``nn.Module`` class, one table per slot.
 
-A new feature map, transition or sparse support is added in one place: its IR node in
-``attnspec/spec/ir.py`` and a class registered here with ``@register("feature_map", "kind")``.
+A component's IR class (:mod:`attnspec.spec.components`) states its facts; its implementation is
+the class registered here for the same kind with ``@register("feature_map", "kind")``, or, for a
+plugin, the class its IR class names as ``implementation = "module:Class"``, imported on first use
+(so a plugin module can declare its IR half without importing torch). Nothing here imports the
+spec layer.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 REGISTRY: dict[str, dict[str, type]] = {}
@@ -24,8 +28,17 @@ def register(slot: str, *kinds: str) -> Callable[[type], type]:
 
 def build(slot: str, node: Any, **context: Any) -> Any:
     """Instantiate the registered class for ``node.kind`` in ``slot`` as ``cls(node, **context)``."""
-    try:
-        cls = REGISTRY[slot][node.kind]
-    except KeyError:  # the IR and the registry disagree: a bug, not a user error
-        raise NotImplementedError(f"no {slot} implementation registered for kind '{node.kind}'") from None
+    cls = REGISTRY.get(slot, {}).get(node.kind) or _named_implementation(node)
+    if cls is None:  # the IR and the registry disagree: a bug (or a plugin without an implementation)
+        raise NotImplementedError(f"no {slot} implementation registered for kind '{node.kind}'; a plugin component "
+                                  "names it with `implementation = \"module:Class\"` on its IR class")
     return cls(node, **context)
+
+
+def _named_implementation(node: Any) -> type | None:
+    """The class a plugin's IR class names as ``implementation = "module:Class"``, imported now."""
+    target = getattr(type(node), "implementation", None)
+    if not target:
+        return None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -13,7 +13,7 @@ ablation one edit (``--set layers[0].mixer.feature_map=relu``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Iterator, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from attnspec.spec import limits
+from attnspec.spec.components import declare, slot_field
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -61,45 +62,109 @@ def _kind_shorthand(value: Any) -> Any:
 
 
 def component(*members: type[Node]) -> Any:
-    """A union of ``kind``-tagged node types that also accepts the bare-string shorthand."""
+    """A fixed union of ``kind``-tagged node types with the bare-string shorthand (for the model's own
+    parts, such as heads; the slots plugins can extend are declared in :mod:`attnspec.spec.components`)."""
     union = Annotated[Union[members], Field(discriminator="kind")]  # type: ignore[valid-type]
     return Annotated[union, BeforeValidator(_kind_shorthand)]
+
+
+# --------------------------------------------------------------------------- component bases
+# Each slot's base class states the facts every component of the slot has, with defaults; a kind
+# overrides what differs. Rules, resolve, plan, lower and nn read these facts, never a kind name.
+
+
+class FeatureMapComponent(Node):
+    """A feature map phi applied per head to queries and keys: width n -> ``width(n)``."""
+
+    slot: ClassVar[str] = "feature_map"
+    implementation: ClassVar[str | None] = None
+    """``"module:Class"`` of the nn implementation for plugins (built-ins register in attnspec.nn)."""
+    non_negative: ClassVar[bool] = True
+    """phi >= 0, so the linear-attention normaliser q~.z stays positive."""
+    finite: ClassVar[bool] = True
+    """phi has a finite feature expansion (False: the softmax kernel, computed quadratically)."""
+    consumes_scale: ClassVar[bool] = False
+    """The feature map applies the mixer's `scale` (the softmax temperature) itself."""
+
+    def width(self, n: int) -> int:
+        """Feature width for query/key width ``n``."""
+        return n
+
+    def resolved(self, d_qk: int) -> "FeatureMapComponent":
+        """This component with its derived defaults filled in (``d_qk``: the per-head width)."""
+        return self
+
+    def problems(self, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        """Rule violations of this component alone, as (path below it, message)."""
+        return iter(())
+
+
+class ReweightingComponent(Node):
+    """A separable position re-weighting rho(t) of the features."""
+
+    slot: ClassVar[str] = "reweighting"
+    implementation: ClassVar[str | None] = None
+    width_factor: ClassVar[int] = 1
+    """How many times the feature width the re-weighted features have."""
+
+    def problems(self, *, causal: bool, max_len: int) -> Iterator[tuple[tuple, str]]:
+        return iter(())
+
+
+class TransitionComponent(Node):
+    """A diagonal state transition a_t, real or complex, per head or per key channel."""
+
+    slot: ClassVar[str] = "transition"
+    implementation: ClassVar[str | None] = None
+    is_identity: ClassVar[bool] = False
+    """a_t = 1: no transition at all."""
+
+    @property
+    def is_complex(self) -> bool:
+        return False
+
+    @property
+    def per_channel(self) -> bool:
+        return False
 
 
 # --------------------------------------------------------------------------- feature maps
 
 
-class IdentityFeatures(Node):
+class IdentityFeatures(FeatureMapComponent):
     """phi(x) = x. Signed, so only valid without normalisation (GateLoop uses it)."""
 
     kind: Literal["identity"]
+    non_negative: ClassVar[bool] = False
 
 
-class Elu1Features(Node):
+class Elu1Features(FeatureMapComponent):
     """phi(x) = elu(x) + 1 (Katharopoulos et al.), strictly positive."""
 
     kind: Literal["elu1"]
 
 
-class ReluFeatures(Node):
+class ReluFeatures(FeatureMapComponent):
     """phi(x) = max(x, 0) (cosFormer), non-negative; rows may be all zero (eps clamp)."""
 
     kind: Literal["relu"]
 
 
-class SoftplusFeatures(Node):
+class SoftplusFeatures(FeatureMapComponent):
     """phi(x) = log(1 + e^x), strictly positive."""
 
     kind: Literal["softplus"]
 
 
-class ExpFeatures(Node):
+class ExpFeatures(FeatureMapComponent):
     """The softmax kernel exp(q.k). It has no finite feature expansion: quadratic mode only."""
 
     kind: Literal["exp"]
+    finite: ClassVar[bool] = False
+    consumes_scale: ClassVar[bool] = True
 
 
-class PerformerFeatures(Node):
+class PerformerFeatures(FeatureMapComponent):
     """Performer positive random features phi(x) = exp(Wx - |x|^2/2)/sqrt(m), unbiased for exp(q.k)."""
 
     kind: Literal["performer"]
@@ -114,9 +179,19 @@ class PerformerFeatures(Node):
     """Steps between redraws; required with `redraw: interval`, forbidden otherwise."""
     seed: Seed = 0
     """Seed of the projection (the model seed is added), so a rebuilt model computes the same function."""
+    consumes_scale: ClassVar[bool] = True
+
+    def width(self, n: int) -> int:
+        return self.num_features
+
+    def problems(self, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        if self.redraw == "interval" and self.redraw_interval is None:
+            yield ("redraw_interval",), "`redraw: interval` needs `redraw_interval: N` (steps between redraws)"
+        if self.redraw == "never" and self.redraw_interval is not None:
+            yield ("redraw_interval",), "`redraw_interval` only applies with `redraw: interval`; remove it"
 
 
-class _TrainableKernel(Node):
+class _TrainableKernel(FeatureMapComponent):
     stack: Count(limits.MAX_STACK) = 1
     """Number of units applied in sequence; only the last one is made positive (Softplus)."""
     share_across_heads: bool = True
@@ -156,8 +231,19 @@ class AogluFeatures(_OrthogonalKernel):
     rank: Count(limits.MAX_HEAD_WIDTH) | None = None
     """Rank r of the gate; defaults to n/4 (n = d_qk). Must be below n/2."""
 
+    def resolved(self, d_qk: int) -> "AogluFeatures":
+        return self if self.rank is not None else self.model_copy(update={"rank": max(1, d_qk // 4)})
 
-FeatureMap = component(
+    def problems(self, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        if self.rank is not None and d_qk is not None and 2 * self.rank >= d_qk:
+            yield ("rank",), (f"the AOGLU gate rank must be below n/2 = {d_qk / 2:g} (n = d_qk = {d_qk}); the paper "
+                              f"uses n/4 = {max(d_qk // 4, 1)}")
+        if self.rank is None and d_qk is not None and d_qk < 4:
+            yield (), f"AOGLU needs d_qk >= 4 for a gate of rank n/4 (d_qk = {d_qk}); use glu or oglu"
+
+
+FeatureMap = declare(
+    "feature_map",
     IdentityFeatures,
     Elu1Features,
     ReluFeatures,
@@ -170,41 +256,46 @@ FeatureMap = component(
     AogluFeatures,
 )
 
-NON_NEGATIVE_FEATURES = {
-    "elu1", "relu", "softplus", "exp", "performer", "softplus_linear", "glu", "oglu", "aoglu",
-}
-TRAINABLE_FEATURES = {"softplus_linear", "glu", "oglu", "aoglu"}
-
 # --------------------------------------------------------------------------- re-weighting
 
 
-class NoReweighting(Node):
+class NoReweighting(ReweightingComponent):
     """No position re-weighting."""
 
     kind: Literal["none"]
 
 
-class CosReweighting(Node):
+class CosReweighting(ReweightingComponent):
     """cosFormer: weights cos(pi/2 (i-j)/M), split by Ptolemy's identity (feature width doubles)."""
 
     kind: Literal["cos"]
     M: Count(limits.MAX_SUPPORT) | None = None
     """Horizon M >= sequence length. Required (and >= max_len) for causal use so that every mode
     and the decoder use the same M; `null` means M = L per call (non-causal only)."""
+    width_factor: ClassVar[int] = 2
+
+    def problems(self, *, causal: bool, max_len: int) -> Iterator[tuple[tuple, str]]:
+        if self.M is None and causal:
+            yield ("M",), (f"causal cos re-weighting needs a fixed M so every mode and the decoder use the same "
+                           f"weights; set `M: {max_len}` (>= max_len)")
+        elif self.M is not None and self.M < max_len:
+            yield ("M",), (f"M = {self.M} is below max_len = {max_len}: cos(pi/2 (i-j)/M) turns negative for "
+                           f"|i-j| > M; set M >= {max_len}")
 
 
-Reweighting = component(NoReweighting, CosReweighting)
+Reweighting = declare("reweighting", NoReweighting, CosReweighting)
 
 # --------------------------------------------------------------------------- state transitions
 
 
-class NoTransition(Node):
+class NoTransition(TransitionComponent):
     """a_t = 1: plain (causal) linear attention."""
 
     kind: Literal["none"]
+    is_identity: ClassVar[bool] = True
 
 
-class FixedTransition(Node):
+class FixedTransition(TransitionComponent):
     """A learnable but input-independent diagonal transition (RetNet, LRU, S4D-Lin)."""
 
     kind: Literal["fixed"]
@@ -216,8 +307,16 @@ class FixedTransition(Node):
     per: Literal["head", "channel"] = "head"
     """One transition per head, or one per key channel."""
 
+    @property
+    def is_complex(self) -> bool:
+        return self.complex
 
-class DataTransition(Node):
+    @property
+    def per_channel(self) -> bool:
+        return self.per == "channel"
+
+
+class DataTransition(TransitionComponent):
     """GateLoop: a_t = f(W_gamma x_t) * exp(i g(W_theta x_t)), data-controlled."""
 
     kind: Literal["data"]
@@ -228,13 +327,31 @@ class DataTransition(Node):
     per: Literal["head", "channel"] = "channel"
     """One transition per head, or one per key channel."""
 
+    @property
+    def is_complex(self) -> bool:
+        return self.phase != "none"
 
-Transition = component(NoTransition, FixedTransition, DataTransition)
+    @property
+    def per_channel(self) -> bool:
+        return self.per == "channel"
+
+
+Transition = declare("transition", NoTransition, FixedTransition, DataTransition)
 
 # --------------------------------------------------------------------------- scatterbrain parts
 
 
-class PerformerLowRank(Node):
+class LowRankComponent(Node):
+    """Scatterbrain's low-rank part: a non-negative feature map estimating exp(q.k)."""
+
+    slot: ClassVar[str] = "lowrank"
+
+    def features(self) -> FeatureMapComponent:
+        """The feature map this low-rank part computes with (what the nn layer builds)."""
+        raise NotImplementedError
+
+
+class PerformerLowRank(LowRankComponent):
     """Low-rank part with Performer positive random features."""
 
     kind: Literal["performer"]
@@ -243,15 +360,22 @@ class PerformerLowRank(Node):
     projection: Literal["orthogonal", "iid"] = "orthogonal"
     seed: Seed = 0
 
+    def features(self) -> PerformerFeatures:
+        width = {"num_features": self.num_features} if self.num_features is not None else {}  # else the map's default
+        return PerformerFeatures(kind="performer", projection=self.projection, seed=self.seed, **width)
 
-class LinearLowRank(Node):
+
+class LinearLowRank(LowRankComponent):
     """Low-rank part as plain linear attention with a deterministic non-negative feature map."""
 
     kind: Literal["linear"]
     feature_map: FeatureMap = Field(default_factory=lambda: Elu1Features(kind="elu1"))
 
+    def features(self) -> FeatureMapComponent:
+        return self.feature_map
 
-LowRank = component(PerformerLowRank, LinearLowRank)
+
+LowRank = declare("lowrank", PerformerLowRank, LinearLowRank)
 
 
 class LshSupport(Node):
@@ -285,7 +409,7 @@ class BlockSupport(Node):
     """Block size; derived from `budget` when omitted (64 without a budget)."""
 
 
-SparseSupport = component(LshSupport, LocalSupport, BlockSupport)
+SparseSupport = declare("sparse", LshSupport, LocalSupport, BlockSupport)
 
 # --------------------------------------------------------------------------- mixers
 
@@ -352,7 +476,7 @@ class ScatterbrainMixer(_MixerBase):
     """Lower clamp of the joint normaliser."""
 
 
-Mixer = component(LinearMixer, SoftmaxMixer, ScatterbrainMixer)
+Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer)
 
 # --------------------------------------------------------------------------- blocks and model
 
@@ -462,3 +586,13 @@ class Spec(Node):
     layers: Annotated[list[Layer], Field(min_length=1, max_length=limits.MAX_BLOCKS)]
     final_norm: NormKind = "layernorm"
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
+
+
+# The fields that hold a slot's components, rebuilt when a plugin adds a kind to the slot, and every
+# model that embeds them, leaves first (the order :func:`attnspec.spec.components.register` rebuilds).
+for _model, _name, _slot in ((LinearLowRank, "feature_map", "feature_map"), (LinearMixer, "feature_map", "feature_map"),
+                             (LinearMixer, "reweighting", "reweighting"), (LinearMixer, "transition", "transition"),
+                             (SoftmaxMixer, "transition", "transition"), (ScatterbrainMixer, "lowrank", "lowrank"),
+                             (ScatterbrainMixer, "sparse", "sparse"), (Block, "mixer", "mixer")):
+    slot_field(_model, _name, _slot)
+MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, Block, Group, Spec]

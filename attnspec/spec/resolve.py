@@ -7,7 +7,6 @@ IR and rebuilds the same model.
 from __future__ import annotations
 
 from attnspec.spec.ir import (
-    AogluFeatures,
     Block,
     Group,
     LshSupport,
@@ -36,10 +35,11 @@ def _resolve_layer(spec: Spec, item: Block | Group) -> Block | Group:
     mixer = item.mixer
     d_qk = mixer.d_qk or spec.d_model // mixer.heads
     d_v = mixer.d_v or spec.d_model // mixer.heads
-    quadratic_kernel = mixer.kind in ("softmax", "scatterbrain") or getattr(mixer.feature_map, "kind", "") == "exp"
-    update = {"d_qk": d_qk, "d_v": d_v, "scale": mixer.scale or (d_qk ** -0.5 if quadratic_kernel else 1.0)}
-    if mixer.kind == "linear" and isinstance(mixer.feature_map, AogluFeatures) and mixer.feature_map.rank is None:
-        update["feature_map"] = mixer.feature_map.model_copy(update={"rank": max(1, d_qk // 4)})
+    fmap = getattr(mixer, "feature_map", None)
+    softmax_kernel = mixer.kind in ("softmax", "scatterbrain") or (fmap is not None and not fmap.finite)
+    update = {"d_qk": d_qk, "d_v": d_v, "scale": mixer.scale or (d_qk ** -0.5 if softmax_kernel else 1.0)}
+    if fmap is not None:
+        update["feature_map"] = fmap.resolved(d_qk)
     if isinstance(mixer, ScatterbrainMixer):
         update.update(_scatterbrain_sizes(spec, mixer))
     return item.model_copy(update={"mixer": mixer.model_copy(update=update)})

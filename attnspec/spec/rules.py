@@ -10,13 +10,9 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from attnspec.spec import limits
+from attnspec.spec.components import SLOTS
 from attnspec.spec.ir import (
-    NON_NEGATIVE_FEATURES,
-    AogluFeatures,
     Block,
-    CosReweighting,
-    DataTransition,
-    FixedTransition,
     Group,
     LinearLowRank,
     LinearMixer,
@@ -24,7 +20,6 @@ from attnspec.spec.ir import (
     LocalSupport,
     BlockSupport,
     LshSupport,
-    PerformerFeatures,
     PerformerLowRank,
     ScatterbrainMixer,
     SoftmaxMixer,
@@ -75,7 +70,7 @@ def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
     if not _is_power_of_two(mixer.chunk_size):
         yield at + ("chunk_size",), f"chunk_size must be a power of two (e.g. 64), got {mixer.chunk_size}"
     transition = getattr(mixer, "transition", None)
-    if transition is not None and transition.kind != "none" and not mixer.causal:
+    if transition is not None and not transition.is_identity and not mixer.causal:
         yield at + ("transition",), ("a state transition orders positions, so it needs `causal: true`; "
                                      "remove the transition or make the mixer causal")
     d_qk = mixer.d_qk or (spec.d_model // mixer.heads if spec.d_model % mixer.heads == 0 else None)
@@ -91,9 +86,9 @@ def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
 
 
 def _softmax_decay_rules(transition: Any, at: Path) -> Iterator[Violation]:
-    if _is_complex(transition):
+    if transition.is_complex:
         yield at + ("transition",), _COMPLEX_SOFTMAX
-    elif transition is not None and getattr(transition, "per", "head") == "channel":
+    elif transition.per_channel:
         yield at + ("transition", "per"), ("under softmax a decay is one additive bias per pair of positions, so it "
                                            "must be per head; set `per: head`")
 
@@ -102,53 +97,33 @@ _COMPLEX_SOFTMAX = ("softmax scores must be real, but this transition is complex
                     "(`complex: false` for fixed, `phase: none` for data-controlled)")
 
 
-def _is_complex(transition: Any) -> bool:
-    return (isinstance(transition, FixedTransition) and transition.complex) or (
-        isinstance(transition, DataTransition) and transition.phase != "none")
+def _positive_feature_kinds() -> str:
+    return ", ".join(sorted(kind for kind, cls in SLOTS["feature_map"].items() if cls.non_negative and cls.finite))
 
 
 def _linear_rules(spec: Spec, mixer: LinearMixer, at: Path, d_qk: int | None) -> Iterator[Violation]:
     fmap = mixer.feature_map
-    if mixer.normalize and fmap.kind not in NON_NEGATIVE_FEATURES:
+    if mixer.normalize and not fmap.non_negative:
         yield at + ("feature_map",), (
             f"normalised linear attention divides by q~.z, which needs a non-negative feature map, but "
-            f"'{fmap.kind}' features are signed; use one of {', '.join(sorted(NON_NEGATIVE_FEATURES - {'exp'}))} "
+            f"'{fmap.kind}' features are signed; use one of {_positive_feature_kinds()} "
             "or set `normalize: false` (as GateLoop does)")
-    if fmap.kind == "exp" and mixer.mode not in QUADRATIC_ONLY_MODES:
+    if not fmap.finite and mixer.mode not in QUADRATIC_ONLY_MODES:
         yield at + ("mode",), (f"exp features (the softmax kernel) have no finite feature expansion, so the mixer "
                                f"can only be computed quadratically; mode '{mixer.mode}' is impossible: use "
                                "`mode: quadratic` or `auto`, or a finite feature map such as performer")
-    if fmap.kind == "exp":
+    if not fmap.finite:
         yield from _softmax_decay_rules(mixer.transition, at)
         if not mixer.normalize:
             yield at + ("normalize",), ("exp features are the softmax kernel and are computed as softmax attention, "
                                         "which is normalised; set `normalize: true` (or use performer features)")
-        if mixer.reweighting.kind != "none":
-            yield at + ("reweighting",), ("cos re-weighting needs finite features (the Ptolemy split); with exp "
-                                          "features use `reweighting: none`, or relu/performer features")
-    yield from _feature_rules(fmap, at + ("feature_map",), d_qk)
-    if isinstance(mixer.reweighting, CosReweighting):
-        M = mixer.reweighting.M
-        where = at + ("reweighting", "M")
-        if M is None and mixer.causal:
-            yield where, (f"causal cos re-weighting needs a fixed M so every mode and the decoder use the same "
-                          f"weights; set `M: {spec.max_len}` (>= max_len)")
-        elif M is not None and M < spec.max_len:
-            yield where, (f"M = {M} is below max_len = {spec.max_len}: cos(pi/2 (i-j)/M) turns negative for "
-                          f"|i-j| > M; set M >= {spec.max_len}")
-
-
-def _feature_rules(fmap: Any, at: Path, d_qk: int | None) -> Iterator[Violation]:
-    if isinstance(fmap, PerformerFeatures):
-        if fmap.redraw == "interval" and fmap.redraw_interval is None:
-            yield at + ("redraw_interval",), "`redraw: interval` needs `redraw_interval: N` (steps between redraws)"
-        if fmap.redraw == "never" and fmap.redraw_interval is not None:
-            yield at + ("redraw_interval",), "`redraw_interval` only applies with `redraw: interval`; remove it"
-    if isinstance(fmap, AogluFeatures) and fmap.rank is not None and d_qk is not None and 2 * fmap.rank >= d_qk:
-        yield at + ("rank",), (f"the AOGLU gate rank must be below n/2 = {d_qk / 2:g} (n = d_qk = {d_qk}); the paper "
-                               f"uses n/4 = {max(d_qk // 4, 1)}")
-    if isinstance(fmap, AogluFeatures) and fmap.rank is None and d_qk is not None and d_qk < 4:
-        yield at, f"AOGLU needs d_qk >= 4 for a gate of rank n/4 (d_qk = {d_qk}); use glu or oglu"
+        if mixer.reweighting.width_factor != 1:
+            yield at + ("reweighting",), (f"{mixer.reweighting.kind} re-weighting needs finite features; with "
+                                          "exp features use `reweighting: none`, or relu/performer features")
+    for below, message in fmap.problems(d_qk):
+        yield at + ("feature_map", *below), message
+    for below, message in mixer.reweighting.problems(causal=mixer.causal, max_len=spec.max_len):
+        yield at + ("reweighting", *below), message
 
 
 def sparse_lowrank_sizes(spec: Spec, mixer: ScatterbrainMixer) -> dict[str, int]:
@@ -162,7 +137,9 @@ def sparse_lowrank_sizes(spec: Spec, mixer: ScatterbrainMixer) -> dict[str, int]
 def _scatterbrain_rules(spec: Spec, mixer: ScatterbrainMixer, at: Path) -> Iterator[Violation]:
     lowrank, sparse = mixer.lowrank, mixer.sparse
     if isinstance(lowrank, LinearLowRank):
-        if lowrank.feature_map.kind not in NON_NEGATIVE_FEATURES or lowrank.feature_map.kind == "exp":
+        for below, message in lowrank.feature_map.problems(None):
+            yield at + ("lowrank", "feature_map", *below), message
+        if not (lowrank.feature_map.non_negative and lowrank.feature_map.finite):
             yield at + ("lowrank", "feature_map"), ("the low-rank part needs a finite non-negative feature map "
                                                     "(the joint normaliser must stay positive); use elu1, relu, "
                                                     "softplus or performer")

@@ -166,9 +166,9 @@ def test_linear_form_equals_the_quadratic_definition_in_every_mode(spec_name):
     q = mixer.features(q, True)[0]
     k = mixer.features(k, False)[0]
     L = x.shape[1]
-    if mixer.reweight:  # cosFormer: weights cos(pi/2 (i - j) / M), 1-based positions
+    if spec_name == "cosformer":  # weights cos(pi/2 (i - j) / M), 1-based positions
         i = torch.arange(1, L + 1, dtype=torch.float64)
-        weight = torch.cos(math.pi / 2 * (i.view(-1, 1) - i.view(1, -1)) / mixer.cos_M)
+        weight = torch.cos(math.pi / 2 * (i.view(-1, 1) - i.view(1, -1)) / mixer.reweighting.M)
     else:
         weight = torch.ones(L, L, dtype=torch.float64)
     with torch.no_grad():

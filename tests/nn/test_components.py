@@ -98,8 +98,8 @@ def test_cosformer_linear_form_equals_quadratic_form():
 def test_cos_reweighting_is_offset_invariant():
     mixer = _mixer("linear(feature_map=relu, reweighting=cos(M=64))")
     q, k = torch.rand(1, 1, 10, 4, dtype=torch.float64), torch.rand(1, 1, 10, 4, dtype=torch.float64)
-    a = mixer._cos_reweight(q, k, 0)
-    b = mixer._cos_reweight(q, k, 17)
+    a = mixer.reweighting(q, k, 0)
+    b = mixer.reweighting(q, k, 17)
     assert torch.allclose(a[0] @ a[1].transpose(-1, -2), b[0] @ b[1].transpose(-1, -2), atol=1e-12)
 
 

@@ -1,0 +1,46 @@
+"""Position re-weightings rho(t) of the features: ``forward(q, k, offset) -> (q~, k~)``, (B, H, L, m) each.
+
+The feature width they produce is the IR node's fact (``width_factor``); positions are 1-based and
+start at ``offset`` (an int, or a (B,) tensor of positions in decoding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from attnspec.nn.registry import register
+
+
+@register("reweighting", "none")
+class NoReweighting(nn.Module):
+    def __init__(self, node, **_):
+        super().__init__()
+
+    def forward(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
+        return q, k
+
+
+@register("reweighting", "cos")
+class CosReweighting(nn.Module):
+    """cosFormer: features [phi cos(pi i / 2M), phi sin(pi i / 2M)] (Ptolemy's identity splits the
+    weight cos(pi/2 (i - j)/M) into a sum of two separable terms, doubling the width)."""
+
+    def __init__(self, node, **_):
+        super().__init__()
+        self.M = node.M  # None: M = L per call (non-causal only; rules enforce it)
+
+    def forward(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
+        L = q.shape[2]
+        M = self.M if self.M is not None else L
+        positions = torch.arange(1, L + 1, device=q.device, dtype=q.dtype)
+        if isinstance(offset, Tensor):
+            positions = positions.unsqueeze(0) + offset.to(q.dtype).view(-1, 1)  # (B, L)
+            positions = positions.view(-1, 1, L, 1)
+        else:
+            positions = (positions + offset).view(1, 1, L, 1)
+        angle = positions * (math.pi / (2 * M))
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        return torch.cat([q * cos, q * sin], dim=-1), torch.cat([k * cos, k * sin], dim=-1)

@@ -1,0 +1,164 @@
+"""The component registry of the spec layer: which IR classes fill each slot of a spec (no torch).
+
+A *slot* is a place in a spec that takes one of several kinds of component: ``feature_map``,
+``reweighting``, ``transition``, ``lowrank``, ``sparse``, ``mixer``. Each kind is one IR class
+(a pydantic model with a ``kind`` literal) that carries its facts as class attributes and methods
+(its feature width, whether it is non-negative, complex, per channel, its own rules, ...), and
+names its implementation: the ``nn.Module`` class registered for the same kind in
+:mod:`attnspec.nn.registry`, or, for plugins, a ``"module:Class"`` string imported on first build
+(so that ``attnspec check`` never imports torch).
+
+The slot unions of the IR (:data:`attnspec.spec.ir.FeatureMap`, ...) are built from this registry;
+:func:`register` adds a kind at run time (a plugin) and rebuilds the IR models that have the slot,
+so validation, did-you-mean suggestions, the JSON Schema, the grammar and everything downstream
+see the new kind exactly like a built-in one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import typing
+from typing import Annotated, Any, Callable, Union
+
+from pydantic import BaseModel, BeforeValidator, Field
+
+from attnspec.errors import Problem, SpecError, shorten
+
+SLOTS: dict[str, dict[str, type]] = {}
+"""slot -> kind -> IR class, in registration order."""
+_FIELDS: list[tuple[type, str, str]] = []
+"""(IR model, field name, slot) for every field whose type is a slot union."""
+ENTRY_POINT_GROUP = "attnspec.components"
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def kind_of(cls: type) -> str:
+    """The ``kind`` literal of an IR component class."""
+    return typing.get_args(cls.model_fields["kind"].annotation)[0]
+
+
+def _kind_shorthand(value: Any) -> Any:
+    """Accept ``"relu"`` as shorthand for ``{"kind": "relu"}``."""
+    return {"kind": value} if isinstance(value, str) else value
+
+
+def union(slot: str) -> Any:
+    """The annotation of a field of ``slot``: the discriminated union of its kinds, with the shorthand."""
+    members = tuple(SLOTS[slot].values())
+    inner = Annotated[Union[members], Field(discriminator="kind")] if len(members) > 1 else members[0]  # type: ignore
+    return Annotated[inner, BeforeValidator(_kind_shorthand)]
+
+
+def declare(slot: str, *members: type) -> Any:
+    """Register the built-in ``members`` of ``slot`` (in order) and return the slot's union."""
+    for cls in members:
+        SLOTS.setdefault(slot, {})[kind_of(cls)] = cls
+        cls.slot = slot
+    return union(slot)
+
+
+def slot_field(model: type, name: str, slot: str) -> None:
+    """Record that ``model.name`` holds a component of ``slot`` (rebuilt when the slot grows)."""
+    _FIELDS.append((model, name, slot))
+
+
+def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
+    """Add the IR class ``cls`` to ``slot`` (a plugin's component) and rebuild the IR around it.
+
+    Raises:
+        SpecError: the slot does not exist, or the kind is taken by another class.
+    """
+    from pydantic.fields import FieldInfo
+
+    from attnspec.spec import ir
+
+    if slot not in SLOTS:
+        raise SpecError(Problem(f"no component slot {shorten(slot)}; slots are {', '.join(SLOTS)}"))
+    kind = kind_of(cls)
+    existing = SLOTS[slot].get(kind)
+    if existing is cls:
+        return cls
+    if existing is not None:
+        raise SpecError(Problem(f"{slot} kind {kind!r} is already defined by {existing.__module__}."
+                                f"{existing.__qualname__}; choose another kind name"))
+    SLOTS[slot][kind] = cls
+    cls.slot = slot
+    for model, name, field_slot in _FIELDS:
+        if field_slot == slot:
+            old = model.model_fields[name]
+            model.model_fields[name] = FieldInfo.from_annotated_attribute(
+                union(slot), Field(default_factory=old.default_factory, description=old.description)
+                if old.default_factory is not None else Field(description=old.description))
+    for model in ir.MODELS:  # leaves first, so every parent embeds the rebuilt children
+        model.model_rebuild(force=True)
+    return cls
+
+
+def component(slot: str) -> Callable[[type], type]:
+    """Class decorator for plugins: ``@component("feature_map")`` registers the IR class in ``slot``."""
+    return lambda cls: register(slot, cls)
+
+
+def implementation(node: Any) -> type | None:
+    """The nn class a plugin component names with ``implementation = "module:Class"`` (None for built-ins)."""
+    target = getattr(type(node), "implementation", None)
+    if target is None:
+        return None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def import_plugins(names: Any, where: Callable[[tuple], Any]) -> None:
+    """Import the modules a spec's ``plugins:`` lists, so their components are registered.
+
+    ``where(path)`` gives the source position of ``plugins[i]`` for error messages. Raises a
+    located SpecError for anything but a list of importable module names.
+    """
+    if names is None:
+        return
+    if not isinstance(names, list) or len(names) > 64:
+        raise _plugin_error("`plugins` must be a list of at most 64 module names, e.g. [my_components]", (), where)
+    for index, name in enumerate(names):
+        if not isinstance(name, str) or len(name) > 200 or not _MODULE_NAME.fullmatch(name):
+            raise _plugin_error(f"{shorten(name)} is not a Python module name (such as `my_lab.components`)",
+                                (index,), where)
+        try:
+            importlib.import_module(name)
+        except SpecError as error:  # a plugin registering a bad component: located at the plugin
+            raise _plugin_error(f"plugin {name!r} failed: {error.problems[0].message}", (index,), where) from None
+        except Exception as error:  # noqa: BLE001 - any failure of the user's module is theirs to fix
+            raise _plugin_error(f"cannot import plugin {name!r}: {type(error).__name__}: {shorten(str(error), 200)}; "
+                                "is it installed, or on PYTHONPATH?", (index,), where) from None
+
+
+def load_entry_points() -> None:
+    """Import every module registered under the ``attnspec.components`` entry-point group (once)."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as error:  # noqa: BLE001 - a broken installed plugin must not break attnspec
+            import warnings
+
+            warnings.warn(f"attnspec: the installed plugin {entry.name!r} ({entry.value}) failed to load: "
+                          f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=2)
+
+
+_entry_points_loaded = False
+
+
+def _plugin_error(message: str, index: tuple, where: Callable[[tuple], Any]) -> SpecError:
+    position = where(("plugins", *index))
+    return SpecError(Problem(message, path="plugins" + "".join(f"[{i}]" for i in index),
+                             source=getattr(position, "source", None), line=getattr(position, "line", None),
+                             column=getattr(position, "column", None)))
+
+
+__all__ = ["SLOTS", "register", "component", "declare", "union", "kind_of", "import_plugins", "load_entry_points",
+           "implementation", "ENTRY_POINT_GROUP"]

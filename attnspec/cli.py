@@ -83,6 +83,9 @@ def check(
 def schema(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the generated spec reference (Markdown)."),
+    plugins: Optional[List[str]] = typer.Option(None, "--plugin", metavar="MODULE",
+                                                help="Import a plugin module first, so its components are in the "
+                                                     "schema (installed plugins are always included). Repeatable."),
 ) -> None:
     """Print the JSON Schema of specs (draft-07, for editors' YAML language servers).
 
@@ -90,8 +93,11 @@ def schema(
     `# yaml-language-server: $schema=<path>/attnspec.schema.json`. With --markdown,
     print the spec reference that docs/spec-reference.md is generated from.
     """
+    from attnspec.spec.components import import_plugins, load_entry_points
     from attnspec.spec.schema import json_schema_text, reference_markdown
 
+    load_entry_points()
+    import_plugins(list(plugins or []), lambda path: None)
     text = reference_markdown() if markdown else json_schema_text()
     if output is None:
         sys.stdout.write(text)

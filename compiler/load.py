@@ -10,6 +10,7 @@ modes of the manifest's plan; nothing is planned again.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import torch
@@ -50,6 +51,31 @@ def load_weights(model: Model, path: Path) -> None:
     model.load_state_dict(tensors, strict=True)
 
 
+def check_plugins(directory: Path, names: object) -> None:
+    """Refuse plugins that would be imported from inside ``directory`` (its spec names them).
+
+    A build directory's spec may list plugin modules; they are imported to rebuild the model, which
+    is what the user installed, never code the directory brought along (a ``plugin.py`` beside the
+    manifest, found through a working directory on ``sys.path``). Only top-level names are located
+    (locating ``a.b`` would already run ``a/__init__.py``).
+    """
+    if not isinstance(names, list):
+        return
+    inside = directory.resolve()
+    for name in names:
+        top = str(name).split(".")[0]
+        try:
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            continue  # validation reports it, located
+        places = [found.origin] if found and found.origin else []
+        places += list(found.submodule_search_locations or []) if found else []
+        if any(Path(place).resolve().is_relative_to(inside) for place in places if place):
+            raise BuildError(f"{directory}: its spec names the plugin {shorten(str(name))}, which would be imported from "
+                             "inside the build directory; a build directory never supplies code. Install the plugin "
+                             "or put it on PYTHONPATH from elsewhere")
+
+
 def load_model(directory: Path | str, manifest: Manifest | None = None) -> Model:
     """Rebuild the eager model of a build directory (spec.yaml + model.safetensors).
 
@@ -66,6 +92,7 @@ def load_model(directory: Path | str, manifest: Manifest | None = None) -> Model
     """
     directory = Path(directory)
     manifest = manifest or read_manifest(directory)
+    check_plugins(directory, manifest.spec.get("plugins"))
     try:  # the manifest's copy of spec.yaml, as data: the IR validates it, no front-end is needed
         spec = validate_data(manifest.spec)
     except AttnSpecError as error:

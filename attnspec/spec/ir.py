@@ -573,6 +573,9 @@ class Spec(Node):
 
     version: Literal[1] = 1
     """Spec format version."""
+    plugins: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=64)] = Field(default_factory=list)
+    """Python modules defining components this spec uses (e.g. `[my_lab.features]`), imported before
+    the spec is validated; installed plugins (entry-point group `attnspec.components`) need not be listed."""
     name: Annotated[str, Field(min_length=1, max_length=limits.MAX_NAME_CHARS)]
     """Model name (used in build summaries and manifests)."""
     description: str = ""

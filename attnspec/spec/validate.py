@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from attnspec.errors import Problem, SpecError, did_you_mean, shorten
 from attnspec.spec import limits
+from attnspec.spec.components import import_plugins, load_entry_points
 from attnspec.spec.ir import Spec
 from attnspec.spec.resolve import resolve
 from attnspec.spec.rules import check_rules
@@ -45,6 +46,8 @@ def validate_data(data: Any, smap: SourceMap | None = None, resolved: bool = Tru
     if not isinstance(data, dict):
         raise SpecError(Problem("the spec must be a mapping", source=smap.root.source if smap.root else None))
     _check_size(data, smap)
+    load_entry_points()
+    import_plugins(data.get("plugins"), smap.value_at)
     try:
         spec = Spec.model_validate(data)
     except ValidationError as err:

@@ -1,0 +1,146 @@
+"""Components from the user's own code: the example plugins (examples/plugins) end to end.
+
+Nothing is installed: each test runs attnspec in a fresh interpreter with examples/plugins on
+PYTHONPATH (a plugin registers kinds process-wide, so it must not leak into other tests). A spec
+using Based's Taylor features and Hedgehog's trainable features goes through check, explain, build,
+verify and run like any built-in; the components also compute what their papers define.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PLUGINS = ROOT / "examples" / "plugins"
+SPEC = """\
+name: plugins-demo
+plugins: [based_taylor, hedgehog]
+input: {kind: tokens, vocab_size: 64}
+d_model: 32
+max_len: 128
+layers:
+  - mixer: {kind: linear, heads: 4, d_qk: 4, feature_map: taylor}
+  - mixer: {kind: linear, heads: 2, feature_map: {kind: hedgehog, feature_dim: 8}}
+"""
+
+
+def attnspec(*args: str, cwd: Path = ROOT, extra_path: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), extra_path, str(ROOT)]))}
+    return subprocess.run([sys.executable, "-m", "attnspec", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=600)
+
+
+def python(code: str, extra_path: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), extra_path, str(ROOT)]))}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_plugin_components_go_through_check_explain_build_verify_run(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    checked = attnspec("check", str(spec))
+    assert checked.returncode == 0 and "2 blocks" in checked.stdout, checked.stderr
+    explained = attnspec("explain", str(spec), "--length", "64")
+    assert explained.returncode == 0 and "linear[taylor]" in explained.stdout and "linear[hedgehog]" in explained.stdout
+    built = attnspec("build", str(spec), "-o", str(tmp_path / "build"))
+    assert built.returncode == 0, built.stderr[-3000:]
+    verified = attnspec("verify", str(tmp_path / "build"))
+    assert verified.returncode == 0 and verified.stdout.count(" yes ") == 6, verified.stdout  # 3 modes x 2 blocks
+    ran = attnspec("run", str(tmp_path / "build"), "--tokens", "1 2 3", "--generate", "4")
+    assert ran.returncode == 0 and "generated:" in ran.stdout, ran.stderr
+    decoded = python(f"""
+        import attnspec, torch
+        model = attnspec.load({str(tmp_path / 'build')!r})
+        tokens = torch.tensor([[1, 2, 3, 4, 5]])
+        with torch.no_grad():
+            full, state = model(tokens), model.init_state(1)
+            for t in range(5):
+                logits, *state = model.step(tokens[:, t], *state)
+        print(torch.allclose(logits, full[:, -1], atol=1e-5))
+    """)
+    assert decoded.stdout.strip() == "True", decoded.stderr
+
+
+def test_plugin_kinds_are_validated_like_built_ins(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("feature_map: taylor", "feature_map: taylr"))
+    result = attnspec("check", str(spec))
+    assert result.returncode == 2 and "did you mean 'taylor'" in result.stderr and "spec.yaml:7:" in result.stderr
+    spec.write_text(SPEC.replace("feature_dim: 8", "feature_dim: -3"))
+    result = attnspec("check", str(spec))
+    assert result.returncode == 2 and "feature_dim" in result.stderr and "spec.yaml:8:" in result.stderr
+    spec.write_text(SPEC.replace("based_taylor", "not_a_module"))
+    result = attnspec("check", str(spec))
+    assert result.returncode == 2 and "spec.yaml:2:" in result.stderr and "cannot import plugin" in result.stderr
+    assert "Traceback" not in result.stderr
+    schema = attnspec("schema", "--plugin", "hedgehog", "--plugin", "based_taylor")
+    assert '"taylor"' in schema.stdout and '"hedgehog"' in schema.stdout and "feature_dim" in schema.stdout
+
+
+def test_checking_a_plugin_spec_imports_no_torch(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    result = python(f"""
+        import sys
+        from attnspec.spec import load_spec
+        load_spec({str(spec)!r})
+        print("torch" in sys.modules)
+    """)
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_the_plugins_compute_what_their_papers_define():
+    result = python("""
+        import math, torch, based_taylor, hedgehog
+        x, y = torch.randn(2, 3, 5, 4, dtype=torch.float64), torch.randn(2, 3, 5, 4, dtype=torch.float64)
+        taylor = based_taylor.build_taylor(based_taylor.TaylorFeatures(kind="taylor"), scale=0.25)
+        fx, fy = taylor(x, True)[0], taylor(y, False)[0]
+        dot = 0.25 * (x * y).sum(-1)  # the temperature applies inside: 1 + s + s^2/2 with s = scale q.k
+        assert fx.shape[-1] == 1 + 4 + 16
+        assert torch.allclose((fx * fy).sum(-1), 1 + dot + dot ** 2 / 2)
+        hog = hedgehog.build_hedgehog(hedgehog.HedgehogFeatures(kind="hedgehog"), dim=4, heads=3).double()
+        features = hog(x, True)[0]  # at initialisation W = I: [softmax(x), softmax(-x)]
+        assert torch.allclose(features, torch.cat([torch.softmax(x, -1), torch.softmax(-x, -1)], -1))
+        print("ok")
+    """)
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_installed_plugins_register_through_entry_points(tmp_path):
+    site = tmp_path / "site"
+    info = site / "fake_attnspec_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-attnspec-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[attnspec.components]\ntaylor = based_taylor\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("plugins: [based_taylor, hedgehog]\n", "").replace(
+        "feature_map: {kind: hedgehog, feature_dim: 8}", "feature_map: taylor"))
+    result = attnspec("check", str(spec), extra_path=str(site))
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_build_directory_never_supplies_plugin_code(tmp_path):
+    import json
+
+    from attnspec.compiler.build import build_directory
+
+    directory = tmp_path / "build"
+    build_directory(ROOT / "specs" / "linear-elu.yaml", directory, compile_check=False,
+                    overrides=["d_model=16", "layers[0].repeat=1", "max_len=64"])
+    marker = tmp_path / "PWNED"
+    (directory / "evil_plugin.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["spec"]["plugins"] = ["evil_plugin"]
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    result = attnspec("verify", ".", cwd=directory)  # `python -m` puts the working directory on sys.path
+    assert result.returncode == 2 and "never supplies code" in result.stderr, result.stderr
+    assert not marker.exists()

@@ -143,7 +143,7 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
     costs = linear_costs(L, H, _feature_width(mixer), d, mixer.chunk_size, per_channel, complex_)
     if isinstance(mixer, ScatterbrainMixer):
         costs.pop("scan")
-        sparse = _support_size(mixer)
+        sparse = mixer.sparse.keys_per_query()
         for cost in costs.values():
             cost.macs += H * L * sparse * (mixer.d_qk + mixer.d_v + _feature_width(mixer))
             cost.bytes += H * L * sparse * (mixer.d_qk + mixer.d_v) * BYTES
@@ -174,13 +174,6 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
     elif decode is None:
         reason += "; no decoding step (non-causal)"
     return LayerPlan(path, _describe(mixer), chosen, decode, costs[chosen], reason, seconds)
-
-
-def _support_size(mixer: ScatterbrainMixer) -> int:
-    sparse = mixer.sparse
-    if sparse.kind == "lsh":
-        return sparse.rounds * sparse.capacity
-    return sparse.window if sparse.kind == "local" else sparse.size
 
 
 def _describe(mixer) -> str:

@@ -20,7 +20,6 @@ from attnspec.nn.registry import build, register
 from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
 from attnspec.ops.scatterbrain import scatterbrain_attention
 from attnspec.ops.softmax import softmax_attention
-from attnspec.ops.support import block_support, local_support, lsh_support
 
 
 class Mixer(nn.Module):
@@ -176,30 +175,15 @@ class ScatterbrainMixer(Mixer):
         features = node.lowrank.features()
         self.features = build("feature_map", features, dim=self.d_qk, heads=self.heads, scale=self.scale, seed=seed)
         self.sqrt_scale = 1.0 if features.consumes_scale else math.sqrt(self.scale)
-        sparse = node.sparse
-        self.support_kind = sparse.kind
+        self.sparse = build("sparse", node.sparse, d_qk=self.d_qk, seed=seed, causal=self.causal)
         self.eps = node.eps
-        if sparse.kind == "lsh":
-            generator = torch.Generator().manual_seed(seed + sparse.seed)
-            self.register_buffer("rotations", torch.randn(sparse.rounds, self.d_qk, sparse.buckets // 2,
-                                                          generator=generator))
-            self.capacity = sparse.capacity
-        else:
-            self.support_size = sparse.window if sparse.kind == "local" else sparse.size
-
-    def support(self, q: Tensor, k: Tensor):
-        B, H, L, _ = q.shape
-        if self.support_kind == "lsh":
-            return lsh_support(q, k, self.rotations, self.capacity, causal=self.causal)
-        make = local_support if self.support_kind == "local" else block_support
-        return make(L, self.support_size, causal=self.causal, batch=B, heads=H, device=q.device)
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         mode = self._checked_mode(mode)
         q, k, v = self._project(x)
         q_features, log_scale = self.features(q * self.sqrt_scale, True)
         k_features, _ = self.features(k * self.sqrt_scale, False)
-        o = scatterbrain_attention(q, k, v, q_features, k_features, self.support(q, k), q_log_scale=log_scale,
+        o = scatterbrain_attention(q, k, v, q_features, k_features, self.sparse(q, k), q_log_scale=log_scale,
                                    causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
                                    chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None)
         return self._output(o, x)

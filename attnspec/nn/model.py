@@ -13,6 +13,7 @@ from torch import Tensor, nn
 import attnspec.nn.features  # noqa: F401  (registers the feature maps)
 import attnspec.nn.mixers  # noqa: F401  (registers the mixers)
 import attnspec.nn.reweightings  # noqa: F401  (registers the re-weightings)
+import attnspec.nn.supports  # noqa: F401  (registers the sparse supports)
 import attnspec.nn.transitions  # noqa: F401  (registers the transitions)
 from attnspec.errors import ShapeError
 from attnspec.nn.features import PerformerFeatures

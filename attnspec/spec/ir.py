@@ -378,7 +378,29 @@ class LinearLowRank(LowRankComponent):
 LowRank = declare("lowrank", PerformerLowRank, LinearLowRank)
 
 
-class LshSupport(Node):
+class SparseComponent(Node):
+    """Scatterbrain's sparse support: which keys each query sees exactly."""
+
+    slot: ClassVar[str] = "sparse"
+    implementation: ClassVar[str | None] = None
+    size_field: ClassVar[str]
+    """The field that sizes the support; derived from the mixer's `budget` when omitted."""
+    default_size: ClassVar[int]
+    """Its value without a budget."""
+
+    def keys_per_query(self) -> int:
+        """Keys each query sees exactly (the sparse part's cost per query)."""
+        return getattr(self, self.size_field)
+
+    def size_for_budget(self, keys: int) -> int:
+        """The value of ``size_field`` that spends ``keys`` keys per query."""
+        return max(1, keys)
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        return iter(())
+
+
+class LshSupport(SparseComponent):
     """Angular LSH support: a query sees keys that share its bucket in any round (counted once)."""
 
     kind: Literal["lsh"]
@@ -391,22 +413,38 @@ class LshSupport(Node):
     ones when causal). Bounds memory at O(L * rounds * capacity). Derived from `budget` when
     omitted (32 without a budget)."""
     seed: Seed = 0
+    size_field: ClassVar[str] = "capacity"
+    default_size: ClassVar[int] = 32
+
+    def keys_per_query(self) -> int:
+        return self.rounds * self.capacity
+
+    def size_for_budget(self, keys: int) -> int:
+        return max(1, keys // self.rounds)
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        if self.buckets % 2:
+            yield ("buckets",), f"LSH buckets must be even (argmax over [xR, -xR]), got {self.buckets}"
 
 
-class LocalSupport(Node):
+class LocalSupport(SparseComponent):
     """Sliding-window support: |i - j| < window (j <= i when causal)."""
 
     kind: Literal["local"]
     window: Count(limits.MAX_SUPPORT) | None = None
     """Window size; derived from `budget` when omitted (64 without a budget)."""
+    size_field: ClassVar[str] = "window"
+    default_size: ClassVar[int] = 64
 
 
-class BlockSupport(Node):
+class BlockSupport(SparseComponent):
     """Block-diagonal support: i and j in the same block of `size` positions."""
 
     kind: Literal["block"]
     size: Count(limits.MAX_SUPPORT) | None = None
     """Block size; derived from `budget` when omitted (64 without a budget)."""
+    size_field: ClassVar[str] = "size"
+    default_size: ClassVar[int] = 64
 
 
 SparseSupport = declare("sparse", LshSupport, LocalSupport, BlockSupport)

@@ -9,15 +9,12 @@ from __future__ import annotations
 from attnspec.spec.ir import (
     Block,
     Group,
-    LshSupport,
-    LocalSupport,
     PerformerLowRank,
     ScatterbrainMixer,
     Spec,
 )
 from attnspec.spec.rules import sparse_lowrank_sizes
 
-DEFAULT_SPARSE = {"capacity": 32, "window": 64, "size": 64}
 DEFAULT_FEATURES = 64
 
 
@@ -50,11 +47,7 @@ def _scatterbrain_sizes(spec: Spec, mixer: ScatterbrainMixer) -> dict:
     lowrank, sparse = mixer.lowrank, mixer.sparse
     if isinstance(lowrank, PerformerLowRank) and lowrank.num_features is None:
         lowrank = lowrank.model_copy(update={"num_features": sizes["lowrank"] if sizes else DEFAULT_FEATURES})
-    if isinstance(sparse, LshSupport) and sparse.capacity is None:
-        cap = max(1, sizes["sparse"] // sparse.rounds) if sizes else DEFAULT_SPARSE["capacity"]
-        sparse = sparse.model_copy(update={"capacity": cap})
-    elif isinstance(sparse, LocalSupport) and sparse.window is None:
-        sparse = sparse.model_copy(update={"window": sizes["sparse"] if sizes else DEFAULT_SPARSE["window"]})
-    elif sparse.kind == "block" and sparse.size is None:
-        sparse = sparse.model_copy(update={"size": sizes["sparse"] if sizes else DEFAULT_SPARSE["size"]})
+    if getattr(sparse, sparse.size_field) is None:
+        size = sparse.size_for_budget(sizes["sparse"]) if sizes else sparse.default_size
+        sparse = sparse.model_copy(update={sparse.size_field: size})
     return {"lowrank": lowrank, "sparse": sparse}

@@ -17,9 +17,6 @@ from attnspec.spec.ir import (
     LinearLowRank,
     LinearMixer,
     LmHead,
-    LocalSupport,
-    BlockSupport,
-    LshSupport,
     PerformerLowRank,
     ScatterbrainMixer,
     SoftmaxMixer,
@@ -143,16 +140,16 @@ def _scatterbrain_rules(spec: Spec, mixer: ScatterbrainMixer, at: Path) -> Itera
             yield at + ("lowrank", "feature_map"), ("the low-rank part needs a finite non-negative feature map "
                                                     "(the joint normaliser must stay positive); use elu1, relu, "
                                                     "softplus or performer")
-    if isinstance(sparse, LshSupport) and sparse.buckets % 2:
-        yield at + ("sparse", "buckets"), f"LSH buckets must be even (argmax over [xR, -xR]), got {sparse.buckets}"
+    for below, message in sparse.problems():
+        yield at + ("sparse", *below), message
     if mixer.budget is not None:
         sizes = sparse_lowrank_sizes(spec, mixer)
         if isinstance(lowrank, PerformerLowRank) and lowrank.num_features not in (None, sizes["lowrank"]):
             yield at + ("lowrank", "num_features"), (
                 f"budget {mixer.budget} with ratio {mixer.ratio[0]}:{mixer.ratio[1]} gives {sizes['lowrank']} "
                 f"features, not {lowrank.num_features}; remove num_features or the budget")
-        field, value = _sparse_size(sparse)
-        expected = sizes["sparse"] if field != "capacity" else max(1, sizes["sparse"] // sparse.rounds)
+        field = sparse.size_field
+        value, expected = getattr(sparse, field), sparse.size_for_budget(sizes["sparse"])
         if value is not None and value != expected:
             yield at + ("sparse", field), (
                 f"budget {mixer.budget} with ratio {mixer.ratio[0]}:{mixer.ratio[1]} gives {field} = {expected}, "
@@ -161,11 +158,3 @@ def _scatterbrain_rules(spec: Spec, mixer: ScatterbrainMixer, at: Path) -> Itera
         yield at + ("mode",), ("scatterbrain's sparse correction is not a linear recurrence, so it has no scan "
                                "mode; use auto, chunk, recurrent or quadratic")
 
-
-def _sparse_size(sparse: Any) -> tuple[str, int | None]:
-    if isinstance(sparse, LshSupport):
-        return "capacity", sparse.capacity
-    if isinstance(sparse, LocalSupport):
-        return "window", sparse.window
-    assert isinstance(sparse, BlockSupport)
-    return "size", sparse.size

@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from attnspec.errors import BuildError
-from attnspec.spec.ir import LinearMixer, ScatterbrainMixer, Spec, iter_blocks
+from attnspec.spec.ir import Spec, iter_blocks
 from attnspec.spec.source import format_path
 
 MAC_RATE = 40e9  # multiply-adds per second a 2-core CPU sustains on these shapes (measured order)
@@ -77,15 +77,6 @@ class Plan:
         return {"length": self.length, "layers": [asdict(layer) for layer in self.layers]}
 
 
-def _feature_width(mixer) -> int:
-    """The state's feature width m: the feature map's width, times the re-weighting's factor."""
-    if isinstance(mixer, LinearMixer):
-        return mixer.feature_map.width(mixer.d_qk) * mixer.reweighting.width_factor
-    if isinstance(mixer, ScatterbrainMixer):
-        return mixer.lowrank.features().width(mixer.d_qk)
-    return mixer.d_qk
-
-
 def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, complex_: bool) -> dict[str, Cost]:
     """Estimated costs of each mode of (gated) linear attention; see the module docstring."""
     c = 2 if complex_ else 1  # real and imaginary parts of the state
@@ -131,31 +122,30 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False)
 
 def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
     H = mixer.heads
-    if mixer.kind == "softmax" or (isinstance(mixer, LinearMixer) and not mixer.feature_map.finite):
+    if mixer.softmax_kernel:
         cost = _softmax_cost(L, H, mixer.d_qk, mixer.d_v)
-        return LayerPlan(path, _describe(mixer), "quadratic", None, cost,
+        return LayerPlan(path, mixer.describe(), "quadratic", None, cost,
                          "the softmax kernel has no finite features: quadratic is the only mode; no constant-size "
                          "decoding state (the whole prefix is needed)", {"quadratic": cost.seconds})
     transition = getattr(mixer, "transition", None)
     per_channel = transition is not None and transition.per_channel
     complex_ = transition is not None and transition.is_complex
     d = mixer.d_v + (1 if getattr(mixer, "normalize", True) else 0)
-    costs = linear_costs(L, H, _feature_width(mixer), d, mixer.chunk_size, per_channel, complex_)
-    if isinstance(mixer, ScatterbrainMixer):
-        costs.pop("scan")
-        sparse = mixer.sparse.keys_per_query()
-        for cost in costs.values():
-            cost.macs += H * L * sparse * (mixer.d_qk + mixer.d_v + _feature_width(mixer))
-            cost.bytes += H * L * sparse * (mixer.d_qk + mixer.d_v) * BYTES
+    m = mixer.feature_width()
+    costs = {mode: cost for mode, cost in linear_costs(L, H, m, d, mixer.chunk_size, per_channel, complex_).items()
+             if mode in mixer.modes()}
+    sparse = mixer.sparse_keys()
+    for cost in costs.values():  # the exact part on a sparse support (Scatterbrain)
+        cost.macs += H * L * sparse * (mixer.d_qk + mixer.d_v + m)
+        cost.bytes += H * L * sparse * (mixer.d_qk + mixer.d_v) * BYTES
     if not mixer.causal:  # every mode but quadratic computes the linear form q (K^T V): no loop, no scan
-        m = _feature_width(mixer)
         linear_form = Cost(macs=H * L * m * d * 2, bytes=H * L * (2 * m + 2 * d) * BYTES, state_bytes=0,
                            sequential_steps=3)
         costs = {name: (costs[name] if name == "quadratic" else linear_form) for name in costs}
     loops = mixer.causal  # causal recurrent mode is a Python loop over positions
     compilable = {name: cost for name, cost in costs.items() if name != "recurrent" or not loops}
     seconds = {name: cost.seconds for name, cost in costs.items()}
-    decode = "recurrent" if mixer.causal and isinstance(mixer, LinearMixer) else None
+    decode = "recurrent" if mixer.has_step else None
     if mixer.mode != "auto":
         if for_build and mixer.mode == "recurrent" and loops:
             raise BuildError(f"{path}: mixer.mode 'recurrent' loops over positions in Python, so it cannot be compiled "
@@ -169,21 +159,6 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
         reason = "cheapest: " + ", ".join(f"{name} {compilable[name].seconds * 1e3:.2f} ms" for name in ranked)
         if "recurrent" in costs and loops:
             reason += f"; recurrent {costs['recurrent'].seconds * 1e3:.2f} ms (not compilable with dynamic length)"
-    if decode is None and mixer.kind == "scatterbrain":
-        reason += "; no decoding step (the sparse part needs the whole prefix)"
-    elif decode is None:
-        reason += "; no decoding step (non-causal)"
-    return LayerPlan(path, _describe(mixer), chosen, decode, costs[chosen], reason, seconds)
-
-
-def _describe(mixer) -> str:
-    if isinstance(mixer, LinearMixer):
-        parts = [f"linear[{mixer.feature_map.kind}"]
-        if mixer.reweighting.kind != "none":
-            parts.append(mixer.reweighting.kind)
-        if mixer.transition.kind != "none":
-            parts.append(f"{mixer.transition.kind} transition")
-        return ", ".join(parts) + f"] x{mixer.heads}"
-    if isinstance(mixer, ScatterbrainMixer):
-        return f"scatterbrain[{mixer.lowrank.kind} + {mixer.sparse.kind}] x{mixer.heads}"
-    return f"softmax x{mixer.heads}"
+    if decode is None:
+        reason += "; no decoding step (" + ("it needs the whole prefix)" if mixer.causal else "non-causal)")
+    return LayerPlan(path, mixer.describe(), chosen, decode, costs[chosen], reason, seconds)

@@ -23,14 +23,14 @@ from attnspec.ops.softmax import softmax_attention
 
 
 class Mixer(nn.Module):
-    """Common parts: q/k/v/output projections, output gate and per-head output norm."""
-
-    has_step = False
-    modes: tuple[str, ...] = ("quadratic",)
+    """Common parts: q/k/v/output projections, output gate and per-head output norm. The modes and
+    whether there is a decoding step are the IR node's facts (``node.modes()``, ``node.has_step``)."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__()
         self.kind = node.kind
+        self.modes: tuple[str, ...] = node.modes()
+        self.has_step = node.has_step
         self.heads, self.d_qk, self.d_v = node.heads, node.d_qk, node.d_v
         self.causal, self.scale, self.max_len = node.causal, node.scale, max_len
         self.chunk_size = node.chunk_size
@@ -87,14 +87,9 @@ class Mixer(nn.Module):
 class LinearMixer(Mixer):
     """The gated linear family: feature map, cos re-weighting, transition, normaliser (DESIGN sec. 4)."""
 
-    modes = ("chunk", "recurrent", "scan", "quadratic")
-
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
-        self.softmax_kernel = not node.feature_map.finite  # exp: computed as softmax attention
-        if self.softmax_kernel:
-            self.modes = ("quadratic",)
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
-        self.has_step = self.causal and not self.softmax_kernel
+        self.softmax_kernel = node.softmax_kernel  # exp features: computed as softmax attention
         self.features = build("feature_map", node.feature_map, dim=self.d_qk, heads=self.heads, scale=self.scale,
                               seed=seed)
         self.feature_scale = 1.0 if node.feature_map.consumes_scale else self.scale
@@ -153,8 +148,6 @@ class LinearMixer(Mixer):
 class SoftmaxMixer(Mixer):
     """Softmax attention; a real per-head decay becomes an additive log-bias (GateLoop sec. 3.4)."""
 
-    modes = ("quadratic",)
-
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
         self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
@@ -167,8 +160,6 @@ class SoftmaxMixer(Mixer):
 @register("mixer", "scatterbrain")
 class ScatterbrainMixer(Mixer):
     """Low-rank (Performer or a linear feature map) plus an exact sparse correction on a support."""
-
-    modes = ("chunk", "recurrent", "quadratic")
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)

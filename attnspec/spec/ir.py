@@ -474,6 +474,43 @@ class _MixerBase(Node):
     """Gate on the mixer output before the output projection: y * act(W_g x)."""
     group_norm: bool = False
     """Per-head normalisation (RMS) of the mixer output, as in RetNet/GateLoop."""
+    slot: ClassVar[str] = "mixer"
+    implementation: ClassVar[str | None] = None
+
+    def modes(self) -> tuple[str, ...]:
+        """The execution modes that compute this mixer, the planner's default first."""
+        return ("quadratic",)
+
+    def mode_problem(self, mode: str) -> str:
+        """Why a forced ``mode`` outside :meth:`modes` is impossible, and what to do."""
+        return f"a {self.kind} mixer runs in {', '.join(self.modes())}; mode '{mode}' is impossible"
+
+    @property
+    def has_step(self) -> bool:
+        """A recurrent form with a constant-size state (one-token decoding)."""
+        return False
+
+    @property
+    def softmax_kernel(self) -> bool:
+        """Computed as exact softmax attention (its cost is quadratic, its default scale 1/sqrt(d_qk))."""
+        return False
+
+    @property
+    def softmax_temperature(self) -> bool:
+        """`scale` defaults to 1/sqrt(d_qk), the temperature of an exp kernel, rather than 1."""
+        return self.softmax_kernel
+
+    def feature_width(self) -> int:
+        """Width m of the state's keys (the planner's cost and the decoding state), once resolved."""
+        return self.d_qk
+
+    def sparse_keys(self) -> int:
+        """Keys per query computed exactly beside the linear part (Scatterbrain's support), else 0."""
+        return 0
+
+    def describe(self) -> str:
+        """One line naming the mixer and its parts, for plans and summaries."""
+        return f"{self.kind} x{self.heads}"
 
 
 class LinearMixer(_MixerBase):
@@ -488,6 +525,33 @@ class LinearMixer(_MixerBase):
     eps: PositiveFloat = 1e-6
     """Lower clamp of the normaliser."""
 
+    def modes(self) -> tuple[str, ...]:
+        return ("chunk", "recurrent", "scan", "quadratic") if self.feature_map.finite else ("quadratic",)
+
+    def mode_problem(self, mode: str) -> str:
+        return (f"{self.feature_map.kind} features (the softmax kernel) have no finite feature expansion, so the "
+                f"mixer can only be computed quadratically; mode '{mode}' is impossible: use `mode: quadratic` or "
+                "`auto`, or a finite feature map such as performer")
+
+    @property
+    def has_step(self) -> bool:
+        return self.causal and self.feature_map.finite
+
+    @property
+    def softmax_kernel(self) -> bool:
+        return not self.feature_map.finite
+
+    def feature_width(self) -> int:
+        return self.feature_map.width(self.d_qk) * self.reweighting.width_factor
+
+    def describe(self) -> str:
+        parts = [f"linear[{self.feature_map.kind}"]
+        if self.reweighting.kind != "none":
+            parts.append(self.reweighting.kind)
+        if not self.transition.is_identity:
+            parts.append(f"{self.transition.kind} transition")
+        return ", ".join(parts) + f"] x{self.heads}"
+
 
 class SoftmaxMixer(_MixerBase):
     """Softmax attention (quadratic only), optionally with a real decay as an additive log-bias."""
@@ -495,6 +559,14 @@ class SoftmaxMixer(_MixerBase):
     kind: Literal["softmax"]
     transition: Transition = Field(default_factory=lambda: NoTransition(kind="none"))
     """Decay applied as the log-bias sum(log a) between positions (GateLoop sec. 3.4); real only."""
+
+    def mode_problem(self, mode: str) -> str:
+        return (f"softmax attention has no finite feature expansion, so it can only be computed quadratically; "
+                f"mode '{mode}' is impossible: use `mode: quadratic` or `auto`")
+
+    @property
+    def softmax_kernel(self) -> bool:
+        return True
 
 
 class ScatterbrainMixer(_MixerBase):
@@ -512,6 +584,26 @@ class ScatterbrainMixer(_MixerBase):
     """Budget split `[sparse, low_rank]`; the paper trains with 3:1."""
     eps: PositiveFloat = 1e-6
     """Lower clamp of the joint normaliser."""
+
+    def modes(self) -> tuple[str, ...]:
+        return ("chunk", "recurrent", "quadratic")
+
+    def mode_problem(self, mode: str) -> str:
+        return ("scatterbrain's sparse correction is not a linear recurrence, so it has no scan mode; use auto, "
+                "chunk, recurrent or quadratic")
+
+    @property
+    def softmax_temperature(self) -> bool:  # its exact part is exp(scale q.k)
+        return True
+
+    def feature_width(self) -> int:
+        return self.lowrank.features().width(self.d_qk)
+
+    def sparse_keys(self) -> int:
+        return self.sparse.keys_per_query()
+
+    def describe(self) -> str:
+        return f"scatterbrain[{self.lowrank.kind} + {self.sparse.kind}] x{self.heads}"
 
 
 Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer)

@@ -33,8 +33,7 @@ def _resolve_layer(spec: Spec, item: Block | Group) -> Block | Group:
     d_qk = mixer.d_qk or spec.d_model // mixer.heads
     d_v = mixer.d_v or spec.d_model // mixer.heads
     fmap = getattr(mixer, "feature_map", None)
-    softmax_kernel = mixer.kind in ("softmax", "scatterbrain") or (fmap is not None and not fmap.finite)
-    update = {"d_qk": d_qk, "d_v": d_v, "scale": mixer.scale or (d_qk ** -0.5 if softmax_kernel else 1.0)}
+    update = {"d_qk": d_qk, "d_v": d_v, "scale": mixer.scale or (d_qk ** -0.5 if mixer.softmax_temperature else 1.0)}
     if fmap is not None:
         update["feature_map"] = fmap.resolved(d_qk)
     if isinstance(mixer, ScatterbrainMixer):

@@ -28,7 +28,6 @@ from attnspec.spec.source import Path
 
 Violation = tuple[Path, str]
 
-QUADRATIC_ONLY_MODES = ("auto", "quadratic")
 
 
 def check_rules(spec: Spec) -> list[Violation]:
@@ -71,12 +70,11 @@ def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
         yield at + ("transition",), ("a state transition orders positions, so it needs `causal: true`; "
                                      "remove the transition or make the mixer causal")
     d_qk = mixer.d_qk or (spec.d_model // mixer.heads if spec.d_model % mixer.heads == 0 else None)
+    if mixer.mode != "auto" and mixer.mode not in mixer.modes():
+        yield at + ("mode",), mixer.mode_problem(mixer.mode)
     if isinstance(mixer, LinearMixer):
         yield from _linear_rules(spec, mixer, at, d_qk)
     elif isinstance(mixer, SoftmaxMixer):
-        if mixer.mode not in QUADRATIC_ONLY_MODES:
-            yield at + ("mode",), (f"softmax attention has no finite feature expansion, so it can only be computed "
-                                   f"quadratically; mode '{mixer.mode}' is impossible: use `mode: quadratic` or `auto`")
         yield from _softmax_decay_rules(transition, at)
     elif isinstance(mixer, ScatterbrainMixer):
         yield from _scatterbrain_rules(spec, mixer, at)
@@ -105,10 +103,6 @@ def _linear_rules(spec: Spec, mixer: LinearMixer, at: Path, d_qk: int | None) ->
             f"normalised linear attention divides by q~.z, which needs a non-negative feature map, but "
             f"'{fmap.kind}' features are signed; use one of {_positive_feature_kinds()} "
             "or set `normalize: false` (as GateLoop does)")
-    if not fmap.finite and mixer.mode not in QUADRATIC_ONLY_MODES:
-        yield at + ("mode",), (f"exp features (the softmax kernel) have no finite feature expansion, so the mixer "
-                               f"can only be computed quadratically; mode '{mixer.mode}' is impossible: use "
-                               "`mode: quadratic` or `auto`, or a finite feature map such as performer")
     if not fmap.finite:
         yield from _softmax_decay_rules(mixer.transition, at)
         if not mixer.normalize:
@@ -154,7 +148,4 @@ def _scatterbrain_rules(spec: Spec, mixer: ScatterbrainMixer, at: Path) -> Itera
             yield at + ("sparse", field), (
                 f"budget {mixer.budget} with ratio {mixer.ratio[0]}:{mixer.ratio[1]} gives {field} = {expected}, "
                 f"not {value}; remove {field} or the budget")
-    if mixer.mode == "scan":
-        yield at + ("mode",), ("scatterbrain's sparse correction is not a linear recurrence, so it has no scan "
-                               "mode; use auto, chunk, recurrent or quadratic")
 

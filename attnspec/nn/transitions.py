@@ -17,16 +17,18 @@ from attnspec.ops.linear import Decay
 
 
 class Transition(nn.Module):
-    """Base: ``forward(x)`` with x (B, L, d_model) -> Decay or None."""
+    """Base: ``forward(x)`` with x (B, L, d_model) -> Decay or None. Whether it is complex or per
+    channel is the IR node's fact, copied here for the mixer's state layout."""
 
-    is_complex = False
-    per_channel = False
+    def __init__(self, node):
+        super().__init__()
+        self.is_complex, self.per_channel = node.is_complex, node.per_channel
 
 
 @register("transition", "none")
 class NoTransition(Transition):
     def __init__(self, node, **_):
-        super().__init__()
+        super().__init__(node)
 
     def forward(self, x: Tensor) -> Decay | None:
         return None
@@ -42,9 +44,7 @@ class FixedTransition(Transition):
     """
 
     def __init__(self, node, *, heads: int, d_qk: int, **_):
-        super().__init__()
-        self.per_channel = node.per == "channel"
-        self.is_complex = node.complex
+        super().__init__(node)
         self.heads, self.width = heads, d_qk if self.per_channel else 1
         count = heads * self.width
         index = torch.arange(count, dtype=torch.float64)
@@ -79,9 +79,7 @@ class DataTransition(Transition):
     """GateLoop: ``a_t = f(W_gamma x_t) exp(i g(W_theta x_t))``; f = sigmoid or exp(-exp(.)), g = identity."""
 
     def __init__(self, node, *, d_model: int, heads: int, d_qk: int, **_):
-        super().__init__()
-        self.per_channel = node.per == "channel"
-        self.is_complex = node.phase != "none"
+        super().__init__(node)
         self.heads, self.width = heads, d_qk if self.per_channel else 1
         self.magnitude = node.magnitude
         self.gamma = nn.Linear(d_model, heads * self.width)

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from attnspec.spec import limits
-from attnspec.spec.components import declare, slot_field
+from attnspec.spec.components import SLOTS, declare, slot_field
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -345,10 +345,16 @@ class LowRankComponent(Node):
     """Scatterbrain's low-rank part: a non-negative feature map estimating exp(q.k)."""
 
     slot: ClassVar[str] = "lowrank"
+    size_field: ClassVar[str | None] = None
+    """The field that sizes it from the mixer's `budget` (None: its size is its feature map's)."""
+    default_size: ClassVar[int] = 64
 
     def features(self) -> FeatureMapComponent:
         """The feature map this low-rank part computes with (what the nn layer builds)."""
         raise NotImplementedError
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        return iter(())
 
 
 class PerformerLowRank(LowRankComponent):
@@ -359,6 +365,7 @@ class PerformerLowRank(LowRankComponent):
     """Number of random features; derived from `budget` when omitted (64 without a budget)."""
     projection: Literal["orthogonal", "iid"] = "orthogonal"
     seed: Seed = 0
+    size_field: ClassVar[str | None] = "num_features"
 
     def features(self) -> PerformerFeatures:
         width = {"num_features": self.num_features} if self.num_features is not None else {}  # else the map's default
@@ -373,6 +380,13 @@ class LinearLowRank(LowRankComponent):
 
     def features(self) -> FeatureMapComponent:
         return self.feature_map
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        for below, message in self.feature_map.problems(None):
+            yield ("feature_map", *below), message
+        if not (self.feature_map.non_negative and self.feature_map.finite):
+            yield ("feature_map",), ("the low-rank part needs a finite non-negative feature map (the joint "
+                                     "normaliser must stay positive); use elu1, relu, softplus or performer")
 
 
 LowRank = declare("lowrank", PerformerLowRank, LinearLowRank)
@@ -512,6 +526,25 @@ class _MixerBase(Node):
         """One line naming the mixer and its parts, for plans and summaries."""
         return f"{self.kind} x{self.heads}"
 
+    def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        """Rule violations of this mixer and its parts, as (path below the mixer, message)."""
+        if self.mode != "auto" and self.mode not in self.modes():
+            yield ("mode",), self.mode_problem(self.mode)
+        transition = getattr(self, "transition", None)
+        if transition is not None and not transition.is_identity and not self.causal:
+            yield ("transition",), ("a state transition orders positions, so it needs `causal: true`; "
+                                    "remove the transition or make the mixer causal")
+
+
+def _softmax_decay_problems(transition: TransitionComponent) -> Iterator[tuple[tuple, str]]:
+    """A decay under softmax is an additive log-bias: it must be real and one per head."""
+    if transition.is_complex:
+        yield ("transition",), ("softmax scores must be real, but this transition is complex; use a real decay "
+                                "(`complex: false` for fixed, `phase: none` for data-controlled)")
+    elif transition.per_channel:
+        yield ("transition", "per"), ("under softmax a decay is one additive bias per pair of positions, so it "
+                                      "must be per head; set `per: head`")
+
 
 class LinearMixer(_MixerBase):
     """The gated linear family: q~ = rho(t) phi(q), S_t = diag(a_t) S_(t-1) + k~_t^T v_t, y_t = Re(q~_t S_t)."""
@@ -544,6 +577,28 @@ class LinearMixer(_MixerBase):
     def feature_width(self) -> int:
         return self.feature_map.width(self.d_qk) * self.reweighting.width_factor
 
+    def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        yield from super().problems(max_len=max_len, d_qk=d_qk)
+        fmap = self.feature_map
+        if self.normalize and not fmap.non_negative:
+            positive = sorted(kind for kind, cls in SLOTS["feature_map"].items() if cls.non_negative and cls.finite)
+            yield ("feature_map",), (
+                f"normalised linear attention divides by q~.z, which needs a non-negative feature map, but "
+                f"'{fmap.kind}' features are signed; use one of {', '.join(positive)} "
+                "or set `normalize: false` (as GateLoop does)")
+        if not fmap.finite:
+            yield from _softmax_decay_problems(self.transition)
+            if not self.normalize:
+                yield ("normalize",), ("exp features are the softmax kernel and are computed as softmax attention, "
+                                       "which is normalised; set `normalize: true` (or use performer features)")
+            if self.reweighting.width_factor != 1:
+                yield ("reweighting",), (f"{self.reweighting.kind} re-weighting needs finite features; with exp "
+                                         "features use `reweighting: none`, or relu/performer features")
+        for below, message in fmap.problems(d_qk):
+            yield ("feature_map", *below), message
+        for below, message in self.reweighting.problems(causal=self.causal, max_len=max_len):
+            yield ("reweighting", *below), message
+
     def describe(self) -> str:
         parts = [f"linear[{self.feature_map.kind}"]
         if self.reweighting.kind != "none":
@@ -567,6 +622,10 @@ class SoftmaxMixer(_MixerBase):
     @property
     def softmax_kernel(self) -> bool:
         return True
+
+    def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        yield from super().problems(max_len=max_len, d_qk=d_qk)
+        yield from _softmax_decay_problems(self.transition)
 
 
 class ScatterbrainMixer(_MixerBase):
@@ -604,6 +663,32 @@ class ScatterbrainMixer(_MixerBase):
 
     def describe(self) -> str:
         return f"scatterbrain[{self.lowrank.kind} + {self.sparse.kind}] x{self.heads}"
+
+    def sizes_for_budget(self, max_len: int) -> dict[str, int]:
+        """Sizes the budget implies: ``{"sparse": keys per query, "lowrank": features}`` (needs a budget)."""
+        total = self.budget * max_len
+        s, r = self.ratio
+        return {"sparse": max(1, round(total * s / (s + r))), "lowrank": max(1, round(total * r / (s + r)))}
+
+    def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        yield from super().problems(max_len=max_len, d_qk=d_qk)
+        lowrank, sparse = self.lowrank, self.sparse
+        for below, message in lowrank.problems():
+            yield ("lowrank", *below), message
+        for below, message in sparse.problems():
+            yield ("sparse", *below), message
+        if self.budget is None:
+            return
+        sizes = self.sizes_for_budget(max_len)
+        split = f"budget {self.budget} with ratio {self.ratio[0]}:{self.ratio[1]}"
+        if lowrank.size_field and getattr(lowrank, lowrank.size_field) not in (None, sizes["lowrank"]):
+            yield ("lowrank", lowrank.size_field), (
+                f"{split} gives {sizes['lowrank']} features, not {getattr(lowrank, lowrank.size_field)}; remove "
+                f"{lowrank.size_field} or the budget")
+        field = sparse.size_field
+        value, expected = getattr(sparse, field), sparse.size_for_budget(sizes["sparse"])
+        if value is not None and value != expected:
+            yield ("sparse", field), f"{split} gives {field} = {expected}, not {value}; remove {field} or the budget"
 
 
 Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer)

@@ -9,13 +9,10 @@ from __future__ import annotations
 from attnspec.spec.ir import (
     Block,
     Group,
-    PerformerLowRank,
     ScatterbrainMixer,
     Spec,
 )
-from attnspec.spec.rules import sparse_lowrank_sizes
 
-DEFAULT_FEATURES = 64
 
 
 def resolve(spec: Spec) -> Spec:
@@ -42,10 +39,11 @@ def _resolve_layer(spec: Spec, item: Block | Group) -> Block | Group:
 
 
 def _scatterbrain_sizes(spec: Spec, mixer: ScatterbrainMixer) -> dict:
-    sizes = sparse_lowrank_sizes(spec, mixer) if mixer.budget is not None else None
+    sizes = mixer.sizes_for_budget(spec.max_len) if mixer.budget is not None else None
     lowrank, sparse = mixer.lowrank, mixer.sparse
-    if isinstance(lowrank, PerformerLowRank) and lowrank.num_features is None:
-        lowrank = lowrank.model_copy(update={"num_features": sizes["lowrank"] if sizes else DEFAULT_FEATURES})
+    if lowrank.size_field and getattr(lowrank, lowrank.size_field) is None:
+        size = sizes["lowrank"] if sizes else lowrank.default_size
+        lowrank = lowrank.model_copy(update={lowrank.size_field: size})
     if getattr(sparse, sparse.size_field) is None:
         size = sparse.size_for_budget(sizes["sparse"]) if sizes else sparse.default_size
         sparse = sparse.model_copy(update={sparse.size_field: size})

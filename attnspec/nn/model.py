@@ -7,60 +7,21 @@ Readable top to bottom: ``Model.forward`` is the whole computation.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+import attnspec.nn.channel  # noqa: F401  (registers the norms and MLPs)
 import attnspec.nn.features  # noqa: F401  (registers the feature maps)
 import attnspec.nn.mixers  # noqa: F401  (registers the mixers)
 import attnspec.nn.reweightings  # noqa: F401  (registers the re-weightings)
 import attnspec.nn.supports  # noqa: F401  (registers the sparse supports)
 import attnspec.nn.transitions  # noqa: F401  (registers the transitions)
 from attnspec.errors import ShapeError
+from attnspec.nn.channel import Mlp  # noqa: F401  (part of the nn API)
 from attnspec.nn.features import PerformerFeatures
 from attnspec.nn.registry import build
 from attnspec.spec.walk import iter_blocks
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def make_norm(kind: str, dim: int) -> nn.Module:
-    """``layernorm``, ``rmsnorm`` or ``none`` (identity)."""
-    if kind == "layernorm":
-        return nn.LayerNorm(dim)
-    if kind == "rmsnorm":
-        return RMSNorm(dim)
-    return nn.Identity()
-
-
-_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}
-
-
-class Mlp(nn.Module):
-    """``W2 act(W1 x)`` or, for ``glu``, ``W2 (act(W1 x) * W3 x)``."""
-
-    def __init__(self, node, d_model: int):
-        super().__init__()
-        hidden = node.expansion * d_model
-        self.activation = _ACTIVATIONS[node.activation]
-        self.up = nn.Linear(d_model, hidden)
-        self.gate = nn.Linear(d_model, hidden) if node.kind == "glu" else None
-        self.down = nn.Linear(hidden, d_model)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.activation(self.up(x))
-        if self.gate is not None:
-            h = h * self.gate(x)
-        return self.down(h)
 
 
 class Block(nn.Module):
@@ -69,9 +30,9 @@ class Block(nn.Module):
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__()
         self.mixer = build("mixer", node.mixer, d_model=d_model, max_len=max_len, seed=seed)
-        self.mlp = Mlp(node.mlp, d_model) if node.mlp.kind != "none" else None
-        self.norm1 = make_norm(node.norm, d_model)
-        self.norm2 = make_norm(node.norm, d_model) if self.mlp is not None else None
+        self.mlp = None if node.mlp.is_identity else build("mlp", node.mlp, d_model=d_model)
+        self.norm1 = build("norm", node.norm, dim=d_model)
+        self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None else None
         self.pre = node.norm_placement == "pre"
         self.residual = node.residual
 
@@ -118,7 +79,7 @@ class Model(nn.Module):
             Block(node, d_model=d, max_len=spec.max_len, seed=spec.seed + 7919 * i)
             for i, (_, node) in enumerate(iter_blocks(spec, expand=True))
         )
-        self.final_norm = make_norm(spec.final_norm, d)
+        self.final_norm = build("norm", spec.final_norm, dim=d)
         head = spec.head
         self.head_kind = head.kind
         self.pooling = getattr(head, "pooling", None)

@@ -21,12 +21,14 @@ import re
 import typing
 from typing import Annotated, Any, Callable, Union
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, Discriminator, Field, Tag
 
 from attnspec.errors import Problem, SpecError, shorten
 
 SLOTS: dict[str, dict[str, type]] = {}
 """slot -> kind -> IR class, in registration order."""
+DEFAULT_KINDS: dict[str, str] = {}
+"""slot -> the kind a mapping without ``kind`` means (``mlp: {expansion: 2}`` is an ``mlp``)."""
 _FIELDS: list[tuple[type, str, str]] = []
 """(IR model, field name, slot) for every field whose type is a slot union."""
 ENTRY_POINT_GROUP = "attnspec.components"
@@ -46,15 +48,29 @@ def _kind_shorthand(value: Any) -> Any:
 def union(slot: str) -> Any:
     """The annotation of a field of ``slot``: the discriminated union of its kinds, with the shorthand."""
     members = tuple(SLOTS[slot].values())
-    inner = Annotated[Union[members], Field(discriminator="kind")] if len(members) > 1 else members[0]  # type: ignore
+    default = DEFAULT_KINDS.get(slot)
+    if default is None:
+        inner = Annotated[Union[members], Field(discriminator="kind")]  # type: ignore[valid-type]
+    else:  # a mapping without `kind` is the default kind
+        tagged = tuple(Annotated[cls, Tag(kind_of(cls))] for cls in members)
+        inner = Annotated[Union[tagged], Discriminator(_kind_or(default))]  # type: ignore[valid-type]
     return Annotated[inner, BeforeValidator(_kind_shorthand)]
 
 
-def declare(slot: str, *members: type) -> Any:
-    """Register the built-in ``members`` of ``slot`` (in order) and return the slot's union."""
+def _kind_or(default: str) -> Callable[[Any], str]:
+    def kind(value: Any) -> str:
+        return value.get("kind", default) if isinstance(value, dict) else getattr(value, "kind", default)
+    return kind
+
+
+def declare(slot: str, *members: type, default: str | None = None) -> Any:
+    """Register the built-in ``members`` of ``slot`` (in order) and return the slot's union;
+    ``default``: the kind a mapping without ``kind`` stands for."""
     for cls in members:
         SLOTS.setdefault(slot, {})[kind_of(cls)] = cls
         cls.slot = slot
+    if default is not None:
+        DEFAULT_KINDS[slot] = default
     return union(slot)
 
 

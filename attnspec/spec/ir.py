@@ -695,25 +695,84 @@ Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer)
 
 # --------------------------------------------------------------------------- blocks and model
 
-NormKind = Literal["layernorm", "rmsnorm", "none"]
+class NormComponent(Node):
+    """A normalisation over the model width."""
+
+    slot: ClassVar[str] = "norm"
+    implementation: ClassVar[str | None] = None
+    is_identity: ClassVar[bool] = False
 
 
-class Mlp(Node):
-    """Channel mixer after the sequence mixer."""
+class LayerNormNode(NormComponent):
+    """LayerNorm: (x - mean) / std * weight + bias."""
 
-    kind: Literal["mlp", "glu", "none"] = "mlp"
-    """`mlp`: W2 act(W1 x); `glu`: W2 (act(W1 x) * W3 x); `none`: no channel mixer."""
+    kind: Literal["layernorm"]
+
+
+class RmsNormNode(NormComponent):
+    """RMSNorm: x / rms(x) * weight."""
+
+    kind: Literal["rmsnorm"]
+
+
+class NoNorm(NormComponent):
+    """No normalisation."""
+
+    kind: Literal["none"]
+    is_identity: ClassVar[bool] = True
+
+
+Norm = declare("norm", LayerNormNode, RmsNormNode, NoNorm)
+
+
+class ChannelMixerComponent(Node):
+    """The channel mixer after the sequence mixer (the block's MLP)."""
+
+    slot: ClassVar[str] = "mlp"
+    implementation: ClassVar[str | None] = None
+    is_identity: ClassVar[bool] = False
+
+
+class _Feedforward(ChannelMixerComponent):
     expansion: Count(limits.MAX_EXPANSION) = 4
     """Hidden width = expansion * d_model."""
     activation: Literal["gelu", "relu", "silu"] = "gelu"
+    gated: ClassVar[bool] = False
+    """A third projection multiplies the activation (GLU)."""
+
+
+class Mlp(_Feedforward):
+    """W2 act(W1 x)."""
+
+    kind: Literal["mlp"] = "mlp"
+    """The default kind: `mlp: {expansion: 2}` needs no kind."""
+
+
+class GluMlp(_Feedforward):
+    """W2 (act(W1 x) * W3 x)."""
+
+    kind: Literal["glu"]
+    gated: ClassVar[bool] = True
+
+
+class NoMlp(ChannelMixerComponent):
+    """No channel mixer."""
+
+    kind: Literal["none"]
+    is_identity: ClassVar[bool] = True
+
+
+ChannelMixer = declare("mlp", Mlp, GluMlp, NoMlp, default="mlp")
 
 
 class Block(Node):
     """One residual block: [norm] -> mixer -> [+x] -> [norm] -> mlp -> [+x]."""
 
     mixer: Mixer
-    mlp: Annotated[Mlp, BeforeValidator(_kind_shorthand)] = Field(default_factory=Mlp)
-    norm: NormKind = "layernorm"
+    mlp: ChannelMixer = Field(default_factory=lambda: Mlp(kind="mlp"))
+    """`mlp` (the default kind), `glu` or `none`."""
+    norm: Norm = Field(default_factory=lambda: LayerNormNode(kind="layernorm"))
+    """`layernorm`, `rmsnorm` or `none`."""
     norm_placement: Literal["pre", "post"] = "pre"
     """`pre`: x + f(norm(x)); `post`: norm(x + f(x))."""
     residual: bool = True
@@ -802,7 +861,7 @@ class Spec(Node):
     seed: Seed = 0
     """Seed of the weight initialisation and of every random projection and hash."""
     layers: Annotated[list[Layer], Field(min_length=1, max_length=limits.MAX_BLOCKS)]
-    final_norm: NormKind = "layernorm"
+    final_norm: Norm = Field(default_factory=lambda: LayerNormNode(kind="layernorm"))
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
 
 
@@ -811,6 +870,7 @@ class Spec(Node):
 for _model, _name, _slot in ((LinearLowRank, "feature_map", "feature_map"), (LinearMixer, "feature_map", "feature_map"),
                              (LinearMixer, "reweighting", "reweighting"), (LinearMixer, "transition", "transition"),
                              (SoftmaxMixer, "transition", "transition"), (ScatterbrainMixer, "lowrank", "lowrank"),
-                             (ScatterbrainMixer, "sparse", "sparse"), (Block, "mixer", "mixer")):
+                             (ScatterbrainMixer, "sparse", "sparse"), (Block, "mixer", "mixer"), (Block, "mlp", "mlp"),
+                             (Block, "norm", "norm"), (Spec, "final_norm", "norm")):
     slot_field(_model, _name, _slot)
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, Block, Group, Spec]

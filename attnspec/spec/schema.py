@@ -20,11 +20,6 @@ def json_schema() -> dict:
     schema = Spec.model_json_schema(ref_template="#/definitions/{model}", mode="validation")
     schema["definitions"] = schema.pop("$defs", {})
     _widen(schema, schema["definitions"])
-    # `mlp` is a single model with a `kind` field (not a union), but takes the same shorthand.
-    mlp = schema["definitions"]["Block"]["properties"]["mlp"]
-    kinds = schema["definitions"]["Mlp"]["properties"]["kind"]["enum"]
-    schema["definitions"]["Block"]["properties"]["mlp"] = {
-        "anyOf": [{"type": "string", "enum": kinds}, {"$ref": mlp.pop("$ref")}], **mlp}
     schema["properties"]["extends"] = {
         "type": "string", "description": "Path of a base spec (relative to this file) deep-merged under this one.",
     }
@@ -43,12 +38,12 @@ def _widen(node: Any, definitions: dict) -> None:
         for value in node.values():
             _widen(value, definitions)
         options = node.get("oneOf")
-        if options and "discriminator" in node and node["discriminator"].get("propertyName") == "kind":
-            kinds = [k for option in options for k in _kinds(option, definitions)]
+        kinds = [_kinds(option, definitions) for option in options or []]
+        if options and all(kinds):  # a union of kind-tagged components (with or without a discriminator)
             union = {"oneOf": options}
             node.pop("oneOf")
-            node.pop("discriminator")
-            node["anyOf"] = [{"type": "string", "enum": kinds}, union]
+            node.pop("discriminator", None)
+            node["anyOf"] = [{"type": "string", "enum": [k for found in kinds for k in found]}, union]
     elif isinstance(node, list):
         for value in node:
             _widen(value, definitions)

@@ -80,12 +80,12 @@ def formula_parameters(spec) -> int:
     norm = {"layernorm": 2 * d, "rmsnorm": d, "none": 0}
     for _, block in iter_blocks(spec, expand=True):
         total += _mixer_parameters(block.mixer, d)
-        total += norm[block.norm]
+        total += norm[block.norm.kind]
         if block.mlp.kind != "none":
             hidden = block.mlp.expansion * d
             total += (d * hidden + hidden) * (2 if block.mlp.kind == "glu" else 1) + hidden * d + d
-            total += norm[block.norm]
-    total += norm[spec.final_norm]
+            total += norm[block.norm.kind]
+    total += norm[spec.final_norm.kind]
     if spec.head.kind == "lm" and not spec.head.tied:
         total += spec.input.vocab_size * d
     elif spec.head.kind == "classifier":

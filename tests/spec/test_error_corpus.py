@@ -52,7 +52,7 @@ CASES = [
     ("unknown-feature-shorthand", "yaml", yaml_with("feature_map: ⟪rleu\n"), (), ["unknown kind 'rleu'", "relu"]),
     ("unknown-mixer-kind", "yaml", BASE.replace("kind: linear", "kind: ⟪lineer"), (), ["unknown kind 'lineer'", "linear"]),
     ("mixer-missing-kind", "yaml", BASE.replace("      kind: linear\n", ""), (), ["missing 'kind'", "linear", "softmax"]),
-    ("unknown-norm", "yaml", BASE + "    norm: ⟪batchnorm\n", (), ["unknown value 'batchnorm'", "layernorm"]),
+    ("unknown-norm", "yaml", BASE + "    norm: ⟪batchnorm\n", (), ["unknown kind 'batchnorm'", "layernorm"]),
     ("unknown-mode", "yaml", yaml_with("mode: ⟪chunked\n"), (), ["unknown value 'chunked'", "did you mean 'chunk'"]),
     ("unknown-input-kind", "yaml", BASE.replace("input: {kind: tokens", "input: {kind: ⟪token"), (), ["unknown kind 'token'", "tokens"]),
     ("unknown-transition-key", "yaml", yaml_with("transition: {kind: data, ⟪magnitud: sigmoid}\ncausal: true\n"), (), ["unknown key 'magnitud'", "magnitude"]),

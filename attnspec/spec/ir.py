@@ -73,12 +73,20 @@ def component(*members: type[Node]) -> Any:
 # overrides what differs. Rules, resolve, plan, lower and nn read these facts, never a kind name.
 
 
-class FeatureMapComponent(Node):
-    """A feature map phi applied per head to queries and keys: width n -> ``width(n)``."""
+class Component(Node):
+    """Base of every kind-tagged part of a spec that fills a slot (:mod:`attnspec.spec.components`)."""
 
-    slot: ClassVar[str] = "feature_map"
+    slot: ClassVar[str]
+    """The slot this component fills (set when it is declared or registered)."""
     implementation: ClassVar[str | None] = None
     """``"module:Class"`` of the nn implementation for plugins (built-ins register in attnspec.nn)."""
+    is_identity: ClassVar[bool] = False
+    """The component does nothing (``none`` kinds): the model leaves it out."""
+
+
+class FeatureMapComponent(Component):
+    """A feature map phi applied per head to queries and keys: width n -> ``width(n)``."""
+
     non_negative: ClassVar[bool] = True
     """phi >= 0, so the linear-attention normaliser q~.z stays positive."""
     finite: ClassVar[bool] = True
@@ -99,11 +107,9 @@ class FeatureMapComponent(Node):
         return iter(())
 
 
-class ReweightingComponent(Node):
+class ReweightingComponent(Component):
     """A separable position re-weighting rho(t) of the features."""
 
-    slot: ClassVar[str] = "reweighting"
-    implementation: ClassVar[str | None] = None
     width_factor: ClassVar[int] = 1
     """How many times the feature width the re-weighted features have."""
 
@@ -111,13 +117,9 @@ class ReweightingComponent(Node):
         return iter(())
 
 
-class TransitionComponent(Node):
+class TransitionComponent(Component):
     """A diagonal state transition a_t, real or complex, per head or per key channel."""
 
-    slot: ClassVar[str] = "transition"
-    implementation: ClassVar[str | None] = None
-    is_identity: ClassVar[bool] = False
-    """a_t = 1: no transition at all."""
 
     @property
     def is_complex(self) -> bool:
@@ -341,10 +343,9 @@ Transition = declare("transition", NoTransition, FixedTransition, DataTransition
 # --------------------------------------------------------------------------- scatterbrain parts
 
 
-class LowRankComponent(Node):
+class LowRankComponent(Component):
     """Scatterbrain's low-rank part: a non-negative feature map estimating exp(q.k)."""
 
-    slot: ClassVar[str] = "lowrank"
     size_field: ClassVar[str | None] = None
     """The field that sizes it from the mixer's `budget` (None: its size is its feature map's)."""
     default_size: ClassVar[int] = 64
@@ -392,11 +393,9 @@ class LinearLowRank(LowRankComponent):
 LowRank = declare("lowrank", PerformerLowRank, LinearLowRank)
 
 
-class SparseComponent(Node):
+class SparseComponent(Component):
     """Scatterbrain's sparse support: which keys each query sees exactly."""
 
-    slot: ClassVar[str] = "sparse"
-    implementation: ClassVar[str | None] = None
     size_field: ClassVar[str]
     """The field that sizes the support; derived from the mixer's `budget` when omitted."""
     default_size: ClassVar[int]
@@ -469,7 +468,7 @@ Mode = Literal["auto", "recurrent", "scan", "chunk", "quadratic"]
 OutputGate = Literal["none", "sigmoid", "swish"]
 
 
-class _MixerBase(Node):
+class _MixerBase(Component):
     heads: Count(limits.MAX_HEADS) = 1
     """Number of heads."""
     d_qk: Count(limits.MAX_HEAD_WIDTH) | None = None
@@ -488,8 +487,6 @@ class _MixerBase(Node):
     """Gate on the mixer output before the output projection: y * act(W_g x)."""
     group_norm: bool = False
     """Per-head normalisation (RMS) of the mixer output, as in RetNet/GateLoop."""
-    slot: ClassVar[str] = "mixer"
-    implementation: ClassVar[str | None] = None
 
     def modes(self) -> tuple[str, ...]:
         """The execution modes that compute this mixer, the planner's default first."""
@@ -695,12 +692,9 @@ Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer)
 
 # --------------------------------------------------------------------------- blocks and model
 
-class NormComponent(Node):
-    """A normalisation over the model width."""
 
-    slot: ClassVar[str] = "norm"
-    implementation: ClassVar[str | None] = None
-    is_identity: ClassVar[bool] = False
+class NormComponent(Component):
+    """A normalisation over the model width."""
 
 
 class LayerNormNode(NormComponent):
@@ -725,12 +719,8 @@ class NoNorm(NormComponent):
 Norm = declare("norm", LayerNormNode, RmsNormNode, NoNorm)
 
 
-class ChannelMixerComponent(Node):
+class ChannelMixerComponent(Component):
     """The channel mixer after the sequence mixer (the block's MLP)."""
-
-    slot: ClassVar[str] = "mlp"
-    implementation: ClassVar[str | None] = None
-    is_identity: ClassVar[bool] = False
 
 
 class _Feedforward(ChannelMixerComponent):

@@ -523,6 +523,11 @@ class _MixerBase(Component):
         """One line naming the mixer and its parts, for plans and summaries."""
         return f"{self.kind} x{self.heads}"
 
+    def resolved_parts(self, *, d_qk: int, max_len: int) -> dict[str, Any]:
+        """Its parts with their derived defaults filled in (``model_copy`` updates), for resolution."""
+        fmap = getattr(self, "feature_map", None)
+        return {"feature_map": fmap.resolved(d_qk)} if fmap is not None else {}
+
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         """Rule violations of this mixer and its parts, as (path below the mixer, message)."""
         if self.mode != "auto" and self.mode not in self.modes():
@@ -660,6 +665,18 @@ class ScatterbrainMixer(_MixerBase):
 
     def describe(self) -> str:
         return f"scatterbrain[{self.lowrank.kind} + {self.sparse.kind}] x{self.heads}"
+
+    def resolved_parts(self, *, d_qk: int, max_len: int) -> dict[str, Any]:
+        """The low-rank and sparse sizes: from the budget's split when there is one, else their defaults."""
+        sizes = self.sizes_for_budget(max_len) if self.budget is not None else None
+        lowrank, sparse = self.lowrank, self.sparse
+        if lowrank.size_field and getattr(lowrank, lowrank.size_field) is None:
+            size = sizes["lowrank"] if sizes else lowrank.default_size
+            lowrank = lowrank.model_copy(update={lowrank.size_field: size})
+        if getattr(sparse, sparse.size_field) is None:
+            size = sparse.size_for_budget(sizes["sparse"]) if sizes else sparse.default_size
+            sparse = sparse.model_copy(update={sparse.size_field: size})
+        return {"lowrank": lowrank, "sparse": sparse}
 
     def sizes_for_budget(self, max_len: int) -> dict[str, int]:
         """Sizes the budget implies: ``{"sparse": keys per query, "lowrank": features}`` (needs a budget)."""

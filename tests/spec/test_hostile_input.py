@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -69,21 +68,26 @@ def test_yaml_1_2_reads_what_1_1_did_not():
     assert loads_spec(BASE.replace("name: t", "name: '0x10'")).name == "0x10"  # quoted stays a string
 
 
-def _timed_error(text: str, fmt: str = "yaml") -> tuple[SpecError, float]:
-    start = time.perf_counter()
+def _error(text: str, fmt: str = "yaml") -> SpecError:
     with pytest.raises(SpecError) as caught:
         loads_spec(text, fmt, source="hostile")
-    return caught.value, time.perf_counter() - start
+    return caught.value
 
 
-def test_alias_bomb_is_refused_in_under_a_second():
+def test_alias_bomb_is_refused_after_bounded_work(monkeypatch):
+    from attnspec.spec import yaml_front
+
     lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
     for previous, name in zip("abcdefgh", "bcdefghi"):
         lines.append(f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
     text = "\n".join(lines) + "\n"
     assert len(text) < 400  # expands to 9^9 = 387 million strings
-    error, seconds = _timed_error(text)
-    assert seconds < 1.0
+    calls = []
+    convert = yaml_front._Converter.convert
+    monkeypatch.setattr(yaml_front._Converter, "convert", lambda self, *a: (calls.append(1), convert(self, *a))[1])
+    error = _error(text)
+    # The work is bounded by the value limit, not by the expansion (0.18 s measured on 2 cores).
+    assert len(calls) == limits.MAX_VALUES + 1
     assert f"more than {limits.MAX_VALUES:,} values" in str(error) and error.problems[0].line is not None
 
 
@@ -96,8 +100,7 @@ def test_alias_bomb_is_refused_in_under_a_second():
     ("layers { " + "repeat 2 { " * 600 + "}" * 600 + " }", "attn"),
 ])
 def test_deep_nesting_is_refused_without_recursion_error(text, fmt):
-    error, seconds = _timed_error(text, fmt)
-    assert "levels deep" in str(error) and seconds < 1.0
+    assert "levels deep" in str(_error(text, fmt))
 
 
 @pytest.mark.parametrize("text, words", [
@@ -107,7 +110,7 @@ def test_deep_nesting_is_refused_without_recursion_error(text, fmt):
     ("layers { repeat 9" + "9" * 5000 + " { } }", ["characters"]),
 ])
 def test_attn_literals_are_located_errors(text, words):
-    error, _ = _timed_error(text, "attn")
+    error = _error(text, "attn")
     assert error.problems[0].line == 1
     for word in words:
         assert word in str(error)

@@ -5,8 +5,8 @@ A *slot* is a place in a spec that takes one of several kinds of component: ``fe
 (a pydantic model with a ``kind`` literal) that carries its facts as class attributes and methods
 (its feature width, whether it is non-negative, complex, per channel, its own rules, ...), and
 names its implementation: the ``nn.Module`` class registered for the same kind in
-:mod:`attnspec.nn.registry`, or, for plugins, a ``"module:Class"`` string imported on first build
-(so that ``attnspec check`` never imports torch).
+:mod:`attnspec.nn.registry`, or, for plugins, a ``"module:Class"`` string that registry imports on
+first build (so that ``attnspec check`` never imports torch).
 
 The slot unions of the IR (:data:`attnspec.spec.ir.FeatureMap`, ...) are built from this registry;
 :func:`register` adds a kind at run time (a plugin) and rebuilds the IR models that have the slot,
@@ -91,6 +91,10 @@ def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
 
     if slot not in SLOTS:
         raise SpecError(Problem(f"no component slot {shorten(slot)}; slots are {', '.join(SLOTS)}"))
+    base = ir.SLOT_BASES[slot]
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise SpecError(Problem(f"a {slot} component must be a subclass of attnspec.spec.ir.{base.__name__} (it "
+                                f"states the facts every {slot} has), got {shorten(cls)}"))
     kind = kind_of(cls)
     existing = SLOTS[slot].get(kind)
     if existing is cls:
@@ -114,15 +118,6 @@ def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
 def component(slot: str) -> Callable[[type], type]:
     """Class decorator for plugins: ``@component("feature_map")`` registers the IR class in ``slot``."""
     return lambda cls: register(slot, cls)
-
-
-def implementation(node: Any) -> type | None:
-    """The nn class a plugin component names with ``implementation = "module:Class"`` (None for built-ins)."""
-    target = getattr(type(node), "implementation", None)
-    if target is None:
-        return None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def import_plugins(names: Any, where: Callable[[tuple], Any]) -> None:
@@ -177,4 +172,4 @@ def _plugin_error(message: str, index: tuple, where: Callable[[tuple], Any]) -> 
 
 
 __all__ = ["SLOTS", "register", "component", "declare", "union", "kind_of", "import_plugins", "load_entry_points",
-           "implementation", "ENTRY_POINT_GROUP"]
+           "ENTRY_POINT_GROUP"]

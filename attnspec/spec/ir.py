@@ -881,3 +881,7 @@ for _model, _name, _slot in ((LinearLowRank, "feature_map", "feature_map"), (Lin
                              (Block, "norm", "norm"), (Spec, "final_norm", "norm")):
     slot_field(_model, _name, _slot)
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, Block, Group, Spec]
+SLOT_BASES = {"feature_map": FeatureMapComponent, "reweighting": ReweightingComponent,
+              "transition": TransitionComponent, "lowrank": LowRankComponent, "sparse": SparseComponent,
+              "mixer": _MixerBase, "mlp": ChannelMixerComponent, "norm": NormComponent}
+"""The base class of each slot: its facts, with defaults, that a plugin's component inherits."""

@@ -71,9 +71,9 @@ def check_plugins(directory: Path, names: object) -> None:
         places = [found.origin] if found and found.origin else []
         places += list(found.submodule_search_locations or []) if found else []
         if any(Path(place).resolve().is_relative_to(inside) for place in places if place):
-            raise BuildError(f"{directory}: its spec names the plugin {shorten(str(name))}, which would be imported from "
-                             "inside the build directory; a build directory never supplies code. Install the plugin "
-                             "or put it on PYTHONPATH from elsewhere")
+            raise BuildError(f"{directory}: its spec names the plugin {shorten(str(name))}, which would be imported "
+                             "from inside the build directory; a build directory never supplies code. Install the "
+                             "plugin or put it on PYTHONPATH from elsewhere")
 
 
 def load_model(directory: Path | str, manifest: Manifest | None = None) -> Model:

@@ -40,7 +40,7 @@ def kind_of(cls: type) -> str:
     return typing.get_args(cls.model_fields["kind"].annotation)[0]
 
 
-def _kind_shorthand(value: Any) -> Any:
+def kind_shorthand(value: Any) -> Any:
     """Accept ``"relu"`` as shorthand for ``{"kind": "relu"}``."""
     return {"kind": value} if isinstance(value, str) else value
 
@@ -54,7 +54,7 @@ def union(slot: str) -> Any:
     else:  # a mapping without `kind` is the default kind
         tagged = tuple(Annotated[cls, Tag(kind_of(cls))] for cls in members)
         inner = Annotated[Union[tagged], Discriminator(_kind_or(default))]  # type: ignore[valid-type]
-    return Annotated[inner, BeforeValidator(_kind_shorthand)]
+    return Annotated[inner, BeforeValidator(kind_shorthand)]
 
 
 def _kind_or(default: str) -> Callable[[Any], str]:

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from attnspec.spec import limits
-from attnspec.spec.components import SLOTS, declare, slot_field
+from attnspec.spec.components import SLOTS, declare, kind_shorthand, slot_field
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -54,18 +54,11 @@ class Node(BaseModel):
     )
 
 
-def _kind_shorthand(value: Any) -> Any:
-    """Accept ``"relu"`` as shorthand for ``{"kind": "relu"}``."""
-    if isinstance(value, str):
-        return {"kind": value}
-    return value
-
-
-def component(*members: type[Node]) -> Any:
+def fixed_union(*members: type[Node]) -> Any:
     """A fixed union of ``kind``-tagged node types with the bare-string shorthand (for the model's own
     parts, such as heads; the slots plugins can extend are declared in :mod:`attnspec.spec.components`)."""
     union = Annotated[Union[members], Field(discriminator="kind")]  # type: ignore[valid-type]
-    return Annotated[union, BeforeValidator(_kind_shorthand)]
+    return Annotated[union, BeforeValidator(kind_shorthand)]
 
 
 # --------------------------------------------------------------------------- component bases
@@ -846,7 +839,7 @@ class NoHead(Node):
     kind: Literal["none"]
 
 
-Head = component(LmHead, ClassifierHead, NoHead)
+Head = fixed_union(LmHead, ClassifierHead, NoHead)
 
 
 class Spec(Node):

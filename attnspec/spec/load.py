@@ -43,8 +43,8 @@ def format_of(path: FsPath) -> str:
                             "*.yaml, *.yml or *.attn", source=str(path)))
 
 
-def read_text_file(path: FsPath, what: str = "spec", limit: int = limits.MAX_SPEC_BYTES) -> str:
-    """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes.
+def read_text_file(path: FsPath) -> str:
+    """The UTF-8 text of the regular spec file ``path``, at most ``MAX_SPEC_BYTES`` bytes.
 
     FIFOs, devices and directories are refused before anything is read (reading a FIFO blocks,
     ``/dev/zero`` never ends). Raises :class:`SpecError` naming the file.
@@ -53,21 +53,21 @@ def read_text_file(path: FsPath, what: str = "spec", limit: int = limits.MAX_SPE
     try:
         info = os.stat(path)
         if stat.S_ISDIR(info.st_mode):
-            raise SpecError(Problem(f"is a directory, not a {what} file", source=source))
+            raise SpecError(Problem("is a directory, not a spec file", source=source))
         if not stat.S_ISREG(info.st_mode):
-            raise SpecError(Problem(f"is not a regular file (a FIFO, socket or device); give a {what} file",
+            raise SpecError(Problem("is not a regular file (a FIFO, socket or device); give a spec file",
                                     source=source))
-        if info.st_size > limit:
-            raise SpecError(Problem(f"is {info.st_size:,} bytes; {what} files are limited to {limit:,}",
-                                    source=source))
+        if info.st_size > limits.MAX_SPEC_BYTES:
+            raise SpecError(Problem(f"is {info.st_size:,} bytes; spec files are limited to "
+                                    f"{limits.MAX_SPEC_BYTES:,}", source=source))
         with open(path, "rb") as handle:
-            raw = handle.read(limit + 1)
+            raw = handle.read(limits.MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise SpecError(Problem("no such file", source=source)) from None
     except OSError as err:
         raise SpecError(Problem(f"cannot read: {err.strerror}", source=source)) from None
-    if len(raw) > limit:  # it grew after the stat
-        raise SpecError(Problem(f"is over {limit:,} bytes, the limit for {what} files", source=source))
+    if len(raw) > limits.MAX_SPEC_BYTES:  # it grew after the stat
+        raise SpecError(Problem(f"is over {limits.MAX_SPEC_BYTES:,} bytes, the limit for spec files", source=source))
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -16,15 +16,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnspec.errors import ShapeError
+from attnspec.nn.positions import build_position
 from attnspec.nn.registry import build, register
-from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
+from attnspec.ops.linear import Decay, PairState, combine_decays, linear_attention, recurrent_step
 from attnspec.ops.scatterbrain import scatterbrain_attention
 from attnspec.ops.softmax import softmax_attention
 
 
 class Mixer(nn.Module):
-    """Common parts: q/k/v/output projections, output gate and per-head output norm. The modes and
-    whether there is a decoding step are the IR node's facts (``node.modes()``, ``node.has_step``)."""
+    """Common parts: q/k/v/output projections, the position scheme (rotary q/k or a decay), short
+    convolutions, output gate and per-head output norm. The modes and whether there is a decoding
+    step are the IR node's facts (``node.modes()``, ``node.has_step``)."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__()
@@ -42,6 +44,14 @@ class Mixer(nn.Module):
         self.gate = nn.Linear(d_model, self.heads * self.d_v, bias=False) if node.output_gate != "none" else None
         self.gate_kind = node.output_gate
         self.norm_weight = nn.Parameter(torch.ones(self.heads * self.d_v)) if node.group_norm else None
+        with torch.no_grad():  # `init_scale` multiplies PyTorch's default initialisation
+            for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, self.gate):
+                if projection is not None:
+                    projection.weight.mul_(node.init_scale)
+        self.position = build_position(node.position, heads=self.heads, d_qk=self.d_qk, d_model=d_model,
+                                       max_len=max_len)
+        self.conv = build("conv", node.conv, channels={"x": d_model, "q": self.heads * self.d_qk,
+                                                        "k": self.heads * self.d_qk, "v": self.heads * self.d_v})
 
     def _checked_mode(self, mode: str | None) -> str:
         """``mode`` (or the planned ``self.mode`` when None), refused unless this mixer has it."""
@@ -55,9 +65,22 @@ class Mixer(nn.Module):
         B, L = y.shape[:2]
         return y.view(B, L, self.heads, width).transpose(1, 2)
 
-    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return (self._heads(self.q_proj(x), self.d_qk), self._heads(self.k_proj(x), self.d_qk),
-                self._heads(self.v_proj(x), self.d_v))
+    def _project(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None
+                 ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
+        """q, k (B, H, L, d_qk) rotated at positions offset.., v (B, H, L, d_v), and the convolutions'
+        new state (one tensor per stream; ``conv_state`` continues a sequence, None starts one)."""
+        past = dict(zip(self.conv.widths, conv_state)) if conv_state is not None else {}
+        new_state = {}
+        x, new_state["x"] = self.conv("x", x, past.get("x"))
+        streams = {}
+        for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
+            streams[name], new_state[name] = self.conv(name, projection(x), past.get(name))
+        q, k = self.position.rotate(self._heads(streams["q"], self.d_qk), self._heads(streams["k"], self.d_qk), offset)
+        return q, k, self._heads(streams["v"], self.d_v), tuple(new_state[name] for name in self.conv.widths)
+
+    def _decay(self, x: Tensor) -> Decay | None:
+        """The transition's decay joined with the position scheme's (ALiBi)."""
+        return combine_decays(self.transition(x), self.position.decay(x))
 
     def _output(self, o: Tensor, x: Tensor) -> Tensor:
         """Per-head RMS norm, merge heads, output gate, output projection: (B, H, L, Dv) -> (B, L, d_model)."""
@@ -74,8 +97,8 @@ class Mixer(nn.Module):
 
     def _softmax_attention(self, x: Tensor) -> Tensor:
         """Softmax attention with the mixer's (real, per-head) decay as log-bias: (B, L, d) -> (B, H, L, Dv)."""
-        q, k, v = self._project(x)
-        decay = self.transition(x)
+        q, k, v, _ = self._project(x)
+        decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
         return softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale)
 
@@ -99,22 +122,23 @@ class LinearMixer(Mixer):
         self.state_width = node.feature_map.width(self.d_qk) * node.reweighting.width_factor
 
     # -- shared by forward and step
-    def _prepare(self, x: Tensor, offset: Tensor | int = 0):
-        """q~, k~ (B, H, L, m), v (B, H, L, Dv), Decay or None, and the per-query log scale of the
-        kernel (B, H, L) or None, for positions offset .. offset+L-1."""
-        q, k, v = self._project(x)
+    def _prepare(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None):
+        """q~, k~ (B, H, L, m), v (B, H, L, Dv), Decay or None, the per-query log scale of the kernel
+        (B, H, L) or None, and the convolutions' new state, for positions offset .. offset+L-1."""
+        q, k, v, conv_state = self._project(x, offset, conv_state)
         q, log_scale = self.features(q, True)
         k, _ = self.features(k, False)
         if log_scale is not None and not self.normalize:  # the un-normalised estimate needs its true scale
             q, log_scale = q * torch.exp(log_scale).unsqueeze(-1), None
+        # cosFormer's positions are 1-based (offset + 1 ..), the position schemes' 0-based
         q, k = self.reweighting(q, k, offset)
-        return q * self.feature_scale, k, v, self.transition(x), log_scale
+        return q * self.feature_scale, k, v, self._decay(x), log_scale, conv_state
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         mode = self._checked_mode(mode)
         if self.softmax_kernel:
             return self._output(self._softmax_attention(x), x)
-        q, k, v, decay, log_scale = self._prepare(x)
+        q, k, v, decay, log_scale, _ = self._prepare(x)
         o = linear_attention(q, k, v, decay, causal=self.causal, normalize=self.normalize, eps=self.eps,
                              log_scale=log_scale, mode=mode, chunk_size=self.chunk_size,
                              max_length=self.max_len if self.causal else None)
@@ -122,23 +146,26 @@ class LinearMixer(Mixer):
 
     # -- decoding
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
-        """Zero state: (S_re,) or (S_re, S_im), each (batch, H, m, Dv [+1])."""
+        """Zero state: (S_re,) or (S_re, S_im), each (batch, H, m, Dv [+1]), then one (batch, w - 1, C)
+        tensor per convolved stream."""
         width = self.d_v + (1 if self.normalize else 0)
         zeros = torch.zeros(batch, self.heads, self.state_width, width, dtype=dtype, device=device)
-        return (zeros, zeros.clone()) if self.transition.is_complex else (zeros,)
+        pair = (zeros, zeros.clone()) if self.transition.is_complex else (zeros,)
+        return pair + self.conv.init_state(batch, dtype, device)
 
     def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token: ``x_t`` (B, d_model), ``position`` (B,) 0-based -> (y_t (B, d_model), new state)."""
         x = x_t.unsqueeze(1)
-        q, k, v, decay, log_scale = self._prepare(x, position)
+        pairs = 2 if self.transition.is_complex else 1
+        q, k, v, decay, log_scale, conv_state = self._prepare(x, position, state[pairs:])
         step_decay = None if decay is None else Decay(decay.log_mag[:, :, 0],
                                                       None if decay.phase is None else decay.phase[:, :, 0])
-        pair = PairState(state[0], state[1] if len(state) > 1 else None)
+        pair = PairState(state[0], state[1] if pairs > 1 else None)
         o, pair = recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], step_decay, pair, normalize=self.normalize,
                                  eps=self.eps, log_scale=None if log_scale is None else log_scale[:, :, 0])
         y = self._output(o.unsqueeze(2), x)
         new_state = (pair.re,) if pair.im is None else (pair.re, pair.im)
-        return y[:, 0], new_state
+        return y[:, 0], new_state + conv_state
 
     def regularization_loss(self) -> Tensor | None:
         return self.features.regularization_loss()
@@ -171,7 +198,7 @@ class ScatterbrainMixer(Mixer):
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         mode = self._checked_mode(mode)
-        q, k, v = self._project(x)
+        q, k, v, _ = self._project(x)
         q_features, log_scale = self.features(q * self.sqrt_scale, True)
         k_features, _ = self.features(k * self.sqrt_scale, False)
         o = scatterbrain_attention(q, k, v, q_features, k_features, self.sparse(q, k), q_log_scale=log_scale,

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 import attnspec.nn.channel  # noqa: F401  (registers the norms and MLPs)
+import attnspec.nn.convs  # noqa: F401  (registers the short convolutions)
 import attnspec.nn.features  # noqa: F401  (registers the feature maps)
 import attnspec.nn.mixers  # noqa: F401  (registers the mixers)
 import attnspec.nn.reweightings  # noqa: F401  (registers the re-weightings)
@@ -18,6 +19,7 @@ import attnspec.nn.transitions  # noqa: F401  (registers the transitions)
 from attnspec.errors import ShapeError
 from attnspec.nn.channel import Mlp  # noqa: F401  (part of the nn API)
 from attnspec.nn.features import PerformerFeatures
+from attnspec.nn.positions import Position, build_position
 from attnspec.nn.registry import build
 from attnspec.spec.walk import iter_blocks
 
@@ -75,6 +77,9 @@ class Model(nn.Module):
         d = spec.d_model
         self.token_input = spec.input.kind == "tokens"
         self.embed = nn.Embedding(spec.input.vocab_size, d) if self.token_input else nn.Linear(spec.input.dim, d)
+        # learned/sinusoidal positions join the embeddings; rope/alibi live in the mixers (resolved there)
+        self.position = (build_position(spec.position, d_model=d, max_len=spec.max_len)
+                         if spec.position.acts_on == "embedding" else Position())
         self.blocks = nn.ModuleList(
             Block(node, d_model=d, max_len=spec.max_len, seed=spec.seed + 7919 * i)
             for i, (_, node) in enumerate(iter_blocks(spec, expand=True))
@@ -127,7 +132,7 @@ class Model(nn.Module):
 
     def forward(self, inputs: Tensor, mode: str | None = None) -> Tensor:
         self.check_inputs(inputs)
-        x = self.embed(inputs)
+        x = self.position.embed(self.embed(inputs))
         for block in self.blocks:
             x = block(x, mode)
         return self._head(self.final_norm(x))
@@ -160,7 +165,7 @@ class Model(nn.Module):
         """
         self.check_inputs(token, per_position=False)
         position, rest = state[0], list(state[1:])
-        x = self.embed(token)
+        x = self.position.embed(self.embed(token).unsqueeze(1), position).squeeze(1)
         new_state: list[Tensor] = [position + 1]
         for block, count in zip(self.blocks, self.state_layout()):
             block_state, rest = tuple(rest[:count]), rest[count:]

@@ -16,6 +16,12 @@ from attnspec.nn.registry import register
 from attnspec.ops.linear import Decay
 
 
+def spread(bounds: list[float], count: int) -> Tensor:
+    """``count`` values from lo to hi, evenly spaced (float64): channel c gets lo + (hi - lo) c / (count - 1)."""
+    lo, hi = bounds
+    return torch.linspace(lo, hi, count, dtype=torch.float64)
+
+
 class Transition(nn.Module):
     """Base: ``forward(x)`` with x (B, L, d_model) -> Decay or None. Whether it is complex or per
     channel is the IR node's fact, copied here for the mixer's state layout."""
@@ -64,6 +70,10 @@ class FixedTransition(Transition):
             channel = index % max(self.width, 1) if self.per_channel else index
             log_mag = -0.5 * dt
             theta = math.pi * channel * dt
+        if node.magnitude_init is not None:
+            log_mag = torch.log(spread(node.magnitude_init, count))
+        if node.phase_init is not None:
+            theta = spread(node.phase_init, count)
         self.nu = nn.Parameter(torch.log(-log_mag).float().view(heads, self.width))
         self.theta = nn.Parameter(theta.float().view(heads, self.width)) if self.is_complex else None
 
@@ -84,6 +94,14 @@ class DataTransition(Transition):
         self.magnitude = node.magnitude
         self.gamma = nn.Linear(d_model, heads * self.width)
         self.theta = nn.Linear(d_model, heads * self.width) if self.is_complex else None
+        # The biases set a_t at zero input: |a| spread over magnitude_init, theta over phase_init.
+        count = heads * self.width
+        magnitude = spread(node.magnitude_init, count)
+        bias = torch.log(magnitude / (1 - magnitude)) if self.magnitude == "sigmoid" else torch.log(-torch.log(magnitude))
+        with torch.no_grad():
+            self.gamma.bias.copy_(bias)
+            if self.theta is not None:
+                self.theta.bias.copy_(spread(node.phase_init, count))
 
     def _split(self, y: Tensor) -> Tensor:
         B, L = y.shape[:2]

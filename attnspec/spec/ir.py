@@ -75,6 +75,11 @@ class Component(Node):
     """``"module:Class"`` of the nn implementation for plugins (built-ins register in attnspec.nn)."""
     is_identity: ClassVar[bool] = False
     """The component does nothing (``none`` kinds): the model leaves it out."""
+    no_weight_decay: ClassVar[bool] = False
+    """The trainer's optimiser applies no weight decay to this component's parameters (norms,
+    positions, transitions). Biases and the token embedding never take weight decay."""
+    lr_multiplier: ClassVar[float] = 1.0
+    """The trainer scales the learning rate of this component's parameters by this factor."""
 
 
 class FeatureMapComponent(Component):
@@ -113,6 +118,11 @@ class ReweightingComponent(Component):
 class TransitionComponent(Component):
     """A diagonal state transition a_t, real or complex, per head or per key channel."""
 
+    no_weight_decay: ClassVar[bool] = True  # GateLoop sec. 7.2 trains its transition projections without decay
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        """Rule violations of this transition alone, as (path below it, message)."""
+        return iter(())
 
     @property
     def is_complex(self) -> bool:
@@ -283,6 +293,21 @@ Reweighting = declare("reweighting", NoReweighting, CosReweighting)
 # --------------------------------------------------------------------------- state transitions
 
 
+UnitRange = Annotated[list[Annotated[float, Field(gt=0, lt=1)]], Field(min_length=2, max_length=2)]
+"""[lo, hi] with 0 < lo <= hi < 1."""
+PhaseRange = Annotated[list[Annotated[float, Field(ge=-4, le=4)]], Field(min_length=2, max_length=2)]
+"""[lo, hi] in radians, within [-4, 4]."""
+
+
+def _range_problems(magnitude, phase, is_complex: bool) -> Iterator[tuple[tuple, str]]:
+    """Initialisation ranges must be ordered; a phase range needs a complex transition."""
+    for name, value in (("magnitude_init", magnitude), ("phase_init", phase)):
+        if value is not None and value[0] > value[1]:
+            yield (name,), f"{name} is [lo, hi] with lo <= hi, got [{value[0]}, {value[1]}]"
+    if phase is not None and not is_complex:
+        yield ("phase_init",), "phase_init only applies to a complex transition (`complex: true`); remove it"
+
+
 class NoTransition(TransitionComponent):
     """a_t = 1: plain (causal) linear attention."""
 
@@ -301,10 +326,17 @@ class FixedTransition(TransitionComponent):
     """Complex transition (magnitude and phase) or real (magnitude only)."""
     per: Literal["head", "channel"] = "head"
     """One transition per head, or one per key channel."""
+    magnitude_init: UnitRange | None = None
+    """Override the recipe's magnitudes: |a| of channel c of C is lo + (hi - lo) c / (C - 1)."""
+    phase_init: PhaseRange | None = None
+    """Override the recipe's phases (complex only): theta of channel c spread the same way over [lo, hi]."""
 
     @property
     def is_complex(self) -> bool:
         return self.complex
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        yield from _range_problems(self.magnitude_init, self.phase_init, self.is_complex)
 
     @property
     def per_channel(self) -> bool:
@@ -321,10 +353,22 @@ class DataTransition(TransitionComponent):
     """Phase activation g: identity gives a complex transition, none a real one."""
     per: Literal["head", "channel"] = "channel"
     """One transition per head, or one per key channel."""
+    magnitude_init: UnitRange = Field(default_factory=lambda: [0.9, 0.999])
+    """|a| at zero input, spread over the channels (lo + (hi - lo) c / (C - 1) for channel c of C) by
+    the bias of W_gamma. The default keeps the state alive over ~10-1000 steps at initialisation:
+    with PyTorch's default bias, mean |a| is about 0.5 and nothing survives from a key to its query
+    (associative recall stays at chance). GateLoop learns to close the gate where it must forget."""
+    phase_init: PhaseRange = Field(default_factory=lambda: [0.0, 0.1])
+    """theta at zero input (radians, the bias of W_theta), spread over the channels the same way;
+    small phases start the complex transition near a real decay, as RetNet's 10000^(-c/n) does."""
+    lr_multiplier: ClassVar[float] = 0.8  # GateLoop sec. 7.2: transition lr 1e-4 vs base 1.25e-4
 
     @property
     def is_complex(self) -> bool:
         return self.phase != "none"
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        yield from _range_problems(self.magnitude_init, self.phase_init if self.is_complex else None, True)
 
     @property
     def per_channel(self) -> bool:
@@ -332,6 +376,124 @@ class DataTransition(TransitionComponent):
 
 
 Transition = declare("transition", NoTransition, FixedTransition, DataTransition)
+
+# --------------------------------------------------------------------------- positions
+
+
+class PositionComponent(Component):
+    """Position information. ``acts_on`` says where: added to the token embeddings (a model-level
+    choice), rotating each mixer's q and k before the feature map, or a fixed decay that shares the
+    transition's path. Written at the model level, a q/k or decay scheme applies to every mixer that
+    does not name its own; written on a mixer, it applies to that mixer only."""
+
+    acts_on: ClassVar[Literal["nothing", "embedding", "qk", "decay"]] = "nothing"
+    no_weight_decay: ClassVar[bool] = True  # a position table is an embedding
+
+    def problems(self, *, causal: bool, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        """Rule violations of this scheme inside a mixer, as (path below it, message)."""
+        return iter(())
+
+
+class NoPosition(PositionComponent):
+    """No position information (the mixer may still order positions through its transition)."""
+
+    kind: Literal["none"]
+    is_identity: ClassVar[bool] = True
+
+
+class LearnedPosition(PositionComponent):
+    """A learned absolute position table (max_len x d_model) added to the token embeddings (GPT-2)."""
+
+    kind: Literal["learned"]
+    acts_on: ClassVar[str] = "embedding"
+
+
+class SinusoidalPosition(PositionComponent):
+    """Fixed sinusoids sin/cos(t / base^(2i/d)) added to the token embeddings (Vaswani et al.)."""
+
+    kind: Literal["sinusoidal"]
+    base: Annotated[float, Field(gt=1, le=1e9)] = 10000.0
+    acts_on: ClassVar[str] = "embedding"
+
+
+class RotaryPosition(PositionComponent):
+    """RoPE: rotate pairs (i, i + d/2) of q and k by t / base^(2i/d) before the feature map, so a
+    softmax score depends on the offset between positions. Decoding rotates at the cache position."""
+
+    kind: Literal["rope"]
+    base: Annotated[float, Field(gt=1, le=1e9)] = 10000.0
+    acts_on: ClassVar[str] = "qk"
+
+    def problems(self, *, causal: bool, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        if d_qk is not None and d_qk % 2:
+            yield (), f"rope rotates pairs of query/key channels, so d_qk must be even, got {d_qk}"
+
+
+class AlibiPosition(PositionComponent):
+    """ALiBi: score bias -m_h (t - s) with head slopes m_h = 2^(-8 (h+1) / H), i.e. a fixed real decay
+    a = exp(-m_h) per head, applied through the transition's decay path (so linear mixers take it too)."""
+
+    kind: Literal["alibi"]
+    acts_on: ClassVar[str] = "decay"
+
+    def problems(self, *, causal: bool, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        if not causal:
+            yield (), "alibi is a decay over past positions, so it needs `causal: true`; use rope for non-causal"
+
+
+Position = declare("position", NoPosition, LearnedPosition, SinusoidalPosition, RotaryPosition, AlibiPosition)
+
+# --------------------------------------------------------------------------- short convolutions
+
+
+class ConvComponent(Component):
+    """Causal depthwise convolutions inside a mixer: ``streams()`` names what is convolved and with
+    which width; each stream keeps its last width - 1 inputs as decoding state."""
+
+    def streams(self) -> dict[str, int]:
+        """Stream (``x``: the mixer input, ``q``/``k``/``v``: the projections) -> kernel width."""
+        return {}
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        return iter(())
+
+
+class NoConv(ConvComponent):
+    """No convolution."""
+
+    kind: Literal["none"]
+    is_identity: ClassVar[bool] = True
+
+
+class ShortConv(ConvComponent):
+    """Short causal depthwise convolutions on the projected q, k and/or v (H3, Based, Mamba)."""
+
+    kind: Literal["short"]
+    width: Annotated[int, Field(ge=2, le=limits.MAX_CONV_WIDTH)] = 4
+    """Kernel width: each output sees its own position and the width - 1 before it."""
+    on: Annotated[list[Literal["q", "k", "v"]], Field(min_length=1, max_length=3)] = Field(
+        default_factory=lambda: ["q", "k", "v"])
+    """Which projections are convolved."""
+
+    def streams(self) -> dict[str, int]:
+        return {name: self.width for name in self.on}
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        if len(set(self.on)) != len(self.on):
+            yield ("on",), f"each of q, k, v may be named once, got {self.on}"
+
+
+class TokenShift(ConvComponent):
+    """Token shift (RWKV): the mixer sees mu * x_(t-1) + (1 - mu) * x_t per channel, a width-2 causal
+    depthwise convolution of its input, initialised to mu = 1/2."""
+
+    kind: Literal["shift"]
+
+    def streams(self) -> dict[str, int]:
+        return {"x": 2}
+
+
+Conv = declare("conv", NoConv, ShortConv, TokenShift)
 
 # --------------------------------------------------------------------------- scatterbrain parts
 
@@ -480,6 +642,14 @@ class _MixerBase(Component):
     """Gate on the mixer output before the output projection: y * act(W_g x)."""
     group_norm: bool = False
     """Per-head normalisation (RMS) of the mixer output, as in RetNet/GateLoop."""
+    position: Position | None = None
+    """Position scheme of this mixer: `rope`, `alibi` or `none`; unset, the model's `position` applies
+    when it acts on q/k or as a decay (resolved specs state it)."""
+    conv: Conv = Field(default_factory=lambda: NoConv(kind="none"))
+    """`short` causal depthwise convolutions on q/k/v, or `shift` (token shift of the input)."""
+    init_scale: Annotated[float, Field(gt=0, le=100)] = 1.0
+    """Multiplier on the q/k/v/gate/output projections' initial weights (PyTorch's default
+    nn.Linear init, uniform in +-1/sqrt(fan_in)). 1 keeps the default."""
 
     def modes(self) -> tuple[str, ...]:
         """The execution modes that compute this mixer, the planner's default first."""
@@ -521,6 +691,12 @@ class _MixerBase(Component):
         fmap = getattr(self, "feature_map", None)
         return {"feature_map": fmap.resolved(d_qk)} if fmap is not None else {}
 
+    def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
+        """The scheme this mixer applies: its own, else the model's when that acts on q/k or as a decay."""
+        if self.position is not None:
+            return self.position
+        return model_position if model_position.acts_on in ("qk", "decay") else NoPosition(kind="none")
+
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         """Rule violations of this mixer and its parts, as (path below the mixer, message)."""
         if self.mode != "auto" and self.mode not in self.modes():
@@ -529,6 +705,19 @@ class _MixerBase(Component):
         if transition is not None and not transition.is_identity and not self.causal:
             yield ("transition",), ("a state transition orders positions, so it needs `causal: true`; "
                                     "remove the transition or make the mixer causal")
+        if transition is not None:
+            for below, message in transition.problems():
+                yield ("transition", *below), message
+        if self.position is not None:
+            if self.position.acts_on == "embedding":
+                yield ("position",), (f"{self.position.kind} positions are added to the token embeddings; write "
+                                      f"`position: {self.position.kind}` at the model level, not on a mixer")
+            for below, message in self.position.problems(causal=self.causal, d_qk=d_qk):
+                yield ("position", *below), message
+            if self.position.acts_on == "decay" and transition is None:
+                yield ("position",), (f"a {self.kind} mixer has no decay path for {self.position.kind}; use rope")
+        for below, message in self.conv.problems():
+            yield ("conv", *below), message
 
 
 def _softmax_decay_problems(transition: TransitionComponent) -> Iterator[tuple[tuple, str]]:
@@ -706,6 +895,8 @@ Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer)
 class NormComponent(Component):
     """A normalisation over the model width."""
 
+    no_weight_decay: ClassVar[bool] = True
+
 
 class LayerNormNode(NormComponent):
     """LayerNorm: (x - mean) / std * weight + bias."""
@@ -860,6 +1051,9 @@ class Spec(Node):
     dtype: Literal["float32", "float64"] = "float32"
     seed: Seed = 0
     """Seed of the weight initialisation and of every random projection and hash."""
+    position: Position = Field(default_factory=lambda: NoPosition(kind="none"))
+    """Position information: `learned` or `sinusoidal` (added to the embeddings), `rope` or `alibi`
+    (in every mixer that does not name its own `position`), or `none`."""
     layers: Annotated[list[Layer], Field(min_length=1, max_length=limits.MAX_BLOCKS)]
     final_norm: Norm = Field(default_factory=lambda: LayerNormNode(kind="layernorm"))
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
@@ -870,11 +1064,16 @@ class Spec(Node):
 for _model, _name, _slot in ((LinearLowRank, "feature_map", "feature_map"), (LinearMixer, "feature_map", "feature_map"),
                              (LinearMixer, "reweighting", "reweighting"), (LinearMixer, "transition", "transition"),
                              (SoftmaxMixer, "transition", "transition"), (ScatterbrainMixer, "lowrank", "lowrank"),
-                             (ScatterbrainMixer, "sparse", "sparse"), (Block, "mixer", "mixer"), (Block, "mlp", "mlp"),
+                             (ScatterbrainMixer, "sparse", "sparse"), (Block, "mixer", "mixer"),
+                             (LinearMixer, "position", "position"), (SoftmaxMixer, "position", "position"),
+                             (ScatterbrainMixer, "position", "position"), (LinearMixer, "conv", "conv"),
+                             (SoftmaxMixer, "conv", "conv"), (ScatterbrainMixer, "conv", "conv"),
+                             (Spec, "position", "position"), (Block, "mlp", "mlp"),
                              (Block, "norm", "norm"), (Spec, "final_norm", "norm")):
     slot_field(_model, _name, _slot)
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, Block, Group, Spec]
 SLOT_BASES = {"feature_map": FeatureMapComponent, "reweighting": ReweightingComponent,
               "transition": TransitionComponent, "lowrank": LowRankComponent, "sparse": SparseComponent,
-              "mixer": _MixerBase, "mlp": ChannelMixerComponent, "norm": NormComponent}
+              "mixer": _MixerBase, "mlp": ChannelMixerComponent, "norm": NormComponent,
+              "position": PositionComponent, "conv": ConvComponent}
 """The base class of each slot: its facts, with defaults, that a plugin's component inherits."""

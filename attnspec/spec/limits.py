@@ -42,6 +42,8 @@ MAX_LEN = 1 << 20
 """`max_len`: the longest sequence (1,048,576 positions)."""
 MAX_CHUNK = 4096
 """`chunk_size` of the chunked mode."""
+MAX_CONV_WIDTH = 64
+"""`width` of a short convolution."""
 MAX_FEATURES = 1 << 16
 """Random or trainable features per head (Performer `num_features`)."""
 MAX_BUCKETS = 4096
@@ -81,6 +83,7 @@ TABLE: list[tuple[str, str, int]] = [
     ("classifier classes", "", MAX_CLASSES),
     ("max_len", "positions", MAX_LEN),
     ("chunk_size", "positions", MAX_CHUNK),
+    ("short convolution width", "positions", MAX_CONV_WIDTH),
     ("num_features", "", MAX_FEATURES),
     ("LSH buckets", "", MAX_BUCKETS),
     ("LSH rounds", "", MAX_ROUNDS),

@@ -10,7 +10,8 @@ from attnspec.spec.ir import Block, Group, Spec
 
 
 def resolve(spec: Spec) -> Spec:
-    """Return ``spec`` with d_qk, d_v, scale and each mixer's parts resolved (``resolved_parts``).
+    """Return ``spec`` with d_qk, d_v, scale, each mixer's parts (``resolved_parts``) and
+    its position scheme (``resolved_position``: the model's, unless it names its own) resolved.
 
     Assumes :func:`attnspec.spec.rules.check_rules` found nothing.
     """
@@ -25,4 +26,5 @@ def _resolve_layer(spec: Spec, item: Block | Group) -> Block | Group:
     d_v = mixer.d_v or spec.d_model // mixer.heads
     update = {"d_qk": d_qk, "d_v": d_v, "scale": mixer.scale or (d_qk ** -0.5 if mixer.softmax_temperature else 1.0)}
     update.update(mixer.resolved_parts(d_qk=d_qk, max_len=spec.max_len))
+    update["position"] = mixer.resolved_position(spec.position)
     return item.model_copy(update={"mixer": mixer.model_copy(update=update)})

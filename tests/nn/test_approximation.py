@@ -162,7 +162,7 @@ def test_linear_form_equals_the_quadratic_definition_in_every_mode(spec_name):
     model = _one_block(SPECS / f"{spec_name}.yaml", "max_len=128")
     mixer = model.blocks[0].mixer
     x = _inputs(63, 1.0, model.spec.d_model)
-    q, k, v = mixer._project(x)
+    q, k, v, _ = mixer._project(x)
     q = mixer.features(q, True)[0]
     k = mixer.features(k, False)[0]
     L = x.shape[1]

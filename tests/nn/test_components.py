@@ -82,7 +82,7 @@ def test_cosformer_linear_form_equals_quadratic_form():
     for causal in (True, False):
         mixer = _mixer(f"linear(heads=2, feature_map=relu, reweighting=cos(M=64), causal={str(causal).lower()})")
         x = torch.randn(2, 40, 24, dtype=torch.float64)
-        q, k, v = mixer._project(x)
+        q, k, v, _ = mixer._project(x)
         q, k = torch.relu(q), torch.relu(k)
         i = torch.arange(40, dtype=torch.float64)
         weights = (q @ k.transpose(-1, -2)) * torch.cos(math.pi / 2 * (i.view(-1, 1) - i.view(1, -1)) / 64)

@@ -23,7 +23,7 @@ from attnspec.ops.linear.checks import _check_inputs, _export_state
 from attnspec.ops.linear.chunk import (GROUP, TOP, _chunked, _native_chunk_applies, _native_chunked, chunk_scan,
                                        scan_levels)
 from attnspec.ops.linear.common import (LOG_ZERO, MODES, Decay, PairState, State, _zero_state, apply_normalizer,
-                                        batched_matmul, wrap_phase)
+                                        batched_matmul, combine_decays, wrap_phase)
 from attnspec.ops.linear.quadratic import _noncausal, _quadratic
 from attnspec.ops.linear.recurrent import _recurrent, recurrent_step
 from attnspec.ops.linear.scan import _scan_mode, inclusive_scan, scan_steps
@@ -120,6 +120,6 @@ def _is_empty_sequence(q: Tensor) -> bool:
 
 
 
-__all__ = ["MODES", "LOG_ZERO", "Decay", "PairState", "State", "linear_attention", "recurrent_step",
+__all__ = ["MODES", "LOG_ZERO", "Decay", "PairState", "State", "linear_attention", "recurrent_step", "combine_decays",
            "apply_normalizer", "wrap_phase", "chunk_scan", "scan_levels", "inclusive_scan", "scan_steps",
            "batched_matmul", "GROUP", "TOP"]

@@ -36,6 +36,22 @@ class Decay(NamedTuple):
     phase: Tensor | None
 
 
+def combine_decays(first: Decay | None, second: Decay | None) -> Decay | None:
+    """The product of two transitions, in log space: log magnitudes add, phases add (broadcasting a
+    per-head (..., 1) decay against a per-channel (..., Dk) one). None is a = 1."""
+    if first is None or second is None:
+        return first if second is None else second
+    if first.phase is None and second.phase is None:
+        phase = None
+    else:
+        phase = (first.phase if first.phase is not None else torch.zeros_like(first.log_mag)) \
+            + (second.phase if second.phase is not None else torch.zeros_like(second.log_mag))
+    log_mag = first.log_mag + second.log_mag
+    if phase is not None:
+        phase = phase.expand_as(log_mag) if phase.shape != log_mag.shape else phase
+    return Decay(log_mag, phase)
+
+
 class PairState(NamedTuple):
     """A possibly complex state as real tensors; ``im`` is None for real transitions."""
 

@@ -1,0 +1,57 @@
+"""Causal depthwise convolutions inside a mixer (short convolutions, token shift).
+
+One module holds a filter per stream its IR node names (``node.streams()``: ``x`` the mixer input,
+``q``/``k``/``v`` the projections, each with a kernel width w). ``forward(name, x, state)`` convolves
+(B, L, C) causally: output t sees inputs t - w + 1 .. t. With ``state`` (B, w - 1, C), the last
+inputs before this call, it continues a sequence (decoding); without, the past is zeros. It
+returns the output and the new state, so one code path serves the full sequence and the step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnspec.nn.registry import register
+
+
+@register("conv", "none", "short", "shift")
+class Convolutions(nn.Module):
+    """Depthwise causal filters, one per stream; ``shift`` starts as the mean of x_(t-1) and x_t,
+    ``short`` as PyTorch's Conv1d default (uniform in +-1/sqrt(width))."""
+
+    def __init__(self, node, *, channels: dict[str, int], **_):
+        super().__init__()
+        self.widths: dict[str, int] = dict(node.streams())
+        self.filters = nn.ParameterDict()
+        for name, width in self.widths.items():
+            if node.kind == "shift":
+                weight = torch.full((channels[name], width), 1.0 / width)
+            else:
+                bound = width ** -0.5
+                weight = torch.empty(channels[name], width).uniform_(-bound, bound)
+            self.filters[name] = nn.Parameter(weight)
+        self.channels = {name: channels[name] for name in self.widths}
+
+    def applies(self, name: str) -> bool:
+        return name in self.widths
+
+    def forward(self, name: str, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Convolve stream ``name``: x (B, L, C), state (B, w - 1, C) or None -> (y (B, L, C), new state)."""
+        if name not in self.widths:
+            return x, state
+        weight = self.filters[name]
+        width = weight.shape[1]
+        L = x.shape[1]
+        if state is None:
+            padded = F.pad(x, (0, 0, width - 1, 0))
+        else:
+            padded = torch.cat([state.to(x.dtype), x], dim=1)
+        y = F.conv1d(padded.transpose(1, 2), weight.to(x.dtype).unsqueeze(1), groups=weight.shape[0])
+        return y.transpose(1, 2), padded[:, L:]
+
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
+        """Zero decoding state, one (batch, w - 1, C) tensor per stream in ``self.widths`` order."""
+        return tuple(torch.zeros(batch, width - 1, self.channels[name], dtype=dtype, device=device)
+                     for name, width in self.widths.items())

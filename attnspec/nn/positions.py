@@ -1,0 +1,127 @@
+"""Position schemes, one module per IR kind. Each acts where its IR node's ``acts_on`` fact says:
+
+* ``embed(x, offset)``: added to the token embeddings (x: (B, L, d_model));
+* ``rotate(q, k, offset)``: q and k (B, H, L, d_qk) rotated before the feature map;
+* ``decay(x)``: a fixed real Decay (B, H, L, 1) that joins the mixer's transition.
+
+The other two are identities, so the model and the mixers call all three without asking which
+kind they hold. Positions are 0-based and start at ``offset``: an int for a full sequence, or a
+(B,) tensor of cache positions in decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnspec.nn.registry import register
+from attnspec.ops.linear import Decay
+
+
+def positions(length: int, offset: Tensor | int, device, dtype) -> Tensor:
+    """Absolute positions: (L,) for an int offset, (B, L) for a (B,) tensor of offsets."""
+    steps = torch.arange(length, device=device, dtype=dtype)
+    if isinstance(offset, Tensor):
+        return offset.to(dtype).view(-1, 1) + steps
+    return steps + offset
+
+
+class Position(nn.Module):
+    """Base: every hook is the identity; a kind overrides the one it acts through."""
+
+    def __init__(self, node=None, **_):
+        super().__init__()
+
+    def embed(self, x: Tensor, offset: Tensor | int = 0) -> Tensor:
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def decay(self, x: Tensor) -> Decay | None:
+        return None
+
+
+register("position", "none")(Position)
+
+
+@register("position", "learned")
+class LearnedPosition(Position):
+    """A learned table (max_len, d_model), N(0, 0.02^2) as GPT-2, added to the embeddings."""
+
+    def __init__(self, node, *, d_model: int, max_len: int, **_):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+
+    def embed(self, x: Tensor, offset: Tensor | int = 0) -> Tensor:
+        L = x.shape[1]
+        if isinstance(offset, Tensor):
+            index = positions(L, offset, x.device, torch.long)  # (B, L)
+            return x + self.table[index].to(x.dtype)
+        return x + self.table[offset:offset + L].to(x.dtype)
+
+
+@register("position", "sinusoidal")
+class SinusoidalPosition(Position):
+    """Fixed sin/cos(t / base^(2i/d)) added to the embeddings (no parameters)."""
+
+    def __init__(self, node, *, d_model: int, **_):
+        super().__init__()
+        self.base, self.d_model = node.base, d_model
+
+    def embed(self, x: Tensor, offset: Tensor | int = 0) -> Tensor:
+        t = positions(x.shape[1], offset, x.device, torch.float64).unsqueeze(-1)  # (..., L, 1)
+        half = self.d_model // 2
+        frequencies = self.base ** (-torch.arange(half, device=x.device, dtype=torch.float64) / max(half, 1))
+        angle = t * frequencies
+        table = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+        if table.shape[-1] < self.d_model:  # odd d_model: the last channel carries no position
+            table = torch.nn.functional.pad(table, (0, self.d_model - table.shape[-1]))
+        return x + table.to(x.dtype)
+
+
+@register("position", "rope")
+class RotaryPosition(Position):
+    """RoPE (GPT-NeoX layout): channel i pairs with i + d/2 and both turn by t / base^(2i/d)."""
+
+    def __init__(self, node, *, d_qk: int, **_):
+        super().__init__()
+        self.base, self.d_qk = node.base, d_qk
+
+    def rotate(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
+        L, half = q.shape[2], self.d_qk // 2
+        # angles in float64: t * frequency loses digits in float32 at long lengths
+        t = positions(L, offset, q.device, torch.float64)
+        frequencies = self.base ** (-torch.arange(half, device=q.device, dtype=torch.float64) / half)
+        angle = t.unsqueeze(-1) * frequencies  # (L, half) or (B, L, half)
+        angle = angle.view(1, 1, L, half) if angle.dim() == 2 else angle.unsqueeze(1)
+        cos, sin = torch.cos(angle).to(q.dtype), torch.sin(angle).to(q.dtype)
+        return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+
+
+def _rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+@register("position", "alibi")
+class AlibiPosition(Position):
+    """ALiBi as a fixed per-head decay: log a_h = -m_h with m_h = 2^(-8 (h+1) / H)."""
+
+    def __init__(self, node, *, heads: int, **_):
+        super().__init__()
+        slopes = torch.pow(2.0, -8.0 * torch.arange(1, heads + 1, dtype=torch.float64) / heads)
+        self.register_buffer("slopes", slopes.float(), persistent=False)  # a fixed function of `heads`
+
+    def decay(self, x: Tensor) -> Decay:
+        B, L = x.shape[:2]
+        H = self.slopes.shape[0]
+        return Decay((-self.slopes).to(x.dtype).view(1, H, 1, 1).expand(B, H, L, 1), None)
+
+
+def build_position(node, **context) -> Position:
+    """The module of a position node (an unresolved mixer's ``None`` means none)."""
+    from attnspec.nn.registry import build
+
+    return Position() if node is None else build("position", node, **context)

@@ -14,7 +14,7 @@ from attnspec.errors import AttnSpecError, BuildError, ShapeError, SpecError
 __version__ = "0.1.0"
 
 __all__ = ["AttnSpecError", "SpecError", "ShapeError", "BuildError", "load_spec", "loads_spec",
-           "build", "load", "__version__"]
+           "build", "load", "save", "train", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -37,3 +37,17 @@ def load(directory: Any) -> Any:
     from attnspec.compiler.load import load_model
 
     return load_model(directory)
+
+
+def save(model: Any, directory: Any, **kwargs: Any) -> Any:
+    """Write a (trained) model as a build directory; see :func:`attnspec.compiler.build.save_model`."""
+    from attnspec.compiler.build import save_model
+
+    return save_model(model, directory, **kwargs)
+
+
+def train(spec: Any, config: Any = None, **kwargs: Any) -> Any:
+    """Train the model of a spec on a task; see :func:`attnspec.training.loop.train`."""
+    from attnspec.training.loop import train as train_model
+
+    return train_model(spec, config, **kwargs)

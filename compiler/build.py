@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 import attnspec
 from attnspec.compiler.compile import check_compiled
 from attnspec.compiler.export import example_input, export_model, export_step, state_signature
+from attnspec.compiler.load import load_weights
 from attnspec.compiler.lower import count_parameters, lower
 from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
 from attnspec.compiler.outdir import Scratch, check_output
@@ -51,18 +52,21 @@ StageCallback = Callable[[str, "float | None"], None]
 """``on_stage(name, None)`` when a stage starts, ``on_stage(name, seconds)`` when it ends."""
 
 
-def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), aot: bool = False,
-                    compile_check: bool = True, force: bool = False,
+def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrides=(), aot: bool = False,
+                    compile_check: bool = True, force: bool = False, weights: Path | str | dict | None = None,
                     on_stage: StageCallback | None = None) -> BuildResult:
     """Build ``spec_path`` into the directory ``output``.
 
     Args:
-        spec_path: a ``.yaml``/``.yml``/``.attn`` spec.
+        spec_path: a ``.yaml``/``.yml``/``.attn`` spec, spec data, or a training run directory (its
+            resolved spec, with the weights of its latest checkpoint).
         output: the build directory to create (must not exist unless ``force``).
         overrides: ``"path=value"`` strings, as ``--set``.
         aot: also write an AOTInductor package ``model.aoti.pt2``.
         compile_check: compile with ``torch.compile`` and compare with eager (``--no-compile`` skips it).
         force: replace an existing build directory (never any other directory).
+        weights: a safetensors file (or name -> tensor dict) of trained weights for the spec's model,
+            instead of the spec's random initialisation; checked tensor by tensor.
         on_stage: called as each stage starts and ends (the CLI draws its progress display with it).
 
     Raises:
@@ -71,6 +75,8 @@ def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), 
     """
     output = Path(output)
     check_output(output, force)
+    if not isinstance(spec_path, dict) and Path(spec_path).is_dir():
+        spec_path, weights = _from_run(Path(spec_path), weights)
     seconds: dict[str, float] = {}
     stage = _Stages(on_stage)
     with _internal_errors_as_build_errors():
@@ -87,6 +93,9 @@ def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), 
         with Scratch(output) as scratch:  # nothing is written before this point
             with stage("lower", seconds):
                 model = lower(spec, plan)
+                if weights is not None:
+                    load_weights(model, weights if isinstance(weights, dict) else Path(weights),
+                                 fix="they must come from a model of this spec")
                 parameters = sum(p.numel() for p in model.parameters())
                 if parameters != expected:  # a lowering bug, never a user error
                     raise BuildError(f"internal: built {parameters} parameters, the spec implies {expected}")
@@ -110,6 +119,38 @@ def build_directory(spec_path: Path | str, output: Path | str, *, overrides=(), 
             (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             scratch.publish(force)
     return BuildResult(output, manifest, seconds)
+
+
+def _from_run(directory: Path, weights) -> tuple[dict, Path]:
+    """A training run directory's resolved spec and the weights file of its latest checkpoint."""
+    from attnspec.training import rundir
+
+    if not (directory / rundir.RUN_FILE).is_file():
+        raise BuildError(f"{directory}: a directory, but not a training run directory (no {rundir.RUN_FILE}); give a "
+                         "spec file or a run directory written by `attnspec train`")
+    record = rundir.read_run(directory)
+    if weights is None:
+        _, weights, _, _ = rundir.load_checkpoint(directory)
+    return record["spec"], weights
+
+
+def save_model(model, directory: Path | str, *, force: bool = False, aot: bool = False, compile_check: bool = True,
+               on_stage: StageCallback | None = None) -> BuildResult:
+    """Write ``model`` (an attnspec model, trained or not) as a build directory: its spec with its
+    current weights, verified, compiled and exported exactly like ``attnspec build``.
+
+    Args:
+        model: a model from :func:`attnspec.build`, :func:`attnspec.load` or a training run.
+        directory: the build directory to create (``force`` replaces a build directory).
+    """
+    from attnspec.spec.emit import spec_to_data
+
+    spec = getattr(getattr(model, "module", model), "spec", None)
+    if spec is None:
+        raise BuildError(f"attnspec.save takes an attnspec model (it carries its spec), got {type(model).__name__}")
+    weights = {name: tensor.detach().cpu() for name, tensor in getattr(model, "module", model).state_dict().items()}
+    return build_directory(spec_to_data(spec, minimal=False), directory, weights=weights, force=force, aot=aot,
+                           compile_check=compile_check, on_stage=on_stage)
 
 
 def _compile_check(model) -> dict:

@@ -23,31 +23,34 @@ from attnspec.nn.model import Model, build_model_from_spec
 from attnspec.spec.validate import validate_data
 
 
-def load_weights(model: Model, path: Path) -> None:
-    """Copy the tensors of the safetensors file ``path`` into ``model``, refusing any mismatch.
+def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the directory") -> None:
+    """Copy the tensors of the safetensors file ``path`` (or a name -> tensor dict) into ``model``,
+    refusing any mismatch; ``fix`` ends each message with what to do.
 
     Raises:
         BuildError: naming the file and the first tensor that is missing, unexpected, of another
             shape or dtype, or not finite.
     """
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-        raise BuildError(f"{path} is not a valid safetensors file ({shorten(str(error), 120)}); rebuild the "
-                         "directory") from None
+    if isinstance(path, dict):
+        tensors, path = path, "the weights"
+    else:
+        try:
+            tensors = load_file(str(path))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+            raise BuildError(f"{path} is not a valid safetensors file ({shorten(str(error), 120)}); {fix}") from None
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise BuildError(f"{path} does not fit spec.yaml (missing {[shorten(n) for n in missing[:3]]}, unexpected "
-                         f"{[shorten(n) for n in unexpected[:3]]}); rebuild the directory")
+        raise BuildError(f"{path} does not fit the spec's model (missing {[shorten(n) for n in missing[:3]]}, "
+                         f"unexpected {[shorten(n) for n in unexpected[:3]]}); {fix}")
     for name, target in expected.items():
         tensor = tensors[name]
         if tensor.shape != target.shape or tensor.dtype != target.dtype:
             raise BuildError(f"{path}: tensor '{name}' is {tensor.dtype} {tuple(tensor.shape)}, the spec's model has "
-                             f"{target.dtype} {tuple(target.shape)}; rebuild the directory")
+                             f"{target.dtype} {tuple(target.shape)}; {fix}")
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise BuildError(f"{path}: tensor '{name}' holds NaN or infinite values; rebuild the directory")
+            raise BuildError(f"{path}: tensor '{name}' holds NaN or infinite values; {fix}")
     model.load_state_dict(tensors, strict=True)
 
 

@@ -7,11 +7,16 @@ A mode's estimated time is
 
     macs / MAC_RATE + bytes / BANDWIDTH + sequential_steps * STEP_OVERHEAD
 
-with rates for a 2-core CPU; ``auto`` takes the cheapest valid mode. Two regimes:
+with rates for a 2-core CPU; ``auto`` takes the cheapest valid mode. Three regimes:
 
 * full sequence (training, prefill): the model is compiled and exported with a dynamic length,
   so only modes without a Python loop over positions qualify (chunk, scan, quadratic); a
   forced ``recurrent`` is rejected for builds with the reason.
+* training at a batch B: the multiply-adds and memory traffic scale with B and about 3x (the
+  backward pass recomputes and stores what the forward did), the sequential steps only 2x, so at
+  training batches the work, not the number of steps, decides (a per-channel quadratic mode that
+  wins at batch 1 materialises B x L x L x m decays and loses). An eager (uncompiled) training
+  run may use the recurrent mode's loop; a compiled one is traced at a fixed length, so may too.
 * decoding: the recurrent step (constant-size state) for mixers that have one; softmax and
   Scatterbrain need the whole prefix, so a model containing them has no decoding step.
 """
@@ -64,6 +69,8 @@ class Plan:
 
     length: int
     layers: list[LayerPlan]
+    batch: int = 1
+    training: bool = False
 
     @property
     def full_modes(self) -> list[str]:
@@ -74,7 +81,8 @@ class Plan:
         return all(layer.decode_mode is not None for layer in self.layers)
 
     def to_json(self) -> dict:
-        return {"length": self.length, "layers": [asdict(layer) for layer in self.layers]}
+        return {"length": self.length, "batch": self.batch, "training": self.training,
+                "layers": [asdict(layer) for layer in self.layers]}
 
 
 def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, complex_: bool) -> dict[str, Cost]:
@@ -106,24 +114,36 @@ def _softmax_cost(L: int, H: int, dk: int, dv: int) -> Cost:
                 sequential_steps=4)
 
 
-def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False) -> Plan:
+def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False, batch: int = 1,
+              training: bool = False) -> Plan:
     """Plan every block of a resolved spec at ``length`` (default ``max_len``).
 
     With ``for_build`` a forced mode that cannot be compiled with a dynamic length is an error.
+    ``batch`` and ``training``: the regime of a training run (forward and backward at that batch,
+    fixed length, so the recurrent loop qualifies); the default is inference at batch 1.
     """
     L = length or spec.max_len
     if L < 1:
         raise BuildError(f"--length must be positive, got {L}")
+    if batch < 1:
+        raise BuildError(f"the batch must be positive, got {batch}")
     layers = []
     for index, (path, block) in enumerate(iter_blocks(spec, expand=True)):
-        layers.append(_plan_mixer(block.mixer, f"blocks[{index}] ({format_path(path)})", L, for_build))
-    return Plan(L, layers)
+        layers.append(_plan_mixer(block.mixer, f"blocks[{index}] ({format_path(path)})", L, for_build, batch, training))
+    return Plan(L, layers, batch, training)
 
 
-def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
+def _regime(cost: Cost, batch: int, training: bool) -> Cost:
+    """A batch-1 forward cost scaled to ``batch`` and, when training, to forward + backward."""
+    work = batch * (3 if training else 1)
+    return Cost(macs=cost.macs * work, bytes=cost.bytes * work, state_bytes=cost.state_bytes * batch,
+                sequential_steps=cost.sequential_steps * (2 if training else 1))
+
+
+def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, training: bool = False) -> LayerPlan:
     H = mixer.heads
     if mixer.softmax_kernel:
-        cost = _softmax_cost(L, H, mixer.d_qk, mixer.d_v)
+        cost = _regime(_softmax_cost(L, H, mixer.d_qk, mixer.d_v), batch, training)
         return LayerPlan(path, mixer.describe(), "quadratic", None, cost,
                          "the softmax kernel has no finite features: quadratic is the only mode; no constant-size "
                          "decoding state (the whole prefix is needed)", {"quadratic": cost.seconds})
@@ -142,7 +162,8 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
         linear_form = Cost(macs=H * L * m * d * 2, bytes=H * L * (2 * m + 2 * d) * BYTES, state_bytes=0,
                            sequential_steps=3)
         costs = {name: (costs[name] if name == "quadratic" else linear_form) for name in costs}
-    loops = mixer.causal  # causal recurrent mode is a Python loop over positions
+    costs = {name: _regime(cost, batch, training) for name, cost in costs.items()}
+    loops = mixer.causal and not training  # a loop over positions cannot be exported with a dynamic length
     compilable = {name: cost for name, cost in costs.items() if name != "recurrent" or not loops}
     seconds = {name: cost.seconds for name, cost in costs.items()}
     decode = "recurrent" if mixer.has_step else None
@@ -156,7 +177,7 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool) -> LayerPlan:
     else:
         chosen = min(compilable, key=lambda name: compilable[name].seconds)
         ranked = sorted(compilable, key=lambda name: compilable[name].seconds)
-        reason = "cheapest: " + ", ".join(f"{name} {compilable[name].seconds * 1e3:.2f} ms" for name in ranked)
+        reason = ("training " if training else "") + (f"at batch {batch}, " if batch > 1 else "") + "cheapest: " + ", ".join(f"{name} {compilable[name].seconds * 1e3:.2f} ms" for name in ranked)
         if "recurrent" in costs and loops:
             reason += f"; recurrent {costs['recurrent'].seconds * 1e3:.2f} ms (not compilable with dynamic length)"
     if decode is None:

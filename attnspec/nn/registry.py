@@ -10,7 +10,7 @@ spec layer.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 REGISTRY: dict[str, dict[str, type]] = {}
 
@@ -32,7 +32,20 @@ def build(slot: str, node: Any, **context: Any) -> Any:
     if cls is None:  # the IR and the registry disagree: a bug (or a plugin without an implementation)
         raise NotImplementedError(f"no {slot} implementation registered for kind '{node.kind}'; a plugin component "
                                   "names it with `implementation = \"module:Class\"` on its IR class")
-    return cls(node, **context)
+    module = cls(node, **context)
+    # What the trainer's optimiser groups read: the component's slot, kind and optimiser facts.
+    module.component_facts = ComponentFacts(slot, node.kind, getattr(node, "no_weight_decay", False),
+                                            getattr(node, "lr_multiplier", 1.0))
+    return module
+
+
+class ComponentFacts(NamedTuple):
+    """The optimiser facts of a built component (from its IR class)."""
+
+    slot: str
+    kind: str
+    no_weight_decay: bool
+    lr_multiplier: float
 
 
 def _named_implementation(node: Any) -> type | None:

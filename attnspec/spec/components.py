@@ -29,6 +29,8 @@ SLOTS: dict[str, dict[str, type]] = {}
 """slot -> kind -> IR class, in registration order."""
 DEFAULT_KINDS: dict[str, str] = {}
 """slot -> the kind a mapping without ``kind`` means (``mlp: {expansion: 2}`` is an ``mlp``)."""
+BASES: dict[str, type] = {}
+"""slot -> base class, for slots declared outside the spec IR (tasks); the IR's are ``ir.SLOT_BASES``."""
 _FIELDS: list[tuple[type, str, str]] = []
 """(IR model, field name, slot) for every field whose type is a slot union."""
 ENTRY_POINT_GROUP = "attnspec.components"
@@ -63,9 +65,12 @@ def _kind_or(default: str) -> Callable[[Any], str]:
     return kind
 
 
-def declare(slot: str, *members: type, default: str | None = None) -> Any:
+def declare(slot: str, *members: type, default: str | None = None, base: type | None = None) -> Any:
     """Register the built-in ``members`` of ``slot`` (in order) and return the slot's union;
-    ``default``: the kind a mapping without ``kind`` stands for."""
+    ``default``: the kind a mapping without ``kind`` stands for; ``base``: the class every member
+    of a slot declared outside the spec IR derives from (plugins must too)."""
+    if base is not None:
+        BASES[slot] = base
     for cls in members:
         SLOTS.setdefault(slot, {})[kind_of(cls)] = cls
         cls.slot = slot
@@ -91,7 +96,7 @@ def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
 
     if slot not in SLOTS:
         raise SpecError(Problem(f"no component slot {shorten(slot)}; slots are {', '.join(SLOTS)}"))
-    base = ir.SLOT_BASES[slot]
+    base = BASES.get(slot) or ir.SLOT_BASES[slot]
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise SpecError(Problem(f"a {slot} component must be a subclass of attnspec.spec.ir.{base.__name__} (it "
                                 f"states the facts every {slot} has), got {shorten(cls)}"))
@@ -110,7 +115,8 @@ def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
             model.model_fields[name] = FieldInfo.from_annotated_attribute(
                 union(slot), Field(default_factory=old.default_factory, description=old.description)
                 if old.default_factory is not None else Field(description=old.description))
-    for model in ir.MODELS:  # leaves first, so every parent embeds the rebuilt children
+    others = [model for model, _, _ in _FIELDS if model not in ir.MODELS]  # outside the spec (training configs)
+    for model in [*ir.MODELS, *dict.fromkeys(others)]:  # leaves first, so every parent embeds the rebuilt children
         model.model_rebuild(force=True)
     return cls
 

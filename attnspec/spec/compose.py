@@ -110,7 +110,7 @@ def parse_dotted_path(text: str) -> Path:
     return tuple(parts)
 
 
-def apply_override(data: dict, smap: SourceMap, assignment: str) -> dict:
+def apply_override(data: dict, smap: SourceMap, assignment: str, flag: str = "--set") -> dict:
     """Apply one ``dotted.path=value`` override (value parsed as a YAML scalar, list or mapping).
 
     Intermediate mappings are created as needed; a component written in the string
@@ -118,7 +118,7 @@ def apply_override(data: dict, smap: SourceMap, assignment: str) -> dict:
     are left for validation, which reports them with a suggestion.
     """
     shown = assignment if len(assignment) <= 80 else assignment[:77] + "..."
-    where = Position(f"--set {shown}")
+    where = Position(f"{flag} {shown}")
     if "=" not in assignment:
         raise SpecError(Problem("an override must look like `path.to.key=value`, e.g. "
                                 "`layers[0].mixer.feature_map=relu`", source=where.source))

@@ -48,14 +48,28 @@ def validate_data(data: Any, smap: SourceMap | None = None, resolved: bool = Tru
     _check_size(data, smap)
     load_entry_points()
     import_plugins(data.get("plugins"), smap.value_at)
-    try:
-        spec = Spec.model_validate(data)
-    except ValidationError as err:
-        raise SpecError(_problems_from_pydantic(err, data, smap)) from None
+    spec = validate_model(Spec, data, smap)
     violations = check_rules(spec)
     if violations:
         raise SpecError([_locate(path, message, smap, key=False) for path, message in violations])
     return resolve(spec) if resolved else spec
+
+
+def validate_model(model: type[BaseModel], data: Any, smap: SourceMap | None = None, what: str = "spec") -> Any:
+    """Validate ``data`` against any strict IR-style ``model`` (a spec, a training configuration, a
+    sweep) with the spec's located, rephrased errors.
+
+    Raises:
+        SpecError: every problem, with file:line:column where ``smap`` knows it.
+    """
+    smap = smap or SourceMap()
+    if not isinstance(data, dict):
+        raise SpecError(Problem(f"the {what} must be a mapping", source=smap.root.source if smap.root else None))
+    _check_size(data, smap)
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_problems_from_pydantic(err, data, smap, model)) from None
 
 
 def _check_size(data: Any, smap: SourceMap) -> None:
@@ -111,7 +125,7 @@ def _user_path(loc: tuple, data: Any) -> Path:
     return tuple(path)
 
 
-def _problems_from_pydantic(err: ValidationError, data: Any, smap: SourceMap) -> list[Problem]:
+def _problems_from_pydantic(err: ValidationError, data: Any, smap: SourceMap, root: type = Spec) -> list[Problem]:
     problems = []
     seen = set()
     for error in err.errors(include_url=False):
@@ -119,7 +133,7 @@ def _problems_from_pydantic(err: ValidationError, data: Any, smap: SourceMap) ->
         path = _user_path(loc, data)
         if error["type"] == "union_tag_invalid" and isinstance(_value_at(data, path), dict):
             path = path + ("kind",)  # point at the offending `kind:` value itself
-        message = _message(error, loc)
+        message = _message(error, loc, root)
         if (path, message) in seen:
             continue
         seen.add((path, message))
@@ -136,12 +150,12 @@ def _value_at(data: Any, path: Path) -> Any:
     return data
 
 
-def _message(error: dict, loc: tuple) -> str:
+def _message(error: dict, loc: tuple, root: type = Spec) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
     value = error.get("input")
     if kind == "extra_forbidden":
-        allowed = allowed_keys(loc[:-1])
+        allowed = allowed_keys(loc[:-1], root)
         hint = did_you_mean(loc[-1], allowed)
         listing = f"; allowed keys: {', '.join(allowed)}" if allowed and not hint else ""
         return f"unknown key {shorten(loc[-1])}{hint}{listing}"
@@ -152,7 +166,7 @@ def _message(error: dict, loc: tuple) -> str:
         return (f"unknown kind {shorten(ctx.get('tag'))}{did_you_mean(ctx.get('tag'), tags)}; expected one of: "
                 f"{', '.join(tags)}")
     if kind == "union_tag_not_found":
-        tags = allowed_kinds(loc)
+        tags = allowed_kinds(loc, root)
         return f"missing 'kind'; expected one of: {', '.join(tags)}" if tags else "missing 'kind'"
     if kind == "literal_error":
         options = re.findall(r"'([^']*)'|(\d+)", ctx.get("expected", ""))
@@ -203,8 +217,8 @@ def _is_union(annotation: Any) -> bool:
     return typing.get_origin(annotation) in (Union, types.UnionType)
 
 
-def _type_at(loc: tuple) -> Any:
-    annotation: Any = Spec
+def _type_at(loc: tuple, root: type = Spec) -> Any:
+    annotation: Any = root
     for part in loc:
         annotation = _unwrap(annotation)
         if _is_union(annotation):
@@ -228,18 +242,18 @@ def _type_at(loc: tuple) -> Any:
     return _unwrap(annotation)
 
 
-def allowed_keys(loc: tuple) -> list[str]:
-    """Field names of the model at pydantic location ``loc`` (tags included), or []."""
-    annotation = _type_at(loc)
+def allowed_keys(loc: tuple, root: type = Spec) -> list[str]:
+    """Field names of the model at pydantic location ``loc`` (tags included) below ``root``, or []."""
+    annotation = _type_at(loc, root)
     if _is_union(annotation):
         models = [m for _, m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
         annotation = models[0] if len(models) == 1 else None
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return list(annotation.model_fields)
+        return [info.alias or name for name, info in annotation.model_fields.items()]
     return []
 
 
-def allowed_kinds(loc: tuple) -> list[str]:
-    """The ``kind`` tags accepted at ``loc`` (a union of components), or []."""
-    annotation = _type_at(loc)
+def allowed_kinds(loc: tuple, root: type = Spec) -> list[str]:
+    """The ``kind`` tags accepted at ``loc`` (a union of components) below ``root``, or []."""
+    annotation = _type_at(loc, root)
     return [str(tag) for tag, _ in _members(annotation)] if _is_union(annotation) else []

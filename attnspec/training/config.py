@@ -1,0 +1,131 @@
+"""The training configuration: a strict model (located errors, like specs) of what a run does.
+
+A configuration comes from a YAML file (``attnspec train --config FILE``), from flags, or both:
+flags override the file (``--task KIND``, ``--task-set key=value``, ``--steps``, ...). The run
+directory records the fully resolved configuration (every default filled) beside the resolved
+spec, so ``attnspec train SPEC --config RUN/config.yaml`` repeats a run exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Iterable, Literal
+
+from pydantic import Field
+
+from attnspec.errors import Problem, SpecError
+from attnspec.spec import limits
+from attnspec.spec.compose import apply_override
+from attnspec.spec.ir import Count, Node, Seed
+from attnspec.spec.components import slot_field
+from attnspec.spec.source import SourceMap
+from attnspec.spec.validate import validate_model
+from attnspec.training.tasks import TaskUnion
+
+MAX_BATCH = 1 << 20
+MAX_TEST_EXAMPLES = 1 << 20
+
+
+class GroupOverride(Node):
+    """Override a component's optimiser facts for this run."""
+
+    weight_decay: bool | None = None
+    """Apply the run's weight decay to these parameters (None: the component's fact decides)."""
+    lr_multiplier: Annotated[float, Field(gt=0, le=100)] | None = None
+    """Scale of the learning rate of these parameters (None: the component's fact)."""
+
+
+class TrainConfig(Node):
+    """What a training run does: the task, the optimiser and schedule, evaluation and checkpoints."""
+
+    task: TaskUnion
+    """The task and its parameters (`kind: mqar`, `seq_len: 64`, ...)."""
+    steps: Count(limits.MAX_STEPS) = 1000
+    """Optimiser steps."""
+    batch_size: Count(MAX_BATCH) = 32
+    """Global batch: examples per optimiser step, over all processes and accumulation steps."""
+    accumulate: Count(1024) = 1
+    """Micro-batches per step (gradient accumulation); must divide the per-process batch."""
+    lr: Annotated[float, Field(gt=0, le=10)] = 1e-3
+    """Peak learning rate."""
+    warmup_steps: Annotated[int, Field(ge=0, le=limits.MAX_STEPS)] | None = None
+    """Linear warm-up steps; default 10% of `steps`."""
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """The cosine decay ends at min_lr_ratio * lr."""
+    weight_decay: Annotated[float, Field(ge=0, le=10)] = 0.1
+    """AdamW weight decay of the parameters that take it (see `groups`)."""
+    betas: Annotated[list[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2)] = Field(
+        default_factory=lambda: [0.9, 0.98])
+    """AdamW (beta1, beta2); GateLoop and many linear-attention papers use (0.9, 0.98)."""
+    grad_clip: Annotated[float, Field(ge=0, le=1e6)] = 1.0
+    """Clip the global gradient norm to this (0: no clipping)."""
+    groups: dict[Annotated[str, Field(max_length=100)], GroupOverride] = Field(default_factory=dict)
+    """Per-slot (`transition`) or per-kind (`transition.data`) overrides of the optimiser facts."""
+    eval_every: Annotated[int, Field(ge=0, le=limits.MAX_STEPS)] = 100
+    """Evaluate on the test set every N steps (0: only at the end)."""
+    test_examples: Count(MAX_TEST_EXAMPLES) = 512
+    """Size of the fixed test set."""
+    target: float | None = None
+    """Stop early when the task's metric reaches this (accuracy >= target, perplexity <= target)."""
+    checkpoint_every: Annotated[int, Field(ge=0, le=limits.MAX_STEPS)] = 0
+    """Checkpoint every N steps (0: at each evaluation); always at the end."""
+    seed: Seed = 0
+    """Seed of the data streams (the model's initialisation is the spec's `seed`)."""
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    """`bfloat16`: autocast matmuls to bf16 (CUDA, or CPUs with bf16); `auto`: bf16 on CUDA when
+    supported, else the spec's dtype."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile the training step (fullgraph); `auto` compiles on CUDA, where it is measured to
+    pay, and not on the CPU, where compiling takes longer than short runs save (benchmarks/train.py)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto`: CUDA when available (the local rank's GPU under torchrun), else the CPU."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files to RUN_DIR/tensorboard (needs the `tensorboard` package)."""
+    log_every: Count(limits.MAX_STEPS) = 1
+    """Write the training loss to metrics.jsonl every N steps."""
+
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else self.steps // 10
+
+
+slot_field(TrainConfig, "task", "task")
+
+FLAG_FIELDS = ("steps", "batch_size", "lr", "seed", "accumulate", "eval_every", "target", "compile", "precision",
+               "device", "checkpoint_every", "test_examples", "tensorboard")
+"""Configuration fields the CLI exposes as flags (``--steps``, ``--batch``, ...)."""
+
+
+def load_config(file: Path | str | dict | None = None, *, task: str | None = None, task_overrides: Iterable[str] = (),
+                **flags: Any) -> TrainConfig:
+    """The configuration from a YAML ``file`` (or data), then ``task`` (a kind), ``task_overrides``
+    (``"key=value"``, as ``--task-set``) and ``flags`` (fields of :class:`TrainConfig`; None is unset).
+
+    Raises:
+        SpecError: located at the file's line and column, or at the flag that set the value.
+    """
+    from attnspec.spec.load import read_text_file
+    from attnspec.spec.yaml_front import parse_yaml
+
+    if file is None:
+        data, smap = {}, SourceMap()
+    elif isinstance(file, dict):
+        data, smap = dict(file), SourceMap()
+    else:
+        data, smap = parse_yaml(read_text_file(Path(file)), str(file))
+        if not isinstance(data, dict):
+            raise SpecError(Problem("a training configuration must be a mapping", source=str(file)))
+    if task is not None:
+        current = data.get("task")
+        current_kind = current.get("kind") if isinstance(current, dict) else current
+        if current_kind != task:
+            data = {**data, "task": {"kind": task}}
+            smap.replace_subtree(("task",), SourceMap())
+    for assignment in task_overrides:
+        data = apply_override(data, smap, f"task.{assignment}", flag="--task-set")
+    for name, value in flags.items():
+        if value is not None:
+            data = {**data, name: value}
+    if "task" not in data:
+        raise SpecError(Problem("no task: give --task KIND (mqar, memory_horizon, selective_copying, induction_heads, "
+                                "bytes, tokens) or `task:` in the configuration file"))
+    return validate_model(TrainConfig, data, smap, what="training configuration")

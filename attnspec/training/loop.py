@@ -1,0 +1,330 @@
+"""``attnspec train``: a spec and a task become a trained model in a run directory.
+
+One optimiser step, on every process:
+
+1. the global batch of step ``s`` is generated from (seed, "train", s) (:mod:`attnspec.training.tasks`);
+   process ``r`` of ``N`` takes its slice ``[r B/N, (r+1) B/N)``, cut into ``accumulate`` micro-batches;
+2. each micro-batch's loss is its summed cross-entropy over answer positions divided by the number
+   of answer positions in the *global* batch (times N, which DDP's gradient mean divides out), so
+   the gradient is that of the global mean whatever N and ``accumulate`` are;
+3. clip, AdamW with the components' optimiser groups, warm-up + cosine schedule.
+
+Only rank 0 writes the run directory. A run is a pure function of (spec, configuration): the
+data of a step depend on the step alone and nothing draws from a global random state, so a run
+resumed from a checkpoint repeats the uninterrupted run's losses bit for bit on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import attnspec
+from attnspec.errors import AttnSpecError, Problem, SpecError
+from attnspec.training import rundir
+from attnspec.training.config import TrainConfig, load_config
+from attnspec.training.optim import learning_rate, make_optimizer, parameter_groups, set_learning_rate
+from attnspec.training.tasks import IGNORE, Task
+
+ProgressCallback = Callable[[dict], None]
+"""Receives ``{"event": "start" | "step" | "eval" | "end", ...}``; the CLI draws progress from it."""
+
+
+@dataclass
+class Run:
+    """A finished (or stopped) run: its directory, the model, the last evaluation and the history."""
+
+    directory: Path | None
+    model: nn.Module
+    config: TrainConfig
+    step: int
+    metrics: dict
+    history: list[dict] = field(default_factory=list)
+
+    @property
+    def losses(self) -> list[float]:
+        """Training loss of every step, in order."""
+        return [record["loss"] for record in self.history if record.get("split") == "train"]
+
+
+def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, output: str | Path | None = None,
+          overrides: Iterable[str] = (), task: str | None = None, task_overrides: Iterable[str] = (),
+          resume: bool = False, on_progress: ProgressCallback | None = None, stop_after: int | None = None,
+          **flags: Any) -> Run:
+    """Train the model of ``spec`` on a task.
+
+    Args:
+        spec: a spec path, spec data or :class:`~attnspec.spec.ir.Spec` (ignored with ``resume``).
+        config: a :class:`TrainConfig`, its data, or a YAML file; ``task``/``task_overrides``/``flags``
+            (``steps=``, ``batch_size=``, ``lr=``, ``seed=``, ...) override it, as the CLI's flags do.
+        output: the run directory (None: train in memory, write nothing).
+        overrides: ``"path=value"`` changes to the spec, as ``--set``.
+        resume: continue the run in ``output`` from its latest checkpoint (spec and configuration are
+            the run's own).
+        on_progress: called with each step's and evaluation's record.
+        stop_after: stop (with a checkpoint) after this step, as if interrupted (tests, time limits).
+
+    Returns:
+        The :class:`Run`; ``run.model`` is the trained model in eval mode.
+
+    Raises:
+        SpecError: the spec, the configuration or their combination is invalid (nothing is written).
+        RunError: the run directory cannot be created or resumed.
+    """
+    from attnspec.compiler.lower import as_spec
+    from attnspec.spec import spec_to_data
+    from attnspec.spec.validate import validate_data
+
+    directory = Path(output) if output is not None else None
+    if resume:
+        if directory is None:
+            raise rundir.RunError("--resume needs the run directory (-o RUN_DIR)")
+        record = rundir.read_run(directory)
+        spec = validate_data(record["spec"])
+        config = load_config(record["config"])
+    else:
+        spec = as_spec(spec, tuple(overrides))
+        config = config if isinstance(config, TrainConfig) and not (task or task_overrides or flags) else \
+            load_config(config.model_dump(by_alias=True) if isinstance(config, TrainConfig) else config,
+                        task=task, task_overrides=task_overrides, **flags)
+    check_fit(spec, config.task)
+    return Trainer(spec, config, directory, resume, on_progress).run(stop_after)
+
+
+def check_fit(spec, task: Task) -> None:
+    """Refuse a task the model cannot take (vocabulary, length, head), located at the task."""
+    from attnspec.spec.ir import LmHead
+
+    vocab = getattr(spec.input, "vocab_size", None) if spec.input.kind == "tokens" else None
+    problems = [Problem(message, path="task" + "".join(f".{part}" for part in path), source="training configuration")
+                for path, message in task.problems(vocab_size=vocab, max_len=spec.max_len)]
+    if not isinstance(spec.head, LmHead):
+        problems.append(Problem(f"tasks predict a token at each position; the spec's head is {spec.head.kind}, use "
+                                "`head: lm`", path="head", source="spec"))
+    if problems:
+        raise SpecError(problems)
+
+
+class Trainer:
+    """One run: set up model, optimiser, data and the run directory, then loop (see the module doc)."""
+
+    def __init__(self, spec, config: TrainConfig, directory: Path | None, resume: bool,
+                 on_progress: ProgressCallback | None):
+        from attnspec.compiler.plan import plan_spec
+        from attnspec.nn.model import build_model_from_spec
+        from attnspec.training import distributed
+
+        self.spec, self.config, self.directory = spec, config, directory
+        self.on_progress = on_progress or (lambda record: None)
+        self.dist = distributed.setup(config.device)
+        self.device = self.dist.device
+        world = self.dist.world_size
+        if config.batch_size % (world * config.accumulate):
+            raise SpecError(Problem(f"batch_size = {config.batch_size} must divide into {world} process(es) x "
+                                    f"accumulate = {config.accumulate} micro-batches", path="batch_size"))
+        self.micro = config.batch_size // (world * config.accumulate)
+        self.compiled = config.compile == "on" or (config.compile == "auto" and self.device.type == "cuda")
+        self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True)
+        self.model = build_model_from_spec(spec).to(self.device)
+        self.model.set_modes(self.plan.full_modes)
+        self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()})
+        self.names = [name for group in self.groups for name in group.names]
+        self.optimizer = make_optimizer(self.model, self.groups, lr=config.lr, weight_decay=config.weight_decay,
+                                        betas=tuple(config.betas))
+        self.autocast = _autocast(config.precision, self.device, self.model)
+        self.wrapped = self.dist.wrap(self.model)
+        self.loss_fn = _micro_loss
+        if self.compiled:
+            self.loss_fn = torch.compile(_micro_loss, fullgraph=True, dynamic=False)
+        self.start = 0
+        self.history: list[dict] = []
+        self.writes = directory is not None and self.dist.rank == 0
+        self.tensorboard = None
+        if resume:
+            self._resume()
+        elif self.writes:
+            rundir.create(directory)
+            self._write_run_files("running")
+        self.dist.barrier()
+        self.test_inputs, self.test_targets = config.task.batch("test", 0, config.test_examples, config.seed)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, stop_after: int | None = None) -> Run:
+        config, task = self.config, self.config.task
+        self.on_progress({"event": "start", "step": self.start, "steps": config.steps, "plan": self.plan.full_modes,
+                          "parameters": sum(p.numel() for p in self.model.parameters()), "device": str(self.device),
+                          "compiled": self.compiled, "world_size": self.dist.world_size})
+        self.model.train()
+        metrics: dict = {}
+        step = self.start
+        reached = False
+        for step in range(self.start, config.steps):
+            started = time.perf_counter()
+            lr = learning_rate(step, lr=config.lr, warmup=config.warmup(), steps=config.steps,
+                               min_ratio=config.min_lr_ratio)
+            set_learning_rate(self.optimizer, lr)
+            loss, grad_norm = self._step(step)
+            seconds = time.perf_counter() - started
+            record = {"step": step + 1, "split": "train", "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                      "tokens_per_s": config.batch_size * task.seq_len / max(seconds, 1e-9)}
+            self.history.append(record)
+            if self.writes and (step + 1) % config.log_every == 0:
+                rundir.append_metrics(self.directory, record)
+            self.on_progress({"event": "step", **record, "steps": config.steps})
+            done = step + 1 == config.steps
+            if config.eval_every and (step + 1) % config.eval_every == 0 and not done:
+                metrics = self._evaluate(step + 1)
+                reached = self._reached(metrics)
+                if config.checkpoint_every == 0 or reached:
+                    self._checkpoint(step + 1)
+            if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and not done:
+                self._checkpoint(step + 1)
+            if reached or (stop_after is not None and step + 1 >= stop_after and not done):
+                if not reached:
+                    self._checkpoint(step + 1)
+                    self._finish("stopped", step + 1, metrics)
+                    return Run(self.directory, self.model.eval(), config, step + 1, metrics, self.history)
+                break
+        final = step + 1 if config.steps > self.start else self.start
+        if not reached:  # a run stopped at its target was just evaluated and checkpointed
+            metrics = self._evaluate(final)
+            self._checkpoint(final)
+        self._finish("done", final, metrics)
+        self.on_progress({"event": "end", "step": final, **metrics})
+        return Run(self.directory, self.model.eval(), config, final, metrics, self.history)
+
+    def _step(self, step: int) -> tuple[float, float]:
+        """One optimiser step; returns the global mean loss and the gradient norm before clipping."""
+        config = self.config
+        inputs, targets = config.task.batch("train", step, config.batch_size, config.seed)
+        answers = int((targets != IGNORE).sum())  # every process sees the global batch: no all-reduce needed
+        rank = self.dist.rank
+        inputs = inputs[rank * self.micro * config.accumulate:(rank + 1) * self.micro * config.accumulate]
+        targets = targets[rank * self.micro * config.accumulate:(rank + 1) * self.micro * config.accumulate]
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        for index in range(config.accumulate):
+            part = slice(index * self.micro, (index + 1) * self.micro)
+            x, y = inputs[part].to(self.device), targets[part].to(self.device)
+            with self.dist.no_sync(self.wrapped, last=index == config.accumulate - 1), self.autocast():
+                summed = self.loss_fn(self.wrapped, x, y)
+                loss = summed * (self.dist.world_size / max(answers, 1))
+                regularizer = self.model.regularization_loss()
+                loss = loss + regularizer / config.accumulate
+            loss.backward()
+            total += summed.detach().double()
+        total = self.dist.all_reduce_sum(total)
+        grad_norm = _clip(self.model, config.grad_clip)
+        self.optimizer.step()
+        from attnspec.nn.model import redraw_random_features
+
+        redraw_random_features(self.model, step + 1)
+        return float(total) / max(answers, 1), grad_norm
+
+    @torch.no_grad()
+    def _evaluate(self, step: int) -> dict:
+        """Loss, accuracy on answer positions and perplexity on the fixed test set."""
+        self.model.eval()
+        loss_sum, correct, count = 0.0, 0, 0
+        size = max(self.micro, 1)
+        for start in range(0, len(self.test_inputs), size):
+            x = self.test_inputs[start:start + size].to(self.device)
+            y = self.test_targets[start:start + size].to(self.device)
+            with self.autocast():
+                logits = self.model(x)
+            mask = y != IGNORE
+            loss_sum += float(F.cross_entropy(logits[mask].float(), y[mask], reduction="sum"))
+            correct += int((logits.argmax(-1)[mask] == y[mask]).sum())
+            count += int(mask.sum())
+        self.model.train()
+        loss = loss_sum / max(count, 1)
+        metrics = {"loss": loss, "accuracy": correct / max(count, 1), "perplexity": math.exp(min(loss, 700))}
+        record = {"step": step, "split": "test", **metrics}
+        self.history.append(record)
+        if self.writes:
+            rundir.append_metrics(self.directory, record)
+        self.on_progress({"event": "eval", **record})
+        return metrics
+
+    def _reached(self, metrics: dict) -> bool:
+        target = self.config.target
+        if target is None:
+            return False
+        value = metrics[self.config.task.metric]
+        return value >= target if self.config.task.metric == "accuracy" else value <= target
+
+    # ------------------------------------------------------------------ the run directory
+    def _write_run_files(self, status: str, step: int = 0, metrics: dict | None = None) -> None:
+        from attnspec.spec import spec_to_data, to_yaml
+
+        config_data = self.config.model_dump(by_alias=True)
+        record = {"format": rundir.FORMAT, "attnspec_version": attnspec.__version__, "torch_version": torch.__version__,
+                  "status": status, "step": step, "world_size": self.dist.world_size, "device": str(self.device),
+                  "compiled": self.compiled, "spec": spec_to_data(self.spec, minimal=False), "config": config_data,
+                  "plan": self.plan.to_json(), "groups": [group.to_json() for group in self.groups]}
+        if metrics:
+            record["metrics"] = metrics
+        rundir.write_atomic(self.directory / rundir.RUN_FILE, json.dumps(record, indent=2) + "\n")
+        if status == "running" and step == 0:
+            rundir.write_atomic(self.directory / "spec.yaml", to_yaml(self.spec, minimal=False,
+                                                                      header=f"resolved spec of run {self.directory.name}"))
+            import yaml
+
+            rundir.write_atomic(self.directory / "config.yaml", yaml.safe_dump(config_data, sort_keys=False))
+
+    def _checkpoint(self, step: int) -> None:
+        if self.writes:
+            rundir.save_checkpoint(self.directory, step, self.model, self.optimizer, self.names, {})
+        self.dist.barrier()
+
+    def _finish(self, status: str, step: int, metrics: dict) -> None:
+        if self.writes:
+            self._write_run_files(status, step, metrics)
+            if status == "done":
+                rundir.write_atomic(self.directory / "result.json", json.dumps({"step": step, **metrics}, indent=2))
+
+    def _resume(self) -> None:
+        from attnspec.compiler.load import load_weights
+
+        step, weights, moments, _ = rundir.load_checkpoint(self.directory)
+        load_weights(self.model, weights)  # checked tensor by tensor against the spec's model
+        rundir.restore_optimizer(self.optimizer, self.names, moments)
+        self.start = step
+        if self.writes:
+            rundir.truncate_metrics(self.directory, step)
+            self._write_run_files("running", step)
+
+
+def _micro_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
+    """Summed cross-entropy over the answer positions of one micro-batch (a scalar)."""
+    logits = model(inputs)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+
+
+def _clip(model: nn.Module, max_norm: float) -> float:
+    parameters = [p for p in model.parameters() if p.grad is not None]
+    if not parameters:
+        return 0.0
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters])))
+
+
+def _autocast(precision: str, device: torch.device, model: nn.Module):
+    """A context factory: bf16 autocast when asked (or ``auto`` on a CUDA device with bf16), else nothing."""
+    import contextlib
+
+    use = precision == "bfloat16" or (precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+                                      and next(model.parameters()).dtype == torch.float32)
+    if not use:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import List, Optional
@@ -24,7 +25,7 @@ from attnspec.errors import AttnSpecError, SpecError
 
 app = typer.Typer(
     name="attnspec",
-    help="Declarative sequence-mixer models: check, plan, build, verify and run specs.",
+    help="Declarative sequence-mixer models: check, plan, build, verify, run and train specs.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -164,9 +165,11 @@ def explain(
 
 @app.command()
 def build(
-    file: Path = typer.Argument(..., help="Spec file to build."),
+    file: Path = typer.Argument(..., help="Spec file to build, or a training run directory (its trained weights)."),
     output: Path = typer.Option(..., "--output", "-o", help="Build directory to create."),
     overrides: Optional[List[str]] = SetOption,
+    weights: Optional[Path] = typer.Option(None, "--weights", help="Trained weights (safetensors) of the spec's "
+                                                                 "model, instead of its random initialisation."),
     aot: bool = typer.Option(False, "--aot", help="Also write an AOTInductor package (model.aoti.pt2)."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip the torch.compile check."),
     force: bool = typer.Option(False, "--force", help="Replace an existing build directory."),
@@ -192,7 +195,7 @@ def build(
                 progress.update(tasks[name], completed=1, description=f"{name} ({seconds:.1f}s)")
 
         result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
-                                 force=force, on_stage=on_stage)
+                                 force=force, weights=weights, on_stage=on_stage)
     _print_build_summary(result.directory, result.manifest)
 
 
@@ -254,6 +257,126 @@ def run(
 
     result = run_directory(directory, tokens, generate)
     out.print(result, markup=False)
+
+
+@app.command()
+def train(
+    file: Optional[Path] = typer.Argument(None, metavar="SPEC", help="Spec file (not needed with --resume)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Run directory to create (or to resume)."),
+    task: Optional[str] = typer.Option(None, "--task", help="Task kind: mqar, memory_horizon, selective_copying, "
+                                                            "induction_heads, bytes, tokens."),
+    task_overrides: Optional[List[str]] = typer.Option(None, "--task-set", metavar="KEY=VALUE",
+                                                       help="A task parameter, e.g. --task-set seq_len=256. Repeatable."),
+    overrides: Optional[List[str]] = SetOption,
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Training configuration file (YAML); flags "
+                                                                       "override it."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimiser steps."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Global batch size (all processes)."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the data streams."),
+    accumulate: Optional[int] = typer.Option(None, "--accumulate", help="Micro-batches per step."),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Evaluate every N steps (0: at the end)."),
+    target: Optional[float] = typer.Option(None, "--target", help="Stop when the task's metric reaches this."),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the training step "
+                                                                                 "(default: on CUDA only)."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda."),
+    tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in -o from its latest checkpoint."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Launch N data-parallel processes with torchrun."),
+) -> None:
+    """Train a spec's model on a task; write metrics, checkpoints and the result to a run directory.
+
+    The run directory holds run.json (resolved spec, configuration, plan, status), spec.yaml,
+    config.yaml, metrics.jsonl, checkpoints (safetensors) and result.json. Export the trained
+    model with `attnspec build RUN_DIR -o DIR`.
+    """
+    if nproc is not None and nproc > 1 and "WORLD_SIZE" not in os.environ:
+        _launch_torchrun(nproc)
+        return
+    from attnspec.training.loop import train as train_model
+
+    flags = {"steps": steps, "batch_size": batch, "lr": lr, "seed": seed, "accumulate": accumulate,
+             "eval_every": eval_every, "target": target, "device": device,
+             "compile": None if compile_ is None else ("on" if compile_ else "off"),
+             "tensorboard": True if tensorboard else None}
+    if resume and (file or task or task_overrides or overrides or config or any(v is not None for v in flags.values())):
+        raise AttnSpecError("--resume continues a run with its own spec and configuration; give only -o RUN_DIR")
+    if not resume and file is None:
+        raise AttnSpecError("give a spec file to train (or --resume -o RUN_DIR)")
+    rank0 = os.environ.get("RANK", "0") == "0"
+    with _TrainingDisplay(enabled=rank0) as display:
+        run = train_model(file, config, output=output, overrides=overrides or (), task=task,
+                          task_overrides=task_overrides or (), resume=resume, on_progress=display.update, **flags)
+    if rank0:
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in run.metrics.items())
+        out.print(f"trained {run.step} steps -> {output}: {metrics}\nNext: attnspec build {output} -o "
+                  f"{output}-build", markup=False)
+
+
+def _launch_torchrun(nproc: int) -> None:
+    """Re-run this command under torchrun with ``nproc`` processes (the --nproc flag removed)."""
+    import subprocess
+
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "attnspec", *args]
+    code = subprocess.call(command)
+    if code:
+        raise typer.Exit(code)
+
+
+class _TrainingDisplay:
+    """Rich progress (step, loss, metric, tokens/s, ETA) on a terminal; plain lines otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.progress = None
+        self.task_id = None
+        self.metric = ""
+        self.last_plain = 0.0
+
+    def __enter__(self) -> "_TrainingDisplay":
+        if self.enabled and out.is_terminal:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                                     TextColumn("{task.description}"), TimeRemainingColumn(), console=out)
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def update(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        event = record["event"]
+        if event == "start":
+            line = (f"training {record['parameters']:,} parameters on {record['device']} "
+                    f"({record['world_size']} process(es), modes {', '.join(record['plan'])}, "
+                    f"{'compiled' if record['compiled'] else 'eager'}), from step {record['step']}")
+            out.print(line, markup=False)
+            if self.progress is not None:
+                self.task_id = self.progress.add_task("", total=record["steps"], completed=record["step"])
+        elif event == "eval":
+            self.metric = f"test acc {record['accuracy']:.3f} ppl {record['perplexity']:.3g}"
+            out.print(f"step {record['step']}: test loss {record['loss']:.4f}, accuracy {record['accuracy']:.4f}, "
+                      f"perplexity {record['perplexity']:.4g}", markup=False)
+        elif event == "step":
+            text = f"loss {record['loss']:.4f}  {self.metric}  {record['tokens_per_s']:,.0f} tok/s"
+            if self.progress is not None:
+                self.progress.update(self.task_id, completed=record["step"], description=text)
+            elif time.monotonic() - self.last_plain > 10 or record["step"] == record["steps"]:
+                self.last_plain = time.monotonic()
+                out.print(f"step {record['step']}/{record['steps']}: {text}", markup=False)
 
 
 def _terminate(signum, frame) -> None:

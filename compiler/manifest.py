@@ -56,6 +56,8 @@ class PlanLayer(_Strict):
 
 class PlanRecord(_Strict):
     length: Annotated[int, Field(gt=0, le=limits.MAX_LEN)]
+    batch: Annotated[int, Field(gt=0, le=1 << 20)] = 1
+    training: bool = False
     layers: Annotated[list[PlanLayer], Field(max_length=limits.MAX_BLOCKS)]
 
 

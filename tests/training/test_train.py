@@ -1,0 +1,169 @@
+"""The trainer: optimiser groups from component facts, exact resume, export of a trained model,
+data parallelism against one process, and the planner's training regime."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnspec
+from attnspec.errors import AttnSpecError, SpecError
+from attnspec.training.optim import parameter_groups
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = ROOT / "specs"
+TINY = ["d_model=16", "layers[0].repeat=1", "max_len=16", "input.vocab_size=32"]
+MQAR = ["seq_len=16", "vocab_size=32", "num_kv_pairs=2"]
+
+
+def _tiny_run(output=None, spec="softmax-transformer", extra=(), **flags):
+    settings = {"steps": 20, "batch_size": 8, "eval_every": 5, "test_examples": 16, "lr": 3e-3} | flags
+    return attnspec.train(SPECS / f"{spec}.yaml", overrides=[*TINY, "position=learned", *extra], task="mqar",
+                          task_overrides=MQAR, output=output, **settings)
+
+
+def test_optimiser_groups_follow_component_facts_and_overrides():
+    model = attnspec.build(SPECS / "gateloop.yaml", "layers[0].repeat=1")
+    groups = {(g.weight_decay, g.lr_multiplier): set(g.names) for g in parameter_groups(model)}
+    assert groups[(False, 0.8)] == {"blocks.0.mixer.transition.gamma.weight", "blocks.0.mixer.transition.theta.weight",
+                                    "blocks.0.mixer.transition.gamma.bias", "blocks.0.mixer.transition.theta.bias"}
+    no_decay = groups[(False, 1.0)]
+    assert {"embed.weight", "blocks.0.norm1.weight", "blocks.0.norm1.bias", "final_norm.weight"} <= no_decay
+    assert "blocks.0.mixer.q_proj.weight" in groups[(True, 1.0)] and "blocks.0.mlp.up.weight" in groups[(True, 1.0)]
+    overridden = parameter_groups(model, {"transition.data": {"lr_multiplier": 0.1, "weight_decay": True}})
+    assert {(g.weight_decay, g.lr_multiplier) for g in overridden if "transition" in g.names[0]} == {(True, 0.1), (False, 0.1)}
+    assert sum(len(g.names) for g in overridden) == len(list(model.parameters()))
+
+
+def test_training_learns_and_records_everything(tmp_path):
+    run = _tiny_run(tmp_path / "run")
+    assert run.losses[-1] < run.losses[0]
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["status"] == "done" and record["step"] == 20 and record["plan"]["training"]
+    assert record["config"]["task"]["vocab_size"] == 32 and record["spec"]["position"] == {"kind": "learned"}
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r["split"] == "train"] == list(range(1, 21))
+    assert [r["step"] for r in lines if r["split"] == "test"] == [5, 10, 15, 20]
+    assert not run.model.training, "the returned model is in eval mode"
+    repeat = attnspec.train(SPECS / "softmax-transformer.yaml", tmp_path / "run" / "config.yaml",
+                            overrides=[*TINY, "position=learned"])
+    assert repeat.losses == run.losses, "the recorded configuration repeats the run exactly"
+
+
+def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path):
+    whole = _tiny_run(tmp_path / "whole", checkpoint_every=10)
+    stopped = _tiny_run(tmp_path / "split", checkpoint_every=10, stop_after=10)
+    assert stopped.step == 10 and json.loads((tmp_path / "split" / "run.json").read_text())["status"] == "stopped"
+    resumed = attnspec.train(None, output=tmp_path / "split", resume=True)
+    lines = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in lines if r["split"] == "train"]
+    assert losses == whole.losses  # exact equality: same data, same state, same kernels
+    assert resumed.metrics == whole.metrics
+    for name, tensor in whole.model.state_dict().items():
+        assert torch.equal(tensor, resumed.model.state_dict()[name]), name
+
+
+def test_resume_refuses_what_is_not_a_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(AttnSpecError, match="run.json"):
+        attnspec.train(None, output=tmp_path, resume=True)
+    with pytest.raises(AttnSpecError, match="not empty"):
+        _tiny_run(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_task_that_does_not_fit_the_spec_is_a_located_error_and_writes_nothing(tmp_path):
+    with pytest.raises(SpecError, match="vocab_size is 32"):
+        attnspec.train(SPECS / "softmax-transformer.yaml", overrides=TINY, task="mqar", output=tmp_path / "run")
+    with pytest.raises(SpecError, match="max_len = 16"):
+        attnspec.train(SPECS / "softmax-transformer.yaml", overrides=TINY, task="mqar",
+                       task_overrides=["seq_len=64", "vocab_size=32", "num_kv_pairs=2"], output=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_trained_model_exports_and_the_exported_program_predicts_like_it(tmp_path):
+    run = _tiny_run(tmp_path / "run", steps=30)
+    result = subprocess.run([sys.executable, "-m", "attnspec", "build", str(tmp_path / "run"), "-o",
+                             str(tmp_path / "build"), "--no-compile"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    loaded = attnspec.load(tmp_path / "build")
+    for name, tensor in run.model.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+    task = run.config.task
+    inputs, targets = task.batch("test", 0, 4, run.config.seed)
+    from attnspec.compiler.programs import load_program
+
+    program = load_program(tmp_path / "build" / "model.pt2")
+    with torch.no_grad():
+        expected = run.model(inputs).argmax(-1)
+        assert torch.equal(program.module()(inputs).argmax(-1), expected)
+    shown = subprocess.run([sys.executable, "-m", "attnspec", "run", str(tmp_path / "build"), "--tokens",
+                            " ".join(map(str, inputs[0].tolist()))], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    saved = attnspec.save(run.model, tmp_path / "saved", compile_check=False)
+    assert saved.manifest["files"]["model.safetensors"]["sha256"] == \
+        json.loads((tmp_path / "build" / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
+
+
+def test_cli_train_errors_exit_2_without_a_traceback(tmp_path):
+    cases = [
+        ["train", str(SPECS / "softmax-transformer.yaml"), "--task", "mqqar", "-o", str(tmp_path / "a")],
+        ["train", str(SPECS / "softmax-transformer.yaml"), "--task", "mqar", "--task-set", "seq_len=-3",
+         "-o", str(tmp_path / "b")],
+        ["train", "--resume", "--steps", "5", "-o", str(tmp_path / "c")],
+    ]
+    for args in cases:
+        result = subprocess.run([sys.executable, "-m", "attnspec", *args], capture_output=True, text=True)
+        assert result.returncode == 2 and "Traceback" not in result.stderr and "error:" in result.stderr, result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_data_parallel_gloo_matches_one_process(tmp_path):
+    """2 gloo processes with the global batch of one: the same losses in float64 over 10 steps."""
+    args = ["train", str(SPECS / "softmax-transformer.yaml"), *sum((["--set", s] for s in
+            [*TINY, "position=learned", "dtype=float64"]), []), "--task", "mqar",
+            *sum((["--task-set", s] for s in MQAR), []), "--steps", "10", "--batch", "8", "--accumulate", "2",
+            "--eval-every", "0", "--lr", "3e-3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, "-m", "attnspec", *args, "-o", str(tmp_path / "one")],
+                            capture_output=True, text=True, env=env)
+    assert single.returncode == 0, single.stderr
+    double = subprocess.run([sys.executable, "-m", "attnspec", *args, "--nproc", "2", "-o", str(tmp_path / "two")],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert double.returncode == 0, double.stderr[-3000:]
+
+    def losses(name):
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, lines) if r["split"] == "train"]
+
+    one, two = losses("one"), losses("two")
+    assert len(one) == len(two) == 10
+    assert max(abs(a - b) for a, b in zip(one, two)) < 1e-5
+    assert json.loads((tmp_path / "two" / "run.json").read_text())["world_size"] == 2
+
+
+def test_training_plan_picks_a_mode_near_the_fastest_measured():
+    """Per-channel GateLoop at L = 64, batch 32, forward + backward: the planner's training choice
+    must be within 2x of the fastest mode measured here (at batch 1 inference it prefers other modes)."""
+    from attnspec.compiler.plan import plan_spec
+
+    model = attnspec.build(SPECS / "gateloop.yaml", "layers[0].repeat=1").train()
+    plan = plan_spec(model.spec, 64, batch=32, training=True)
+    tokens = torch.randint(0, 64, (32, 64))
+    seconds = {}
+    for mode in model.blocks[0].mixer.modes:
+        model.set_modes([mode])
+        model(tokens).logsumexp(-1).mean().backward()  # warm-up
+        start = time.perf_counter()
+        model(tokens).logsumexp(-1).mean().backward()
+        seconds[mode] = time.perf_counter() - start
+    chosen = plan.full_modes[0]
+    assert seconds[chosen] <= 2 * min(seconds.values()), (chosen, seconds)
+    assert seconds["quadratic"] > 3 * seconds[chosen], "the regime matters: quadratic is far slower here"

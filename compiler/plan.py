@@ -33,6 +33,10 @@ from attnspec.spec.source import format_path
 MAC_RATE = 40e9  # multiply-adds per second a 2-core CPU sustains on these shapes (measured order)
 BANDWIDTH = 10e9  # bytes per second of memory traffic
 STEP_OVERHEAD = 20e-6  # seconds per sequential step (a kernel launch / Python iteration)
+# Eager training pays far more per sequential step: each position of the recurrent loop runs ~15
+# small ops forward and their autograd nodes backward. Measured on the 2-core CPU (per-channel
+# GateLoop, one layer, L = 64..2048): ~0.7 ms per position for forward + backward together.
+TRAINING_STEP_OVERHEAD = 350e-6
 BYTES = 4
 
 
@@ -44,10 +48,11 @@ class Cost:
     bytes: float
     state_bytes: float
     sequential_steps: int
+    step_overhead: float = STEP_OVERHEAD
 
     @property
     def seconds(self) -> float:
-        return self.macs / MAC_RATE + self.bytes / BANDWIDTH + self.sequential_steps * STEP_OVERHEAD
+        return self.macs / MAC_RATE + self.bytes / BANDWIDTH + self.sequential_steps * self.step_overhead
 
 
 @dataclass
@@ -137,7 +142,8 @@ def _regime(cost: Cost, batch: int, training: bool) -> Cost:
     """A batch-1 forward cost scaled to ``batch`` and, when training, to forward + backward."""
     work = batch * (3 if training else 1)
     return Cost(macs=cost.macs * work, bytes=cost.bytes * work, state_bytes=cost.state_bytes * batch,
-                sequential_steps=cost.sequential_steps * (2 if training else 1))
+                sequential_steps=cost.sequential_steps * (2 if training else 1),
+                step_overhead=TRAINING_STEP_OVERHEAD if training else cost.step_overhead)
 
 
 def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, training: bool = False) -> LayerPlan:

@@ -148,12 +148,13 @@ class Trainer:
         self.start = 0
         self.history: list[dict] = []
         self.writes = directory is not None and self.dist.rank == 0
-        self.tensorboard = None
+        writer = _event_writer_class() if config.tensorboard and self.writes else None  # fail before writing
         if resume:
             self._resume()
         elif self.writes:
             rundir.create(directory)
             self._write_run_files("running")
+        self.tensorboard = writer(str(directory / "tensorboard")) if writer is not None else None
         self.dist.barrier()
         self.test_inputs, self.test_targets = config.task.batch("test", 0, config.test_examples, config.seed)
 
@@ -179,6 +180,7 @@ class Trainer:
             self.history.append(record)
             if self.writes and (step + 1) % config.log_every == 0:
                 rundir.append_metrics(self.directory, record)
+                self._scalars("train", record)
             self.on_progress({"event": "step", **record, "steps": config.steps})
             done = step + 1 == config.steps
             if config.eval_every and (step + 1) % config.eval_every == 0 and not done:
@@ -252,8 +254,16 @@ class Trainer:
         self.history.append(record)
         if self.writes:
             rundir.append_metrics(self.directory, record)
+            self._scalars("test", record)
         self.on_progress({"event": "eval", **record})
         return metrics
+
+    def _scalars(self, split: str, record: dict) -> None:
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if isinstance(value, float):
+                    self.tensorboard.add_scalar(f"{split}/{key}", value, record["step"])
+            self.tensorboard.flush()
 
     def _reached(self, metrics: dict) -> bool:
         target = self.config.target
@@ -287,6 +297,8 @@ class Trainer:
         self.dist.barrier()
 
     def _finish(self, status: str, step: int, metrics: dict) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.writes:
             self._write_run_files(status, step, metrics)
             if status == "done":
@@ -302,6 +314,15 @@ class Trainer:
         if self.writes:
             rundir.truncate_metrics(self.directory, step)
             self._write_run_files("running", step)
+
+
+def _event_writer_class():
+    """TensorBoard's SummaryWriter (the `tensorboard` extra), or an error saying how to install it."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise AttnSpecError("--tensorboard needs the tensorboard package: pip install 'attnspec[tensorboard]'") from None
+    return SummaryWriter
 
 
 def _micro_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:

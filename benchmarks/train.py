@@ -1,0 +1,142 @@
+"""Training throughput: attnspec's models against a plain nanoGPT, in tokens per second.
+
+    python benchmarks/train.py             # both tables (about 10 minutes on 2 cores)
+    python benchmarks/train.py --quick     # L = 512 and 2048 only, fewer repeats
+
+One training step is forward, cross-entropy, backward and an AdamW step, at 8192 tokens per step
+(batch = 8192 / L), 2 layers, d_model 128, 4 heads, float32, on the CPU with every thread.
+
+Table 1, at L = 512: attnspec's softmax spec (`specs/softmax-transformer.yaml`, learned positions)
+and the plain nanoGPT of tests/training/reference.py (SDPA), each eager and compiled
+(torch.compile fullgraph, fixed shapes); the ratio is attnspec / reference tokens per second (target
+>= 0.9), and the compile time is the first compiled step.
+
+Table 2, eager, at L = 512, 2048, 8192: the linear specs (each mixer in the mode the planner chooses
+for training at that batch and length) against the nanoGPT reference at the same length; ratio > 1
+means faster than softmax attention (target from L = 2048).
+
+Candidates are interleaved (A B A B ...) and the median of the repeats is reported, since these
+machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import attnspec  # noqa: E402
+from attnspec.compiler.plan import plan_spec  # noqa: E402
+from attnspec.training.optim import make_optimizer, parameter_groups  # noqa: E402
+from tests.training.reference import NanoGPT  # noqa: E402
+
+TOKENS = 8192
+VOCAB = 512
+SHAPE = ["d_model=128", "layers[0].repeat=2", "input.vocab_size=512"]
+LINEAR = ["linear-elu", "cosformer", "retnet", "gateloop"]
+
+
+def attnspec_step(name: str, L: int, batch: int, extra=()):
+    overrides = [*SHAPE, f"max_len={L}", *extra]
+    if name == "gateloop":
+        overrides[0] = "d_model=128"
+    if name == "cosformer":
+        overrides.append(f"layers[0].layers[0].mixer.reweighting.M={L}")
+    model = attnspec.build(ROOT / "specs" / f"{name}.yaml", *overrides)
+    plan = plan_spec(model.spec, L, batch=batch, training=True)
+    model.set_modes(plan.full_modes)
+    model.train()
+    optimizer = make_optimizer(model, parameter_groups(model), lr=1e-4, weight_decay=0.1, betas=(0.9, 0.98))
+    return model, optimizer, plan.full_modes[0]
+
+
+def reference_step(L: int):
+    model = NanoGPT(VOCAB, 128, 2, 4, L)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), "sdpa"
+
+
+def make_step(model, optimizer, compiled: bool):
+    loss_fn = lambda x, y: F.cross_entropy(model(x).flatten(0, 1), y.flatten())  # noqa: E731
+    if compiled:
+        loss_fn = torch.compile(loss_fn, fullgraph=True, dynamic=False)
+
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(x, y)
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def measure(candidates: dict, L: int, batch: int, repeats: int) -> tuple[dict, dict]:
+    """Interleaved timing: tokens/s (median) per candidate, and the first-call seconds (compile)."""
+    x = torch.randint(0, VOCAB, (batch, L))
+    y = torch.randint(0, VOCAB, (batch, L))
+    first = {}
+    for name, step in candidates.items():
+        start = time.perf_counter()
+        step(x, y)
+        first[name] = time.perf_counter() - start
+    times = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, step in candidates.items():
+            start = time.perf_counter()
+            step(x, y)
+            times[name].append(time.perf_counter() - start)
+    return {name: batch * L / statistics.median(t) for name, t in times.items()}, first
+
+
+def table_compiled(repeats: int) -> None:
+    L, batch = 512, TOKENS // 512
+    candidates = {}
+    for compiled in (False, True):
+        tag = "compiled" if compiled else "eager"
+        model, optimizer, _ = attnspec_step("softmax-transformer", L, batch, ["position=learned"])
+        candidates[f"attnspec softmax, {tag}"] = make_step(model, optimizer, compiled)
+        model, optimizer, _ = reference_step(L)
+        candidates[f"nanoGPT reference, {tag}"] = make_step(model, optimizer, compiled)
+    rates, first = measure(candidates, L, batch, repeats)
+    print(f"\nTable 1: softmax spec vs nanoGPT, L = {L}, batch {batch}, {torch.get_num_threads()} threads")
+    print(f"{'candidate':34} {'tokens/s':>10} {'ratio':>7} {'first step s':>13}")
+    for name, rate in rates.items():
+        tag = name.split(", ")[1]
+        ratio = rate / rates[f"nanoGPT reference, {tag}"]
+        print(f"{name:34} {rate:10.0f} {ratio:7.2f} {first[name]:13.1f}")
+
+
+def table_lengths(lengths: list[int], repeats: int) -> None:
+    print("\nTable 2: linear specs vs the nanoGPT reference, eager, 8192 tokens per step")
+    print(f"{'L':>6} {'spec':22} {'mode':10} {'tokens/s':>10} {'vs reference':>13}")
+    for L in lengths:
+        batch = TOKENS // L
+        candidates, modes = {}, {}
+        model, optimizer, modes["nanoGPT reference"] = reference_step(L)
+        candidates["nanoGPT reference"] = make_step(model, optimizer, False)
+        for name in LINEAR:
+            model, optimizer, modes[name] = attnspec_step(name, L, batch)
+            candidates[name] = make_step(model, optimizer, False)
+        rates, _ = measure(candidates, L, batch, repeats)
+        for name, rate in rates.items():
+            print(f"{L:6} {name:22} {modes[name]:10} {rate:10.0f} {rate / rates['nanoGPT reference']:13.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    repeats = 3 if args.quick else 5
+    print(f"torch {torch.__version__}")
+    table_compiled(repeats)
+    table_lengths([512, 2048] if args.quick else [512, 2048, 8192], repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,9 @@ def __getattr__(name: str) -> Any:
 
 
 def build(spec_or_path: Any, *overrides: str, **kwargs: Any) -> Any:
-    """Build an eager ``nn.Module`` from a spec (path, dict or Spec); see :func:`attnspec.compiler.build_model`."""
+    """Build an eager ``nn.Module`` from a spec (path, dict or Spec), returned in **eval mode** (call
+    ``model.train()`` before training it yourself; :func:`attnspec.train` does); see
+    :func:`attnspec.compiler.build_model`."""
     from attnspec.compiler.lower import build_model
 
     return build_model(spec_or_path, *overrides, **kwargs)

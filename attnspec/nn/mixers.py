@@ -23,6 +23,12 @@ from attnspec.ops.scatterbrain import scatterbrain_attention
 from attnspec.ops.softmax import softmax_attention
 
 
+def _full_precision(t: Tensor) -> Tensor:
+    """bf16/fp16 activations (under autocast) enter the attention kernels as float32: the projections
+    run in half precision, the sums over positions and the normaliser in float32."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 class Mixer(nn.Module):
     """Common parts: q/k/v/output projections, the position scheme (rotary q/k or a decay), short
     convolutions, output gate and per-head output norm. The modes and whether there is a decoding
@@ -75,12 +81,16 @@ class Mixer(nn.Module):
         streams = {}
         for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
             streams[name], new_state[name] = self.conv(name, projection(x), past.get(name))
-        q, k = self.position.rotate(self._heads(streams["q"], self.d_qk), self._heads(streams["k"], self.d_qk), offset)
-        return q, k, self._heads(streams["v"], self.d_v), tuple(new_state[name] for name in self.conv.widths)
+        q, k, v = (_full_precision(streams[name]) for name in ("q", "k", "v"))
+        q, k = self.position.rotate(self._heads(q, self.d_qk), self._heads(k, self.d_qk), offset)
+        return q, k, self._heads(v, self.d_v), tuple(new_state[name] for name in self.conv.widths)
 
     def _decay(self, x: Tensor) -> Decay | None:
-        """The transition's decay joined with the position scheme's (ALiBi)."""
-        return combine_decays(self.transition(x), self.position.decay(x))
+        """The transition's decay joined with the position scheme's (ALiBi), in full precision."""
+        decay = combine_decays(self.transition(x), self.position.decay(x))
+        if decay is None:
+            return None
+        return Decay(_full_precision(decay.log_mag), None if decay.phase is None else _full_precision(decay.phase))
 
     def _output(self, o: Tensor, x: Tensor) -> Tensor:
         """Per-head RMS norm, merge heads, output gate, output projection: (B, H, L, Dv) -> (B, L, d_model)."""

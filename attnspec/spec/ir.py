@@ -471,16 +471,16 @@ class ShortConv(ConvComponent):
     kind: Literal["short"]
     width: Annotated[int, Field(ge=2, le=limits.MAX_CONV_WIDTH)] = 4
     """Kernel width: each output sees its own position and the width - 1 before it."""
-    on: Annotated[list[Literal["q", "k", "v"]], Field(min_length=1, max_length=3)] = Field(
+    projections: Annotated[list[Literal["q", "k", "v"]], Field(min_length=1, max_length=3)] = Field(
         default_factory=lambda: ["q", "k", "v"])
     """Which projections are convolved."""
 
     def streams(self) -> dict[str, int]:
-        return {name: self.width for name in self.on}
+        return {name: self.width for name in self.projections}
 
     def problems(self) -> Iterator[tuple[tuple, str]]:
-        if len(set(self.on)) != len(self.on):
-            yield ("on",), f"each of q, k, v may be named once, got {self.on}"
+        if len(set(self.projections)) != len(self.projections):
+            yield ("projections",), f"each of q, k, v may be named once, got {self.projections}"
 
 
 class TokenShift(ConvComponent):

@@ -98,11 +98,22 @@ def append_metrics(directory: Path, record: dict) -> None:
 
 
 def truncate_metrics(directory: Path, step: int) -> None:
-    """On resume from step ``step``: drop the lines a stopped run wrote after its last checkpoint."""
+    """On resume from step ``step``: drop the lines a stopped run wrote after its last checkpoint
+    (and a last line cut short by a kill), and the scratch of a checkpoint it was writing."""
+    for partial in (directory / "checkpoints").glob(".step-*.tmp-*"):
+        if partial.is_dir() and {f.name for f in partial.iterdir()} <= set(CHECKPOINT_FILES):
+            shutil.rmtree(partial)
     path = directory / "metrics.jsonl"
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
+    kept = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # the line a kill cut short
+        if isinstance(record, dict) and record.get("step", 0) <= step:
+            kept.append(line)
     write_atomic(path, "".join(line + "\n" for line in kept))
 
 

@@ -31,7 +31,7 @@ MIXERS = [
     "linear(heads=3, feature_map=identity, normalize=false, position=alibi)",
     "linear(heads=3, feature_map=identity, normalize=false, position=alibi, transition=data(per=channel))",
     "linear(heads=3, feature_map=relu, reweighting=cos(M=64), position=rope(base=100), conv=short(width=3))",
-    "linear(heads=3, feature_map=elu1, conv=short(width=4, on=[k, v]))",
+    "linear(heads=3, feature_map=elu1, conv=short(width=4, projections=[k, v]))",
     "linear(heads=3, feature_map=identity, normalize=false, conv=shift, "
     "transition=fixed(init=retnet, complex=true))",
     "linear(heads=24, d_qk=1, d_v=1, feature_map=identity, normalize=false, transition=data, conv=short(width=2))",
@@ -105,7 +105,7 @@ def test_alibi_softmax_is_softmax_with_linear_biases():
 
 
 def test_short_convolution_is_the_explicit_causal_sum():
-    mixer = _mixer("linear(heads=3, feature_map=elu1, conv=short(width=3, on=[q]))")
+    mixer = _mixer("linear(heads=3, feature_map=elu1, conv=short(width=3, projections=[q]))")
     x = torch.randn(2, 20, 24, dtype=torch.float64)
     w = mixer.conv.filters["q"]  # (C, width), tap width-1 is the current position
     projected = mixer.q_proj(x)
@@ -156,7 +156,7 @@ def test_model_level_rope_reaches_every_mixer_unless_it_names_its_own():
     ("softmax(heads=2, position=learned)", "at the model level"),
     ("softmax(heads=2, position=alibi, causal=false)", "needs `causal: true`"),
     ("linear(heads=2, d_qk=5, position=rope)", "d_qk must be even"),
-    ("linear(heads=2, conv=short(on=[q, q]))", "named once"),
+    ("linear(heads=2, conv=short(projections=[q, q]))", "named once"),
     ("linear(heads=2, conv=short(width=1))", "width"),
     ("linear(heads=2, feature_map=identity, normalize=false, transition=data(magnitude_init=[0.99, 0.5]))",
      "lo <= hi"),

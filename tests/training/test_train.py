@@ -4,6 +4,7 @@ data parallelism against one process, and the planner's training regime."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -167,3 +168,75 @@ def test_training_plan_picks_a_mode_near_the_fastest_measured():
     chosen = plan.full_modes[0]
     assert seconds[chosen] <= 2 * min(seconds.values()), (chosen, seconds)
     assert seconds["quadratic"] > 3 * seconds[chosen], "the regime matters: quadratic is far slower here"
+
+
+def test_tensorboard_event_files_hold_the_metrics(tmp_path):
+    pytest.importorskip("tensorboard")  # the `tensorboard` extra (installed with `dev`)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _tiny_run(tmp_path / "run", steps=10, tensorboard=True)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 11))
+    assert [e.step for e in events.Scalars("test/accuracy")] == [5, 10]
+
+
+def test_killed_run_resumes_to_the_uninterrupted_losses(tmp_path):
+    """SIGKILL at an arbitrary moment after the first checkpoint; --resume continues from the latest
+    checkpoint (later lines of metrics.jsonl are dropped) and ends with the same losses."""
+    import signal
+
+    args = [sys.executable, "-m", "attnspec", "train", str(SPECS / "softmax-transformer.yaml"),
+            *sum((["--set", s] for s in [*TINY, "position=learned"]), []), "--task", "mqar",
+            *sum((["--task-set", s] for s in MQAR), []), "--steps", "300", "--batch", "8", "--eval-every", "0",
+            "--lr", "3e-3"]
+    whole = subprocess.run([*args, "-o", str(tmp_path / "whole")], capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr
+    config = tmp_path / "config.yaml"
+    config.write_text("task: {kind: mqar, seq_len: 16, vocab_size: 32, num_kv_pairs: 2}\ncheckpoint_every: 20\n")
+    killed = subprocess.Popen([*args, "--config", str(config), "-o", str(tmp_path / "killed")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pointer = tmp_path / "killed" / "checkpoint.json"
+    deadline = time.monotonic() + 120
+    while not pointer.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    resumed = subprocess.run([sys.executable, "-m", "attnspec", "train", "--resume", "-o", str(tmp_path / "killed")],
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+
+    def losses(name):
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, lines) if r["split"] == "train"]
+
+    assert losses("killed") == losses("whole")
+
+
+def test_compiled_training_step_matches_eager_without_recompiles(tmp_path):
+    eager = _tiny_run(steps=6, compile="off")
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled = _tiny_run(steps=6, compile="on")
+    assert compiled.history and all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(compiled.losses, eager.losses))
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])  # forward+backward compiled once
+
+
+def test_bfloat16_autocast_trains(tmp_path):
+    run = _tiny_run(steps=10, precision="bfloat16")
+    assert all(math.isfinite(loss) for loss in run.losses) and run.losses[-1] < run.losses[0]
+
+
+def test_build_with_weights_file(tmp_path):
+    run = _tiny_run(tmp_path / "run", steps=5)
+    weights = next((tmp_path / "run" / "checkpoints").iterdir()) / "model.safetensors"
+    spec = tmp_path / "run" / "spec.yaml"
+    ok = subprocess.run([sys.executable, "-m", "attnspec", "build", str(spec), "--weights", str(weights), "-o",
+                         str(tmp_path / "b"), "--no-compile"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    wrong = subprocess.run([sys.executable, "-m", "attnspec", "build", str(SPECS / "gateloop.yaml"), "--weights",
+                            str(weights), "-o", str(tmp_path / "c"), "--no-compile"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "they must come from a model of this spec" in wrong.stderr
+    assert not (tmp_path / "c").exists()

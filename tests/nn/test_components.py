@@ -118,6 +118,11 @@ MIXERS = [
 
 @pytest.mark.parametrize("text", MIXERS)
 def test_mixer_modes_agree_and_step_equals_forward(text):
+    check_modes_agree_and_step_equals_forward(text)
+
+
+def check_modes_agree_and_step_equals_forward(text: str) -> None:
+    """Every mode of the mixer equals its recurrent mode, and the decoding step equals forward (float64)."""
     mixer = _mixer(text)
     x = torch.randn(2, 37, 24, dtype=torch.float64)
     reference = mixer(x, "recurrent")
@@ -138,6 +143,11 @@ def test_mixer_modes_agree_and_step_equals_forward(text):
     "softmax(heads=2, transition=fixed(complex=false))",
 ])
 def test_mixer_causality_by_autograd(text):
+    check_causal_by_autograd(text)
+
+
+def check_causal_by_autograd(text: str) -> None:
+    """Output 12 has a zero gradient with respect to every later input, in every mode."""
     mixer = _mixer(text)
     x = torch.randn(1, 30, 24, dtype=torch.float64, requires_grad=True)
     for mode in mixer.modes:

@@ -17,7 +17,7 @@ from attnspec.errors import SpecError
 from attnspec.nn.model import build_model_from_spec
 from attnspec.spec import loads_spec
 
-from tests.nn.test_components import _mixer
+from tests.nn.test_components import _mixer, check_causal_by_autograd, check_modes_agree_and_step_equals_forward
 
 TOL = 1e-10  # float64 end to end: differences are rounding of O(L) sums
 
@@ -40,29 +40,14 @@ MIXERS = [
 
 @pytest.mark.parametrize("text", MIXERS)
 def test_modes_agree_and_step_equals_forward(text):
-    mixer = _mixer(text)
-    x = torch.randn(2, 37, 24, dtype=torch.float64)
-    reference = mixer(x, "recurrent")
-    for mode in mixer.modes:
-        assert _close(mixer(x, mode), reference), mode
-    state = mixer.init_state(2, torch.float64)
-    outputs = []
-    for t in range(37):
-        y, state = mixer.step(x[:, t], state, torch.full((2,), t))
-        outputs.append(y)
-    assert _close(torch.stack(outputs, 1), reference)
+    check_modes_agree_and_step_equals_forward(text)
 
 
 @pytest.mark.parametrize("text", MIXERS + ["softmax(heads=2, position=rope, conv=short(width=3))",
                                            "softmax(heads=2, position=alibi, conv=shift)",
                                            "scatterbrain(sparse(local(window=5)), heads=2, position=rope, conv=short)"])
 def test_causal_by_autograd(text):
-    mixer = _mixer(text)
-    x = torch.randn(1, 30, 24, dtype=torch.float64, requires_grad=True)
-    for mode in mixer.modes:
-        (grad,) = torch.autograd.grad(mixer(x, mode)[:, 12].sum(), [x])
-        assert torch.all(grad[:, 13:] == 0), mode
-        assert grad[:, :13].abs().sum() > 0
+    check_causal_by_autograd(text)
 
 
 def _reference_rope(x, base):

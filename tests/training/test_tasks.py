@@ -130,3 +130,32 @@ def test_config_file_errors_are_located(tmp_path):
     text = str(error.value)
     assert f"{config}:5:1: batch_sise: unknown key 'batch_sise' (did you mean 'batch_size'?)" in text
     assert f"{config}:6:5: lr: must be greater than 0" in text
+
+
+def test_a_plugin_task_is_registered_like_a_built_in():
+    from typing import Literal
+
+    from attnspec.spec.components import register
+    from attnspec.training.tasks import Task
+
+    class EchoTask(Task):
+        """Predict the current token (a user's task)."""
+
+        kind: Literal["test_echo"]
+        seq_len: int = 8
+
+        @property
+        def vocab_size(self) -> int:
+            return 10
+
+        def batch(self, split, step, size, seed):
+            from attnspec.training.tasks import generator
+
+            x = torch.randint(0, 10, (size, self.seq_len), generator=generator(seed, split, step))
+            return x, x
+
+    register("task", EchoTask)
+    echo = task("test_echo", "seq_len=12")
+    assert isinstance(echo, EchoTask) and echo.seq_len == 12
+    with pytest.raises(SpecError, match="did you mean 'test_echo'"):
+        task("test_ecko")

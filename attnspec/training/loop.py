@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from torch import Tensor, nn
 
 import attnspec
 from attnspec.errors import AttnSpecError, Problem, SpecError
+from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
 from attnspec.training.config import TrainConfig, load_config
 from attnspec.training.optim import learning_rate, make_optimizer, parameter_groups, set_learning_rate
@@ -81,7 +81,6 @@ def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, o
         RunError: the run directory cannot be created or resumed.
     """
     from attnspec.compiler.lower import as_spec
-    from attnspec.spec import spec_to_data
     from attnspec.spec.validate import validate_data
 
     directory = Path(output) if output is not None else None
@@ -93,9 +92,9 @@ def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, o
         config = load_config(record["config"])
     else:
         spec = as_spec(spec, tuple(overrides))
-        config = config if isinstance(config, TrainConfig) and not (task or task_overrides or flags) else \
-            load_config(config.model_dump(by_alias=True) if isinstance(config, TrainConfig) else config,
-                        task=task, task_overrides=task_overrides, **flags)
+        if isinstance(config, TrainConfig):
+            config = config.model_dump(by_alias=True)
+        config = load_config(config, task=task, task_overrides=task_overrides, **flags)
     check_fit(spec, config.task)
     return Trainer(spec, config, directory, resume, on_progress).run(stop_after)
 
@@ -227,9 +226,7 @@ class Trainer:
         total = self.dist.all_reduce_sum(total)
         grad_norm = _clip(self.model, config.grad_clip)
         self.optimizer.step()
-        from attnspec.nn.model import redraw_random_features
-
-        redraw_random_features(self.model, step + 1)
+        redraw_random_features(self.model, step + 1)  # Performer `redraw: interval`, reproducibly from the step
         return float(total) / max(answers, 1), grad_norm
 
     @torch.no_grad()

@@ -230,7 +230,7 @@ def test_bfloat16_autocast_trains(tmp_path):
 
 
 def test_build_with_weights_file(tmp_path):
-    run = _tiny_run(tmp_path / "run", steps=5)
+    _tiny_run(tmp_path / "run", steps=5)
     weights = next((tmp_path / "run" / "checkpoints").iterdir()) / "model.safetensors"
     spec = tmp_path / "run" / "spec.yaml"
     ok = subprocess.run([sys.executable, "-m", "attnspec", "build", str(spec), "--weights", str(weights), "-o",

@@ -484,8 +484,9 @@ class ShortConv(ConvComponent):
 
 
 class TokenShift(ConvComponent):
-    """Token shift (RWKV): the mixer sees mu * x_(t-1) + (1 - mu) * x_t per channel, a width-2 causal
-    depthwise convolution of its input, initialised to mu = 1/2."""
+    """Token shift (RWKV): the q/k/v projections see mu * x_(t-1) + (1 - mu) * x_t per channel, a
+    width-2 causal depthwise convolution of the mixer input, initialised to mu = 1/2 (the transition
+    and the output gate see x_t itself)."""
 
     kind: Literal["shift"]
 

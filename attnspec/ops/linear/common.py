@@ -46,10 +46,7 @@ def combine_decays(first: Decay | None, second: Decay | None) -> Decay | None:
     else:
         phase = (first.phase if first.phase is not None else torch.zeros_like(first.log_mag)) \
             + (second.phase if second.phase is not None else torch.zeros_like(second.log_mag))
-    log_mag = first.log_mag + second.log_mag
-    if phase is not None:
-        phase = phase.expand_as(log_mag) if phase.shape != log_mag.shape else phase
-    return Decay(log_mag, phase)
+    return Decay(first.log_mag + second.log_mag, phase)  # both sums broadcast to the same shape
 
 
 class PairState(NamedTuple):

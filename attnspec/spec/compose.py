@@ -1,9 +1,12 @@
-"""Composing specs: ``extends:`` inheritance and ``--set dotted.path=value`` overrides.
+"""Composing specs: ``extends:`` inheritance, a spec's ``set:`` patches and ``--set path=value``.
 
-These are how designs are ablated: a variant ``extends`` a base spec and changes a
-few keys, or the base is built with ``--set layers[0].mixer.feature_map=relu``.
-Both work on plain data (before validation), so the result is validated like any
-hand-written spec and errors point at the file or the override that caused them.
+These are how designs are ablated: a variant ``extends`` a base spec and changes a few keys
+(``set: {"blocks[*].mixer.feature_map": relu}`` reaches inside lists), or the base is built with
+``--set blocks[*].mixer.feature_map=relu``; an ablation sweep's variants are the same overrides.
+All of them work on plain data (before validation), so the result is validated like any
+hand-written spec and errors point at the file or the override that caused them. One path
+language serves all three: ``a.b[0].c``, ``[*]`` for every item of a list, ``blocks[*]`` for every
+written block inside ``repeat`` groups at any depth.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path as FsPath
 from typing import Any, Callable
 
 from attnspec.errors import Problem, SpecError, shorten
-from attnspec.spec import limits
+from attnspec.spec import components, limits
 from attnspec.spec.source import Path, Position, SourceMap, format_path
 from attnspec.spec.yaml_front import parse_yaml_value
 
@@ -39,7 +42,7 @@ def resolve_extends(data: dict, smap: SourceMap, file: FsPath | None, read: Call
     extended file are reported with its name, line and column but without its text.
     """
     if "extends" not in data:
-        return data, smap
+        return apply_patches(data, smap), smap
     target = data["extends"]
     where = smap.value_at(("extends",))
     if not isinstance(target, str) or not target:
@@ -73,15 +76,24 @@ def resolve_extends(data: dict, smap: SourceMap, file: FsPath | None, read: Call
         base_data, base_map = resolve_extends(base_data, base_map, base_file, read, cycle, root)
     except SpecError as error:  # located in the other file, without echoing its text
         raise SpecError([replace(problem, excerpt=None) for problem in error.problems]) from None
-    child = {k: v for k, v in data.items() if k != "extends"}
-    return deep_merge(base_data, child), base_map.merged_with(smap)
+    child = {k: v for k, v in data.items() if k not in ("extends", "set")}
+    merged, merged_map = deep_merge(base_data, child), base_map.merged_with(smap)
+    if "set" in data:  # the child's own patches, after the merge
+        merged = apply_patches({**merged, "set": data["set"]}, merged_map)
+    return merged, merged_map
 
 
-_PATH_TOKEN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|(\.)")
+EVERY = "*"
+"""The ``[*]`` of a path: every item of a list."""
+BLOCKS = "blocks"
+"""A path's first name ``blocks[*]`` / ``blocks[N]``: every written block (or the N-th), inside
+``repeat`` groups at any depth, in the order they are written."""
+
+_PATH_TOKEN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\*)\]|(\.)")
 
 
 def parse_dotted_path(text: str) -> Path:
-    """``"layers[0].mixer.heads"`` -> ``("layers", 0, "mixer", "heads")``; raises ValueError if malformed."""
+    """``"layers[*].mixer.heads"`` -> ``("layers", EVERY, "mixer", "heads")``; ValueError if malformed."""
     parts: list[Any] = []
     pos = 0
     expect_name = True
@@ -97,7 +109,7 @@ def parse_dotted_path(text: str) -> Path:
         elif index is not None:
             if not parts:
                 raise ValueError("a path must start with a key name")
-            parts.append(int(index))
+            parts.append(EVERY if index == "*" else int(index))
             expect_name = False
         else:
             if not expect_name:
@@ -107,15 +119,70 @@ def parse_dotted_path(text: str) -> Path:
         pos = match.end()
     if not parts or expect_name:
         raise ValueError("empty or incomplete path")
+    if parts[0] == BLOCKS and (len(parts) < 2 or isinstance(parts[1], str) and parts[1] != EVERY):
+        raise ValueError("`blocks` takes [*] or an index, e.g. `blocks[*].mixer.heads`")
     return tuple(parts)
+
+
+def format_pattern(path: Path) -> str:
+    """The text of a parsed path, wildcards included."""
+    return "".join(f"[{part}]" if isinstance(part, int) or part == EVERY else f".{part}" if i else str(part)
+                   for i, part in enumerate(path))
+
+
+def written_blocks(data: Any) -> list[Path]:
+    """Paths of every written block of spec data (not expanded), groups entered at any depth."""
+    found: list[Path] = []
+
+    def walk(items: Any, prefix: Path) -> None:
+        if not isinstance(items, list):
+            return
+        for i, item in enumerate(items):
+            if isinstance(item, dict) and "repeat" in item and "layers" in item:
+                walk(item["layers"], prefix + (i, "layers"))
+            else:
+                found.append(prefix + (i,))
+
+    walk(data.get("layers") if isinstance(data, dict) else None, ("layers",))
+    return found
+
+
+def expand_pattern(data: Any, pattern: Path) -> list[Path]:
+    """The concrete paths a pattern names in ``data``: ``[*]`` is every item of the list found there
+    (none if there is no list), ``blocks[...]`` the written blocks. May be empty."""
+    if pattern[0] == BLOCKS:
+        blocks = written_blocks(data)
+        chosen = blocks if pattern[1] == EVERY else blocks[pattern[1]:pattern[1] + 1]
+        paths, rest = chosen, pattern[2:]
+    else:
+        paths, rest = [()], pattern
+    for part in rest:
+        if part != EVERY:
+            paths = [path + (part,) for path in paths]
+            continue
+        widened = []
+        for path in paths:
+            node = _get(data, path)
+            if isinstance(node, list):
+                widened.extend(path + (i,) for i in range(len(node)))
+        paths = widened
+    return paths
+
+
+def _get(data: Any, path: Path) -> Any:
+    node = data
+    for part in path:
+        if isinstance(part, int):
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+        else:
+            node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def apply_override(data: dict, smap: SourceMap, assignment: str, flag: str = "--set") -> dict:
     """Apply one ``dotted.path=value`` override (value parsed as a YAML scalar, list or mapping).
 
-    Intermediate mappings are created as needed; a component written in the string
-    shorthand (``feature_map: relu``) is expanded so its fields can be set. Unknown keys
-    are left for validation, which reports them with a suggestion.
+    See :func:`set_path` for what a path may name and how a value lands.
     """
     shown = assignment if len(assignment) <= 80 else assignment[:77] + "..."
     where = Position(f"{flag} {shown}")
@@ -123,50 +190,136 @@ def apply_override(data: dict, smap: SourceMap, assignment: str, flag: str = "--
         raise SpecError(Problem("an override must look like `path.to.key=value`, e.g. "
                                 "`layers[0].mixer.feature_map=relu`", source=where.source))
     raw_path, raw_value = assignment.split("=", 1)
-    try:
-        path = parse_dotted_path(raw_path.strip())
-    except ValueError as err:
-        raise SpecError(Problem(f"malformed path '{raw_path.strip()}': {err}", source=where.source)) from None
     value = parse_yaml_value(raw_value, where.source)[0] if raw_value.strip() else ""
+    value_map = SourceMap()
+    _mark_all(value, (), value_map, where)
+    return set_path(data, smap, raw_path.strip(), value, where, value_map)
+
+
+def set_path(data: dict, smap: SourceMap, pattern_text: str, value: Any, where: Position,
+             value_map: SourceMap) -> dict:
+    """``data`` (a copy) with ``value`` written at every path ``pattern_text`` names.
+
+    - ``layers[0].mixer.heads``: one path; intermediate mappings are created as needed, and a
+      component written in the string shorthand (``feature_map: relu``) is expanded so its fields
+      can be set.
+    - ``layers[*].mixer.heads``: every item of the list; ``blocks[*].mixer.heads``: every written
+      block, inside ``repeat`` groups at any depth (``blocks[2]``: the third). A pattern that
+      matches nothing is an error.
+    - A mapping value replaces the whole node (``layers[*].mixer={kind: softmax, heads: 4}`` leaves
+      nothing of the old mixer); setting a component's ``kind`` to another kind keeps only the
+      fields the new kind has (``mixer.kind=softmax`` keeps ``heads``, drops ``feature_map``).
+
+    ``where`` locates errors; ``value_map`` holds the positions of the value's parts (re-rooted at
+    every path written). Unknown keys are left for validation, which reports them with a suggestion.
+    """
+    try:
+        pattern = parse_dotted_path(pattern_text)
+    except ValueError as err:
+        raise SpecError(Problem(f"malformed path '{shorten(pattern_text)}': {err}", source=where.source,
+                                line=where.line, column=where.column)) from None
+    paths = expand_pattern(data, pattern)
+    if not paths:
+        hint = ""
+        if pattern[0] == BLOCKS:
+            count = len(written_blocks(data))
+            hint = f"; the spec has {count} written block(s), blocks[0] to blocks[{max(count - 1, 0)}]"
+        elif pattern[0] == "layers" and EVERY in pattern:
+            hint = "; blocks inside `repeat` groups are reached with `blocks[*]`"
+        raise SpecError(Problem(f"this path matches nothing in the spec{hint}",
+                                path=format_pattern(pattern), source=where.source, line=where.line,
+                                column=where.column))
+    for path in paths:
+        _refuse_block_key_on_group(data, path, where)
     data = copy.deepcopy(data)
+    for path in paths:
+        _assign(data, smap, path, copy.deepcopy(value), where)
+        smap.replace_subtree(path, value_map)
+        smap.values[path] = value_map.values.get((), where)
+        smap.keys[path] = where
+    return data
+
+
+def _refuse_block_key_on_group(data: dict, path: Path, where: Position) -> None:
+    """A block's key (``mixer``, ``mlp``, ...) written on a ``repeat`` group: say how to reach its blocks."""
+    node: Any = data
+    for depth, part in enumerate(path):
+        if isinstance(node, dict) and "repeat" in node and "layers" in node and part not in ("repeat", "layers"):
+            raise SpecError(Problem(f"'{format_path(path[:depth])}' is a `repeat` group, which has no '{part}'; "
+                                    "write `blocks[*]` to reach every block inside groups",
+                                    path=format_path(path), source=where.source, line=where.line,
+                                    column=where.column))
+        node = _get(node, (part,))
+
+
+def _assign(data: dict, smap: SourceMap, path: Path, value: Any, where: Position) -> None:
+    """Write ``value`` at the concrete ``path`` of ``data`` (in place)."""
+    def fail(message: str) -> SpecError:
+        return SpecError(Problem(message, path=format_path(path), source=where.source, line=where.line,
+                                 column=where.column))
+
     node: Any = data
     for depth, part in enumerate(path[:-1]):
-        here = path[: depth + 1]
         if isinstance(part, int):
             if not isinstance(node, list):
-                raise SpecError(Problem(f"'{format_path(path[:depth])}' is not a list, so it has no index [{part}]",
-                                        path=format_path(path), source=where.source))
+                raise fail(f"'{format_path(path[:depth])}' is not a list, so it has no index [{part}]")
             if part >= len(node):
-                raise SpecError(Problem(f"index [{part}] is out of range: '{format_path(path[:depth])}' has "
-                                        f"{len(node)} item(s)", path=format_path(path), source=where.source))
+                raise fail(f"index [{part}] is out of range: '{format_path(path[:depth])}' has {len(node)} item(s)")
             child = node[part]
         else:
             if not isinstance(node, dict):
-                raise SpecError(Problem(f"'{format_path(path[:depth])}' is not a mapping, so it has no key "
-                                        f"'{part}'", path=format_path(path), source=where.source))
+                raise fail(f"'{format_path(path[:depth])}' is not a mapping, so it has no key '{part}'")
             child = node.get(part)
-            if child is None:
+            if child is None:  # created here: errors about it belong to this override
                 child = {}
-                node[part] = child
+                smap.values[path[: depth + 1]] = smap.keys[path[: depth + 1]] = where
         if isinstance(child, str) and not isinstance(path[depth + 1], int):
             child = {"kind": child}  # expand the `feature_map: relu` shorthand
         node[part] = child
-        smap.values.setdefault(here, where)
+        smap.values.setdefault(path[: depth + 1], where)
         node = child
     last = path[-1]
     if isinstance(last, int):
         if not isinstance(node, list) or last >= len(node):
-            raise SpecError(Problem(f"index [{last}] does not exist in '{format_path(path[:-1])}'",
-                                    path=format_path(path), source=where.source))
+            raise fail(f"index [{last}] does not exist in '{format_path(path[:-1])}'")
     elif not isinstance(node, dict):
-        raise SpecError(Problem(f"'{format_path(path[:-1])}' is not a mapping", path=format_path(path),
-                                source=where.source))
+        raise fail(f"'{format_path(path[:-1])}' is not a mapping")
+    elif last == "kind" and len(path) > 1 and isinstance(path[-2], str):
+        _keep_fields_of_kind(node, path[-2], value)
     node[last] = value
-    sub = SourceMap()
-    _mark_all(value, (), sub, where)
-    smap.replace_subtree(path, sub)
-    smap.values[path] = where
-    smap.keys[path] = where
+
+
+def _keep_fields_of_kind(node: dict, key: str, new_kind: Any) -> None:
+    """Changing the ``kind`` of the component under ``key``: drop the fields the new kind lacks."""
+    slots = {slot for _, name, slot in components._FIELDS if name == key}
+    if len(slots) != 1 or not isinstance(new_kind, str):
+        return
+    slot = slots.pop()
+    old_kind = node.get("kind", components.DEFAULT_KINDS.get(slot))
+    cls = components.SLOTS.get(slot, {}).get(new_kind)
+    if cls is None or old_kind == new_kind:
+        return  # an unknown kind is reported by validation, with suggestions
+    accepted = {alias for name, info in cls.model_fields.items() for alias in (name, info.alias) if alias}
+    for field_name in [name for name in node if name not in accepted]:
+        del node[field_name]
+
+
+def apply_patches(data: dict, smap: SourceMap) -> dict:
+    """Apply a spec's own ``set:`` mapping (``path: value``, wildcards allowed), in order, and drop it.
+
+    This is how a spec that ``extends`` another changes something inside a list:
+    ``set: {"layers[*].mixer.feature_map": relu}``. Errors point at the key in the file.
+    """
+    if "set" not in data:
+        return data
+    patches = data["set"]
+    data = {key: value for key, value in data.items() if key != "set"}
+    if not isinstance(patches, dict):
+        raise _problem("`set` must be a mapping of paths to values, e.g. `set: {\"layers[*].mixer.heads\": 8}`",
+                       ("set",), smap.value_at(("set",)))
+    for key, value in patches.items():
+        where = smap.key_at(("set", key)) or Position("set")
+        data = set_path(data, smap, str(key), value, where, smap.subtree(("set", key)))
     return data
 
 

@@ -15,13 +15,18 @@ def json_schema() -> dict:
 
     Components that accept the string shorthand (``feature_map: relu``) are widened to
     ``anyOf: [<kind name>, <object>]`` so editors accept both spellings. The draft-07
-    keyword ``$schema`` is set and ``extends`` is allowed at the top level.
+    keyword ``$schema`` is set and ``extends`` and ``set`` are allowed at the top level.
     """
     schema = Spec.model_json_schema(ref_template="#/definitions/{model}", mode="validation")
     schema["definitions"] = schema.pop("$defs", {})
     _widen(schema, schema["definitions"])
     schema["properties"]["extends"] = {
         "type": "string", "description": "Path of a base spec (relative to this file) deep-merged under this one.",
+    }
+    schema["properties"]["set"] = {
+        "type": "object", "additionalProperties": True,
+        "description": "Changes applied after `extends`, as `path: value` (the paths of `--set`: "
+                       "`layers[0].mixer.heads`, `[*]` for every item of a list, `blocks[*]` for every block).",
     }
     return {"$schema": DRAFT_07, "$id": "https://attnspec.dev/schema/attnspec.schema.json", **schema}
 

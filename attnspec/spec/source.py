@@ -50,6 +50,12 @@ class SourceMap:
         """This map overlaid with ``child`` (the child wins where both know a path)."""
         return SourceMap({**self.values, **child.values}, {**self.keys, **child.keys}, child.root or self.root)
 
+    def subtree(self, prefix: Path) -> "SourceMap":
+        """The entries under ``prefix``, re-rooted at ``()`` (the positions of one value's parts)."""
+        cut = len(prefix)
+        return SourceMap({p[cut:]: pos for p, pos in self.values.items() if p[:cut] == prefix},
+                         {p[cut:]: pos for p, pos in self.keys.items() if p[:cut] == prefix}, self.root)
+
     def replace_subtree(self, prefix: Path, other: "SourceMap") -> None:
         """Forget what is known under ``prefix`` and take ``other``'s entries, re-rooted there."""
         for table, incoming in ((self.values, other.values), (self.keys, other.keys)):

@@ -59,6 +59,13 @@ class Mixer(nn.Module):
         self.conv = build("conv", node.conv, channels={"x": d_model, "q": self.heads * self.d_qk,
                                                         "k": self.heads * self.d_qk, "v": self.heads * self.d_v})
 
+    def state_size(self, length: int) -> int:
+        """Numbers one sequence carries from its past at ``length``: the decoding state of a mixer
+        with a recurrent form, else its key-value cache (``length * heads * (d_qk + d_v)``)."""
+        if self.has_step:
+            return sum(t.numel() for t in self.init_state(1))
+        return length * self.heads * (self.d_qk + self.d_v)
+
     def _checked_mode(self, mode: str | None) -> str:
         """``mode`` (or the planned ``self.mode`` when None), refused unless this mixer has it."""
         if mode is None:

@@ -154,6 +154,11 @@ class Model(nn.Module):
             tensors.extend(block.mixer.init_state(batch, dtype, device))
         return tuple(tensors)
 
+    def state_size(self, length: int) -> int:
+        """Numbers one sequence carries from its past at ``length``, over every block (Zoology's
+        "state size": a recurrent state, or a key-value cache that grows with the length)."""
+        return sum(block.mixer.state_size(length) for block in self.blocks)
+
     def state_layout(self) -> list[int]:
         """How many tensors each block's mixer state has (the flat state splits by these counts)."""
         return [len(block.mixer.init_state(1)) for block in self.blocks]

@@ -19,7 +19,7 @@ def json_schema() -> dict:
     """
     schema = Spec.model_json_schema(ref_template="#/definitions/{model}", mode="validation")
     schema["definitions"] = schema.pop("$defs", {})
-    _widen(schema, schema["definitions"])
+    widen_component_unions(schema)
     schema["properties"]["extends"] = {
         "type": "string", "description": "Path of a base spec (relative to this file) deep-merged under this one.",
     }
@@ -29,6 +29,11 @@ def json_schema() -> dict:
                        "`layers[0].mixer.heads`, `[*]` for every item of a list, `blocks[*]` for every block).",
     }
     return {"$schema": DRAFT_07, "$id": "https://attnspec.dev/schema/attnspec.schema.json", **schema}
+
+
+def widen_component_unions(schema: dict) -> None:
+    """Let every kind-tagged component union of ``schema`` also take its string shorthand."""
+    _widen(schema, schema["definitions"])
 
 
 def _kinds(option: dict, definitions: dict) -> list[str]:

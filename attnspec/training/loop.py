@@ -99,13 +99,18 @@ def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, o
     return Trainer(spec, config, directory, resume, on_progress).run(stop_after)
 
 
-def check_fit(spec, task: Task) -> None:
-    """Refuse a task the model cannot take (vocabulary, length, head), located at the task."""
+def check_fit(spec, task: Task, smap=None) -> None:
+    """Refuse a task the model cannot take (vocabulary, length, head), located at the task
+    (at its line and column when ``smap``, the configuration's source map, is given)."""
     from attnspec.spec.ir import LmHead
 
     vocab = getattr(spec.input, "vocab_size", None) if spec.input.kind == "tokens" else None
-    problems = [Problem(message, path="task" + "".join(f".{part}" for part in path), source="training configuration")
-                for path, message in task.problems(vocab_size=vocab, max_len=spec.max_len)]
+    problems = []
+    for path, message in task.problems(vocab_size=vocab, max_len=spec.max_len):
+        where = smap.value_at(("task", *path)) if smap is not None else None
+        problems.append(Problem(message, path="task" + "".join(f".{part}" for part in path),
+                                source=where.source if where else "training configuration",
+                                line=where.line if where else None, column=where.column if where else None))
     if not isinstance(spec.head, LmHead):
         problems.append(Problem(f"tasks predict a token at each position; the spec's head is {spec.head.kind}, use "
                                 "`head: lm`", path="head", source="spec"))

@@ -90,6 +90,30 @@ def read_run(directory: Path) -> dict:
     return run
 
 
+RUN_FILES = (RUN_FILE, "spec.yaml", "config.yaml", "metrics.jsonl", CHECKPOINT_POINTER, "result.json")
+
+
+def discard_unstarted(directory: Path) -> bool:
+    """Remove a run directory that was killed before its first checkpoint, so it can start again.
+
+    Only a directory holding nothing but files this module writes (and empty or scratch checkpoint
+    directories) is removed; returns False, touching nothing, for anything else.
+    """
+    if not directory.is_dir() or directory.is_symlink() or (directory / CHECKPOINT_POINTER).exists():
+        return False
+    entries = list(directory.iterdir())
+    for entry in entries:
+        if entry.name == "checkpoints" and entry.is_dir() and not entry.is_symlink():
+            if any(not (part.name.startswith(".step-") and part.is_dir() and not part.is_symlink()
+                        and {f.name for f in part.iterdir()} <= set(CHECKPOINT_FILES)) for part in entry.iterdir()):
+                return False
+        elif entry.is_symlink() or not entry.is_file() or not (entry.name in RUN_FILES or entry.name.startswith(".")
+                                                               and ".tmp-" in entry.name):
+            return False
+    shutil.rmtree(directory)
+    return True
+
+
 def append_metrics(directory: Path, record: dict) -> None:
     """Add one line to metrics.jsonl (flushed, so a killed run keeps every line it wrote)."""
     with open(directory / "metrics.jsonl", "a", encoding="utf-8") as handle:

@@ -1,0 +1,212 @@
+"""Where a sweep's runs execute: local worker processes (the default) or tasks on a Ray cluster.
+
+A backend takes jobs (``{"key", "label", "spec", "config", "steps"}``) and calls ``on_event`` with
+``run_start``, ``run_progress`` (``record``: the trainer's start, step or evaluation record) and
+``run_end`` (the outcome) events as they happen; both backends execute a job
+with the same function (:func:`attnspec.ablation.execute.execute`), so they give the same results.
+
+- :class:`LocalBackend`: one worker process per running run (``python -m attnspec.ablation.execute``),
+  ``workers`` at a time, each with ``threads`` intra-op threads (workers x threads = cores by
+  default). A process per run means a crash, a kill or an out-of-memory in one run fails that run
+  only, and a killed sweep takes its workers with it.
+- :class:`RayBackend`: each job is a Ray task (``num_cpus = threads``) on the cluster at
+  ``address`` (or a local Ray instance); progress comes back through a Ray queue. The runs
+  directory must be reachable from every node (a shared file system).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+from attnspec.errors import AttnSpecError
+
+EventCallback = Callable[[dict], None]
+LOG_TAIL = 4000
+
+
+def cores() -> int:
+    """CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def sizing(runs: int, workers: int | None, threads: int | None) -> tuple[int, int]:
+    """(workers, threads per run): by default as many workers as runs allow and cores / workers threads each."""
+    total = cores()
+    if workers is None:
+        workers = max(1, min(runs, total // threads if threads else total))
+    if threads is None:
+        threads = max(1, total // workers)
+    return workers, threads
+
+
+class LocalBackend:
+    """Runs jobs in worker processes on this machine."""
+
+    name = "local"
+
+    def __init__(self, workers: int, threads: int):
+        self.workers, self.threads = workers, threads
+
+    def run(self, runs_dir: Path, jobs: list[dict], on_event: EventCallback) -> None:
+        pending = deque(jobs)
+        running: dict[int, _Worker] = {}
+        selector = selectors.DefaultSelector()
+        try:
+            while pending or running:
+                while pending and len(running) < self.workers:
+                    worker = _Worker(runs_dir, pending.popleft(), self.threads)
+                    running[worker.fd] = worker
+                    selector.register(worker.fd, selectors.EVENT_READ)
+                    on_event({"event": "run_start", "key": worker.job["key"]})
+                for selected, _ in selector.select(timeout=1.0):
+                    worker = running[selected.fd]
+                    for message in worker.read():
+                        if "progress" in message:
+                            on_event({"event": "run_progress", "key": worker.job["key"], "record": message["progress"]})
+                    if worker.finished:
+                        selector.unregister(worker.fd)
+                        del running[worker.fd]
+                        on_event({"event": "run_end", **worker.outcome()})
+        finally:
+            for worker in running.values():
+                worker.process.kill()
+                worker.process.wait()
+            selector.close()
+
+
+class _Worker:
+    """One run's worker process and what it printed."""
+
+    def __init__(self, runs_dir: Path, job: dict, threads: int):
+        self.job = job
+        self.log_path = runs_dir / "logs" / f"{job['key']}.log"
+        self.log = open(self.log_path, "ab")
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen([sys.executable, "-m", "attnspec.ablation.execute"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, env=env)
+        request = {"runs_dir": str(runs_dir), "threads": threads,
+                   "job": {k: job[k] for k in ("key", "spec", "config")}}
+        self.process.stdin.write(json.dumps(request).encode())
+        self.process.stdin.close()
+        self.fd = self.process.stdout.fileno()
+        os.set_blocking(self.fd, False)
+        self.buffer = b""
+        self.final: dict | None = None
+        self.finished = False
+
+    def read(self) -> list[dict]:
+        """The complete messages available now (sets ``finished`` at end of output)."""
+        messages = []
+        try:
+            chunk = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return messages
+        if not chunk:
+            self.finished = True
+            self.process.wait()
+            self.log.close()
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split(b"\n")
+        for line in lines:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                if "outcome" in message:
+                    self.final = message["outcome"]
+                messages.append(message)
+        return messages
+
+    def outcome(self) -> dict:
+        if self.final is not None:
+            return self.final
+        tail = self.log_path.read_bytes()[-LOG_TAIL:].decode(errors="replace")
+        reason = f"the worker exited with status {self.process.returncode}"
+        last = tail.strip().splitlines()[-1] if tail.strip() else ""
+        return {"key": self.job["key"], "status": "failed", "error": f"{reason}: {last}" if last else reason,
+                "log": tail}
+
+
+class RayBackend:
+    """Runs jobs as Ray tasks (``pip install 'attnspec[ray]'``)."""
+
+    name = "ray"
+
+    def __init__(self, threads: int, address: str | None = None):
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise AttnSpecError("--backend ray needs Ray: pip install 'attnspec[ray]'") from None
+        self.threads, self.address = threads, address
+
+    def run(self, runs_dir: Path, jobs: list[dict], on_event: EventCallback) -> None:
+        import ray
+        from ray.util.queue import Empty, Queue
+
+        started_here = not ray.is_initialized()
+        if started_here:
+            try:
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as error:
+                raise AttnSpecError(f"cannot reach a Ray cluster at {self.address or 'this machine'}: {error}") from None
+        try:
+            queue = Queue()
+            task = ray.remote(num_cpus=self.threads)(_ray_execute)
+            refs = {}
+            for job in jobs:
+                ref = task.remote(str(runs_dir), {k: job[k] for k in ("key", "spec", "config")}, self.threads, queue)
+                refs[ref] = job["key"]
+                on_event({"event": "run_start", "key": job["key"]})
+            while refs:
+                done, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
+                try:
+                    while True:
+                        key, event = queue.get_nowait()
+                        on_event({"event": "run_progress", "key": key, "record": event})
+                except Empty:
+                    pass
+                for ref in done:
+                    key = refs.pop(ref)
+                    try:
+                        outcome = ray.get(ref)
+                    except Exception as error:  # noqa: BLE001 - a task that crashed: record it, go on
+                        outcome = {"key": key, "status": "failed", "error": f"{type(error).__name__}: {error}"}
+                    on_event({"event": "run_end", **outcome})
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+def _ray_execute(runs_dir: str, job: dict, threads: int, queue) -> dict:
+    """The Ray task: execute one job, sending its progress through ``queue``."""
+    from attnspec.ablation.execute import execute
+
+    return execute(runs_dir, job, threads, lambda event: queue.put_nowait((job["key"], event)))
+
+
+def make_backend(name: str, jobs: int, workers: int | None, threads: int | None, address: str | None):
+    """The backend ``name`` (``local`` or ``ray``) sized for ``jobs`` runs."""
+    if name == "local":
+        if address is not None:
+            raise AttnSpecError("--address is for --backend ray")
+        return LocalBackend(*sizing(jobs, workers, threads))
+    if name == "ray":
+        return RayBackend(threads or 1, address)
+    raise AttnSpecError(f"unknown backend {name!r}; use local or ray")
+
+
+__all__ = ["LocalBackend", "RayBackend", "make_backend", "sizing", "cores"]

@@ -25,7 +25,7 @@ from attnspec.errors import AttnSpecError, SpecError
 
 app = typer.Typer(
     name="attnspec",
-    help="Declarative sequence-mixer models: check, plan, build, verify, run and train specs.",
+    help="Declarative sequence-mixer models: check, plan, build, verify, run, train and ablate specs.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -311,6 +311,73 @@ def train(
         metrics = ", ".join(f"{k} {v:.4g}" for k, v in run.metrics.items())
         out.print(f"trained {run.step} steps -> {output}: {metrics}\nNext: attnspec build {output} -o "
                   f"{output}-build", markup=False)
+
+
+@app.command()
+def ablate(
+    file: Path = typer.Argument(..., metavar="SWEEP", help="Sweep file (YAML)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Runs directory (created, or taken up again: "
+                                                                       "finished runs are skipped, interrupted ones "
+                                                                       "resume)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate every run and list them with estimates; run "
+                                                          "nothing."),
+    backend: str = typer.Option("local", "--backend", help="local (worker processes) or ray."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, or a "
+                                                                  "local Ray instance)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Local worker processes (default: "
+                                                                         "cores / threads)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Threads per run (default: cores / "
+                                                                         "workers; 1 on Ray)."),
+) -> None:
+    """Run every variant x task x seed x learning rate of a sweep as `attnspec train` runs, then report.
+
+    Every variant and task point is validated before anything runs; --dry-run lists the runs with
+    parameters, state size, estimated FLOPs and time, and each variant's differences from the base.
+    Run again to take up an interrupted sweep or to add variants: only unfinished runs run.
+    """
+    from attnspec.ablation.ablate import ablate as run_sweep, plan_sweep
+    from attnspec.ablation.backends import sizing
+    from attnspec.ablation.report import summary_rows
+    from attnspec.sweep_display import SweepProgress, print_plan, results_table
+
+    plan = plan_sweep(file, output)
+    if dry_run:
+        print_plan(out, plan, sizing(len(plan.todo), workers, threads)[0] if backend == "local" else 1)
+        return
+    if output is None:
+        raise AttnSpecError("give a runs directory with -o RUNS_DIR (or --dry-run to only check the sweep)")
+    with SweepProgress(out) as progress:
+        outcome = run_sweep(plan, output, backend=backend, workers=workers, threads=threads, address=address,
+                            on_event=progress.update)
+    _print_report(output)
+    out.print(f"{outcome.ran} run(s) in {outcome.seconds:.0f} s, {outcome.skipped} already done, "
+              f"{len(outcome.failed)} failed; report: {output / 'report' / 'report.html'}", markup=False)
+    if outcome.failed:
+        for failure in outcome.failed:
+            err.print(f"failed: {failure['label']} (runs/{failure['key']}): {failure['error']}", style="red",
+                      markup=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    directory: Path = typer.Argument(..., metavar="RUNS_DIR", help="A runs directory written by attnspec ablate."),
+) -> None:
+    """Write RUNS_DIR/report (results.csv, results.md, plots, report.html) and print the results table."""
+    from attnspec.ablation.report import write_report
+
+    write_report(directory)
+    _print_report(directory)
+    out.print(f"report: {directory / 'report' / 'report.html'}", markup=False)
+
+
+def _print_report(directory: Path) -> None:
+    from attnspec.ablation.report import collect, summary_rows
+    from attnspec.sweep_display import results_table
+
+    found = collect(directory)
+    out.print(results_table(*summary_rows(found), title=f"sweep {found.sweep.get('name')}: {found.metric} at the "
+                                                        "best learning rate"))
 
 
 def _launch_torchrun(nproc: int) -> None:

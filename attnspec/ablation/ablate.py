@@ -111,7 +111,8 @@ def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend
         plan.states = {run.key: runsdir.state(output, run.key) for run in plan.runs} \
             if (output / runsdir.SWEEP_FILE).is_file() else {}
     sweep_data = plan.loaded.sweep.model_dump(mode="json", by_alias=True)
-    runsdir.prepare(output, sweep_data, plan.loaded.text, [run.to_json() for run in plan.runs])
+    runsdir.prepare(output, sweep_data, plan.loaded.text,
+                    [{**run.to_json(), "estimate": plan.estimates[run.key].to_json()} for run in plan.runs])
     todo = plan.todo
     chosen = make_backend(backend, len(todo), workers, threads, address)
     send = on_event or (lambda event: None)

@@ -1,0 +1,451 @@
+"""``attnspec report RUNS_DIR``: the comparison a sweep was run for, as tables, CSV, plots and HTML.
+
+Reads the runs directory (:mod:`attnspec.ablation.runsdir`) and writes ``RUNS_DIR/report/``:
+
+- ``results.csv``: one row per (variant, task point): the metric at the best learning rate, mean and
+  standard deviation over seeds, parameters, state size, tokens/s, and the run directories behind
+  the numbers; ``runs.csv``: one row per run (status, metric, error);
+- ``results.md``: the same table, the per-learning-rate table, versions and machine;
+- ``plots/*.png`` and ``*.svg`` (matplotlib): the metric against each task's difficulty axis per
+  variant (Zoology's figure), training curves, the metric against state size and parameters;
+- ``report.html``: everything above in one self-contained file (plots embedded), well-formed XML.
+
+The best learning rate of a (variant, task point) is the one with the best mean over seeds
+(Zoology's protocol); the metric is the sweep's ``metric`` or the task's own.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnspec.ablation import runsdir
+from attnspec.training import rundir
+
+HIGHER_IS_BETTER = {"accuracy": True, "perplexity": False, "loss": False}
+MAX_CURVE_POINTS = 400
+
+
+@dataclass
+class RunRow:
+    """One run as the report sees it."""
+
+    key: str
+    variant: str
+    task: str
+    task_params: dict
+    seed: int
+    lr: float
+    status: str
+    metric: float | None
+    parameters: int | None
+    state_size: int | None
+    tokens_per_s: float | None
+    error: str | None = None
+    curve: list[tuple[int, float]] = field(default_factory=list, repr=False)
+
+    @property
+    def directory(self) -> str:
+        return f"runs/{self.key}"
+
+
+@dataclass
+class ResultRow:
+    """One (variant, task point) at its best learning rate."""
+
+    variant: str
+    task: str
+    task_params: dict
+    lr: float | None
+    mean: float | None
+    std: float | None
+    seeds: int
+    parameters: int | None
+    state_size: int | None
+    tokens_per_s: float | None
+    runs: list[str]
+    by_lr: dict[float, tuple[float | None, int]]
+    """lr -> (mean over finished seeds, finished seeds)."""
+
+
+@dataclass
+class Report:
+    """Everything the report shows, computed from a runs directory."""
+
+    directory: Path
+    sweep: dict
+    metric: str
+    runs: list[RunRow]
+    results: list[ResultRow]
+    difficulty: dict[str, str | None]
+    machine: dict
+    plots: list[str] = field(default_factory=list)
+
+    @property
+    def variants(self) -> list[str]:
+        return list(dict.fromkeys(row.variant for row in self.results))
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(dict.fromkeys(row.task for row in self.results))
+
+
+def collect(directory: str | Path) -> Report:
+    """Read a runs directory into a :class:`Report` (raises RunError if it is not one)."""
+    directory = Path(directory)
+    record = runsdir.read(directory)
+    sweep = record["sweep"]
+    metric = sweep.get("metric") or _task_metric(sweep)
+    runs = [_run_row(directory, run, metric) for run in record["runs"]]
+    difficulty = {(task.get("name") or task["task"]["kind"]): task.get("difficulty") or next(iter(task.get("grid") or {}), None)
+                  for task in sweep.get("tasks", [])}
+    return Report(directory, sweep, metric, runs, _results(runs, metric), difficulty, record.get("machine", {}))
+
+
+def write_report(directory: str | Path) -> Report:
+    """Collect the runs directory and write ``report/`` (see the module doc); returns the report."""
+    report = collect(directory)
+    out = report.directory / "report"
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    report.plots = _plots(report, out / "plots")
+    rundir.write_atomic(out / "results.csv", _results_csv(report))
+    rundir.write_atomic(out / "runs.csv", _runs_csv(report))
+    rundir.write_atomic(out / "results.md", results_markdown(report))
+    rundir.write_atomic(out / "report.html", _html(report, out))
+    return report
+
+
+# --------------------------------------------------------------------------- collecting
+
+
+def _task_metric(sweep: dict) -> str:
+    from attnspec.spec.components import SLOTS
+    from attnspec.training import tasks  # noqa: F401 - registers the built-in tasks
+
+    kinds = {task["task"]["kind"] for task in sweep.get("tasks", [])}
+    metrics = {getattr(SLOTS["task"].get(kind), "metric", "accuracy") for kind in kinds}
+    return metrics.pop() if len(metrics) == 1 else "loss"
+
+
+def _run_row(directory: Path, run: dict, metric: str) -> RunRow:
+    key = run["key"]
+    estimate = run.get("estimate") or {}
+    result = runsdir.result(directory, key)
+    failure = runsdir.failure(directory, key)
+    status = runsdir.state(directory, key) if runsdir.run_directory(directory, key).exists() else "new"
+    if failure is not None and status != "done":
+        status = "failed"
+    history = _metrics_lines(runsdir.run_directory(directory, key) / "metrics.jsonl")
+    speeds = [r["tokens_per_s"] for r in history if r.get("split") == "train" and isinstance(r.get("tokens_per_s"), (int, float))]
+    curve = [(r["step"], r["loss"]) for r in history if r.get("split") == "train" and isinstance(r.get("loss"), (int, float))]
+    if len(curve) > MAX_CURVE_POINTS:
+        stride = math.ceil(len(curve) / MAX_CURVE_POINTS)
+        curve = curve[::stride] + [curve[-1]]
+    value = result.get(metric) if result and status == "done" else None
+    return RunRow(key, str(run.get("variant")), str(run.get("task")), dict(run.get("task_params") or {}),
+                  int(run.get("seed", 0)), float(run.get("lr", 0)), status,
+                  float(value) if isinstance(value, (int, float)) else None, estimate.get("parameters"),
+                  estimate.get("state_size"), statistics.median(speeds[1:] or speeds) if speeds else None,
+                  failure.get("error") if failure and status == "failed" else None, curve)
+
+
+def _metrics_lines(path: Path) -> list[dict]:
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > rundir.MAX_JSON_BYTES:
+        return []
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
+
+
+def _results(runs: list[RunRow], metric: str) -> list[ResultRow]:
+    """Group runs by (variant, task point), pick the best learning rate, average over seeds."""
+    groups: dict[tuple, list[RunRow]] = {}
+    for run in runs:
+        groups.setdefault((run.variant, run.task, json.dumps(run.task_params, sort_keys=True)), []).append(run)
+    better = max if HIGHER_IS_BETTER[metric] else min
+    rows = []
+    for (variant, task, _), members in groups.items():
+        by_lr: dict[float, list[RunRow]] = {}
+        for run in members:
+            by_lr.setdefault(run.lr, []).append(run)
+        means = {lr: _mean([r.metric for r in group if r.metric is not None]) for lr, group in by_lr.items()}
+        finished = {lr: mean for lr, mean in means.items() if mean is not None}
+        best = better(finished, key=finished.get) if finished else None
+        chosen = by_lr[best] if best is not None else members
+        values = [r.metric for r in chosen if r.metric is not None]
+        speeds = [r.tokens_per_s for r in chosen if r.tokens_per_s is not None]
+        rows.append(ResultRow(variant, task, members[0].task_params, best, _mean(values),
+                              statistics.stdev(values) if len(values) > 1 else None, len(values),
+                              members[0].parameters, members[0].state_size, _mean(speeds),
+                              [r.directory for r in chosen],
+                              {lr: (means[lr], sum(r.metric is not None for r in group)) for lr, group in by_lr.items()}))
+    return rows
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _params_text(params: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def format_value(value: float | None, std: float | None = None, metric: str = "accuracy") -> str:
+    """``0.9123 ± 0.0100`` (accuracy to 4 digits, perplexity and loss to 4 significant digits)."""
+    if value is None:
+        return "—"
+    text = f"{value:.4f}" if metric == "accuracy" else f"{value:.4g}"
+    if std is not None:
+        text += f" ± {std:.4f}" if metric == "accuracy" else f" ± {std:.3g}"
+    return text
+
+
+def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The headline table (header, rows): variant, task, task point, metric at best lr, lr, seeds,
+    parameters, state size, tokens/s. The CLI prints it; results.md and report.html contain it."""
+    header = ["variant", "task", "point", f"{report.metric} (mean ± std)", "best lr", "seeds", "parameters",
+              "state size", "tokens/s"]
+    rows = []
+    for row in report.results:
+        rows.append([row.variant, row.task, _params_text(row.task_params), format_value(row.mean, row.std, report.metric),
+                     f"{row.lr:g}" if row.lr is not None else "—", str(row.seeds),
+                     f"{row.parameters:,}" if row.parameters is not None else "—",
+                     f"{row.state_size:,}" if row.state_size is not None else "—",
+                     f"{row.tokens_per_s:,.0f}" if row.tokens_per_s is not None else "—"])
+    return header, rows
+
+
+def _results_csv(report: Report) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    params = list(dict.fromkeys(k for row in report.results for k in row.task_params))
+    writer.writerow(["variant", "task", *params, "metric", "mean", "std", "seeds", "best_lr", "parameters",
+                     "state_size", "tokens_per_s", "runs"])
+    for row in report.results:
+        writer.writerow([row.variant, row.task, *(row.task_params.get(k, "") for k in params), report.metric,
+                         _num(row.mean), _num(row.std), row.seeds, _num(row.lr), _num(row.parameters),
+                         _num(row.state_size), _num(row.tokens_per_s), " ".join(row.runs)])
+    return buffer.getvalue()
+
+
+def _runs_csv(report: Report) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["run", "variant", "task", "point", "seed", "lr", "status", report.metric, "parameters",
+                     "state_size", "tokens_per_s", "error"])
+    for run in report.runs:
+        writer.writerow([run.directory, run.variant, run.task, _params_text(run.task_params), run.seed, run.lr,
+                         run.status, _num(run.metric), _num(run.parameters), _num(run.state_size),
+                         _num(run.tokens_per_s), run.error or ""])
+    return buffer.getvalue()
+
+
+def _num(value: Any) -> str:
+    return "" if value is None else repr(value) if isinstance(value, float) else str(value)
+
+
+def _lr_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    lrs = sorted({lr for row in report.results for lr in row.by_lr})
+    header = ["variant", "task", "point", *(f"lr {lr:g}" for lr in lrs)]
+    rows = [[row.variant, row.task, _params_text(row.task_params),
+             *(format_value(row.by_lr[lr][0], None, report.metric) + ("" if lr != row.lr else " *")
+               if lr in row.by_lr else "" for lr in lrs)] for row in report.results]
+    return header, rows
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _provenance(report: Report) -> str:
+    m = report.machine
+    return (f"attnspec {m.get('attnspec', '?')}, torch {m.get('torch', '?')}, Python {m.get('python', '?')}; "
+            f"{m.get('platform', '?')}, {m.get('cpus', '?')} CPUs ({m.get('processor', '?')})"
+            + (f", GPU {m['cuda']}" if m.get("cuda") else ""))
+
+
+def results_markdown(report: Report) -> str:
+    """results.md: the summary table, the learning-rate table, failures and provenance."""
+    failed = [run for run in report.runs if run.status == "failed"]
+    missing = [run for run in report.runs if run.status not in ("done", "failed")]
+    parts = [f"# Sweep `{report.sweep.get('name')}`", "",
+             f"{report.metric} on the test set at the end of training; mean ± std over seeds at each variant's best "
+             f"learning rate (marked * below). Runs: {len(report.runs) - len(failed) - len(missing)} done, "
+             f"{len(failed)} failed, {len(missing)} not finished. Run directories are listed in results.csv.", "",
+             _markdown_table(*summary_rows(report)), "", "## By learning rate", "", _markdown_table(*_lr_table(report))]
+    if failed:
+        parts += ["", "## Failed runs", ""] + [f"- `{run.directory}` ({run.variant}, {run.task} "
+                                               f"{_params_text(run.task_params)}, seed {run.seed}, lr {run.lr:g}): "
+                                               f"{(run.error or '').splitlines()[0] if run.error else 'unknown'}"
+                                               for run in failed]
+    if report.plots:
+        parts += ["", "## Plots", ""] + [f"![{name}](plots/{name}.png)" for name in report.plots]
+    parts += ["", f"Measured with {_provenance(report)}.", ""]
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _plots(report: Report, out: Path) -> list[str]:
+    """Write every plot as PNG and SVG; returns their names (without suffix)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    names = []
+    colors = {variant: plt.get_cmap("tab10")(i % 10) for i, variant in enumerate(report.variants)}
+    for task in report.tasks:
+        rows = [row for row in report.results if row.task == task]
+        axis = report.difficulty.get(task)
+        if axis is not None:
+            names.append(_difficulty_plot(plt, report, task, axis, rows, colors, out))
+        names.append(_curves_plot(plt, report, task, colors, out))
+    for attribute, label in (("state_size", "state size (numbers per sequence)"), ("parameters", "parameters")):
+        names.append(_scatter_plot(plt, report, attribute, label, colors, out))
+    return names
+
+
+def _save(plt, figure, out: Path, name: str) -> str:
+    figure.tight_layout()
+    for suffix in ("png", "svg"):
+        figure.savefig(out / f"{name}.{suffix}", dpi=110, metadata={"Date": None} if suffix == "svg" else None)
+    plt.close(figure)
+    return name
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)[:60]
+
+
+def _difficulty_plot(plt, report: Report, task: str, axis: str, rows: list[ResultRow], colors, out: Path) -> str:
+    """The metric against the difficulty axis, one line per variant, a panel per value of the other axes."""
+    others = sorted({json.dumps({k: v for k, v in row.task_params.items() if k != axis}, sort_keys=True) for row in rows})
+    figure, panels = plt.subplots(1, len(others), figsize=(4.2 * len(others) + 1, 3.6), squeeze=False)
+    for panel, other in zip(panels[0], others):
+        for variant in report.variants:
+            points = sorted((row.task_params.get(axis), row.mean, row.std or 0.0) for row in rows
+                            if row.variant == variant and row.mean is not None
+                            and json.dumps({k: v for k, v in row.task_params.items() if k != axis}, sort_keys=True) == other)
+            if points:
+                xs, ys, errors = zip(*points)
+                panel.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=variant, color=colors[variant])
+        title = _params_text(json.loads(other))
+        panel.set_title(f"{task} {title}".strip(), fontsize=9)
+        panel.set_xlabel(axis)
+        panel.set_ylabel(report.metric)
+        if report.metric == "perplexity":
+            panel.set_yscale("log")
+        panel.grid(alpha=0.3)
+    panels[0][-1].legend(fontsize=8)
+    return _save(plt, figure, out, f"{_slug(task)}-{report.metric}-vs-{_slug(axis)}")
+
+
+def _curves_plot(plt, report: Report, task: str, colors, out: Path) -> str:
+    """Training loss against step at the best learning rate (seed mean), a panel per task point."""
+    rows = [row for row in report.results if row.task == task]
+    points = list(dict.fromkeys(json.dumps(row.task_params, sort_keys=True) for row in rows))[:12]
+    columns = min(4, len(points))
+    figure, panels = plt.subplots(math.ceil(len(points) / columns), columns, figsize=(3.6 * columns, 3.0 * math.ceil(len(points) / columns)),
+                                  squeeze=False)
+    runs = {run.directory: run for run in report.runs}
+    for index, point in enumerate(points):
+        panel = panels[index // columns][index % columns]
+        for row in rows:
+            if json.dumps(row.task_params, sort_keys=True) != point:
+                continue
+            curves = [runs[name].curve for name in row.runs if runs.get(name) and runs[name].curve]
+            if curves:
+                length = min(len(c) for c in curves)
+                steps = [c[0] for c in curves[0][:length]]
+                losses = [statistics.fmean(c[i][1] for c in curves) for i in range(length)]
+                panel.plot(steps, losses, label=row.variant, color=colors[row.variant], linewidth=1.2)
+        panel.set_title(f"{task} {_params_text(json.loads(point))}".strip(), fontsize=9)
+        panel.set_xlabel("step")
+        panel.set_ylabel("training loss")
+        panel.set_yscale("log")
+        panel.grid(alpha=0.3)
+    for index in range(len(points), panels.size):
+        panels[index // columns][index % columns].axis("off")
+    panels[0][0].legend(fontsize=8)
+    return _save(plt, figure, out, f"{_slug(task)}-training-curves")
+
+
+def _scatter_plot(plt, report: Report, attribute: str, label: str, colors, out: Path) -> str:
+    """The metric against state size or parameters: a point per (variant, task point)."""
+    tasks = report.tasks
+    figure, panels = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks) + 1, 3.6), squeeze=False)
+    for panel, task in zip(panels[0], tasks):
+        for variant in report.variants:
+            points = [(getattr(row, attribute), row.mean) for row in report.results
+                      if row.task == task and row.variant == variant and row.mean is not None
+                      and getattr(row, attribute)]
+            if points:
+                xs, ys = zip(*points)
+                panel.scatter(xs, ys, label=variant, color=colors[variant], s=24)
+        panel.set_xscale("log")
+        panel.set_title(task, fontsize=9)
+        panel.set_xlabel(label)
+        panel.set_ylabel(report.metric)
+        panel.grid(alpha=0.3)
+    panels[0][-1].legend(fontsize=8)
+    return _save(plt, figure, out, f"{report.metric}-vs-{attribute.replace('_', '-')}")
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _html(report: Report, out: Path) -> str:
+    """report.html: self-contained (plots as data URIs), well-formed XML, no script, no server."""
+    images = []
+    for name in report.plots:
+        data = base64.b64encode((out / "plots" / f"{name}.png").read_bytes()).decode()
+        images.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}" '
+                      f'data-plot="{html.escape(name)}"/><figcaption>{html.escape(name)} '
+                      f'(<a href="plots/{html.escape(name)}.svg">SVG</a>)</figcaption></figure>')
+    failed = [run for run in report.runs if run.status == "failed"]
+    failures = "".join(f"<li><code>{html.escape(run.directory)}</code> {html.escape(run.variant)}, "
+                       f"{html.escape(run.task)} {html.escape(_params_text(run.task_params))}, seed {run.seed}, "
+                       f"lr {run.lr:g}: {html.escape((run.error or 'unknown').splitlines()[0])}</li>" for run in failed)
+    style = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f4f4f4}"
+             "td:first-child,td:nth-child(2),td:nth-child(3){text-align:left}img{max-width:100%}"
+             "figure{display:inline-block;margin:1em}")
+    title = html.escape(f"attnspec sweep {report.sweep.get('name')}")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
+            f"<title>{title}</title><style>{style}</style></head><body>"
+            f"<h1>{title}</h1><p>{html.escape(report.metric)} on the test set at the end of training: mean ± std "
+            "over seeds at each variant's best learning rate (* in the second table). Run directories are in "
+            "results.csv and runs.csv.</p>"
+            + _html_table(*summary_rows(report)) + "<h2>By learning rate</h2>" + _html_table(*_lr_table(report))
+            + (f"<h2>Failed runs</h2><ul>{failures}</ul>" if failures else "")
+            + "<h2>Plots</h2>" + "".join(images)
+            + f"<p>Measured with {html.escape(_provenance(report))}.</p></body></html>\n")

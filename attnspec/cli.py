@@ -84,6 +84,8 @@ def check(
 def schema(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the generated spec reference (Markdown)."),
+    sweep: bool = typer.Option(False, "--sweep", help="Print the JSON Schema of sweep files (attnspec ablate) "
+                                                      "instead."),
     plugins: Optional[List[str]] = typer.Option(None, "--plugin", metavar="MODULE",
                                                 help="Import a plugin module first, so its components are in the "
                                                      "schema (installed plugins are always included). Repeatable."),
@@ -92,14 +94,20 @@ def schema(
 
     Point your editor at it with a first line
     `# yaml-language-server: $schema=<path>/attnspec.schema.json`. With --markdown,
-    print the spec reference that docs/spec-reference.md is generated from.
+    print the spec reference that docs/spec-reference.md is generated from; with --sweep, the
+    schema of sweep files (schema/sweep.schema.json).
     """
     from attnspec.spec.components import import_plugins, load_entry_points
     from attnspec.spec.schema import json_schema_text, reference_markdown
 
     load_entry_points()
     import_plugins(list(plugins or []), lambda path: None)
-    text = reference_markdown() if markdown else json_schema_text()
+    if sweep:
+        from attnspec.ablation.sweep import sweep_json_schema_text
+
+        text = sweep_json_schema_text()
+    else:
+        text = reference_markdown() if markdown else json_schema_text()
     if output is None:
         sys.stdout.write(text)
     else:

@@ -10,7 +10,7 @@ with the same function (:func:`attnspec.ablation.execute.execute`), so they give
   default). A process per run means a crash, a kill or an out-of-memory in one run fails that run
   only, and a killed sweep takes its workers with it.
 - :class:`RayBackend`: each job is a Ray task (``num_cpus = threads``) on the cluster at
-  ``address`` (or a local Ray instance); progress comes back through a Ray queue. The runs
+  ``address`` (or a local Ray instance); progress comes back through a small Ray actor. The runs
   directory must be reachable from every node (a shared file system).
 """
 
@@ -95,7 +95,8 @@ class _Worker:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen([sys.executable, "-m", "attnspec.ablation.execute"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self.log, env=env)
+                                        stdout=subprocess.PIPE, stderr=self.log, env=env,
+                                        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         request = {"runs_dir": str(runs_dir), "threads": threads,
                    "job": {k: job[k] for k in ("key", "spec", "config")}}
         self.process.stdin.write(json.dumps(request).encode())
@@ -140,6 +141,15 @@ class _Worker:
                 "log": tail}
 
 
+def _die_with_parent() -> None:
+    """In a worker, before it starts (Linux): the kernel kills it when the sweep's process dies, so a
+    killed sweep leaves no orphan training behind."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class RayBackend:
     """Runs jobs as Ray tasks (``pip install 'attnspec[ray]'``)."""
 
@@ -154,33 +164,35 @@ class RayBackend:
 
     def run(self, runs_dir: Path, jobs: list[dict], on_event: EventCallback) -> None:
         import ray
-        from ray.util.queue import Empty, Queue
 
         started_here = not ray.is_initialized()
         if started_here:
-            try:
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
+            local = self.address is None and "RAY_ADDRESS" not in os.environ
+            try:  # a local instance gets this machine's cores; a cluster says what it has
+                ray.init(address=self.address, num_cpus=cores() if local else None, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as error:
                 raise AttnSpecError(f"cannot reach a Ray cluster at {self.address or 'this machine'}: {error}") from None
         try:
-            queue = Queue()
+            mailbox = ray.remote(num_cpus=0)(_Mailbox).remote()
             task = ray.remote(num_cpus=self.threads)(_ray_execute)
-            refs = {}
-            for job in jobs:
-                ref = task.remote(str(runs_dir), {k: job[k] for k in ("key", "spec", "config")}, self.threads, queue)
-                refs[ref] = job["key"]
-                on_event({"event": "run_start", "key": job["key"]})
+            refs = {task.remote(str(runs_dir), {k: job[k] for k in ("key", "spec", "config")}, self.threads,
+                                mailbox): job["key"] for job in jobs}
+            started: set[str] = set()
+
+            def start(key: str) -> None:  # a task runs when the cluster has room: its first event says so
+                if key not in started:
+                    started.add(key)
+                    on_event({"event": "run_start", "key": key})
+
             while refs:
                 done, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
-                try:
-                    while True:
-                        key, event = queue.get_nowait()
-                        on_event({"event": "run_progress", "key": key, "record": event})
-                except Empty:
-                    pass
+                for key, record in ray.get(mailbox.take.remote()):
+                    start(key)
+                    on_event({"event": "run_progress", "key": key, "record": record})
                 for ref in done:
                     key = refs.pop(ref)
+                    start(key)
                     try:
                         outcome = ray.get(ref)
                     except Exception as error:  # noqa: BLE001 - a task that crashed: record it, go on
@@ -191,11 +203,27 @@ class RayBackend:
                 ray.shutdown()
 
 
-def _ray_execute(runs_dir: str, job: dict, threads: int, queue) -> dict:
-    """The Ray task: execute one job, sending its progress through ``queue``."""
+class _Mailbox:
+    """A Ray actor holding progress events until the driver takes them. Tasks send with a
+    fire-and-forget ``put.remote`` (a task blocked in ``ray.get`` would hand its CPU to another
+    task, and more runs than cores would share the machine)."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+
+    def put(self, key: str, record: dict) -> None:
+        self.events.append((key, record))
+
+    def take(self) -> list:
+        events, self.events = self.events, []
+        return events
+
+
+def _ray_execute(runs_dir: str, job: dict, threads: int, mailbox) -> dict:
+    """The Ray task: execute one job, sending its progress to ``mailbox``."""
     from attnspec.ablation.execute import execute
 
-    return execute(runs_dir, job, threads, lambda event: queue.put_nowait((job["key"], event)))
+    return execute(runs_dir, job, threads, lambda record: mailbox.put.remote(job["key"], record))
 
 
 def make_backend(name: str, jobs: int, workers: int | None, threads: int | None, address: str | None):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -81,22 +80,8 @@ class _Throttle:
         self.send({k: v for k, v in record.items() if k in keep})
 
 
-def _die_with_parent() -> None:
-    """Linux: let the kernel kill this worker when the sweep's process dies (a killed sweep leaves no
-    orphan training behind it)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
 def main() -> None:
     """The local worker: one job from stdin, events and the outcome on stdout."""
-    _die_with_parent()
     request = json.loads(sys.stdin.read())
     out = sys.stdout
 
@@ -110,5 +95,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     main()

@@ -354,6 +354,9 @@ def _difficulty_plot(plt, report: Report, task: str, axis: str, rows: list[Resul
                 panel.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=variant, color=colors[variant])
         title = _params_text(json.loads(other))
         panel.set_title(f"{task} {title}".strip(), fontsize=9)
+        values = sorted({row.task_params.get(axis) for row in rows if isinstance(row.task_params.get(axis), (int, float))})
+        if values:
+            panel.set_xticks(values)  # the grid's own values, not fractions between them
         panel.set_xlabel(axis)
         panel.set_ylabel(report.metric)
         if report.metric == "perplexity":
@@ -394,17 +397,21 @@ def _curves_plot(plt, report: Report, task: str, colors, out: Path) -> str:
 
 
 def _scatter_plot(plt, report: Report, attribute: str, label: str, colors, out: Path) -> str:
-    """The metric against state size or parameters: a point per (variant, task point)."""
+    """The metric against state size or parameters: a point per (variant, task point), labelled with
+    the task point's difficulty value."""
     tasks = report.tasks
     figure, panels = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks) + 1, 3.6), squeeze=False)
     for panel, task in zip(panels[0], tasks):
+        axis = report.difficulty.get(task)
         for variant in report.variants:
-            points = [(getattr(row, attribute), row.mean) for row in report.results
+            points = [(getattr(row, attribute), row.mean, row.task_params.get(axis, "")) for row in report.results
                       if row.task == task and row.variant == variant and row.mean is not None
                       and getattr(row, attribute)]
             if points:
-                xs, ys = zip(*points)
+                xs, ys, labels = zip(*points)
                 panel.scatter(xs, ys, label=variant, color=colors[variant], s=24)
+                for x, y, text in zip(xs, ys, labels):  # which task point each dot is
+                    panel.annotate(str(text), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6)
         panel.set_xscale("log")
         panel.set_title(task, fontsize=9)
         panel.set_xlabel(label)

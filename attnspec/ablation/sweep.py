@@ -224,6 +224,7 @@ def expand(loaded: LoadedSweep, variants: list[Variant] | None = None) -> list[P
         SpecError: a variant or task point is invalid, a task does not fit a variant's model, or the
             sweep expands to more than ``max_runs`` runs; located in the sweep file.
     """
+    from attnspec.spec import spec_to_data
     from attnspec.training.loop import check_fit
 
     sweep, smap = loaded.sweep, loaded.smap
@@ -249,8 +250,6 @@ def expand(loaded: LoadedSweep, variants: list[Variant] | None = None) -> list[P
                 except SpecError as error:
                     problems.extend(_prefixed(error, f"variant {variant.name}, task {task_name} {task_params}"))
                     break
-                from attnspec.spec import spec_to_data
-
                 resolved_spec = spec_to_data(spec, minimal=False)
                 for lr in sweep.lr:
                     config_data = {**config.model_dump(by_alias=True), "lr": lr}

@@ -1,0 +1,90 @@
+"""Reports: the best learning rate per variant and task point, mean and std over seeds, files that
+link every number to its runs, plots in PNG and SVG, and a self-contained, well-formed report.html."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from attnspec.ablation.ablate import ablate
+from attnspec.ablation.report import RunRow, _results, write_report
+from tests.ablation.sweeps import sweep
+
+
+def _row(variant, lr, seed, metric, params=None) -> RunRow:
+    return RunRow(f"{abs(hash((variant, lr, seed))):016x}"[:16], variant, "mqar", params or {"n": 1}, seed, lr, "done",
+                  metric, 10, 20, 100.0)
+
+
+def test_the_best_learning_rate_is_chosen_on_the_mean_over_seeds():
+    runs = [_row("a", 1e-3, 0, 0.9), _row("a", 1e-3, 1, 0.5),  # mean 0.7
+            _row("a", 3e-3, 0, 0.8), _row("a", 3e-3, 1, 0.8),  # mean 0.8: best, though 0.9 is the best single run
+            _row("b", 1e-3, 0, 0.1), _row("b", 3e-3, 0, None)]  # a failed run is not a result
+    (a, b) = _results(runs, "accuracy")
+    assert a.lr == 3e-3 and a.mean == pytest.approx(0.8) and a.std == 0.0 and a.seeds == 2
+    assert a.runs == [f"runs/{r.key}" for r in runs[2:4]] and a.by_lr[1e-3] == (pytest.approx(0.7), 2)
+    assert b.lr == 1e-3 and b.mean == pytest.approx(0.1) and b.std is None
+    (low,) = _results([_row("a", 1e-3, 0, 12.0), _row("a", 3e-3, 0, 9.0)], "perplexity")
+    assert low.lr == 3e-3 and low.mean == 9.0
+    (spread,) = _results([_row("a", 1e-3, s, v) for s, v in enumerate([0.2, 0.4, 0.9])], "accuracy")
+    assert spread.std == pytest.approx(statistics.stdev([0.2, 0.4, 0.9]))
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory) -> Path:
+    """A toy sweep over two difficulties, two seeds and two learning rates, run and reported."""
+    directory = tmp_path_factory.mktemp("report") / "runs"
+    data = sweep(seeds=[0, 1], lr=[0.003, 0.01], tasks=[{"task": {"kind": "mqar", "seq_len": 16, "vocab_size": 32},
+                                                        "grid": {"num_kv_pairs": [1, 2]}}])
+    outcome = ablate(data, directory, workers=2, threads=1)
+    assert outcome.ran == 16 and not outcome.failed
+    return directory
+
+
+def test_report_files_link_every_number_to_its_runs(reported: Path):
+    out = reported / "report"
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 2 * 2  # variants x task points
+    for row in rows:
+        assert row["best_lr"] in ("0.003", "0.01") and int(row["seeds"]) == 2 and row["metric"] == "accuracy"
+        runs = row["runs"].split()
+        assert len(runs) == 2 and all((reported / run / "result.json").is_file() for run in runs)
+        assert 0 <= float(row["mean"]) <= 1 and float(row["std"]) >= 0
+        assert int(row["parameters"]) > 0 and int(row["state_size"]) > 0 and float(row["tokens_per_s"]) > 0
+    assert len(list(csv.DictReader((out / "runs.csv").open()))) == 16
+    markdown = (out / "results.md").read_text()
+    assert "| variant | task | point | accuracy (mean ± std) |" in markdown and "## By learning rate" in markdown
+    assert "torch " in markdown and "attnspec " in markdown
+
+
+def test_plots_are_png_and_svg_and_the_html_embeds_every_one(reported: Path):
+    plots = reported / "report" / "plots"
+    names = sorted(path.stem for path in plots.glob("*.png"))
+    assert names == sorted(path.stem for path in plots.glob("*.svg"))
+    assert {"mqar-accuracy-vs-num_kv_pairs", "mqar-training-curves", "accuracy-vs-state-size",
+            "accuracy-vs-parameters"} <= set(names)
+    assert all((plots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in names)
+    text = (reported / "report" / "report.html").read_text()
+    assert text.startswith("<!DOCTYPE html>") and "<script" not in text and "http" not in text.split("<body>")[1]
+    root = ElementTree.fromstring(text.split("\n", 1)[1])  # well-formed (as XML) after the doctype
+    images = {image.get("data-plot"): image.get("src") for image in root.iter("img")}
+    assert sorted(images) == names and all(src.startswith("data:image/png;base64,") for src in images.values())
+    assert len(list(root.iter("table"))) == 2
+
+
+def test_report_command_rewrites_the_report_and_refuses_other_directories(reported: Path, tmp_path: Path):
+    (reported / "report" / "results.md").unlink()
+    result = subprocess.run([sys.executable, "-m", "attnspec", "report", str(reported)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (reported / "report" / "results.md").is_file() and "accuracy at the best learning rate" in result.stdout
+    result = subprocess.run([sys.executable, "-m", "attnspec", "report", str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "sweep.json" in result.stderr
+    assert write_report(reported).metric == "accuracy"

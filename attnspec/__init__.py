@@ -14,7 +14,7 @@ from attnspec.errors import AttnSpecError, BuildError, ShapeError, SpecError
 __version__ = "0.1.0"
 
 __all__ = ["AttnSpecError", "SpecError", "ShapeError", "BuildError", "load_spec", "loads_spec",
-           "build", "load", "save", "train", "__version__"]
+           "build", "load", "save", "train", "ablate", "report", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -53,3 +53,19 @@ def train(spec: Any, config: Any = None, **kwargs: Any) -> Any:
     from attnspec.training.loop import train as train_model
 
     return train_model(spec, config, **kwargs)
+
+
+def ablate(sweep: Any, output: Any, **kwargs: Any) -> Any:
+    """Run every run of a sweep file into a runs directory, then report; see
+    :func:`attnspec.ablation.ablate.ablate`."""
+    from attnspec.ablation.ablate import ablate as run_sweep
+
+    return run_sweep(sweep, output, **kwargs)
+
+
+def report(runs_directory: Any) -> Any:
+    """Write the report of a runs directory (tables, CSV, plots, HTML); see
+    :func:`attnspec.ablation.report.write_report`."""
+    from attnspec.ablation.report import write_report
+
+    return write_report(runs_directory)

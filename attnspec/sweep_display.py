@@ -12,11 +12,17 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from attnspec.ablation.ablate import SweepPlan, describe_value
+from attnspec.ablation.ablate import SweepPlan
 from attnspec.ablation.estimate import format_flops, format_seconds
+from attnspec.ablation.sweep import MISSING
 
 MAX_DIFFERENCES = 12
 """Differences printed per variant before `... and N more`."""
+
+
+def describe_value(value) -> str:
+    """A resolved spec value as the dry run prints it."""
+    return "(absent)" if value == MISSING else repr(value) if isinstance(value, str) else str(value)
 
 
 def print_plan(console: Console, plan: SweepPlan, workers: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from attnspec.ablation import runsdir
 from attnspec.ablation.backends import make_backend
@@ -110,11 +110,11 @@ def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend
     if not plan.states:
         plan.states = {run.key: runsdir.state(output, run.key) for run in plan.runs} \
             if (output / runsdir.SWEEP_FILE).is_file() else {}
+    todo = plan.todo
+    chosen = make_backend(backend, len(todo), workers, threads, address)  # a bad backend writes nothing
     sweep_data = plan.loaded.sweep.model_dump(mode="json", by_alias=True)
     runsdir.prepare(output, sweep_data, plan.loaded.text,
                     [{**run.to_json(), "estimate": plan.estimates[run.key].to_json()} for run in plan.runs])
-    todo = plan.todo
-    chosen = make_backend(backend, len(todo), workers, threads, address)
     send = on_event or (lambda event: None)
     labels = {run.key: run.label for run in plan.runs}
     jobs = [{"key": run.key, "label": run.label, "spec": run.spec_data, "config": run.config_data,
@@ -157,7 +157,3 @@ def _record_end(output: Path, event: dict, labels: dict, failed: list[dict]) -> 
     runsdir.log_event(output, {"event": "end", "key": key, "status": status, "from_step": event.get("from_step"),
                                "error": event.get("error")})
 
-
-def describe_value(value: Any) -> str:
-    """A spec value as the dry run prints it."""
-    return "(absent)" if value == "<absent>" else repr(value) if isinstance(value, str) else str(value)

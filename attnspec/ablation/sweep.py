@@ -55,7 +55,7 @@ class TaskSweep(Node):
     name: _Name | None = None
     """The task's name in reports (default: its kind)."""
     difficulty: _PathText | None = None
-    """The parameter plotted on the x axis (default: the first grid parameter)."""
+    """The grid parameter plotted on the x axis (default: the first grid parameter)."""
 
 
 class Sweep(Node):
@@ -294,6 +294,10 @@ def _task_points(loaded: LoadedSweep) -> list[tuple[int, str, dict, dict]]:
                 problems.append(_at(loaded.smap, where, f"{parameter!r} is not a parameter of the {entry.task.kind} "
                                                         f"task; it has {', '.join(sorted(fields - {'kind'}))}",
                                     key=len(where) == 4))
+        if entry.difficulty is not None and entry.difficulty in fields and entry.difficulty not in entry.grid:
+            problems.append(_at(loaded.smap, ("tasks", index, "difficulty"),
+                                f"the difficulty axis {entry.difficulty!r} must be one of this task's grid parameters "
+                                f"({', '.join(entry.grid) or 'it has no grid'})"))
         keys = list(entry.grid)
         for values in itertools.product(*entry.grid.values()) if keys else [()]:
             params = dict(zip(keys, values))

@@ -96,8 +96,8 @@ RUN_FILES = (RUN_FILE, "spec.yaml", "config.yaml", "metrics.jsonl", CHECKPOINT_P
 def discard_unstarted(directory: Path) -> bool:
     """Remove a run directory that was killed before its first checkpoint, so it can start again.
 
-    Only a directory holding nothing but files this module writes (and empty or scratch checkpoint
-    directories) is removed; returns False, touching nothing, for anything else.
+    Only a directory holding nothing but files the trainer writes (and empty or scratch checkpoint
+    directories, TensorBoard event files) is removed; returns False, touching nothing, for anything else.
     """
     if not directory.is_dir() or directory.is_symlink() or (directory / CHECKPOINT_POINTER).exists():
         return False
@@ -106,6 +106,9 @@ def discard_unstarted(directory: Path) -> bool:
         if entry.name == "checkpoints" and entry.is_dir() and not entry.is_symlink():
             if any(not (part.name.startswith(".step-") and part.is_dir() and not part.is_symlink()
                         and {f.name for f in part.iterdir()} <= set(CHECKPOINT_FILES)) for part in entry.iterdir()):
+                return False
+        elif entry.name == "tensorboard" and entry.is_dir() and not entry.is_symlink():
+            if any(not (f.is_file() and f.name.startswith("events.out.tfevents.")) for f in entry.iterdir()):
                 return False
         elif entry.is_symlink() or not entry.is_file() or not (entry.name in RUN_FILES or entry.name.startswith(".")
                                                                and ".tmp-" in entry.name):

@@ -75,6 +75,21 @@ def test_a_failing_run_is_recorded_and_the_others_finish(tmp_path: Path):
     assert outcome.ran == 1 and not outcome.failed and runsdir.failure(directory, blocked) is None
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_again(finished: Path, tmp_path: Path):
+    directory = tmp_path / "runs"
+    plan = plan_sweep(sweep())
+    for run in plan.runs:  # what a run writes before its first checkpoint, as a kill leaves it
+        source, target = runsdir.run_directory(finished, run.key), runsdir.run_directory(directory, run.key)
+        (target / "checkpoints" / ".step-000000010.tmp-1").mkdir(parents=True)
+        for name in ("run.json", "spec.yaml", "config.yaml", "metrics.jsonl"):
+            (target / name).write_bytes((source / name).read_bytes())
+    (directory / runsdir.SWEEP_FILE).write_text(json.dumps({"format": 1, "sweep": {}, "runs": []}))
+    assert {runsdir.state(directory, run.key) for run in plan.runs} == {"unstarted"}
+    outcome = ablate(plan, directory, workers=2, threads=1, report=False)
+    assert outcome.ran == 2 and not outcome.failed
+    assert _results(directory) == {key: value for key, value in _results(finished).items() if key in _results(directory)}
+
+
 def test_a_directory_that_is_not_a_runs_directory_is_refused(tmp_path: Path):
     (tmp_path / "photo.jpg").write_bytes(b"\xff\xd8")
     with pytest.raises(RunError, match="not a runs directory"):

@@ -67,6 +67,8 @@ def test_variants_that_resolve_to_one_model_share_their_runs_and_are_reported():
     ({"tasks": [{"task": {"kind": "mqar", "seq_len": 16, "vocab_size": 32}, "grid": {"seq_len": [16, 64]}}]}, ":6:",
      "seq_len = 64 is over the spec's max_len = 16"),
     ({"tasks": [{"task": {"kind": "mqar", "seq_len": 16, "vocab_size": 64}}]}, ":6:", "uses 64 token ids"),
+    ({"tasks": [{"task": {"kind": "mqar", "seq_len": 16, "vocab_size": 32}, "difficulty": "seq_len"}]}, ":6:",
+     "difficulty axis 'seq_len' must be one of this task's grid parameters"),
     ({"train": {"steps": 0}}, ":9:", "train.steps: must be greater than 0"),
     ({"train": {"stepz": 10}}, ":9:", "unknown key 'stepz'"),
     ({"seeds": [0, 1, 2], "lr": [0.1, 0.2], "max_runs": 5}, ":10:", "expands to 6 runs, over max_runs = 5"),

@@ -106,10 +106,9 @@ def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend
         RunError: the runs directory cannot be used.
     """
     output = Path(output)
-    plan = source if isinstance(source, SweepPlan) else plan_sweep(source, output)
-    if not plan.states:
-        plan.states = {run.key: runsdir.state(output, run.key) for run in plan.runs} \
-            if (output / runsdir.SWEEP_FILE).is_file() else {}
+    plan = source if isinstance(source, SweepPlan) else plan_sweep(source)
+    plan.states = {run.key: runsdir.state(output, run.key) for run in plan.runs} \
+        if (output / runsdir.SWEEP_FILE).is_file() else {}  # what is done in *this* directory, now
     todo = plan.todo
     chosen = make_backend(backend, len(todo), workers, threads, address)  # a bad backend writes nothing
     sweep_data = plan.loaded.sweep.model_dump(mode="json", by_alias=True)

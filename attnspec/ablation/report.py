@@ -100,14 +100,20 @@ class Report:
 
 def collect(directory: str | Path) -> Report:
     """Read a runs directory into a :class:`Report` (raises RunError if it is not one)."""
+    from attnspec.ablation.sweep import Sweep, difficulty_axis
+    from attnspec.spec.source import Position, SourceMap
+    from attnspec.spec.validate import validate_model
+
     directory = Path(directory)
     record = runsdir.read(directory)
-    sweep = record["sweep"]
-    metric = sweep.get("metric") or _task_metric(sweep)
+    where = SourceMap(root=Position(f"{directory / runsdir.SWEEP_FILE} (its recorded sweep)"))
+    sweep = validate_model(Sweep, record["sweep"], where, what="sweep")
+    metrics = {entry.task.metric for entry in sweep.tasks}
+    metric = sweep.metric or (metrics.pop() if len(metrics) == 1 else "loss")
     runs = [_run_row(directory, run, metric) for run in record["runs"]]
-    difficulty = {(task.get("name") or task["task"]["kind"]): task.get("difficulty") or next(iter(task.get("grid") or {}), None)
-                  for task in sweep.get("tasks", [])}
-    return Report(directory, sweep, metric, runs, _results(runs, metric), difficulty, record.get("machine", {}))
+    difficulty = {entry.name or entry.task.kind: difficulty_axis(entry) for entry in sweep.tasks}
+    machine = record.get("machine") if isinstance(record.get("machine"), dict) else {}
+    return Report(directory, record["sweep"], metric, runs, _results(runs, metric), difficulty, machine)
 
 
 def write_report(directory: str | Path) -> Report:
@@ -126,18 +132,10 @@ def write_report(directory: str | Path) -> Report:
 # --------------------------------------------------------------------------- collecting
 
 
-def _task_metric(sweep: dict) -> str:
-    from attnspec.spec.components import SLOTS
-    from attnspec.training import tasks  # noqa: F401 - registers the built-in tasks
-
-    kinds = {task["task"]["kind"] for task in sweep.get("tasks", [])}
-    metrics = {getattr(SLOTS["task"].get(kind), "metric", "accuracy") for kind in kinds}
-    return metrics.pop() if len(metrics) == 1 else "loss"
-
-
 def _run_row(directory: Path, run: dict, metric: str) -> RunRow:
     key = run["key"]
-    estimate = run.get("estimate") or {}
+    estimate = {name: value for name, value in (run.get("estimate") or {}).items()
+                if isinstance(value, int) and not isinstance(value, bool)}
     result = runsdir.result(directory, key)
     failure = runsdir.failure(directory, key)
     status = runsdir.state(directory, key) if runsdir.run_directory(directory, key).exists() else "new"

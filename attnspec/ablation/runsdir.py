@@ -74,8 +74,12 @@ def read(directory: Path) -> dict:
             or not isinstance(record.get("sweep"), dict):
         raise RunError(f"{directory}/{SWEEP_FILE}: not a runs file of format {FORMAT} written by attnspec ablate")
     for run in record["runs"]:
-        if not isinstance(run, dict) or not _is_key(run.get("key")):
-            raise RunError(f"{directory}/{SWEEP_FILE}: a run without a valid key")
+        if not (isinstance(run, dict) and _is_key(run.get("key")) and isinstance(run.get("variant"), str)
+                and isinstance(run.get("task"), str) and isinstance(run.get("task_params"), dict)
+                and isinstance(run.get("seed"), int) and isinstance(run.get("lr"), (int, float))
+                and isinstance(run.get("estimate", {}), dict)):
+            raise RunError(f"{directory}/{SWEEP_FILE}: a run entry is malformed (each needs key, variant, task, "
+                           "task_params, seed, lr)")
     return record
 
 

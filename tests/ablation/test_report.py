@@ -88,3 +88,23 @@ def test_report_command_rewrites_the_report_and_refuses_other_directories(report
                             timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr and "sweep.json" in result.stderr
     assert write_report(reported).metric == "accuracy"
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda record: record.update(sweep={"name": "x"}),  # not a sweep
+    lambda record: record["runs"][0].update(task_params=[1]),
+    lambda record: record["runs"][0].update(key="../../etc"),
+    lambda record: record.update(format=2),
+])
+def test_a_corrupt_runs_file_is_a_clear_error(reported: Path, tmp_path: Path, corrupt):
+    import json
+    import shutil
+
+    copy = tmp_path / "runs"
+    shutil.copytree(reported, copy)
+    record = json.loads((copy / "sweep.json").read_text())
+    corrupt(record)
+    (copy / "sweep.json").write_text(json.dumps(record))
+    result = subprocess.run([sys.executable, "-m", "attnspec", "report", str(copy)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "sweep" in result.stderr, result.stderr

@@ -345,8 +345,7 @@ def ablate(
     """
     from attnspec.ablation.ablate import ablate as run_sweep, plan_sweep
     from attnspec.ablation.backends import sizing
-    from attnspec.ablation.report import summary_rows
-    from attnspec.sweep_display import SweepProgress, print_plan, results_table
+    from attnspec.sweep_display import SweepProgress, print_plan
 
     plan = plan_sweep(file, output)
     if dry_run:

@@ -21,7 +21,6 @@ import os
 import selectors
 import subprocess
 import sys
-import time
 from collections import deque
 from pathlib import Path
 from typing import Callable
@@ -157,7 +156,7 @@ class RayBackend:
 
     def __init__(self, threads: int, address: str | None = None):
         try:
-            import ray  # noqa: F401
+            import ray  # noqa: F401 - only to say how to install it
         except ImportError:
             raise AttnSpecError("--backend ray needs Ray: pip install 'attnspec[ray]'") from None
         self.threads, self.address = threads, address

@@ -1,0 +1,72 @@
+"""What every task is: a strict model of its parameters with a seeded batch generator and a metric."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+from torch import Tensor
+
+from attnspec.errors import AttnSpecError
+from attnspec.spec import limits
+from attnspec.spec.ir import Count, Node
+
+IGNORE = -100
+"""Target value of positions that carry no answer (``F.cross_entropy``'s ``ignore_index``)."""
+MAX_DATA_BYTES = 1 << 32
+"""A text corpus read into memory: at most 4 GiB (token files are memory-mapped, any size)."""
+SPLITS = {"train": 0, "test": 1}
+
+
+class TaskError(AttnSpecError):
+    """A task cannot run: its files are missing or malformed, or it does not fit the model."""
+
+
+def generator(seed: int, split: str, step: int) -> torch.Generator:
+    """The generator of one batch: seeded by (seed, split, step) only."""
+    mixed = (seed * 1_000_003 + SPLITS[split] * 998_244_353 + step * 7_919) % (1 << 62)
+    return torch.Generator().manual_seed(mixed)
+
+
+class Task(Node):
+    """Base of every task: what it needs from the model and how its answers are scored."""
+
+    slot: ClassVar[str] = "task"
+    metric: ClassVar[Literal["accuracy", "perplexity"]] = "accuracy"
+    """The headline metric: accuracy on the answer positions, or perplexity of every next token."""
+    seq_len: Count(limits.MAX_LEN)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the inputs and targets use (the spec's vocabulary must be at least this)."""
+        raise NotImplementedError
+
+    def batch(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+        """Examples of ``split`` (``train``: batch ``step``; ``test``: the fixed test set, step 0):
+        inputs (size, seq_len) int64 and targets (size, seq_len) int64, ``IGNORE`` where no answer."""
+        raise NotImplementedError
+
+    def problems(self, *, vocab_size: int | None, max_len: int) -> list[tuple[tuple, str]]:
+        """Why this task cannot train a model with this vocabulary (None: not a token model) and max_len."""
+        found = []
+        if vocab_size is None:
+            found.append(((), f"the {self.kind} task feeds token ids; the spec needs `input: {{kind: tokens, ...}}`"))
+        elif vocab_size < self.vocab_size:
+            found.append(((), f"the {self.kind} task uses {self.vocab_size} token ids but the spec's vocab_size is "
+                              f"{vocab_size}; raise the spec's vocab_size or lower the task's"))
+        if self.seq_len > max_len:
+            found.append((("seq_len",), f"seq_len = {self.seq_len} is over the spec's max_len = {max_len}"))
+        return found
+
+    def describe(self) -> str:
+        fields = ", ".join(f"{name}={value}" for name, value in self.model_dump(by_alias=True).items()
+                           if name != "kind")
+        return f"{self.kind}({fields})"
+
+
+def sample_without_replacement(weights: Tensor, count: int, rows: int, gen: torch.Generator) -> Tensor:
+    """(rows, count) distinct indices per row, drawn with probabilities ``weights`` (Gumbel top-k)."""
+    gumbel = -torch.log(-torch.log(torch.rand(rows, weights.shape[0], generator=gen, dtype=torch.float64)
+                                   .clamp_min(1e-300)))
+    return torch.topk(torch.log(weights) + gumbel, count, dim=-1).indices
+

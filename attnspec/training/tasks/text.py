@@ -1,0 +1,127 @@
+"""Language modelling on the user's local files: bytes of text, or nanoGPT token arrays."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, PrivateAttr
+from torch import Tensor
+
+from attnspec.spec import limits
+from attnspec.spec.ir import Count
+from attnspec.training.tasks.base import MAX_DATA_BYTES, Task, TaskError, generator
+
+class _TextTask(Task):
+    """Next-token prediction on a token array: training windows at seeded random offsets of the
+    training part, the test set evenly spaced windows of the validation part."""
+
+    metric: ClassVar[str] = "perplexity"
+    _splits: dict[str, np.ndarray] | None = PrivateAttr(default=None)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """``{"train": tokens, "test": tokens}``, read (or mapped) on first use."""
+        if self._splits is None:
+            self._splits = self.read()
+            for split, array in self._splits.items():
+                if len(array) <= self.seq_len:
+                    raise TaskError(f"{self.kind}: the {split} part has {len(array):,} tokens, not more than "
+                                    f"seq_len = {self.seq_len}; give more text or a shorter seq_len")
+        return self._splits
+
+    def read(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def batch(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+        data = self.arrays()[split]
+        last = len(data) - self.seq_len - 1  # the last offset whose window and next token fit
+        if split == "train":
+            offsets = torch.randint(0, last + 1, (size,), generator=generator(seed, split, step)).tolist()
+        else:
+            offsets = np.linspace(0, last, size).round().astype(np.int64).tolist()
+        windows = np.stack([np.asarray(data[o:o + self.seq_len + 1], dtype=np.int64) for o in offsets])
+        if int(windows.max(initial=0)) >= self.vocab_size:
+            raise TaskError(f"{self.kind}: token id {int(windows.max())} is not below vocab_size = {self.vocab_size}")
+        tokens = torch.from_numpy(windows)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def _regular_files(root: Path) -> list[Path]:
+    """The regular files at ``root`` (a file, or a directory walked in sorted order, no symlinks)."""
+    if root.is_symlink():
+        raise TaskError(f"{root}: is a symbolic link; give the file or directory itself")
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise TaskError(f"{root}: no such file or directory")
+    files = []
+    for directory, subdirs, names in os.walk(root):
+        subdirs.sort()
+        for name in sorted(names):
+            path = Path(directory) / name
+            if path.is_file() and not path.is_symlink() and not name.startswith("."):
+                files.append(path)
+    if not files:
+        raise TaskError(f"{root}: holds no files")
+    return files
+
+
+class BytesTask(_TextTask):
+    """A byte-level language model on the user's local text: ``path`` is a file or a directory (its
+    files in sorted order, hidden files and symlinks skipped); the last ``val_fraction`` of the bytes
+    is the validation part. Vocabulary: the 256 byte values."""
+
+    kind: Literal["bytes"]
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    seq_len: Count(limits.MAX_LEN) = 256
+    val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    def read(self) -> dict[str, np.ndarray]:
+        files = _regular_files(Path(self.path))
+        total = sum(f.stat().st_size for f in files)
+        if total > MAX_DATA_BYTES:
+            raise TaskError(f"{self.path}: {total:,} bytes, over the limit of {MAX_DATA_BYTES:,} read into memory; "
+                            "tokenise it into a nanoGPT .bin file (task `tokens`), which is memory-mapped")
+        data = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
+        cut = len(data) - max(1, math.ceil(len(data) * self.val_fraction))
+        return {"train": data[:cut], "test": data[cut:]}
+
+
+class TokensTask(_TextTask):
+    """nanoGPT token files: ``path`` is a directory with ``train.bin`` and ``val.bin``, flat arrays of
+    ``dtype`` token ids (memory-mapped, read-only). ``vocab_size`` must be given: nanoGPT's
+    ``meta.pkl`` is a pickle, and attnspec never unpickles."""
+
+    kind: Literal["tokens"]
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    vocab_size_: Annotated[int, Field(alias="vocab_size", ge=2, le=limits.MAX_VOCAB)]
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    seq_len: Count(limits.MAX_LEN) = 256
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab_size_
+
+    def read(self) -> dict[str, np.ndarray]:
+        root = Path(self.path)
+        arrays = {}
+        for split, name in (("train", "train.bin"), ("test", "val.bin")):
+            file = root / name
+            if not file.is_file() or file.is_symlink():
+                raise TaskError(f"{file}: missing (a nanoGPT token directory holds train.bin and val.bin)")
+            itemsize = np.dtype(self.dtype).itemsize
+            if file.stat().st_size % itemsize:
+                raise TaskError(f"{file}: {file.stat().st_size} bytes is not a whole number of {self.dtype} tokens; "
+                                "is `dtype` right?")
+            arrays[split] = np.memmap(file, dtype=self.dtype, mode="r")
+        return arrays
+
+

@@ -271,8 +271,8 @@ def run(
 def train(
     file: Optional[Path] = typer.Argument(None, metavar="SPEC", help="Spec file (not needed with --resume)."),
     output: Path = typer.Option(..., "--output", "-o", help="Run directory to create (or to resume)."),
-    task: Optional[str] = typer.Option(None, "--task", help="Task kind: mqar, memory_horizon, selective_copying, "
-                                                            "induction_heads, bytes, tokens."),
+    task: Optional[str] = typer.Option(None, "--task", help="Task kind, e.g. mqar, in_context_recall, listops, "
+                                                            "sort, python_source (all: the README's task table)."),
     task_overrides: Optional[List[str]] = typer.Option(None, "--task-set", metavar="KEY=VALUE",
                                                        help="A task parameter, e.g. --task-set seq_len=256. Repeatable."),
     overrides: Optional[List[str]] = SetOption,

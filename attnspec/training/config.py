@@ -126,6 +126,8 @@ def load_config(file: Path | str | dict | None = None, *, task: str | None = Non
         if value is not None:
             data = {**data, name: value}
     if "task" not in data:
-        raise SpecError(Problem("no task: give --task KIND (mqar, memory_horizon, selective_copying, induction_heads, "
-                                "bytes, tokens) or `task:` in the configuration file"))
+        from attnspec.spec.components import SLOTS
+
+        raise SpecError(Problem(f"no task: give --task KIND ({', '.join(SLOTS['task'])}) or `task:` in the "
+                                "configuration file"))
     return validate_model(TrainConfig, data, smap, what="training configuration")

@@ -148,7 +148,7 @@ def test_a_plugin_task_is_registered_like_a_built_in():
         def vocab_size(self) -> int:
             return 10
 
-        def batch(self, split, step, size, seed):
+        def sample(self, split, step, size, seed):
             from attnspec.training.tasks import generator
 
             x = torch.randint(0, 10, (size, self.seq_len), generator=generator(seed, split, step))

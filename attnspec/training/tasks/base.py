@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import numpy as np
 import torch
+from pydantic import PrivateAttr
 from torch import Tensor
 
 from attnspec.errors import AttnSpecError
@@ -16,6 +18,7 @@ IGNORE = -100
 MAX_DATA_BYTES = 1 << 32
 """A text corpus read into memory: at most 4 GiB (token files are memory-mapped, any size)."""
 SPLITS = {"train": 0, "test": 1}
+MAX_TRAIN_EXAMPLES = 1 << 22
 
 
 class TaskError(AttnSpecError):
@@ -35,6 +38,10 @@ class Task(Node):
     metric: ClassVar[Literal["accuracy", "perplexity"]] = "accuracy"
     """The headline metric: accuracy on the answer positions, or perplexity of every next token."""
     seq_len: Count(limits.MAX_LEN)
+    train_examples: Count(MAX_TRAIN_EXAMPLES) | None = None
+    """A finite training set of this many examples, sampled with replacement at every step (MAD's
+    difficulty knob); None: fresh examples at every step."""
+    _pool: tuple[int, Tensor, Tensor] | None = PrivateAttr(default=None)
 
     @property
     def vocab_size(self) -> int:
@@ -43,7 +50,20 @@ class Task(Node):
 
     def batch(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
         """Examples of ``split`` (``train``: batch ``step``; ``test``: the fixed test set, step 0):
-        inputs (size, seq_len) int64 and targets (size, seq_len) int64, ``IGNORE`` where no answer."""
+        inputs (size, seq_len) int64 and targets (size, seq_len) int64, ``IGNORE`` where no answer.
+
+        With ``train_examples`` the training batches are drawn (by the step's generator) from one
+        fixed set of that many examples, generated once per seed from the training stream's step 0
+        and never from the test stream."""
+        if split != "train" or self.train_examples is None:
+            return self.sample(split, step, size, seed)
+        if self._pool is None or self._pool[0] != seed:
+            self._pool = (seed, *self.sample("train", 0, self.train_examples, seed))
+        chosen = torch.randint(0, self.train_examples, (size,), generator=generator(seed, "train", step + 1))
+        return self._pool[1][chosen], self._pool[2][chosen]
+
+    def sample(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+        """``size`` fresh examples of ``split`` from the generator of (seed, split, step); see :meth:`batch`."""
         raise NotImplementedError
 
     def problems(self, *, vocab_size: int | None, max_len: int) -> list[tuple[tuple, str]]:
@@ -62,6 +82,11 @@ class Task(Node):
         fields = ", ".join(f"{name}={value}" for name, value in self.model_dump(by_alias=True).items()
                            if name != "kind")
         return f"{self.kind}({fields})"
+
+
+def numpy_generator(seed: int, split: str, step: int) -> np.random.Generator:
+    """A NumPy generator for tasks generated example by example, seeded from :func:`generator`."""
+    return np.random.default_rng(int(torch.randint(0, 1 << 62, (1,), generator=generator(seed, split, step))))
 
 
 def sample_without_replacement(weights: Tensor, count: int, rows: int, gen: torch.Generator) -> Tensor:

@@ -44,7 +44,7 @@ class MqarTask(Task):
                                              f"{2 * (self.num_kv_pairs + 1)}"))
         return found
 
-    def batch(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+    def sample(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
         gen = generator(seed, split, step)
         V, L, n = self.vocab_size_, self.seq_len, self.num_kv_pairs
         half = V // 2
@@ -92,7 +92,7 @@ class MemoryHorizonTask(Task):
             found.append((("resets",), f"{self.resets} resets do not fit in seq_len = {self.seq_len}"))
         return found
 
-    def batch(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+    def sample(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
         gen = generator(seed, split, step)
         L = self.seq_len
         numbers = torch.randint(0, self.max_number + 1, (size, L), generator=gen)
@@ -140,7 +140,7 @@ class SelectiveCopyingTask(Task):
                                            f"{2 * self.num_tokens}"))
         return found
 
-    def batch(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+    def sample(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
         gen = generator(seed, split, step)
         L, n = self.seq_len, self.num_tokens
         region = L - n
@@ -172,7 +172,7 @@ class InductionHeadsTask(Task):
             found.append((("seq_len",), "induction heads needs seq_len >= 4"))
         return found
 
-    def batch(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+    def sample(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
         gen = generator(seed, split, step)
         L = self.seq_len
         inputs = torch.randint(2, self.vocab_size_, (size, L), generator=gen)

@@ -1,4 +1,5 @@
-"""Language modelling on the user's local files: bytes of text, or nanoGPT token arrays."""
+"""Language modelling on local files: the user's text as bytes, nanoGPT token arrays, or the Python
+standard library's sources (a corpus every machine has)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class _TextTask(Task):
     def read(self) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def batch(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+    def sample(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
         data = self.arrays()[split]
         last = len(data) - self.seq_len - 1  # the last offset whose window and next token fit
         if split == "train":
@@ -93,6 +94,45 @@ class BytesTask(_TextTask):
         data = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
         cut = len(data) - max(1, math.ceil(len(data) * self.val_fraction))
         return {"train": data[:cut], "test": data[cut:]}
+
+
+class PythonSourceTask(_TextTask):
+    """A byte-level language model on the Python standard library's own ``.py`` files: a corpus every
+    machine with Python has, with nothing to download. Files are those under ``sysconfig``'s
+    ``stdlib`` directory (``site-packages`` and ``test`` directories excluded), in sorted order, up
+    to ``max_bytes``; a file is in the validation part when the first byte of the SHA-256 of its
+    relative path is below ``val_fraction * 256``, so the split is fixed by file names and the same
+    on every machine with the same Python version (the run records the version in ``run.json``).
+    Vocabulary: the 256 byte values."""
+
+    kind: Literal["python_source"]
+    seq_len: Count(limits.MAX_LEN) = 256
+    val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    max_bytes: Annotated[int, Field(ge=1 << 16, le=MAX_DATA_BYTES)] = 16 << 20
+    """Read at most this many bytes (about 30 MB are there in CPython 3.11; 16 MiB by default)."""
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    def read(self) -> dict[str, np.ndarray]:
+        import hashlib
+        import sysconfig
+
+        root = Path(sysconfig.get_paths()["stdlib"])
+        parts: dict[str, list[bytes]] = {"train": [], "test": []}
+        total = 0
+        for file in _regular_files(root):
+            relative = file.relative_to(root)
+            if file.suffix != ".py" or {"site-packages", "dist-packages", "test", "tests"} & set(relative.parts):
+                continue
+            data = file.read_bytes()
+            if total + len(data) > self.max_bytes:
+                break
+            total += len(data)
+            held_out = hashlib.sha256(relative.as_posix().encode()).digest()[0] < self.val_fraction * 256
+            parts["test" if held_out else "train"].append(data)
+        return {split: np.frombuffer(b"".join(chunks), dtype=np.uint8) for split, chunks in parts.items()}
 
 
 class TokensTask(_TextTask):

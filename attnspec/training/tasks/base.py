@@ -45,7 +45,11 @@ class Task(Node):
 
     @property
     def vocab_size(self) -> int:
-        """Token ids the inputs and targets use (the spec's vocabulary must be at least this)."""
+        """Token ids the inputs and targets use (the spec's vocabulary must be at least this): the
+        field written ``vocab_size`` (``vocab_size_`` in Python) where a task has one; tasks with a
+        fixed vocabulary override this."""
+        if "vocab_size_" in type(self).model_fields:
+            return self.vocab_size_
         raise NotImplementedError
 
     def batch(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:

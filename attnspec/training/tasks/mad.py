@@ -40,10 +40,6 @@ class _RecallBase(Task):
     """Share of key-value slots filled with noise tokens instead."""
 
     @property
-    def vocab_size(self) -> int:
-        return self.vocab_size_
-
-    @property
     def special(self) -> int:
         """The copy-prefix / padding id."""
         return self.vocab_size_ - 1
@@ -183,10 +179,6 @@ class MemorizationTask(Task):
     seq_len: Count(limits.MAX_LEN) = 32
     vocab_size_: Annotated[int, Field(alias="vocab_size", ge=5, le=limits.MAX_VOCAB)] = 256
     map_seed: Annotated[int, Field(ge=0, le=limits.MAX_SEED)] = 12345
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab_size_
 
     def problems(self, *, vocab_size: int | None, max_len: int) -> list[tuple[tuple, str]]:
         found = super().problems(vocab_size=vocab_size, max_len=max_len)

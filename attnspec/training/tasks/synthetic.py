@@ -28,10 +28,6 @@ class MqarTask(Task):
     random_non_queries: bool = True
     """Fill the positions between queries with random tokens (Zoology's default) instead of 0."""
 
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab_size_
-
     def problems(self, *, vocab_size: int | None, max_len: int) -> list[tuple[tuple, str]]:
         found = super().problems(vocab_size=vocab_size, max_len=max_len)
         if self.seq_len % 2:
@@ -129,10 +125,6 @@ class SelectiveCopyingTask(Task):
     num_tokens: Count(4096) = 16
     vocab_size_: Annotated[int, Field(alias="vocab_size", ge=3, le=limits.MAX_VOCAB)] = 16
 
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab_size_
-
     def problems(self, *, vocab_size: int | None, max_len: int) -> list[tuple[tuple, str]]:
         found = super().problems(vocab_size=vocab_size, max_len=max_len)
         if 2 * self.num_tokens > self.seq_len:
@@ -161,10 +153,6 @@ class InductionHeadsTask(Task):
     kind: Literal["induction_heads"]
     seq_len: Count(limits.MAX_LEN) = 256
     vocab_size_: Annotated[int, Field(alias="vocab_size", ge=3, le=limits.MAX_VOCAB)] = 32
-
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab_size_
 
     def problems(self, *, vocab_size: int | None, max_len: int) -> list[tuple[tuple, str]]:
         found = super().problems(vocab_size=vocab_size, max_len=max_len)

@@ -146,10 +146,6 @@ class TokensTask(_TextTask):
     dtype: Literal["uint16", "uint32"] = "uint16"
     seq_len: Count(limits.MAX_LEN) = 256
 
-    @property
-    def vocab_size(self) -> int:
-        return self.vocab_size_
-
     def read(self) -> dict[str, np.ndarray]:
         root = Path(self.path)
         arrays = {}

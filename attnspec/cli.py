@@ -25,7 +25,7 @@ from attnspec.errors import AttnSpecError, SpecError
 
 app = typer.Typer(
     name="attnspec",
-    help="Declarative sequence-mixer models: check, plan, build, verify, run, train and ablate specs.",
+    help="Declarative sequence-mixer models: check, plan, build, verify, run, train, ablate and diagnose specs.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -385,6 +385,44 @@ def _print_report(directory: Path) -> None:
     found = collect(directory)
     out.print(results_table(*summary_rows(found), title=f"sweep {found.sweep.get('name')}: {found.metric} at the "
                                                         "best learning rate"))
+
+
+diagnose_app = typer.Typer(help="Measurements the papers make, on a spec or a trained run: a CSV table and a "
+                                  "plot (PNG, SVG) each.", no_args_is_help=True)
+app.add_typer(diagnose_app, name="diagnose")
+
+
+@diagnose_app.command("rank-collapse")
+def diagnose_rank_collapse(
+    source: Path = typer.Argument(..., metavar="SPEC_OR_RUN", help="A spec file, or a run directory (its trained "
+                                                                   "weights and its task's test inputs)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for rank_collapse.csv/.png/.svg."),
+    samples: int = typer.Option(32, "--samples", min=1, max=4096, help="Input sequences."),
+    length: Optional[int] = typer.Option(None, "--length", min=1, help="Tokens per sequence (default: max_len; a "
+                                                                       "run uses its task's)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random inputs."),
+    overrides: Optional[List[str]] = SetOption,
+) -> None:
+    """Relative residual ||X - 1 mean(X)|| / ||X|| of every layer (l1,inf composite norm and Frobenius),
+    for the surgery variants san, san+skip, san+mlp and transformer (Dong et al. 2021)."""
+    from attnspec.diagnostics.rank_collapse import diagnose, write
+    from attnspec.diagnostics.subject import load_subject
+
+    subject = load_subject(source, overrides or ())
+    rows = diagnose(subject.spec, samples=samples, length=length, seed=seed, weights=subject.weights,
+                    inputs=subject.task_inputs(samples))
+    files = write(rows, output, f"{subject.spec.name}: relative residual by layer "
+                                f"({'trained' if subject.trained else 'initialisation'})")
+    table = Table(title="relative residual (l1,inf), mean over samples", title_justify="left")
+    variants = list(dict.fromkeys(row.variant for row in rows))
+    table.add_column("layer", justify="right")
+    for variant in variants:
+        table.add_column(variant, justify="right")
+    for layer in sorted({row.layer for row in rows}):
+        table.add_row(str(layer), *(f"{row.composite_mean:.3g}" for variant in variants for row in rows
+                                    if row.variant == variant and row.layer == layer))
+    out.print(table)
+    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
 
 
 def _launch_torchrun(nproc: int) -> None:

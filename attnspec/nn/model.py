@@ -27,7 +27,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class Block(nn.Module):
-    """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); without residual the ``x +`` is dropped."""
+    """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); a sub-layer without its residual drops the ``x +``."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__()
@@ -36,19 +36,19 @@ class Block(nn.Module):
         self.norm1 = build("norm", node.norm, dim=d_model)
         self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None else None
         self.pre = node.norm_placement == "pre"
-        self.residual = node.residual
+        self.mixer_residual, self.mlp_residual = node.residuals()
 
-    def _sublayer(self, x: Tensor, f, norm: nn.Module) -> Tensor:
+    def _sublayer(self, x: Tensor, f, norm: nn.Module, residual: bool) -> Tensor:
         if self.pre:
             y = f(norm(x))
-            return x + y if self.residual else y
+            return x + y if residual else y
         y = f(x)
-        return norm(x + y if self.residual else y)
+        return norm(x + y if residual else y)
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
-        x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1)
+        x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual)
         if self.mlp is not None:
-            x = self._sublayer(x, self.mlp, self.norm2)
+            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual)
         return x
 
     def step(self, x: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
@@ -58,9 +58,9 @@ class Block(nn.Module):
             y, box["state"] = self.mixer.step(h, state, position)
             return y
 
-        x = self._sublayer(x, mix, self.norm1)
+        x = self._sublayer(x, mix, self.norm1, self.mixer_residual)
         if self.mlp is not None:
-            x = self._sublayer(x, self.mlp, self.norm2)
+            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual)
         return x, box["state"]
 
 

@@ -957,6 +957,16 @@ class NoMlp(ChannelMixerComponent):
 ChannelMixer = declare("mlp", Mlp, GluMlp, NoMlp, default="mlp")
 
 
+class Residuals(Node):
+    """Skip connections of a block's two sub-layers, separately (the rank-collapse paper's surgery:
+    "SAN + MLP" is `{mixer: false, mlp: true}`)."""
+
+    mixer: bool = True
+    """x + mixer(...)"""
+    mlp: bool = True
+    """x + mlp(...)"""
+
+
 class Block(Node):
     """One residual block: [norm] -> mixer -> [+x] -> [norm] -> mlp -> [+x]."""
 
@@ -967,8 +977,15 @@ class Block(Node):
     """`layernorm`, `rmsnorm` or `none`."""
     norm_placement: Literal["pre", "post"] = "pre"
     """`pre`: x + f(norm(x)); `post`: norm(x + f(x))."""
-    residual: bool = True
-    """Skip connections around the mixer and the MLP (off for the rank-collapse study)."""
+    residual: bool | Residuals = True
+    """Skip connections around the mixer and the MLP: `true`, `false` (the rank-collapse study's pure
+    attention network), or each sub-layer's own: `{mixer: false, mlp: true}`."""
+
+    def residuals(self) -> tuple[bool, bool]:
+        """(skip around the mixer, skip around the MLP)."""
+        if isinstance(self.residual, Residuals):
+            return self.residual.mixer, self.residual.mlp
+        return self.residual, self.residual
 
 
 def _layer_tag(value: Any) -> str:
@@ -1072,7 +1089,7 @@ for _model, _name, _slot in ((LinearLowRank, "feature_map", "feature_map"), (Lin
                              (Spec, "position", "position"), (Block, "mlp", "mlp"),
                              (Block, "norm", "norm"), (Spec, "final_norm", "norm")):
     slot_field(_model, _name, _slot)
-MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, Block, Group, Spec]
+MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, Residuals, Block, Group, Spec]
 SLOT_BASES = {"feature_map": FeatureMapComponent, "reweighting": ReweightingComponent,
               "transition": TransitionComponent, "lowrank": LowRankComponent, "sparse": SparseComponent,
               "mixer": _MixerBase, "mlp": ChannelMixerComponent, "norm": NormComponent,

@@ -425,6 +425,44 @@ def diagnose_rank_collapse(
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
 
 
+@diagnose_app.command("gates")
+def diagnose_gates(
+    source: Path = typer.Argument(..., metavar="SPEC_OR_RUN", help="A spec file, or a run directory (its trained "
+                                                                   "weights and its task's test inputs)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for gates.csv/.png/.svg."),
+    samples: int = typer.Option(16, "--samples", min=1, max=4096, help="Input sequences."),
+    length: Optional[int] = typer.Option(None, "--length", min=1, help="Tokens per sequence (a spec's default: "
+                                                                       "max_len; a run uses its task's)."),
+    token: Optional[int] = typer.Option(None, "--token", min=0, help="Report the positions holding this token id "
+                                                                     "apart (default for Memory Horizon runs: the "
+                                                                     "reset token)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random inputs."),
+    overrides: Optional[List[str]] = SetOption,
+) -> None:
+    """The transitions |a_t| and phases of every layer: quantiles over all positions and at a marked
+    token (GateLoop's Fig. 5: data-controlled gates close at reset tokens)."""
+    from attnspec.diagnostics.gates import default_marked_token, diagnose, write
+    from attnspec.diagnostics.subject import load_subject
+
+    subject = load_subject(source, overrides or ())
+    marked = token if token is not None else default_marked_token(subject.task)
+    inputs = subject.inputs(samples, length, seed)
+    rows, captured = diagnose(subject.model(), inputs, marked)
+    if not rows:
+        raise AttnSpecError(f"{subject.spec.name} has no state transitions to show (no mixer has a `transition`)")
+    files = write(rows, captured, inputs, marked, output, f"{subject.spec.name}: transitions "
+                                                          f"({'trained' if subject.trained else 'initialisation'})")
+    table = Table(title="|a| by layer", title_justify="left")
+    for column in ("block", "positions", "count", "mean", "p05", "p50", "p95", "mean |phase|"):
+        table.add_column(column, justify="left" if column == "positions" else "right")
+    for row in rows:
+        table.add_row(str(row.layer), row.positions, f"{row.count:,}", f"{row.magnitude_mean:.3f}",
+                      *(f"{q:.3f}" for q in row.magnitude_quantiles),
+                      "—" if row.phase_abs_mean is None else f"{row.phase_abs_mean:.3f}")
+    out.print(table)
+    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+
+
 def _launch_torchrun(nproc: int) -> None:
     """Re-run this command under torchrun with ``nproc`` processes (the --nproc flag removed)."""
     import subprocess

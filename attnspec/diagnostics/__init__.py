@@ -1,5 +1,7 @@
 """Diagnostics on any spec or trained run (``attnspec diagnose ...``): measurements the papers make,
 each writing a table (CSV) and a plot (PNG and SVG).
 
-- :mod:`.rank_collapse`: the relative residual of every layer and the surgery variants (Dong et al. 2021).
+- :mod:`.rank_collapse`: the relative residual of every layer and the surgery variants (Dong et al. 2021);
+- :mod:`.gates`: the transitions' magnitudes and phases over positions and at marked tokens (GateLoop);
+- :mod:`.subject`: what they look at, a spec at initialisation or a trained run.
 """

@@ -95,14 +95,11 @@ def diagnose(spec: Any, *, samples: int = 32, length: int | None = None, seed: i
     from attnspec.compiler.lower import as_spec
     from attnspec.nn.model import build_model_from_spec
 
+    from attnspec.diagnostics.subject import random_inputs
+
     base = as_spec(spec)
-    length = length or base.max_len
     if inputs is None:
-        gen = torch.Generator().manual_seed(seed)
-        if base.input.kind == "tokens":
-            inputs = torch.randint(0, base.input.vocab_size, (samples, length), generator=gen)
-        else:
-            inputs = torch.randn(samples, length, base.input.dim, generator=gen)
+        inputs = random_inputs(base, samples, length, seed)
     rows = []
     if inputs.is_floating_point():
         inputs = inputs.double()

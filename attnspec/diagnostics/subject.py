@@ -29,6 +29,33 @@ class Subject:
             return None
         return self.task.batch("test", 0, samples, self.seed)[0]
 
+    def inputs(self, samples: int, length: int | None = None, seed: int = 0) -> Tensor:
+        """The task's test inputs for a run, else random inputs (see :func:`random_inputs`)."""
+        found = self.task_inputs(samples)
+        return found if found is not None else random_inputs(self.spec, samples, length, seed)
+
+    def model(self) -> Any:
+        """The model in eval mode, with the run's trained weights (checked tensor by tensor)."""
+        from attnspec.compiler.load import load_weights
+        from attnspec.nn.model import build_model_from_spec
+
+        model = build_model_from_spec(self.spec).eval()
+        if self.weights is not None:
+            load_weights(model, self.weights, fix="the run's checkpoint does not match its spec")
+        return model
+
+
+def random_inputs(spec: Any, samples: int, length: int | None = None, seed: int = 0) -> Tensor:
+    """(samples, length) token ids uniform over the vocabulary, or (samples, length, dim) features
+    N(0, 1) in float64; ``length`` defaults to ``max_len``."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    length = length or spec.max_len
+    if spec.input.kind == "tokens":
+        return torch.randint(0, spec.input.vocab_size, (samples, length), generator=gen)
+    return torch.randn(samples, length, spec.input.dim, generator=gen, dtype=torch.float64)
+
 
 def load_subject(source: str | Path, overrides: Iterable[str] = ()) -> Subject:
     """A spec file, or a run directory written by ``attnspec train`` (then ``overrides`` must be empty).

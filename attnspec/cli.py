@@ -387,6 +387,10 @@ def _print_report(directory: Path) -> None:
                                                         "best learning rate"))
 
 
+SubjectArgument = typer.Argument(..., metavar="SPEC_OR_RUN", help="A spec file, or a run directory (its trained "
+                                                                  "weights and its task's test inputs).")
+InputSeedOption = typer.Option(0, "--seed", min=0, help="Seed of the random inputs (a spec's).")
+
 diagnose_app = typer.Typer(help="Measurements the papers make, on a spec or a trained run: a CSV table and a "
                                   "plot (PNG, SVG) each.", no_args_is_help=True)
 app.add_typer(diagnose_app, name="diagnose")
@@ -394,13 +398,12 @@ app.add_typer(diagnose_app, name="diagnose")
 
 @diagnose_app.command("rank-collapse")
 def diagnose_rank_collapse(
-    source: Path = typer.Argument(..., metavar="SPEC_OR_RUN", help="A spec file, or a run directory (its trained "
-                                                                   "weights and its task's test inputs)."),
+    source: Path = SubjectArgument,
     output: Path = typer.Option(..., "--output", "-o", help="Directory for rank_collapse.csv/.png/.svg."),
     samples: int = typer.Option(32, "--samples", min=1, max=4096, help="Input sequences."),
     length: Optional[int] = typer.Option(None, "--length", min=1, help="Tokens per sequence (default: max_len; a "
                                                                        "run uses its task's)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random inputs."),
+    seed: int = InputSeedOption,
     overrides: Optional[List[str]] = SetOption,
 ) -> None:
     """Relative residual ||X - 1 mean(X)|| / ||X|| of every layer (l1,inf composite norm and Frobenius),
@@ -427,8 +430,7 @@ def diagnose_rank_collapse(
 
 @diagnose_app.command("gates")
 def diagnose_gates(
-    source: Path = typer.Argument(..., metavar="SPEC_OR_RUN", help="A spec file, or a run directory (its trained "
-                                                                   "weights and its task's test inputs)."),
+    source: Path = SubjectArgument,
     output: Path = typer.Option(..., "--output", "-o", help="Directory for gates.csv/.png/.svg."),
     samples: int = typer.Option(16, "--samples", min=1, max=4096, help="Input sequences."),
     length: Optional[int] = typer.Option(None, "--length", min=1, help="Tokens per sequence (a spec's default: "
@@ -436,7 +438,7 @@ def diagnose_gates(
     token: Optional[int] = typer.Option(None, "--token", min=0, help="Report the positions holding this token id "
                                                                      "apart (default for Memory Horizon runs: the "
                                                                      "reset token)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the random inputs."),
+    seed: int = InputSeedOption,
     overrides: Optional[List[str]] = SetOption,
 ) -> None:
     """The transitions |a_t| and phases of every layer: quantiles over all positions and at a marked

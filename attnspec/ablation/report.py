@@ -17,15 +17,12 @@ The best learning rate of a (variant, task point) is the one with the best mean 
 from __future__ import annotations
 
 import base64
-import csv
 import html
-import io
 import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from attnspec.ablation import runsdir
 from attnspec.training import rundir
@@ -122,8 +119,8 @@ def write_report(directory: str | Path) -> Report:
     out = report.directory / "report"
     (out / "plots").mkdir(parents=True, exist_ok=True)
     report.plots = _plots(report, out / "plots")
-    rundir.write_atomic(out / "results.csv", _results_csv(report))
-    rundir.write_atomic(out / "runs.csv", _runs_csv(report))
+    _results_csv(report, out / "results.csv")
+    _runs_csv(report, out / "runs.csv")
     rundir.write_atomic(out / "results.md", results_markdown(report))
     rundir.write_atomic(out / "report.html", _html(report, out))
     return report
@@ -230,33 +227,25 @@ def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _results_csv(report: Report) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
+def _results_csv(report: Report, path: Path) -> None:
+    from attnspec.figures import write_csv
+
     params = list(dict.fromkeys(k for row in report.results for k in row.task_params))
-    writer.writerow(["variant", "task", *params, "metric", "mean", "std", "seeds", "best_lr", "parameters",
-                     "state_size", "tokens_per_s", "runs"])
-    for row in report.results:
-        writer.writerow([row.variant, row.task, *(row.task_params.get(k, "") for k in params), report.metric,
-                         _num(row.mean), _num(row.std), row.seeds, _num(row.lr), _num(row.parameters),
-                         _num(row.state_size), _num(row.tokens_per_s), " ".join(row.runs)])
-    return buffer.getvalue()
+    write_csv(path, ["variant", "task", *params, "metric", "mean", "std", "seeds", "best_lr", "parameters",
+                     "state_size", "tokens_per_s", "runs"],
+              [[row.variant, row.task, *(row.task_params.get(k, "") for k in params), report.metric, row.mean,
+                row.std, row.seeds, row.lr, row.parameters, row.state_size, row.tokens_per_s, " ".join(row.runs)]
+               for row in report.results])
 
 
-def _runs_csv(report: Report) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["run", "variant", "task", "point", "seed", "lr", "status", report.metric, "parameters",
-                     "state_size", "tokens_per_s", "error"])
-    for run in report.runs:
-        writer.writerow([run.directory, run.variant, run.task, _params_text(run.task_params), run.seed, run.lr,
-                         run.status, _num(run.metric), _num(run.parameters), _num(run.state_size),
-                         _num(run.tokens_per_s), run.error or ""])
-    return buffer.getvalue()
+def _runs_csv(report: Report, path: Path) -> None:
+    from attnspec.figures import write_csv
 
-
-def _num(value: Any) -> str:
-    return "" if value is None else repr(value) if isinstance(value, float) else str(value)
+    write_csv(path, ["run", "variant", "task", "point", "seed", "lr", "status", report.metric, "parameters",
+                     "state_size", "tokens_per_s", "error"],
+              [[run.directory, run.variant, run.task, _params_text(run.task_params), run.seed, run.lr, run.status,
+                run.metric, run.parameters, run.state_size, run.tokens_per_s, run.error or ""]
+               for run in report.runs])
 
 
 def _lr_table(report: Report) -> tuple[list[str], list[list[str]]]:
@@ -308,11 +297,9 @@ def results_markdown(report: Report) -> str:
 
 def _plots(report: Report, out: Path) -> list[str]:
     """Write every plot as PNG and SVG; returns their names (without suffix)."""
-    import matplotlib
+    from attnspec.figures import pyplot
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = []
     colors = {variant: plt.get_cmap("tab10")(i % 10) for i, variant in enumerate(report.variants)}
     for task in report.tasks:
@@ -327,10 +314,9 @@ def _plots(report: Report, out: Path) -> list[str]:
 
 
 def _save(plt, figure, out: Path, name: str) -> str:
-    figure.tight_layout()
-    for suffix in ("png", "svg"):
-        figure.savefig(out / f"{name}.{suffix}", dpi=110, metadata={"Date": None} if suffix == "svg" else None)
-    plt.close(figure)
+    from attnspec.figures import save_figure
+
+    save_figure(figure, out, name)
     return name
 
 

@@ -82,26 +82,14 @@ def write(rows: list[GateRow], captured: dict, inputs: Tensor, marked_token: int
           title: str) -> list[Path]:
     """``gates.csv`` and ``gates.png``/``.svg``: the magnitude's distribution per layer (all, marked) and,
     for the first sample, the mean |a| over channels at each position with the marked tokens shown."""
-    import csv
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    from attnspec.training.rundir import write_atomic
+    from attnspec.figures import pyplot, save_figure, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["layer", "positions", "count", "magnitude_mean", "magnitude_p05", "magnitude_p50",
-                     "magnitude_p95", "phase_abs_mean"])
-    for row in rows:
-        writer.writerow([row.layer, row.positions, row.count, repr(row.magnitude_mean),
-                         *(repr(q) for q in row.magnitude_quantiles),
-                         "" if row.phase_abs_mean is None else repr(row.phase_abs_mean)])
-    write_atomic(out / "gates.csv", buffer.getvalue())
+    table = write_csv(out / "gates.csv", ["layer", "positions", "count", "magnitude_mean", "magnitude_p05",
+                                          "magnitude_p50", "magnitude_p95", "phase_abs_mean"],
+                      [[row.layer, row.positions, row.count, row.magnitude_mean, *row.magnitude_quantiles,
+                        row.phase_abs_mean] for row in rows])
+    plt = pyplot()
     layers = list(captured)
     figure, panels = plt.subplots(2, max(len(layers), 1), figsize=(3.4 * max(len(layers), 1), 5.6), squeeze=False)
     for column, layer in enumerate(layers):
@@ -122,13 +110,7 @@ def write(rows: list[GateRow], captured: dict, inputs: Tensor, marked_token: int
         bottom.set_ylabel("mean |a| over channels")
         bottom.set_ylim(0, 1.02)
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    files = [out / "gates.csv"]
-    for suffix in ("png", "svg"):
-        figure.savefig(out / f"gates.{suffix}", dpi=110)
-        files.append(out / f"gates.{suffix}")
-    plt.close(figure)
-    return files
+    return [table, *save_figure(figure, out, "gates")]
 
 
 def default_marked_token(task: Any) -> int | None:

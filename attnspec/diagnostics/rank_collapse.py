@@ -134,25 +134,15 @@ def _copy_matching(model: Any, weights: dict[str, Tensor]) -> None:
 
 def write(rows: list[RankCollapseRow], out: Path, title: str) -> list[Path]:
     """``rank_collapse.csv`` and the plot (PNG and SVG) in ``out``; returns the files written."""
-    import csv
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    from attnspec.training.rundir import write_atomic
+    from attnspec.figures import pyplot, save_figure, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["variant", "layer", "relative_residual_l1inf_mean", "relative_residual_l1inf_std",
-                     "relative_residual_fro_mean", "relative_residual_fro_std"])
-    for row in rows:
-        writer.writerow([row.variant, row.layer, repr(row.composite_mean), repr(row.composite_std),
-                         repr(row.frobenius_mean), repr(row.frobenius_std)])
-    write_atomic(out / "rank_collapse.csv", buffer.getvalue())
+    table = write_csv(out / "rank_collapse.csv",
+                      ["variant", "layer", "relative_residual_l1inf_mean", "relative_residual_l1inf_std",
+                       "relative_residual_fro_mean", "relative_residual_fro_std"],
+                      [[row.variant, row.layer, row.composite_mean, row.composite_std, row.frobenius_mean,
+                        row.frobenius_std] for row in rows])
+    plt = pyplot()
     figure, panels = plt.subplots(1, 2, figsize=(9, 3.6))
     for panel, (attribute, label) in zip(panels, (("composite", "l1,inf composite norm"), ("frobenius", "Frobenius"))):
         for variant in dict.fromkeys(row.variant for row in rows):
@@ -169,10 +159,4 @@ def write(rows: list[RankCollapseRow], out: Path, title: str) -> list[Path]:
         panel.grid(alpha=0.3)
     panels[0].legend(fontsize=8)
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    files = [out / "rank_collapse.csv"]
-    for suffix in ("png", "svg"):
-        figure.savefig(out / f"rank_collapse.{suffix}", dpi=110)
-        files.append(out / f"rank_collapse.{suffix}")
-    plt.close(figure)
-    return files
+    return [table, *save_figure(figure, out, "rank_collapse")]

@@ -76,6 +76,7 @@ class LocalBackend:
                     if worker.finished:
                         selector.unregister(worker.fd)
                         del running[worker.fd]
+                        worker.process.stdout.close()  # thousands of runs must not leak a pipe each
                         on_event({"event": "run_end", **worker.outcome()})
         finally:
             for worker in running.values():
@@ -98,8 +99,11 @@ class _Worker:
                                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         request = {"runs_dir": str(runs_dir), "threads": threads,
                    "job": {k: job[k] for k in ("key", "spec", "config")}}
-        self.process.stdin.write(json.dumps(request).encode())
-        self.process.stdin.close()
+        try:
+            self.process.stdin.write(json.dumps(request).encode())
+            self.process.stdin.close()
+        except BrokenPipeError:  # the worker died at start: its log says why, and the run fails alone
+            pass
         self.fd = self.process.stdout.fileno()
         os.set_blocking(self.fd, False)
         self.buffer = b""

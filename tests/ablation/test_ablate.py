@@ -140,3 +140,15 @@ def test_ray_backend_gives_the_local_backend_s_results(finished: Path, tmp_path:
     assert outcome.ran == 2 and not outcome.failed
     local = {key: value for key, value in _results(finished).items() if key in _results(tmp_path / "ray")}
     assert _results(tmp_path / "ray") == local and len(local) == 2
+
+
+def test_a_worker_that_crashes_fails_its_run_with_the_reason_from_its_log(tmp_path: Path):
+    from attnspec.ablation.backends import LocalBackend
+
+    for sub in ("logs", "locks", "runs"):
+        (tmp_path / sub).mkdir()
+    job = {"key": "0123456789abcdef", "label": "broken", "spec": 5, "config": {}, "steps": 1}  # not a spec: a bug path
+    events = []
+    LocalBackend(1, 1).run(tmp_path, [job], events.append)
+    (end,) = [event for event in events if event["event"] == "run_end"]
+    assert end["status"] == "failed" and "exited with status" in end["error"] and end["log"]

@@ -1,0 +1,75 @@
+"""The implied attention matrix: for every shipped mixer kind, A v reproduces the mixer's own output
+(so A is the mixer's mechanism, not a re-implementation); softmax's A is exact softmax attention;
+causal masks hold; Performer's error against exact attention falls with its number of features."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnspec
+from attnspec.diagnostics.attention import approximation_error, exact_attention, implied_attention, row_entropy
+
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+
+
+def _mixer(spec_name: str, *sets: str):
+    spec = attnspec.load_spec(SPECS / f"{spec_name}.yaml", ["layers[0].repeat=1", "dtype=float64", *sets])
+    return attnspec.build(spec).blocks[0].mixer, spec.d_model
+
+
+def _pre_output(mixer, x):
+    """The mixer's output before its output stage, and its values, by running it unchanged."""
+    captured = {}
+    project = mixer._project
+
+    def spy(h, *args, **kwargs):
+        q, k, v, state = project(h, *args, **kwargs)
+        captured["v"] = v
+        return q, k, v, state
+
+    mixer._project, mixer._output = spy, lambda o, h: captured.setdefault("o", o)
+    try:
+        with torch.no_grad():
+            mixer(x)
+    finally:
+        del mixer._project, mixer._output
+    return captured["o"], captured["v"]
+
+
+@pytest.mark.parametrize("spec_name, sets", [
+    ("softmax-transformer", ()), ("linear-elu", ()), ("performer", ()), ("cosformer", ()), ("scatterbrain", ()),
+    ("retnet", ()), ("gateloop", ()), ("softmax-transformer", ("blocks[*].mixer.causal=false",)),
+    ("linear-elu", ("blocks[*].mixer.conv={kind: short, width: 3}", "position=rope")),
+])
+def test_a_times_v_is_the_mixer_s_own_output(spec_name, sets):
+    mixer, d = _mixer(spec_name, *sets)
+    x = torch.randn(2, 37, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 0.5  # odd length
+    A, q, k = implied_attention(mixer, x)
+    o, v = _pre_output(mixer, x)
+    assert A.shape == (2, mixer.heads, 37, 37) and torch.isfinite(A).all()
+    assert torch.allclose(A @ v, o, rtol=1e-9, atol=1e-11)
+    if mixer.causal:
+        assert (A.triu(1) == 0).all()
+
+
+def test_softmax_implies_exact_attention_and_its_entropy():
+    mixer, d = _mixer("softmax-transformer", "position=rope")
+    x = torch.randn(1, 50, d, dtype=torch.float64)
+    A, q, k = implied_attention(mixer, x)
+    exact = exact_attention(q, k, mixer.scale, mixer.causal)
+    assert approximation_error(A, exact)["relative"].max() < 1e-12
+    uniform = torch.full((1, 1, 8, 8), 1 / 8, dtype=torch.float64)
+    assert row_entropy(uniform).item() == pytest.approx(torch.log(torch.tensor(8.0)).item())
+
+
+def test_performer_error_against_exact_attention_falls_with_its_features():
+    x = torch.randn(2, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 0.5
+    errors = []
+    for features in (64, 512, 4096):
+        mixer, _ = _mixer("performer", "d_model=64", f"blocks[*].mixer.feature_map.num_features={features}")
+        A, q, k = implied_attention(mixer, x)
+        errors.append(float(approximation_error(A, exact_attention(q, k, mixer.scale, mixer.causal))["relative"].mean()))
+    assert errors[0] > errors[1] > errors[2], errors

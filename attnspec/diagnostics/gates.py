@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnspec.diagnostics.subject import forward_with_hooks
+
 QUANTILES = (0.05, 0.5, 0.95)
 
 
@@ -47,12 +49,7 @@ def transitions(model: Any, inputs: Tensor) -> dict[int, tuple[Tensor, Tensor | 
                 phase = None if decay.phase is None else decay.phase.detach().double().permute(0, 2, 1, 3).flatten(2)
                 captured[index] = (magnitude, phase)
         handles.append(transition.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    forward_with_hooks(model, inputs, handles)
     return captured
 
 

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnspec.diagnostics.subject import forward_with_hooks, random_inputs
+
 VARIANTS: dict[str, list[str]] = {
     "san": ["blocks[*].residual=false", "blocks[*].mlp=none"],
     "san+skip": ["blocks[*].residual=true", "blocks[*].mlp=none"],
@@ -55,12 +57,7 @@ def layer_outputs(model: Any, inputs: Tensor) -> list[Tensor]:
     handles = [model.blocks[0].register_forward_pre_hook(lambda module, args: outputs.append(args[0].detach()))]
     handles += [block.register_forward_hook(lambda module, args, out: outputs.append(out.detach()))
                 for block in model.blocks]
-    try:
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    forward_with_hooks(model, inputs, handles)
     return [x.double() for x in outputs]
 
 
@@ -94,8 +91,6 @@ def diagnose(spec: Any, *, samples: int = 32, length: int | None = None, seed: i
     """
     from attnspec.compiler.lower import as_spec
     from attnspec.nn.model import build_model_from_spec
-
-    from attnspec.diagnostics.subject import random_inputs
 
     base = as_spec(spec)
     if inputs is None:

@@ -84,3 +84,15 @@ def load_subject(source: str | Path, overrides: Iterable[str] = ()) -> Subject:
     except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file
         raise rundir.RunError(f"{weights_file}: not a valid safetensors file ({error})") from None
     return Subject(validate_data(record["spec"]), weights, config.task, config.seed)
+
+
+def forward_with_hooks(model: Any, inputs: Tensor, handles: list) -> None:
+    """Run ``model`` on ``inputs`` without gradients, then remove the hooks in ``handles`` (always)."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()

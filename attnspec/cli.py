@@ -465,6 +465,42 @@ def diagnose_gates(
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
 
 
+@diagnose_app.command("attention")
+def diagnose_attention(
+    specs: List[Path] = typer.Argument(..., metavar="SPEC...", help="Spec files; the first block's mixer of each."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for attention_error.csv/.png/.svg."),
+    length: int = typer.Option(256, "--length", min=2, max=4096, help="Positions (the attention is L x L)."),
+    sharpness: Optional[List[float]] = typer.Option(None, "--sharpness", min=0.01, max=100,
+                                                    help="Standard deviation of the synthetic q and k (repeatable; "
+                                                         "higher: lower-entropy attention). Default 0.25 0.5 1 1.5 2 3."),
+    samples: int = typer.Option(2, "--samples", min=1, max=64, help="Synthetic q/k draws."),
+    seed: int = InputSeedOption,
+    overrides: Optional[List[str]] = SetOption,
+) -> None:
+    """Each mixer's attention matrix (run with V = I) against exact softmax attention of the same
+    synthetic q and k, by the entropy of the exact attention (Scatterbrain's Fig. 1 protocol)."""
+    from attnspec.compiler.lower import as_spec
+    from attnspec.diagnostics.attention import approximation_sweep, write
+    from attnspec.nn.model import build_model_from_spec
+
+    mixers = {}
+    for path in specs:
+        spec = as_spec(path, (*(overrides or ()), "dtype=float64", f"max_len={length}"))
+        name = spec.name if spec.name not in mixers else f"{spec.name} ({path})"
+        mixers[name] = (build_model_from_spec(spec).blocks[0].mixer, spec.d_model)
+    rows = approximation_sweep(mixers, length=length, sharpness=sharpness or [0.25, 0.5, 1, 1.5, 2, 3],
+                               samples=samples, seed=seed)
+    files = write(rows, output, f"attention error by entropy (L = {length})")
+    table = Table(title="||A - softmax||_F / ||softmax||_F (mean over heads and draws)", title_justify="left")
+    for column in ("mixer", "sharpness", "entropy", "error"):
+        table.add_column(column, justify="left" if column == "mixer" else "right")
+    for row in rows:
+        table.add_row(row.mixer, f"{row.sharpness:g}", f"{row.entropy:.2f}",
+                      f"{row.relative_error_mean:.3g} ± {row.relative_error_std:.2g}")
+    out.print(table)
+    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+
+
 def _launch_torchrun(nproc: int) -> None:
     """Re-run this command under torchrun with ``nproc`` processes (the --nproc flag removed)."""
     import subprocess

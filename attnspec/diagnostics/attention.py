@@ -10,24 +10,30 @@ with the same scale and causal mask.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 
-def implied_attention(mixer: Any, x: Tensor, mode: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def implied_attention(mixer: Any, x: Tensor, mode: str | None = None,
+                      qk: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The mixer's attention matrix on input ``x`` (B, L, d_model): (A (B, H, L, L), q, k (B, H, L, d_qk)).
 
     The mixer runs unchanged except that its values are replaced by the identity and its output
     stage (group norm, gate, output projection) is skipped: A[b, h, i, j] is the weight of value j
-    in output i.
+    in output i. With ``qk``, those queries and keys replace the mixer's projections (synthetic
+    q/k of a chosen entropy; ``x`` then only feeds input-dependent decays).
     """
     captured: dict[str, Tensor] = {}
     project = mixer._project
 
     def identity_values(h: Tensor, *args: Any, **kwargs: Any):
         q, k, v, state = project(h, *args, **kwargs)
+        if qk is not None:
+            q, k = qk
         captured["q"], captured["k"] = q, k
         B, H, L, _ = v.shape
         eye = torch.eye(L, dtype=v.dtype, device=v.device).expand(B, H, L, L)
@@ -65,3 +71,65 @@ def row_entropy(attention: Tensor) -> Tensor:
     """Mean entropy (nats) of the attention rows: (B, H, L, L) -> (B, H); log L for uniform rows."""
     p = attention.double().clamp_min(0)
     return -(p * torch.log(p.clamp_min(1e-300))).sum(-1).mean(-1)
+
+
+@dataclass
+class ApproximationRow:
+    """One mixer at one sharpness of the synthetic scores."""
+
+    mixer: str
+    sharpness: float
+    entropy: float
+    """Mean row entropy of the exact attention (nats; log L is uniform)."""
+    relative_error_mean: float
+    relative_error_std: float
+
+
+def synthetic_qk(batch: int, heads: int, length: int, d_qk: int, sharpness: float, seed: int = 0,
+                 dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    """q, k ~ N(0, sharpness^2) of (batch, heads, length, d_qk): with the scale 1/sqrt(d_qk) the scores
+    q.k have standard deviation sharpness^2, so a larger sharpness gives lower-entropy attention."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, length, d_qk, generator=gen, dtype=dtype) * sharpness
+    k = torch.randn(batch, heads, length, d_qk, generator=gen, dtype=dtype) * sharpness
+    return q, k
+
+
+def approximation_sweep(mixers: dict[str, Any], *, length: int, sharpness: list[float], samples: int = 2,
+                        seed: int = 0) -> list[ApproximationRow]:
+    """Each mixer's normalised error against exact softmax attention of the same synthetic q and k, at
+    each sharpness (entropy). ``mixers``: name -> (mixer module, d_model)."""
+    rows = []
+    for name, (mixer, d_model) in mixers.items():
+        for sigma in sharpness:
+            q, k = synthetic_qk(samples, mixer.heads, length, mixer.d_qk, sigma, seed)
+            x = torch.zeros(samples, length, d_model, dtype=q.dtype)
+            A, _, _ = implied_attention(mixer, x, qk=(q, k))
+            exact = exact_attention(q, k, mixer.scale, mixer.causal)
+            errors = approximation_error(A, exact)["relative"].flatten()
+            rows.append(ApproximationRow(name, sigma, float(row_entropy(exact).mean()), float(errors.mean()),
+                                         float(errors.std(correction=0))))
+    return rows
+
+
+def write(rows: list[ApproximationRow], out: Path, title: str) -> list[Path]:
+    """``attention_error.csv`` and the error-against-entropy plot (PNG, SVG) in ``out``."""
+    from attnspec.figures import pyplot, save_figure, write_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    table = write_csv(out / "attention_error.csv", ["mixer", "sharpness", "entropy", "relative_error_mean",
+                                                     "relative_error_std"],
+                      [[r.mixer, r.sharpness, r.entropy, r.relative_error_mean, r.relative_error_std] for r in rows])
+    plt = pyplot()
+    figure, panel = plt.subplots(figsize=(5.5, 3.8))
+    for name in dict.fromkeys(r.mixer for r in rows):
+        mine = sorted((r for r in rows if r.mixer == name), key=lambda r: r.entropy)
+        panel.errorbar([r.entropy for r in mine], [r.relative_error_mean for r in mine],
+                       yerr=[r.relative_error_std for r in mine], marker="o", capsize=3, label=name)
+    panel.set_xlabel("mean row entropy of exact attention (nats)")
+    panel.set_ylabel("||A - softmax||_F / ||softmax||_F")
+    panel.set_yscale("log")
+    panel.grid(alpha=0.3)
+    panel.legend(fontsize=8)
+    panel.set_title(title, fontsize=10)
+    return [table, *save_figure(figure, out, "attention_error")]

@@ -7,10 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import subprocess
+import sys
+
 import torch
 
 import attnspec
-from attnspec.diagnostics.attention import approximation_error, exact_attention, implied_attention, row_entropy
+from attnspec.diagnostics.attention import (approximation_error, approximation_sweep, exact_attention,
+                                            implied_attention, row_entropy, synthetic_qk)
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
@@ -73,3 +77,27 @@ def test_performer_error_against_exact_attention_falls_with_its_features():
         A, q, k = implied_attention(mixer, x)
         errors.append(float(approximation_error(A, exact_attention(q, k, mixer.scale, mixer.causal))["relative"].mean()))
     assert errors[0] > errors[1] > errors[2], errors
+
+
+def test_synthetic_sharpness_sets_the_entropy_and_the_sweep_scores_each_mixer():
+    entropies = [float(row_entropy(exact_attention(*synthetic_qk(1, 2, 64, 16, sigma), 16 ** -0.5, False)).mean())
+                 for sigma in (0.25, 1.0, 3.0)]
+    assert entropies[0] > entropies[1] > entropies[2] and entropies[0] < torch.log(torch.tensor(64.0)).item()
+    softmax, d = _mixer("softmax-transformer", "d_model=64")
+    performer, _ = _mixer("performer", "d_model=64", "blocks[*].mixer.feature_map.num_features=1024")
+    rows = approximation_sweep({"softmax": (softmax, d), "performer": (performer, d)}, length=48,
+                               sharpness=[0.25, 2.0])
+    error = {(r.mixer, r.sharpness): r.relative_error_mean for r in rows}
+    assert error[("softmax", 0.25)] < 1e-12 and error[("softmax", 2.0)] < 1e-12  # exact is exact at any entropy
+    assert error[("performer", 0.25)] < 0.1 < error[("performer", 2.0)]  # random features fail on peaked attention
+
+
+def test_attention_command_writes_its_table_and_plot(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "attnspec", "diagnose", "attention", str(SPECS / "performer.yaml"),
+                             str(SPECS / "linear-elu.yaml"), "-o", str(tmp_path / "a"), "--length", "32",
+                             "--sharpness", "0.5", "--sharpness", "2", "--set", "d_model=32"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "a" / "attention_error.csv").read_text().splitlines()
+    assert lines[0].startswith("mixer,sharpness,entropy") and len(lines) == 1 + 2 * 2
+    assert (tmp_path / "a" / "attention_error.png").is_file() and (tmp_path / "a" / "attention_error.svg").is_file()

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from attnspec.nn.registry import register
-from attnspec.ops.support import Support, block_support, local_support, lsh_support
+from attnspec.ops.support import Support, block_support, local_support, lsh_support, topk_support
 
 
 @register("sparse", "lsh")
@@ -50,3 +50,15 @@ class BlockSupport(nn.Module):
     def forward(self, q: Tensor, k: Tensor) -> Support:
         B, H, L, _ = q.shape
         return block_support(L, self.size, causal=self.causal, batch=B, heads=H, device=q.device)
+
+
+@register("sparse", "topk")
+class TopkSupport(nn.Module):
+    """The ``keys`` keys of largest q.k (exact, O(L^2): a reference support for diagnostics)."""
+
+    def __init__(self, node, *, causal: bool, **_):
+        super().__init__()
+        self.keys, self.causal = node.keys, causal
+
+    def forward(self, q: Tensor, k: Tensor) -> Support:
+        return topk_support(q, k, self.keys, causal=self.causal)

@@ -46,6 +46,23 @@ def block_support(length: int, size: int, *, causal: bool, batch: int = 1, heads
     return _broadcast(index.clamp(0, max(length - 1, 0)), valid, batch, heads)
 
 
+def topk_support(q: Tensor, k: Tensor, keys: int, *, causal: bool) -> Support:
+    """The ``keys`` keys of largest q.k for each query (among j <= i when causal): exact, O(L^2).
+
+    Args:
+        q, k: ``(B, H, L, d)``. keys: keys per query (at most L; fewer are valid early in a causal row).
+    """
+    with torch.no_grad():
+        L = q.shape[2]
+        scores = q @ k.transpose(-1, -2)
+        if causal:
+            future = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        count = min(keys, L)
+        values, index = scores.topk(count, dim=-1)
+        return Support(index, values > float("-inf"))
+
+
 def lsh_buckets(x: Tensor, rotations: Tensor) -> Tensor:
     """Angular LSH bucket of each row: ``argmax([xR, -xR])`` per round.
 

@@ -616,7 +616,19 @@ class BlockSupport(SparseComponent):
     default_size: ClassVar[int] = 64
 
 
-SparseSupport = declare("sparse", LshSupport, LocalSupport, BlockSupport)
+class TopkSupport(SparseComponent):
+    """Exact top-k support: each query sees the `keys` keys of largest q.k (earlier ones when causal).
+    Finding them costs O(L^2) like full attention: a reference support for diagnosing the sparse
+    part (how much of the attention mass a support of this size can hold), not a fast one."""
+
+    kind: Literal["topk"]
+    keys: Count(limits.MAX_SUPPORT) | None = None
+    """Keys per query; derived from `budget` when omitted (32 without a budget)."""
+    size_field: ClassVar[str] = "keys"
+    default_size: ClassVar[int] = 32
+
+
+SparseSupport = declare("sparse", LshSupport, LocalSupport, BlockSupport, TopkSupport)
 
 # --------------------------------------------------------------------------- mixers
 

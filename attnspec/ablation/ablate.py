@@ -13,14 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from attnspec.ablation import runsdir
-from attnspec.ablation.backends import make_backend
+from attnspec.ablation.backends import EventCallback, make_backend
 from attnspec.ablation.estimate import Estimator, RunEstimate
 from attnspec.ablation.sweep import LoadedSweep, PlannedRun, Variant, expand, load_sweep, resolve_variants
-
-EventCallback = Callable[[dict], None]
 
 
 @dataclass

@@ -465,6 +465,70 @@ def diagnose_gates(
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
 
 
+@diagnose_app.command("paths")
+def diagnose_paths(
+    source: Path = typer.Argument(..., metavar="RUN", help="A run directory of a model of attention-only blocks "
+                                                            "with skips (e.g. from ablations/rank-collapse-paths.yaml)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for paths.csv/.png/.svg."),
+    samples: int = typer.Option(200, "--samples", min=1, max=4096, help="Test sequences of the run's task."),
+    subsets: Optional[List[int]] = typer.Option(None, "--subset", min=1, max=100_000,
+                                                help="Paths summed per evaluation (repeatable; default 5 and 1000, "
+                                                     "i.e. every path of a length)."),
+    repeats: int = typer.Option(5, "--repeats", min=1, max=100, help="Random subsets per length."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the path sampling."),
+) -> None:
+    """Accuracy of each attention-path length alone (Dong et al. 2021, sec. 4.3): the trained model's
+    head applied to the mean of a random subset of paths that go through that many heads."""
+    from attnspec.diagnostics.paths import isolate, write
+    from attnspec.diagnostics.subject import load_subject
+
+    subject = load_subject(source)
+    if not subject.trained:
+        raise AttnSpecError(f"{source}: path isolation measures a trained model; give a run directory "
+                            "(attnspec train / attnspec ablate)")
+    inputs, targets = subject.task.batch("test", 0, samples, subject.seed)
+    rows = isolate(subject.model(float64=True), inputs, targets, subsets=tuple(subsets or (5, 1000)),
+                   repeats=repeats, seed=seed)
+    files = write(rows, output, f"{subject.spec.name}: accuracy by attention-path length")
+    table = Table(title="test accuracy of paths of one length (mean ± std over subsets)", title_justify="left")
+    for column in ("path length", "paths", "summed", "accuracy"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        name = {-1: "full model", -2: "majority answer"}.get(row.length, str(row.length))
+        table.add_row(name, f"{row.paths:,}" if row.length != -2 else "", str(row.summed) if row.length >= 0 else "",
+                      f"{row.accuracy_mean:.3f} ± {row.accuracy_std:.3f}" if row.length >= 0
+                      else f"{row.accuracy_mean:.3f}")
+    out.print(table)
+    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+
+
+@diagnose_app.command("span")
+def diagnose_span(
+    sources: List[Path] = typer.Argument(..., metavar="RUNS...", help="Runs directories (attnspec ablate) or run "
+                                                                      "directories (attnspec train)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for span.csv/.png/.svg."),
+    samples: int = typer.Option(256, "--samples", min=1, max=4096, help="Test sequences of each run's task."),
+    width: int = typer.Option(16, "--bin", min=1, max=100_000, help="Width of a span bin (positions)."),
+) -> None:
+    """Accuracy against the memory span each answer needs (GateLoop's Fig. 7), per variant, mean ±
+    std over its seeds."""
+    from attnspec.diagnostics.span import diagnose, write
+    from attnspec.diagnostics.subject import load_subjects
+
+    rows = diagnose(load_subjects(sources), samples=samples, width=width)
+    files = write(rows, output, "accuracy by required memory span")
+    labels = list(dict.fromkeys(row.label for row in rows))
+    table = Table(title="test accuracy by span (mean over runs)", title_justify="left")
+    table.add_column("span", justify="right")
+    for label in labels:
+        table.add_column(label, justify="right")
+    for low, high in dict.fromkeys((row.low, row.high) for row in rows):
+        cells = {row.label: f"{row.accuracy_mean:.3f}" for row in rows if (row.low, row.high) == (low, high)}
+        table.add_row(f"{low}–{high}", *(cells.get(label, "—") for label in labels))
+    out.print(table)
+    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+
+
 @diagnose_app.command("attention")
 def diagnose_attention(
     specs: List[Path] = typer.Argument(..., metavar="SPEC...", help="Spec files; the first block's mixer of each."),
@@ -497,6 +561,68 @@ def diagnose_attention(
     for row in rows:
         table.add_row(row.mixer, f"{row.sharpness:g}", f"{row.entropy:.2f}",
                       f"{row.relative_error_mean:.3g} ± {row.relative_error_std:.2g}")
+    out.print(table)
+    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+
+
+@diagnose_app.command("scatterbrain")
+def diagnose_scatterbrain(
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for scatterbrain.csv and its plots."),
+    qk_from: Optional[Path] = typer.Option(None, "--qk-from", metavar="RUN",
+                                           help="Use the q and k of every layer of this trained softmax run on its "
+                                                "task's test inputs instead of synthetic ones."),
+    length: int = typer.Option(256, "--length", min=8, max=4096, help="Positions of synthetic q/k."),
+    heads: int = typer.Option(4, "--heads", min=1, max=64, help="Heads of synthetic q/k."),
+    d_qk: int = typer.Option(32, "--d-qk", min=1, max=512, help="Width of synthetic q/k."),
+    sharpness: Optional[List[float]] = typer.Option(None, "--sharpness", min=0.01, max=100,
+                                                    help="Standard deviation of synthetic q and k (repeatable; "
+                                                         "default 0.25 0.5 1 1.5 2 3)."),
+    budgets: Optional[List[float]] = typer.Option(None, "--budget", min=0.001, max=1,
+                                                  help="Fraction of a row each query may spend (repeatable; "
+                                                       "default 1/32 1/16 1/8 1/4 1/2)."),
+    support: str = typer.Option("lsh", "--support", help="Sparse support: lsh (the shipped one), local, block or "
+                                                         "topk (exact, a reference)."),
+    causal: bool = typer.Option(True, "--causal/--bidirectional", help="Causal mask (synthetic q/k; a run uses "
+                                                                       "its mixer's)."),
+    samples: int = typer.Option(2, "--samples", min=1, max=256, help="Synthetic draws, or test sequences of a run."),
+    seed: int = InputSeedOption,
+) -> None:
+    """Scatterbrain's study (Chen et al. 2021): sparse alone, Performer alone and Scatterbrain at each
+    sparse:low-rank ratio (and at the ratio chosen from the entropy) against exact softmax, by budget
+    and by attention entropy."""
+    from attnspec.diagnostics import scatterbrain
+    from attnspec.diagnostics.subject import load_subject
+
+    if support not in ("lsh", "local", "block", "topk"):
+        raise AttnSpecError(f"--support {support!r}: choose lsh, local, block or topk")
+    if qk_from is not None:
+        subject = load_subject(qk_from)
+        model = subject.model(float64=True)
+        if not subject.trained or model.blocks[0].mixer.kind != "softmax":
+            raise AttnSpecError(f"{qk_from}: --qk-from takes a trained run of a softmax-attention model")
+        sets = scatterbrain.trained_sets(model, subject.inputs(samples, seed=seed))
+        causal = model.blocks[0].mixer.causal
+        title = f"{subject.spec.name}: trained q/k"
+    else:
+        sets = scatterbrain.synthetic_sets(heads=heads, d_qk=d_qk, length=length,
+                                           sharpness=sharpness or [0.25, 0.5, 1, 1.5, 2, 3], samples=samples,
+                                           seed=seed)
+        title = f"synthetic q/k (L = {length}, d_qk = {d_qk})"
+    rows = scatterbrain.study(sets, causal=causal, budgets=tuple(budgets or scatterbrain.BUDGETS),
+                              support={"kind": support})
+    files = scatterbrain.write(rows, output, title)
+    methods = list(dict.fromkeys(row.method for row in rows))
+    table = Table(title=f"||A - softmax||_F / ||softmax||_F (mean over heads and samples); SB: Scatterbrain on the "
+                        f"{support} support at a sparse:low-rank ratio", title_justify="left")
+    for column in ("q/k", "entropy", "budget", *methods):
+        header = column.replace("scatterbrain[", "SB ").replace(f"{support} ", "").rstrip("]").replace("sparse[", "sparse ")
+        table.add_column(header, justify="left" if column == "q/k" else "right", no_wrap=True)
+    for source, budget in dict.fromkeys((row.source, row.budget) for row in rows):
+        mine = {row.method: row for row in rows if (row.source, row.budget) == (source, budget)}
+        best = min(row.error_mean for row in mine.values())
+        table.add_row(source, f"{next(iter(mine.values())).entropy:.2f}", f"1/{round(1 / budget)}",
+                      *(("[bold]" if mine[m].error_mean == best else "") + f"{mine[m].error_mean:.3g}"
+                        for m in methods))
     out.print(table)
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
 

@@ -198,7 +198,7 @@ def _mean(values: list[float]) -> float | None:
 # --------------------------------------------------------------------------- tables
 
 
-def _params_text(params: dict) -> str:
+def params_text(params: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
@@ -219,7 +219,7 @@ def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
               "state size", "tokens/s"]
     rows = []
     for row in report.results:
-        rows.append([row.variant, row.task, _params_text(row.task_params), format_value(row.mean, row.std, report.metric),
+        rows.append([row.variant, row.task, params_text(row.task_params), format_value(row.mean, row.std, report.metric),
                      f"{row.lr:g}" if row.lr is not None else "—", str(row.seeds),
                      f"{row.parameters:,}" if row.parameters is not None else "—",
                      f"{row.state_size:,}" if row.state_size is not None else "—",
@@ -243,7 +243,7 @@ def _runs_csv(report: Report, path: Path) -> None:
 
     write_csv(path, ["run", "variant", "task", "point", "seed", "lr", "status", report.metric, "parameters",
                      "state_size", "tokens_per_s", "error"],
-              [[run.directory, run.variant, run.task, _params_text(run.task_params), run.seed, run.lr, run.status,
+              [[run.directory, run.variant, run.task, params_text(run.task_params), run.seed, run.lr, run.status,
                 run.metric, run.parameters, run.state_size, run.tokens_per_s, run.error or ""]
                for run in report.runs])
 
@@ -251,7 +251,7 @@ def _runs_csv(report: Report, path: Path) -> None:
 def _lr_table(report: Report) -> tuple[list[str], list[list[str]]]:
     lrs = sorted({lr for row in report.results for lr in row.by_lr})
     header = ["variant", "task", "point", *(f"lr {lr:g}" for lr in lrs)]
-    rows = [[row.variant, row.task, _params_text(row.task_params),
+    rows = [[row.variant, row.task, params_text(row.task_params),
              *(format_value(row.by_lr[lr][0], None, report.metric) + ("" if lr != row.lr else " *")
                if lr in row.by_lr else "" for lr in lrs)] for row in report.results]
     return header, rows
@@ -283,7 +283,7 @@ def results_markdown(report: Report) -> str:
              _markdown_table(*summary_rows(report)), "", "## By learning rate", "", _markdown_table(*_lr_table(report))]
     if failed:
         parts += ["", "## Failed runs", ""] + [f"- `{run.directory}` ({run.variant}, {run.task} "
-                                               f"{_params_text(run.task_params)}, seed {run.seed}, lr {run.lr:g}): "
+                                               f"{params_text(run.task_params)}, seed {run.seed}, lr {run.lr:g}): "
                                                f"{(run.error or '').splitlines()[0] if run.error else 'unknown'}"
                                                for run in failed]
     if report.plots:
@@ -336,7 +336,7 @@ def _difficulty_plot(plt, report: Report, task: str, axis: str, rows: list[Resul
             if points:
                 xs, ys, errors = zip(*points)
                 panel.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=variant, color=colors[variant])
-        title = _params_text(json.loads(other))
+        title = params_text(json.loads(other))
         panel.set_title(f"{task} {title}".strip(), fontsize=9)
         values = sorted({row.task_params.get(axis) for row in rows if isinstance(row.task_params.get(axis), (int, float))})
         if values:
@@ -369,7 +369,7 @@ def _curves_plot(plt, report: Report, task: str, colors, out: Path) -> str:
                 steps = [c[0] for c in curves[0][:length]]
                 losses = [statistics.fmean(c[i][1] for c in curves) for i in range(length)]
                 panel.plot(steps, losses, label=row.variant, color=colors[row.variant], linewidth=1.2)
-        panel.set_title(f"{task} {_params_text(json.loads(point))}".strip(), fontsize=9)
+        panel.set_title(f"{task} {params_text(json.loads(point))}".strip(), fontsize=9)
         panel.set_xlabel("step")
         panel.set_ylabel("training loss")
         panel.set_yscale("log")
@@ -424,7 +424,7 @@ def _html(report: Report, out: Path) -> str:
                       f'(<a href="plots/{html.escape(name)}.svg">SVG</a>)</figcaption></figure>')
     failed = [run for run in report.runs if run.status == "failed"]
     failures = "".join(f"<li><code>{html.escape(run.directory)}</code> {html.escape(run.variant)}, "
-                       f"{html.escape(run.task)} {html.escape(_params_text(run.task_params))}, seed {run.seed}, "
+                       f"{html.escape(run.task)} {html.escape(params_text(run.task_params))}, seed {run.seed}, "
                        f"lr {run.lr:g}: {html.escape((run.error or 'unknown').splitlines()[0])}</li>" for run in failed)
     style = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f4f4f4}"

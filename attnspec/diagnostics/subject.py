@@ -34,14 +34,19 @@ class Subject:
         found = self.task_inputs(samples)
         return found if found is not None else random_inputs(self.spec, samples, length, seed)
 
-    def model(self) -> Any:
-        """The model in eval mode, with the run's trained weights (checked tensor by tensor)."""
+    def model(self, float64: bool = False) -> Any:
+        """The model in eval mode, with the run's trained weights (checked tensor by tensor); in
+        float64 (weights converted) when asked, for measurements below float32's resolution."""
         from attnspec.compiler.load import load_weights
+        from attnspec.compiler.lower import as_spec
         from attnspec.nn.model import build_model_from_spec
 
-        model = build_model_from_spec(self.spec).eval()
+        spec = as_spec(self.spec, ["dtype=float64"]) if float64 else self.spec
+        model = build_model_from_spec(spec).eval()
         if self.weights is not None:
-            load_weights(model, self.weights, fix="the run's checkpoint does not match its spec")
+            weights = {name: tensor.double() if float64 and tensor.is_floating_point() else tensor
+                       for name, tensor in self.weights.items()}
+            load_weights(model, weights, fix="the run's checkpoint does not match its spec")
         return model
 
 
@@ -96,3 +101,38 @@ def forward_with_hooks(model: Any, inputs: Tensor, handles: list) -> None:
     finally:
         for handle in handles:
             handle.remove()
+
+
+def load_subjects(sources: Iterable[str | Path]) -> list[tuple[str, Subject]]:
+    """Trained runs, labelled: a runs directory of ``attnspec ablate`` gives each finished run labelled
+    by its variant (and task point when the sweep has several); a run directory is labelled by its
+    name.
+
+    Raises:
+        RunError: a directory is neither a run nor a runs directory, or cannot be read.
+    """
+    from attnspec.ablation import runsdir
+    from attnspec.ablation.report import params_text
+    from attnspec.training import rundir
+
+    found = []
+    for source in sources:
+        path = Path(source)
+        if (path / runsdir.SWEEP_FILE).is_file():
+            runs = runsdir.read(path)["runs"]
+            points = {(run["task"], str(sorted(run["task_params"].items()))) for run in runs}
+            for run in runs:
+                if runsdir.state(path, run["key"]) != "done":
+                    continue
+                label = run["variant"]
+                if len(points) > 1:
+                    label += f" · {run['task']} {params_text(run['task_params'])}".rstrip()
+                found.append((label, load_subject(runsdir.run_directory(path, run["key"]))))
+        elif (path / rundir.RUN_FILE).is_file():
+            found.append((path.name, load_subject(path)))
+        else:
+            raise rundir.RunError(f"{path}: neither a run directory (attnspec train) nor a runs directory "
+                                  "(attnspec ablate)")
+    if not found:
+        raise rundir.RunError("no finished runs in " + ", ".join(str(s) for s in sources))
+    return found

@@ -56,10 +56,11 @@ class FixedTransition(Transition):
         index = torch.arange(count, dtype=torch.float64)
         if node.init == "retnet":
             exponent = 5.0 + index * (heads / count) if self.per_channel else 5.0 + index
-            magnitude = 1.0 - torch.pow(2.0, -exponent)
             theta = torch.pow(10000.0, -(index % max(self.width, 1)) / max(self.width, 1)) if self.per_channel \
                 else torch.pow(10000.0, -index / count)
-            log_mag = torch.log(magnitude)
+            # log(1 - 2^-e) through log1p: 1 - 2^-e rounds to 1 (log 0, nu = -inf) from e = 53 on,
+            # which 64 heads reach; log1p keeps -log|a| = 2^-e exact
+            log_mag = torch.log1p(-torch.pow(2.0, -exponent))
         elif node.init == "lru":
             r_min, r_max = 0.9, 0.999
             u = torch.rand(count, dtype=torch.float64)

@@ -161,3 +161,17 @@ def test_gateloop_module_magnitudes_are_in_unit_interval():
     decay = mixer.transition(torch.randn(2, 1000, 24, dtype=torch.float64) * 50)
     assert torch.isfinite(decay.log_mag).all() and (decay.log_mag <= 0).all()
     assert decay.phase is not None
+
+
+def test_retnet_init_stays_finite_with_many_heads():
+    """1 - 2^-(5+h) rounds to 1 from h = 48 on; the transition must still hold finite parameters
+    (found by the GateLoop Memory Horizon reproduction: 64 heads of width 1 trained to NaN)."""
+    from attnspec.spec.ir import FixedTransition
+
+    node = FixedTransition(kind="fixed", init="retnet", complex=True, per="head")
+    transition = build("transition", node, d_model=8, heads=64, d_qk=1)
+    assert torch.isfinite(transition.nu).all()
+    decay = transition(torch.zeros(1, 3, 8))
+    magnitude = torch.exp(decay.log_mag[0, :, 0, 0].detach().double())
+    assert magnitude[0] == pytest.approx(1 - 2.0 ** -5, rel=1e-6) and magnitude[-1] == pytest.approx(1.0)
+    assert torch.all(magnitude <= 1) and torch.all(magnitude[1:] >= magnitude[:-1])

@@ -5,6 +5,7 @@ and finite training sets (``train_examples``)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import sysconfig
 from pathlib import Path
 
@@ -143,6 +144,45 @@ def test_sort_answers_are_stable_sorted_positions():
     for row_in, row_out in zip(letters.tolist(), ranks.tolist()):
         order = sorted(range(8), key=lambda i: (row_in[i], i))
         assert row_out == [order.index(i) for i in range(8)]
+
+
+def _in_hull_of_others(points: list[tuple[int, int]], i: int) -> bool:
+    """Brute force (Caratheodory in the plane): point i lies in the closed convex hull of the others
+    iff it is on a segment of two of them or inside a triangle of three."""
+    def cross(o, a, b):
+        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+    p, others = points[i], [q for j, q in enumerate(points) if j != i]
+    for a, b in itertools.combinations(others, 2):
+        if cross(a, b, p) == 0 and min(a[0], b[0]) <= p[0] <= max(a[0], b[0]) and \
+                min(a[1], b[1]) <= p[1] <= max(a[1], b[1]):
+            return True
+    for a, b, c in itertools.combinations(others, 3):
+        if cross(a, b, c) == 0:  # a degenerate triangle is covered by its segments
+            continue
+        signs = [cross(a, b, p), cross(b, c, p), cross(c, a, p)]
+        if all(s >= 0 for s in signs) or all(s <= 0 for s in signs):
+            return True
+    return False
+
+
+def test_convex_hull_answers_are_the_corners_of_the_points_hull():
+    hull = task("convex_hull", "seq_len=10", "grid=16", "spread=12")
+    cells, corners = hull.batch("train", 0, 40, seed=0)
+    assert hull.vocab_size == 256 and cells.max() < 256
+    for row_in, row_out in zip(cells.tolist(), corners.tolist()):
+        points = [(c // 16, c % 16) for c in row_in]
+        assert len(set(points)) == 10  # distinct cells
+        assert max(x for x, _ in points) - min(x for x, _ in points) < 12  # inside one spread x spread window
+        assert row_out == [0 if _in_hull_of_others(points, i) else 1 for i in range(10)]
+    assert 0.3 < corners.double().mean() < 0.8  # both answers are common
+    with pytest.raises(SpecError, match="spread"):
+        from attnspec.training.loop import check_fit
+        import attnspec
+
+        spec = attnspec.load_spec(Path(__file__).resolve().parents[2] / "specs" / "softmax-transformer.yaml",
+                                  ["input.vocab_size=256"])
+        check_fit(spec, task("convex_hull", "seq_len=10", "grid=8", "spread=2"))
 
 
 def test_python_source_is_the_stdlib_with_a_split_by_file_name():

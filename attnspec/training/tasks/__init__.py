@@ -10,7 +10,7 @@ batch without overlap.
 
 Synthetic tasks are generated: Zoology's MQAR, GateLoop's Memory Horizon, selective copying and
 induction heads (:mod:`.synthetic`), MAD-Lab's recall and memorisation tasks (:mod:`.mad`), LRA's
-ListOps and the rank-collapse paper's sorting (:mod:`.structured`). Text tasks (:mod:`.text`) read
+ListOps and the rank-collapse paper's sorting and convex hull (:mod:`.structured`). Text tasks (:mod:`.text`) read
 local files: the user's text as bytes, nanoGPT ``.bin`` token files, or the Python standard
 library's sources. Nothing is downloaded. :mod:`.base` holds the Task base class and the seeding.
 Plugins add tasks with ``@attnspec.spec.components.component("task")`` on a subclass of :class:`Task`.
@@ -23,14 +23,14 @@ from attnspec.training.tasks.base import IGNORE, MAX_DATA_BYTES, Task, TaskError
 from attnspec.training.tasks.synthetic import InductionHeadsTask, MemoryHorizonTask, MqarTask, SelectiveCopyingTask
 from attnspec.training.tasks.mad import (FuzzyInContextRecallTask, InContextRecallTask, MemorizationTask,
                                          NoisyInContextRecallTask)
-from attnspec.training.tasks.structured import ListOpsTask, SortTask
+from attnspec.training.tasks.structured import ConvexHullTask, ListOpsTask, SortTask
 from attnspec.training.tasks.text import BytesTask, PythonSourceTask, TokensTask
 
 TaskUnion = declare("task", MqarTask, MemoryHorizonTask, SelectiveCopyingTask, InductionHeadsTask,
                     InContextRecallTask, NoisyInContextRecallTask, FuzzyInContextRecallTask, MemorizationTask,
-                    ListOpsTask, SortTask, BytesTask, PythonSourceTask, TokensTask, base=Task)
+                    ListOpsTask, SortTask, ConvexHullTask, BytesTask, PythonSourceTask, TokensTask, base=Task)
 
 __all__ = ["IGNORE", "MAX_DATA_BYTES", "Task", "TaskError", "TaskUnion", "generator", "MqarTask", "MemoryHorizonTask",
            "SelectiveCopyingTask", "InductionHeadsTask", "InContextRecallTask", "NoisyInContextRecallTask",
-           "FuzzyInContextRecallTask", "MemorizationTask", "ListOpsTask", "SortTask", "BytesTask", "PythonSourceTask",
+           "FuzzyInContextRecallTask", "MemorizationTask", "ListOpsTask", "SortTask", "ConvexHullTask", "BytesTask", "PythonSourceTask",
            "TokensTask"]

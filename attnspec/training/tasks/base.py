@@ -70,6 +70,11 @@ class Task(Node):
         """``size`` fresh examples of ``split`` from the generator of (seed, split, step); see :meth:`batch`."""
         raise NotImplementedError
 
+    def answer_spans(self, inputs: Tensor) -> Tensor | None:
+        """How far back each answer of ``inputs`` (B, L) reaches, (B, L) positions, for tasks where
+        that is the difficulty (``attnspec diagnose span``); None where a task does not say."""
+        return None
+
     def problems(self, *, vocab_size: int | None, max_len: int) -> list[tuple[tuple, str]]:
         """Why this task cannot train a model with this vocabulary (None: not a token model) and max_len."""
         found = []

@@ -126,3 +126,68 @@ class SortTask(Task):
         order = torch.sort(letters, dim=1, stable=True).indices  # order[r] = the position holding rank r
         ranks = torch.empty_like(order).scatter_(1, order, torch.arange(self.seq_len).expand(size, -1))
         return letters, ranks
+
+
+class ConvexHullTask(Task):
+    """Convex hull (rank-collapse paper sec. 4.3): ``seq_len`` points; the answer at every point is 1
+    if it is a vertex of the points' convex hull, else 0. The paper's points are real, uniform in
+    [0, 1]^2 and shifted by a random normal offset; here each point is a cell of a ``grid`` x
+    ``grid`` board (token id ``x * grid + y``), drawn without replacement from a ``spread`` x
+    ``spread`` window placed at a random offset (the shift), so a token model takes them. Points on
+    a hull edge but not at a corner answer 0.
+
+    Like sorting, the answer depends on every point: the model must see the whole sequence
+    (``causal: false``). Most points are inside, so compare with the majority answer (0)."""
+
+    kind: Literal["convex_hull"]
+    seq_len: Count(limits.MAX_LEN) = 10
+    grid: Annotated[int, Field(ge=2, le=256)] = 16
+    spread: Annotated[int, Field(ge=2, le=256)] = 12
+
+    @property
+    def vocab_size(self) -> int:
+        return self.grid * self.grid
+
+    def problems(self, *, vocab_size: int | None, max_len: int) -> list[tuple[tuple, str]]:
+        found = super().problems(vocab_size=vocab_size, max_len=max_len)
+        if self.spread > self.grid:
+            found.append((("spread",), f"spread = {self.spread} does not fit in grid = {self.grid}"))
+        elif self.seq_len > self.spread * self.spread:
+            found.append((("seq_len",), f"{self.seq_len} distinct points do not fit in a {self.spread} x "
+                                        f"{self.spread} window; raise spread"))
+        return found
+
+    def sample(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+        rng = numpy_generator(seed, split, step)
+        inputs = torch.empty(size, self.seq_len, dtype=torch.long)
+        targets = torch.empty(size, self.seq_len, dtype=torch.long)
+        for row in range(size):
+            cells = rng.choice(self.spread * self.spread, size=self.seq_len, replace=False)
+            offset = rng.integers(0, self.grid - self.spread + 1, size=2)
+            points = np.stack([cells // self.spread + offset[0], cells % self.spread + offset[1]], axis=1)
+            inputs[row] = torch.from_numpy(points[:, 0] * self.grid + points[:, 1])
+            targets[row] = torch.from_numpy(hull_vertices(points).astype(np.int64))
+        return inputs, targets
+
+
+def hull_vertices(points: np.ndarray) -> np.ndarray:
+    """(n, 2) distinct integer points -> (n,) bool: the corners of their convex hull (Andrew's
+    monotone chain; points on an edge between corners are not corners)."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    corner = np.zeros(len(points), dtype=bool)
+    if len(points) <= 2:
+        corner[:] = True
+        return corner
+
+    def cross(o: int, a: int, b: int) -> int:
+        return int((points[a][0] - points[o][0]) * (points[b][1] - points[o][1])
+                   - (points[a][1] - points[o][1]) * (points[b][0] - points[o][0]))
+
+    for sequence in (order, order[::-1]):  # lower hull, then upper hull
+        chain: list[int] = []
+        for i in sequence:
+            while len(chain) >= 2 and cross(chain[-2], chain[-1], i) <= 0:
+                chain.pop()
+            chain.append(i)
+        corner[chain] = True
+    return corner

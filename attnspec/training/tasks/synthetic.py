@@ -97,8 +97,7 @@ class MemoryHorizonTask(Task):
             where = sample_without_replacement(torch.ones(L, dtype=torch.float64), self.resets, size, gen)
             reset.scatter_(1, where, True)
         t = torch.arange(L).expand(size, L)
-        # start of the current list: one after the last reset at or before t (0 if none)
-        start = torch.cummax(torch.where(reset, t + 1, torch.zeros_like(t)), dim=1).values
+        start = _list_starts(reset)
         count = t - start + 1  # list length, including position t (0 at a reset: it holds no number)
         count = torch.where(reset, torch.zeros_like(count), count)
         result = torch.zeros(size, L, dtype=torch.long)
@@ -113,6 +112,20 @@ class MemoryHorizonTask(Task):
         inputs = torch.where(reset, self.max_number + 1, numbers)
         targets = torch.where(reset, IGNORE, torch.remainder(result, self.modulus))
         return inputs, targets
+
+    def answer_spans(self, inputs: Tensor) -> Tensor:
+        """(B, L) -> (B, L): the positions each answer depends on (the list since the last reset,
+        GateLoop's "required memory span", the x axis of its Fig. 7); 0 at reset tokens."""
+        reset = inputs == self.max_number + 1
+        span = torch.arange(inputs.shape[1]).expand_as(inputs) - _list_starts(reset) + 1
+        return torch.where(reset, torch.zeros_like(span), span)
+
+
+def _list_starts(reset: Tensor) -> Tensor:
+    """(B, L) bool -> (B, L): the start of the current list, one after the last reset at or before
+    each position (0 before the first reset)."""
+    t = torch.arange(reset.shape[1]).expand_as(reset)
+    return torch.cummax(torch.where(reset, t + 1, torch.zeros_like(t)), dim=1).values
 
 
 class SelectiveCopyingTask(Task):

@@ -529,6 +529,36 @@ def diagnose_span(
     out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
 
 
+@diagnose_app.command("maps")
+def diagnose_maps(
+    sources: List[Path] = typer.Argument(..., metavar="SOURCE...", help="Spec files, run directories or runs "
+                                                                        "directories (every finished run)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for maps.csv/.png/.svg."),
+    samples: int = typer.Option(4, "--samples", min=1, max=256, help="Input sequences (a run's test inputs)."),
+    length: Optional[int] = typer.Option(None, "--length", min=2, max=4096, help="Tokens per sequence of a spec "
+                                                                                 "(default: max_len)."),
+    window: int = typer.Option(8, "--window", min=1, max=4096, help="Positions around the diagonal counted as near."),
+    seed: int = InputSeedOption,
+) -> None:
+    """Every block's attention map on real inputs (cosFormer's Fig. 3) and how close to the diagonal
+    its weight sits: the mean distance |i - j| and the share within --window positions."""
+    from attnspec.diagnostics.maps import diagnose, write
+    from attnspec.diagnostics.subject import load_subjects
+
+    rows, maps = diagnose(load_subjects(sources), samples=samples, length=length, window=window, seed=seed)
+    files = write(rows, maps, output, window, "attention maps (head 0, mean over inputs)")
+    table = Table(title=f"locality per block, mean over heads (share of weight within {window} of the diagonal)",
+                  title_justify="left")
+    for column in ("model", "block", "mean |i - j|", "share near"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for label, layer in dict.fromkeys((row.label, row.layer) for row in rows):
+        mine = [row for row in rows if (row.label, row.layer) == (label, layer)]
+        table.add_row(label, str(layer), f"{sum(r.mean_distance for r in mine) / len(mine):.1f}",
+                      f"{sum(r.near_diagonal for r in mine) / len(mine):.3f}")
+    out.print(table)
+    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+
+
 @diagnose_app.command("attention")
 def diagnose_attention(
     specs: List[Path] = typer.Argument(..., metavar="SPEC...", help="Spec files; the first block's mixer of each."),

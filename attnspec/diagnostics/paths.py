@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from attnspec.diagnostics.attention import implied_attention
-from attnspec.diagnostics.subject import forward_with_hooks
+from attnspec.diagnostics.subject import block_inputs
 from attnspec.errors import AttnSpecError
 
 MAX_ENUMERATED_PATHS = 1 << 16
@@ -87,19 +87,16 @@ def path_terms(model: Any, inputs: Tensor) -> PathTerms:
         AttnSpecError: the model does not decompose into paths (:func:`check_decomposable`).
     """
     check_decomposable(model)
-    block_inputs: list[Tensor] = []
-    handles = [block.register_forward_pre_hook(lambda module, args: block_inputs.append(args[0].detach()))
-               for block in model.blocks]
-    forward_with_hooks(model, inputs, handles)
+    received = block_inputs(model, inputs)  # no norm inside the blocks: what the mixers see
     attention, maps = [], []
-    for block, x in zip(model.blocks, block_inputs):
+    for block, x in zip(model.blocks, received):
         mixer = block.mixer
         attention.append(implied_attention(mixer, x)[0].double())
         H, dv = mixer.heads, mixer.d_v
         w_v = mixer.v_proj.weight.double().view(H, dv, -1)  # (H, dv, d): v_h = x w_v[h]^T
         w_o = mixer.out_proj.weight.double().view(-1, H, dv).permute(1, 2, 0)  # (H, dv, d): y = o_h w_o[h]
         maps.append(w_v.transpose(1, 2) @ w_o)
-    return PathTerms(block_inputs[0].double(), attention, maps)
+    return PathTerms(received[0].double(), attention, maps)
 
 
 def path_output(terms: PathTerms, path: tuple[int, ...]) -> Tensor:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from attnspec.diagnostics.attention import (approximation_error, exact_attention, implied_attention, row_entropy,
                                             synthetic_qk)
+from attnspec.diagnostics.subject import mixer_inputs
 
 RATIOS: tuple[tuple[int, int], ...] = ((7, 1), (3, 1), (1, 1), (1, 3), (1, 7))
 """Sparse:low-rank splits the study sweeps, from mostly sparse to mostly low-rank."""
@@ -142,16 +143,9 @@ def synthetic_sets(*, heads: int, d_qk: int, length: int, sharpness: list[float]
 
 def trained_sets(model: Any, inputs: Tensor) -> list[tuple[str, Tensor, Tensor]]:
     """(``layer <l>``, q, k) of every block's mixer of a trained model on ``inputs``, in float64."""
-    block_inputs: list[Tensor] = []
-    from attnspec.diagnostics.subject import forward_with_hooks
-
-    handles = [block.register_forward_pre_hook(lambda module, args: block_inputs.append(args[0].detach()))
-               for block in model.blocks]
-    forward_with_hooks(model, inputs, handles)
     found = []
-    for layer, (block, x) in enumerate(zip(model.blocks, block_inputs)):
-        h = block.norm1(x) if block.pre else x  # what the mixer sees
-        _, q, k = implied_attention(block.mixer, h)
+    for layer, (block, x) in enumerate(zip(model.blocks, mixer_inputs(model, inputs))):
+        _, q, k = implied_attention(block.mixer, x)
         found.append((f"layer {layer}", q.double(), k.double()))
     return found
 

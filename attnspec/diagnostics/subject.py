@@ -104,12 +104,13 @@ def forward_with_hooks(model: Any, inputs: Tensor, handles: list) -> None:
 
 
 def load_subjects(sources: Iterable[str | Path]) -> list[tuple[str, Subject]]:
-    """Trained runs, labelled: a runs directory of ``attnspec ablate`` gives each finished run labelled
-    by its variant (and task point when the sweep has several); a run directory is labelled by its
-    name.
+    """Labelled subjects: a runs directory of ``attnspec ablate`` gives each finished run labelled by
+    its variant (and task point when the sweep has several); a run directory is labelled by its
+    name, a spec file by its spec's name.
 
     Raises:
         RunError: a directory is neither a run nor a runs directory, or cannot be read.
+        SpecError: a spec file is invalid.
     """
     from attnspec.ablation import runsdir
     from attnspec.ablation.report import params_text
@@ -130,9 +131,26 @@ def load_subjects(sources: Iterable[str | Path]) -> list[tuple[str, Subject]]:
                 found.append((label, load_subject(runsdir.run_directory(path, run["key"]))))
         elif (path / rundir.RUN_FILE).is_file():
             found.append((path.name, load_subject(path)))
+        elif path.is_file():
+            subject = load_subject(path)
+            found.append((subject.spec.name, subject))
         else:
-            raise rundir.RunError(f"{path}: neither a run directory (attnspec train) nor a runs directory "
-                                  "(attnspec ablate)")
+            raise rundir.RunError(f"{path}: neither a spec file, a run directory (attnspec train) nor a runs "
+                                  "directory (attnspec ablate)")
     if not found:
         raise rundir.RunError("no finished runs in " + ", ".join(str(s) for s in sources))
     return found
+
+
+def block_inputs(model: Any, inputs: Tensor) -> list[Tensor]:
+    """What every block receives on ``inputs`` (one forward pass without gradients): [(B, L, d)]."""
+    found: list[Tensor] = []
+    handles = [block.register_forward_pre_hook(lambda module, args: found.append(args[0].detach()))
+               for block in model.blocks]
+    forward_with_hooks(model, inputs, handles)
+    return found
+
+
+def mixer_inputs(model: Any, inputs: Tensor) -> list[Tensor]:
+    """What every block's mixer receives: the block input, normalised first in a pre-norm block."""
+    return [block.norm1(x) if block.pre else x for block, x in zip(model.blocks, block_inputs(model, inputs))]

@@ -65,4 +65,4 @@ def test_span_command_groups_a_sweep_by_variant(tmp_path: Path):
     assert {p.name for p in (tmp_path / "s").iterdir()} == {"span.csv", "span.png", "span.svg"}
     refused = subprocess.run([sys.executable, "-m", "attnspec", "diagnose", "span", str(tmp_path),
                               "-o", str(tmp_path / "t")], capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "neither a run directory" in refused.stderr
+    assert refused.returncode == 2 and "neither a spec file, a run directory" in refused.stderr

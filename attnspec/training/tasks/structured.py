@@ -137,7 +137,8 @@ class ConvexHullTask(Task):
     a hull edge but not at a corner answer 0.
 
     Like sorting, the answer depends on every point: the model must see the whole sequence
-    (``causal: false``). Most points are inside, so compare with the majority answer (0)."""
+    (``causal: false``). The answers are unbalanced (with 10 points about 57% are corners), so
+    compare with the majority answer, as the paper does."""
 
     kind: Literal["convex_hull"]
     seq_len: Count(limits.MAX_LEN) = 10

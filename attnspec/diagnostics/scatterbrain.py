@@ -81,8 +81,8 @@ def methods(budget: float, *, heads: int, d_qk: int, length: int, causal: bool, 
         "performer": (None, _mixer({"kind": "linear", "feature_map": {"kind": "performer", "num_features": entries,
                                                                       "projection": "orthogonal"}}, **shape))}
     node = TypeAdapter(SparseSupport).validate_python(support)
-    sized = node.model_copy(update={node.size_field: node.size_for_budget(entries)})
-    found[f"sparse[{node.kind}]"] = (None, build("sparse", sized, d_qk=d_qk, seed=0, causal=causal))
+    found[f"sparse[{node.kind}]"] = (None, build("sparse", node.resolved(entries, length), d_qk=d_qk, seed=0,
+                                                 causal=causal))
     for s, r in ratios:
         found[f"scatterbrain[{node.kind} {s}:{r}]"] = ((s, r), _mixer(
             {"kind": "scatterbrain", "budget": budget, "ratio": [s, r], "sparse": support}, **shape))

@@ -565,6 +565,14 @@ class SparseComponent(Component):
         """The value of ``size_field`` that spends ``keys`` keys per query."""
         return max(1, keys)
 
+    def resolved(self, keys: int | None, max_len: int) -> "SparseComponent":
+        """This support with the fields left to the budget filled: ``size_field`` spends ``keys`` keys
+        per query (its default without a budget: ``keys`` None)."""
+        if getattr(self, self.size_field) is not None:
+            return self
+        size = self.size_for_budget(keys) if keys is not None else self.default_size
+        return self.model_copy(update={self.size_field: size})
+
     def problems(self) -> Iterator[tuple[tuple, str]]:
         return iter(())
 
@@ -573,8 +581,11 @@ class LshSupport(SparseComponent):
     """Angular LSH support: a query sees keys that share its bucket in any round (counted once)."""
 
     kind: Literal["lsh"]
-    buckets: Count(limits.MAX_BUCKETS) = 8
-    """Buckets per round (even: a random rotation and argmax over [xR, -xR])."""
+    buckets: Count(limits.MAX_BUCKETS) | None = None
+    """Buckets per round (even: a random rotation and argmax over [xR, -xR]). Derived when omitted:
+    about max_len / capacity, so that a bucket holds as many keys as a round may take and the
+    support spends its budget (8 without a budget). Fewer buckets than that waste nothing but
+    select keys less sharply; more leave the capacity unfilled (a smaller support than budgeted)."""
     rounds: Count(limits.MAX_ROUNDS) = 2
     """Hash rounds; a pair colliding in several rounds counts once."""
     capacity: Count(limits.MAX_SUPPORT) | None = None
@@ -591,8 +602,15 @@ class LshSupport(SparseComponent):
     def size_for_budget(self, keys: int) -> int:
         return max(1, keys // self.rounds)
 
+    def resolved(self, keys: int | None, max_len: int) -> "LshSupport":
+        found = super().resolved(keys, max_len)
+        if found.buckets is not None:
+            return found
+        buckets = 8 if keys is None else 2 * max(1, round(max_len / found.capacity / 2))
+        return found.model_copy(update={"buckets": min(buckets, limits.MAX_BUCKETS - limits.MAX_BUCKETS % 2)})
+
     def problems(self) -> Iterator[tuple[tuple, str]]:
-        if self.buckets % 2:
+        if self.buckets is not None and self.buckets % 2:
             yield ("buckets",), f"LSH buckets must be even (argmax over [xR, -xR]), got {self.buckets}"
 
 
@@ -868,9 +886,7 @@ class ScatterbrainMixer(_MixerBase):
         if lowrank.size_field and getattr(lowrank, lowrank.size_field) is None:
             size = sizes["lowrank"] if sizes else lowrank.default_size
             lowrank = lowrank.model_copy(update={lowrank.size_field: size})
-        if getattr(sparse, sparse.size_field) is None:
-            size = sparse.size_for_budget(sizes["sparse"]) if sizes else sparse.default_size
-            sparse = sparse.model_copy(update={sparse.size_field: size})
+        sparse = sparse.resolved(sizes["sparse"] if sizes else None, max_len)
         return {"lowrank": lowrank, "sparse": sparse}
 
     def sizes_for_budget(self, max_len: int) -> dict[str, int]:

@@ -64,6 +64,9 @@ class ResultRow:
     lr: float | None
     mean: float | None
     std: float | None
+    worst: float | None
+    """The worst seed's metric (a "black swan" seed shows here, far from the mean)."""
+    best: float | None
     seeds: int
     parameters: int | None
     state_size: int | None
@@ -183,8 +186,10 @@ def _results(runs: list[RunRow], metric: str) -> list[ResultRow]:
         chosen = by_lr[best] if best is not None else members
         values = [r.metric for r in chosen if r.metric is not None]
         speeds = [r.tokens_per_s for r in chosen if r.tokens_per_s is not None]
+        ordered = sorted(values, reverse=HIGHER_IS_BETTER[metric])  # best first
         rows.append(ResultRow(variant, task, members[0].task_params, best, _mean(values),
-                              statistics.stdev(values) if len(values) > 1 else None, len(values),
+                              statistics.stdev(values) if len(values) > 1 else None,
+                              ordered[-1] if ordered else None, ordered[0] if ordered else None, len(values),
                               members[0].parameters, members[0].state_size, _mean(speeds),
                               [r.directory for r in chosen],
                               {lr: (means[lr], sum(r.metric is not None for r in group)) for lr, group in by_lr.items()}))
@@ -215,12 +220,14 @@ def format_value(value: float | None, std: float | None = None, metric: str = "a
 def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """The headline table (header, rows): variant, task, task point, metric at best lr, lr, seeds,
     parameters, state size, tokens/s. The CLI prints it; results.md and report.html contain it."""
-    header = ["variant", "task", "point", f"{report.metric} (mean ± std)", "best lr", "seeds", "parameters",
-              "state size", "tokens/s"]
+    header = ["variant", "task", "point", f"{report.metric} (mean ± std)", "worst / best seed", "best lr", "seeds",
+              "parameters", "state size", "tokens/s"]
     rows = []
     for row in report.results:
+        spread = f"{format_value(row.worst, None, report.metric)} / {format_value(row.best, None, report.metric)}" \
+            if row.seeds > 1 else "—"
         rows.append([row.variant, row.task, params_text(row.task_params), format_value(row.mean, row.std, report.metric),
-                     f"{row.lr:g}" if row.lr is not None else "—", str(row.seeds),
+                     spread, f"{row.lr:g}" if row.lr is not None else "—", str(row.seeds),
                      f"{row.parameters:,}" if row.parameters is not None else "—",
                      f"{row.state_size:,}" if row.state_size is not None else "—",
                      f"{row.tokens_per_s:,.0f}" if row.tokens_per_s is not None else "—"])
@@ -231,10 +238,10 @@ def _results_csv(report: Report, path: Path) -> None:
     from attnspec.figures import write_csv
 
     params = list(dict.fromkeys(k for row in report.results for k in row.task_params))
-    write_csv(path, ["variant", "task", *params, "metric", "mean", "std", "seeds", "best_lr", "parameters",
-                     "state_size", "tokens_per_s", "runs"],
+    write_csv(path, ["variant", "task", *params, "metric", "mean", "std", "worst", "best", "seeds", "best_lr",
+                     "parameters", "state_size", "tokens_per_s", "runs"],
               [[row.variant, row.task, *(row.task_params.get(k, "") for k in params), report.metric, row.mean,
-                row.std, row.seeds, row.lr, row.parameters, row.state_size, row.tokens_per_s, " ".join(row.runs)]
+                row.std, row.worst, row.best, row.seeds, row.lr, row.parameters, row.state_size, row.tokens_per_s, " ".join(row.runs)]
                for row in report.results])
 
 

@@ -56,6 +56,7 @@ def test_report_files_link_every_number_to_its_runs(reported: Path):
         runs = row["runs"].split()
         assert len(runs) == 2 and all((reported / run / "result.json").is_file() for run in runs)
         assert 0 <= float(row["mean"]) <= 1 and float(row["std"]) >= 0
+        assert float(row["worst"]) <= float(row["mean"]) <= float(row["best"])  # the seeds' range, worst first
         assert int(row["parameters"]) > 0 and int(row["state_size"]) > 0 and float(row["tokens_per_s"]) > 0
     assert len(list(csv.DictReader((out / "runs.csv").open()))) == 16
     markdown = (out / "results.md").read_text()

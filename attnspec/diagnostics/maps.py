@@ -65,7 +65,8 @@ def diagnose(subjects: list[tuple[str, Any]], *, samples: int = 4, length: int |
 
 
 def write(rows: list[MapRow], maps: dict[str, list[Tensor]], out: Path, window: int, title: str) -> list[Path]:
-    """``maps.csv`` and the maps (one row of panels per model, one panel per block, head 0; PNG, SVG)."""
+    """``maps.csv`` and the maps (one row of panels per model, one panel per block, head 0, each row of
+    a map scaled to its largest weight; PNG, SVG)."""
     from attnspec.figures import pyplot, save_figure, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
@@ -81,8 +82,8 @@ def write(rows: list[MapRow], maps: dict[str, list[Tensor]], out: Path, window: 
             panel.set_xticks([])
             panel.set_yticks([])
             if layer < len(maps[label]):
-                head = maps[label][layer][0].abs()
-                panel.imshow((head / head.sum(-1, keepdim=True).clamp_min(1e-300)).numpy(), cmap="viridis")
+                head = maps[label][layer][0].abs()  # each row scaled to its largest weight: rows stay comparable
+                panel.imshow((head / head.amax(-1, keepdim=True).clamp_min(1e-300)).numpy(), cmap="viridis")
                 panel.set_title(f"block {layer}, head 0", fontsize=7)
         panels[row][0].set_ylabel(label, fontsize=8)
     figure.suptitle(title, fontsize=10)

@@ -115,10 +115,13 @@ def count_paths(depth: int, heads: int, length: int) -> int:
 
 
 def all_paths(depth: int, heads: int, length: int | None = None) -> list[tuple[int, ...]]:
-    """Every path (of one length, or of every length), in a fixed order."""
-    found = [path for path in product(range(heads + 1), repeat=depth)
-             if length is None or sum(h > 0 for h in path) == length]
-    return found
+    """Every path (of one length, or of every length), in a fixed order; at most
+    :data:`MAX_ENUMERATED_PATHS` candidates (sample larger models with :func:`sample_paths`)."""
+    if (heads + 1) ** depth > MAX_ENUMERATED_PATHS:
+        raise AttnSpecError(f"{(heads + 1) ** depth:,} paths ({heads} heads, {depth} blocks) are more than "
+                            f"{MAX_ENUMERATED_PATHS:,} to enumerate; sample them instead")
+    return [path for path in product(range(heads + 1), repeat=depth)
+            if length is None or sum(h > 0 for h in path) == length]
 
 
 def sample_paths(depth: int, heads: int, length: int, count: int, rng: np.random.Generator

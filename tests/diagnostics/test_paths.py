@@ -61,6 +61,8 @@ def test_path_counts_and_samples():
     rng = np.random.default_rng(0)
     sampled = sample_paths(6, 2, 3, 5, rng)
     assert len(set(sampled)) == 5 and all(sum(h > 0 for h in p) == 3 and max(p) <= 2 for p in sampled)
+    with pytest.raises(AttnSpecError, match="sample them"):
+        all_paths(12, 3)  # 4^12 paths
     assert sorted(sample_paths(6, 2, 1, 100, rng)) == sorted(all_paths(6, 2, 1))  # fewer than asked: all of them
 
 

@@ -391,6 +391,12 @@ SubjectArgument = typer.Argument(..., metavar="SPEC_OR_RUN", help="A spec file, 
                                                                   "weights and its task's test inputs).")
 InputSeedOption = typer.Option(0, "--seed", min=0, help="Seed of the random inputs (a spec's).")
 
+def _print_diagnostic(table: Table, files: list[Path]) -> None:
+    """A diagnostic's summary table and the files it wrote."""
+    out.print(table)
+    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+
+
 diagnose_app = typer.Typer(help="Measurements the papers make, on a spec or a trained run: a CSV table and a "
                                   "plot (PNG, SVG) each.", no_args_is_help=True)
 app.add_typer(diagnose_app, name="diagnose")
@@ -424,8 +430,7 @@ def diagnose_rank_collapse(
     for layer in sorted({row.layer for row in rows}):
         table.add_row(str(layer), *(f"{row.composite_mean:.3g}" for variant in variants for row in rows
                                     if row.variant == variant and row.layer == layer))
-    out.print(table)
-    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+    _print_diagnostic(table, files)
 
 
 @diagnose_app.command("gates")
@@ -461,8 +466,7 @@ def diagnose_gates(
         table.add_row(str(row.layer), row.positions, f"{row.count:,}", f"{row.magnitude_mean:.3f}",
                       *(f"{q:.3f}" for q in row.magnitude_quantiles),
                       "—" if row.phase_abs_mean is None else f"{row.phase_abs_mean:.3f}")
-    out.print(table)
-    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+    _print_diagnostic(table, files)
 
 
 @diagnose_app.command("paths")
@@ -498,8 +502,7 @@ def diagnose_paths(
         table.add_row(name, f"{row.paths:,}" if row.length != -2 else "", str(row.summed) if row.length >= 0 else "",
                       f"{row.accuracy_mean:.3f} ± {row.accuracy_std:.3f}" if row.length >= 0
                       else f"{row.accuracy_mean:.3f}")
-    out.print(table)
-    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+    _print_diagnostic(table, files)
 
 
 @diagnose_app.command("span")
@@ -525,8 +528,7 @@ def diagnose_span(
     for low, high in dict.fromkeys((row.low, row.high) for row in rows):
         cells = {row.label: f"{row.accuracy_mean:.3f}" for row in rows if (row.low, row.high) == (low, high)}
         table.add_row(f"{low}–{high}", *(cells.get(label, "—") for label in labels))
-    out.print(table)
-    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+    _print_diagnostic(table, files)
 
 
 @diagnose_app.command("maps")
@@ -555,8 +557,7 @@ def diagnose_maps(
         mine = [row for row in rows if (row.label, row.layer) == (label, layer)]
         table.add_row(label, str(layer), f"{sum(r.mean_distance for r in mine) / len(mine):.1f}",
                       f"{sum(r.near_diagonal for r in mine) / len(mine):.3f}")
-    out.print(table)
-    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+    _print_diagnostic(table, files)
 
 
 @diagnose_app.command("attention")
@@ -591,8 +592,7 @@ def diagnose_attention(
     for row in rows:
         table.add_row(row.mixer, f"{row.sharpness:g}", f"{row.entropy:.2f}",
                       f"{row.relative_error_mean:.3g} ± {row.relative_error_std:.2g}")
-    out.print(table)
-    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+    _print_diagnostic(table, files)
 
 
 @diagnose_app.command("scatterbrain")
@@ -653,8 +653,7 @@ def diagnose_scatterbrain(
         table.add_row(source, f"{next(iter(mine.values())).entropy:.2f}", f"1/{round(1 / budget)}",
                       *(("[bold]" if mine[m].error_mean == best else "") + f"{mine[m].error_mean:.3g}"
                         for m in methods))
-    out.print(table)
-    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+    _print_diagnostic(table, files)
 
 
 def _launch_torchrun(nproc: int) -> None:

@@ -153,22 +153,53 @@ def _write_text(path: Path, text: str) -> None:
 def explain(
     file: Path = typer.Argument(..., help="Spec file."),
     length: int = typer.Option(None, "--length", "-L", help="Sequence length to plan for (default: max_len)."),
+    batch: int = typer.Option(8, "--batch", "-B", help="Micro-batch of the training regime."),
+    calibrate: bool = typer.Option(False, "--calibrate", help="Measure the modes on this machine now (missing "
+                                   "entries; with --refresh all) rather than only reading the calibration cache."),
+    refresh: bool = typer.Option(False, "--refresh", help="With --calibrate: measure again what is cached."),
     overrides: Optional[List[str]] = SetOption,
 ) -> None:
-    """Show the execution plan: per layer the mixer, the mode chosen for full sequences and
-    for one-token decoding, the cost estimates and why."""
-    from attnspec.compiler.plan import plan_spec
+    """Show the execution plan: per layer and regime (inference at batch 1, training at --batch,
+    one-token decoding) the mode chosen, every valid mode's estimated and measured time, and why."""
+    from attnspec.compiler.plan import plan_spec, regime_modes
     from attnspec.spec import load_spec
+    from attnspec.spec.ir import iter_blocks
 
     spec = load_spec(file, overrides or ())
-    plan = plan_spec(spec, length=length)
-    table = Table(title=escape(f"{spec.name}: plan at L = {plan.length}"))
-    for column in ("layer", "mixer", "full sequence", "decode", "est. GMAC", "est. MiB", "why"):
+    L = length or spec.max_len
+    regimes = [("inference", 1, False), ("training", batch, True)]
+    if calibrate:
+        from attnspec.compiler.calibrate import calibrate_spec
+
+        for regime, B, _ in regimes:
+            calibrate_spec(spec, regime=regime, batch=B, length=L, refresh=refresh)
+    table = Table(title=escape(f"{spec.name}: plan at L = {L}"))
+    for column in ("layer", "mixer", "regime", "mode", "valid modes: measured / estimated", "why"):
         table.add_column(column)
-    for entry in plan.layers:
-        table.add_row(escape(entry.path), escape(entry.mixer), entry.full_mode, entry.decode_mode or "-",
-                      f"{entry.cost.macs / 1e9:.3f}", f"{entry.cost.bytes / 2**20:.1f}", escape(entry.reason))
+    mixers = [block.mixer for _, block in iter_blocks(spec, expand=True)]
+    plans = [(regime, plan_spec(spec, length=L, batch=B, training=training)) for regime, B, training in regimes]
+    for index, mixer in enumerate(mixers):
+        for regime, plan in plans:
+            entry = plan.layers[index]
+            times = []
+            for mode in regime_modes(mixer, regime):
+                measured = (entry.measured or {}).get(mode)
+                shown = _milliseconds(measured) if measured is not None else entry.skipped.get(mode, "-")
+                times.append(f"{mode}: {shown} / {_milliseconds(entry.candidates[mode])}")
+            label = f"{regime} B{plan.batch}"
+            table.add_row(escape(entry.path) if regime == "inference" else "", escape(entry.mixer) if regime ==
+                          "inference" else "", label, entry.full_mode, escape("\n".join(times)), escape(entry.reason))
+        decode = plans[0][1].layers[index].decode_mode
+        table.add_row("", "", "decoding", decode or "-", "recurrent: one step per token" if decode else "-",
+                      "constant-size state" if decode else "no recurrent form: the whole prefix is needed")
     out.print(table)
+    if not any(entry.measured for _, plan in plans for entry in plan.layers):
+        out.print("[dim]Not calibrated on this machine: modes are chosen by the cost model. `--calibrate` measures "
+                  "them (builds and training runs do so themselves).[/dim]")
+
+
+def _milliseconds(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
 
 
 @app.command()
@@ -258,12 +289,14 @@ def verify(
 def run(
     directory: Path = typer.Argument(..., help="A build directory."),
     tokens: str = typer.Option(..., "--tokens", help='Input token ids, e.g. "1 2 3".'),
-    generate: int = typer.Option(0, "--generate", "-n", help="Greedily generate this many tokens with step.pt2."),
+    generate: int = typer.Option(0, "--generate", "-n", help="Greedily generate this many tokens with the decoding step."),
+    programs: bool = typer.Option(False, "--programs", help="Run the exported programs (model.pt2, step.pt2) rather "
+                                  "than the model rebuilt from spec.yaml and model.safetensors (slower to start)."),
 ) -> None:
-    """Run an exported model on tokens; optionally generate greedily with the state cache."""
+    """Predict the next token of a prompt; optionally generate greedily with the constant-size state."""
     from attnspec.compiler.runner import run_directory
 
-    result = run_directory(directory, tokens, generate)
+    result = run_directory(directory, tokens, generate, programs=programs)
     out.print(result, markup=False)
 
 

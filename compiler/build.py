@@ -30,6 +30,7 @@ from attnspec.compiler.verify import verify_model
 from attnspec.errors import AttnSpecError, BuildError
 from attnspec.spec import limits
 from attnspec.spec.emit import spec_to_data, to_yaml
+from attnspec.spec.ir import iter_blocks
 from attnspec.spec.load import load_data
 from attnspec.spec.validate import validate_data
 
@@ -54,7 +55,7 @@ StageCallback = Callable[[str, "float | None"], None]
 
 def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrides=(), aot: bool = False,
                     compile_check: bool = True, force: bool = False, weights: Path | str | dict | None = None,
-                    on_stage: StageCallback | None = None) -> BuildResult:
+                    calibrate: bool = True, on_stage: StageCallback | None = None) -> BuildResult:
     """Build ``spec_path`` into the directory ``output``.
 
     Args:
@@ -67,6 +68,9 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
         force: replace an existing build directory (never any other directory).
         weights: a safetensors file (or name -> tensor dict) of trained weights for the spec's model,
             instead of the spec's random initialisation; checked tensor by tensor.
+        calibrate: measure the modes of ``mode: auto`` mixers that this machine's calibration lacks
+            (inference at batch 1 and ``max_len``) and plan by the measurements; False plans from the
+            cache and the cost model only.
         on_stage: called as each stage starts and ends (the CLI draws its progress display with it).
 
     Raises:
@@ -89,7 +93,12 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 raise BuildError(f"the spec implies {expected:,} parameters, over the limit of "
                                  f"{limits.MAX_PARAMETERS:,}; make the model smaller")
         with stage("plan", seconds):
-            plan = plan_spec(spec, for_build=True)
+            calibration = None
+            if calibrate and any(block.mixer.mode == "auto" for _, block in iter_blocks(spec, expand=True)):
+                from attnspec.compiler.calibrate import calibrate_spec
+
+                calibration = calibrate_spec(spec, regime="inference", batch=1, length=spec.max_len)
+            plan = plan_spec(spec, for_build=True, calibration=calibration)
         with Scratch(output) as scratch:  # nothing is written before this point
             with stage("lower", seconds):
                 model = lower(spec, plan)

@@ -52,6 +52,8 @@ class PlanLayer(_Strict):
     cost: dict[Text, float]
     reason: Text
     candidates: dict[Text, float]
+    measured: dict[Text, float] | None = None
+    skipped: dict[Text, Text] = Field(default_factory=dict)
 
 
 class PlanRecord(_Strict):

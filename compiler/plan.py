@@ -19,12 +19,22 @@ with rates for a 2-core CPU; ``auto`` takes the cheapest valid mode. Three regim
   run may use the recurrent mode's loop; a compiled one is traced at a fixed length, so may too.
 * decoding: the recurrent step (constant-size state) for mixers that have one; softmax and
   Scatterbrain need the whole prefix, so a model containing them has no decoding step.
+
+Where this machine has a calibration (:class:`Calibration`, measured by
+:mod:`attnspec.compiler.calibrate`) for a mixer's structure, regime and shapes, ``auto`` takes the
+fastest *measured* mode instead of the cheapest estimate; the estimates stay beside the
+measurements in ``explain``. This module reads the calibration file without importing torch.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import platform
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from attnspec.errors import BuildError
 from attnspec.spec.ir import Spec, iter_blocks
@@ -38,6 +48,8 @@ STEP_OVERHEAD = 20e-6  # seconds per sequential step (a kernel launch / Python i
 # GateLoop, one layer, L = 64..2048): ~0.7 ms per position for forward + backward together.
 TRAINING_STEP_OVERHEAD = 350e-6
 BYTES = 4
+MAX_BYTES = 2 << 30  # a calibration does not run a mode estimated to move more memory than this
+REGIMES = ("inference", "training")
 
 
 @dataclass
@@ -66,6 +78,11 @@ class LayerPlan:
     cost: Cost
     reason: str
     candidates: dict[str, float] = field(default_factory=dict)
+    """Estimated seconds of every valid mode."""
+    measured: dict[str, float] | None = None
+    """Measured seconds of the modes this machine's calibration ran (None: not calibrated)."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Modes the calibration did not run, and why."""
 
 
 @dataclass
@@ -120,21 +137,27 @@ def _softmax_cost(L: int, H: int, dk: int, dv: int) -> Cost:
 
 
 def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False, batch: int = 1,
-              training: bool = False) -> Plan:
+              training: bool = False, calibration: "Calibration | None" = None) -> Plan:
     """Plan every block of a resolved spec at ``length`` (default ``max_len``).
 
     With ``for_build`` a forced mode that cannot be compiled with a dynamic length is an error.
     ``batch`` and ``training``: the regime of a training run (forward and backward at that batch,
     fixed length, so the recurrent loop qualifies); the default is inference at batch 1.
+    ``calibration``: measured times to choose by where they exist (default: this machine's cache,
+    if any; pass ``Calibration.empty()`` to plan from the cost model alone).
     """
     L = length or spec.max_len
     if L < 1:
         raise BuildError(f"--length must be positive, got {L}")
     if batch < 1:
         raise BuildError(f"the batch must be positive, got {batch}")
+    calibration = calibration if calibration is not None else Calibration.load()
+    regime = "training" if training else "inference"
     layers = []
     for index, (path, block) in enumerate(iter_blocks(spec, expand=True)):
-        layers.append(_plan_mixer(block.mixer, f"blocks[{index}] ({format_path(path)})", L, for_build, batch, training))
+        entry = calibration.lookup(mixer_signature(spec, block.mixer), regime, batch, L)
+        layers.append(_plan_mixer(block.mixer, f"blocks[{index}] ({format_path(path)})", L, for_build, batch, training,
+                                  entry))
     return Plan(L, layers, batch, training)
 
 
@@ -146,13 +169,20 @@ def _regime(cost: Cost, batch: int, training: bool) -> Cost:
                 step_overhead=TRAINING_STEP_OVERHEAD if training else cost.step_overhead)
 
 
-def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, training: bool = False) -> LayerPlan:
+def regime_modes(mixer, regime: str) -> tuple[str, ...]:
+    """The modes of ``mixer`` valid in ``regime``: inference (a build) excludes the recurrent mode's
+    loop over positions for causal mixers, which cannot be exported with a dynamic length."""
+    if mixer.softmax_kernel:
+        return ("quadratic",)
+    loops = mixer.causal and regime != "training"
+    return tuple(mode for mode in mixer.modes() if mode != "recurrent" or not loops)
+
+
+def estimated_costs(mixer, L: int, batch: int = 1, training: bool = False) -> dict[str, Cost]:
+    """The cost model's estimate of every mode ``mixer`` has, at (batch, L) in the regime."""
     H = mixer.heads
     if mixer.softmax_kernel:
-        cost = _regime(_softmax_cost(L, H, mixer.d_qk, mixer.d_v), batch, training)
-        return LayerPlan(path, mixer.describe(), "quadratic", None, cost,
-                         "the softmax kernel has no finite features: quadratic is the only mode; no constant-size "
-                         "decoding state (the whole prefix is needed)", {"quadratic": cost.seconds})
+        return {"quadratic": _regime(_softmax_cost(L, H, mixer.d_qk, mixer.d_v), batch, training)}
     transition = getattr(mixer, "transition", None)
     per_channel = transition is not None and transition.per_channel
     complex_ = transition is not None and transition.is_complex
@@ -168,24 +198,147 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, train
         linear_form = Cost(macs=H * L * m * d * 2, bytes=H * L * (2 * m + 2 * d) * BYTES, state_bytes=0,
                            sequential_steps=3)
         costs = {name: (costs[name] if name == "quadratic" else linear_form) for name in costs}
-    costs = {name: _regime(cost, batch, training) for name, cost in costs.items()}
-    loops = mixer.causal and not training  # a loop over positions cannot be exported with a dynamic length
-    compilable = {name: cost for name, cost in costs.items() if name != "recurrent" or not loops}
+    return {name: _regime(cost, batch, training) for name, cost in costs.items()}
+
+
+def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, training: bool = False,
+                calibrated: dict | None = None) -> LayerPlan:
+    costs = estimated_costs(mixer, L, batch, training)
+    valid = regime_modes(mixer, "training" if training else "inference")
     seconds = {name: cost.seconds for name, cost in costs.items()}
     decode = "recurrent" if mixer.has_step else None
+    measured = skipped = None
+    if calibrated is not None:
+        measured = {mode: t for mode, t in calibrated["seconds"].items() if mode in valid}
+        skipped = {mode: why for mode, why in calibrated.get("skipped", {}).items() if mode in valid}
+    if mixer.softmax_kernel:
+        reason = ("the softmax kernel has no finite features: quadratic is the only mode; no constant-size decoding "
+                  "state (the whole prefix is needed)")
+        return LayerPlan(path, mixer.describe(), "quadratic", None, costs["quadratic"], reason, seconds, measured)
     if mixer.mode != "auto":
-        if for_build and mixer.mode == "recurrent" and loops:
+        if for_build and mixer.mode not in valid:
             raise BuildError(f"{path}: mixer.mode 'recurrent' loops over positions in Python, so it cannot be compiled "
                              "or exported with a dynamic sequence length; use `mode: auto` or `chunk` (decoding "
                              "uses the recurrent form anyway)")
         chosen = mixer.mode
         reason = f"forced by the spec (mode: {mixer.mode})"
     else:
-        chosen = min(compilable, key=lambda name: compilable[name].seconds)
-        ranked = sorted(compilable, key=lambda name: compilable[name].seconds)
-        reason = ("training " if training else "") + (f"at batch {batch}, " if batch > 1 else "") + "cheapest: " + ", ".join(f"{name} {compilable[name].seconds * 1e3:.2f} ms" for name in ranked)
-        if "recurrent" in costs and loops:
-            reason += f"; recurrent {costs['recurrent'].seconds * 1e3:.2f} ms (not compilable with dynamic length)"
+        prefix = ("training " if training else "") + (f"at batch {batch}, " if batch > 1 else "")
+        if measured and all(mode in measured or mode in skipped for mode in valid):
+            ranked = sorted(measured, key=measured.get)
+            chosen = ranked[0]
+            reason = prefix + f"fastest measured on this machine ({_ms(measured[chosen])})"
+            if len(ranked) > 1:
+                reason += f"; next {ranked[1]}, {measured[ranked[1]] / max(measured[chosen], 1e-12):.1f}x slower"
+        else:
+            ranked = sorted(valid, key=lambda name: costs[name].seconds)
+            chosen = ranked[0]
+            reason = prefix + f"cheapest estimate ({_ms(costs[chosen].seconds)}; not calibrated)"
+        if "recurrent" in costs and "recurrent" not in valid:
+            reason += "; recurrent cannot be exported with a dynamic length"
     if decode is None:
         reason += "; no decoding step (" + ("it needs the whole prefix)" if mixer.causal else "non-causal)")
-    return LayerPlan(path, mixer.describe(), chosen, decode, costs[chosen], reason, seconds)
+    return LayerPlan(path, mixer.describe(), chosen, decode, costs[chosen], reason, seconds, measured, skipped or {})
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+# ---------------------------------------------------------------------------------------- calibration
+CALIBRATION_FORMAT = 1
+MAX_CALIBRATION_BYTES = 16 << 20
+
+
+def mixer_signature(spec: Spec, mixer) -> str:
+    """What a mixer's speed depends on: its spec node without ``mode``, the model width, ``max_len``
+    (the scan depth) and the dtype, hashed. Blocks of the same structure share it."""
+    data = {"mixer": mixer.model_dump(mode="json", exclude={"mode"}), "d_model": spec.d_model,
+            "max_len": spec.max_len, "dtype": spec.dtype}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def calibration_path() -> Path:
+    """``$ATTNSPEC_CACHE_DIR/calibration.json``, else under ``$XDG_CACHE_HOME/attnspec`` or ``~/.cache/attnspec``."""
+    root = os.environ.get("ATTNSPEC_CACHE_DIR")
+    if not root:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnspec"
+    return Path(root) / "calibration.json"
+
+
+def machine_key() -> str:
+    """This machine and software, as far as speed goes: attnspec and torch versions, CPU model and count."""
+    import attnspec
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "?"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"attnspec {attnspec.__version__}, torch {torch_version}, {cpu}, {os.cpu_count()} cpus"
+
+
+class Calibration:
+    """This machine's measured mode times (:mod:`attnspec.compiler.calibrate`), from a JSON cache file.
+
+    ``entries`` maps ``"signature|regime|B|L"`` to ``{"seconds": {mode: s}, "skipped": {mode: why}}``.
+    An unreadable or oversized file is treated as empty (it is a cache, rewritten on save).
+    """
+
+    def __init__(self, path: Path | None, entries: dict[str, dict], machine: str = ""):
+        self.path, self.entries, self.machine = path, entries, machine
+
+    @classmethod
+    def empty(cls) -> "Calibration":
+        """No measurements: plans come from the cost model alone."""
+        return cls(None, {})
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> "Calibration":
+        path = path or calibration_path()
+        machine = machine_key()
+        return cls(path, _read_entries(path).get(machine, {}), machine)
+
+    @staticmethod
+    def key(signature: str, regime: str, batch: int, length: int) -> str:
+        return f"{signature}|{regime}|{batch}|{length}"
+
+    def lookup(self, signature: str, regime: str, batch: int, length: int) -> dict | None:
+        return self.entries.get(self.key(signature, regime, batch, length))
+
+    def store(self, signature: str, regime: str, batch: int, length: int, seconds: dict[str, float],
+              skipped: dict[str, str]) -> None:
+        self.entries[self.key(signature, regime, batch, length)] = {"seconds": seconds, "skipped": skipped}
+
+    def save(self) -> None:
+        """Merge into the file (other processes may have added entries) and replace it atomically."""
+        if self.path is None:
+            return
+        machines = _read_entries(self.path)
+        machines.setdefault(self.machine, {}).update(self.entries)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        scratch.write_text(json.dumps({"format": CALIBRATION_FORMAT, "machines": machines}, indent=1))
+        os.replace(scratch, self.path)
+
+
+def _read_entries(path: Path) -> dict[str, dict]:
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_CALIBRATION_BYTES:
+            return {}
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    machines = data.get("machines") if isinstance(data, dict) and data.get("format") == CALIBRATION_FORMAT else None
+    if not isinstance(machines, dict):
+        return {}
+    return {name: entries for name, entries in machines.items() if isinstance(entries, dict)
+            and all(isinstance(e, dict) and isinstance(e.get("seconds"), dict) for e in entries.values())}

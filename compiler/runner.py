@@ -1,7 +1,11 @@
-"""``attnspec run``: run an exported model, and generate greedily with the exported decoding step.
+"""``attnspec run``: predict the next token of a prompt, and generate greedily with the decoding step.
 
-Only the exported programs (``model.pt2``, ``step.pt2``) and the manifest are used, as a user
-without attnspec would, loaded through :func:`~attnspec.compiler.programs.load_program` (no pickle).
+By default the model is rebuilt from the directory's spec and weights (:func:`attnspec.compiler.load.load_model`,
+the path ``attnspec.load`` takes): it starts in about two seconds, where loading ``model.pt2``
+(a graph dynamic in the length) takes from one to over ten. ``--programs`` runs the exported programs
+instead (``model.pt2``, ``step.pt2``), as a user without attnspec would, loaded through
+:func:`~attnspec.compiler.programs.load_program` (no pickle). The build checked that both compute
+the same function.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from attnspec.compiler.manifest import read_manifest
+from attnspec.compiler.manifest import Manifest, read_manifest
 from attnspec.compiler.programs import load_program
 from attnspec.errors import AttnSpecError, BuildError, shorten
 
@@ -38,51 +42,87 @@ def parse_tokens(text: str, vocab_size: int | None = None, max_len: int | None =
     return tokens
 
 
-def greedy_generate(step_program, state_signature: list, prompt: list[int], count: int) -> list[int]:
-    """Feed ``prompt`` through the exported step, then append ``count`` argmax tokens."""
-    state = [torch.zeros(1, *entry.shape, dtype=getattr(torch, entry.dtype)) for entry in state_signature]
-    step = step_program.module()
-    logits = None
+def _greedy(directory: Path, name: str, step, state: list, prompt: list[int], count: int) -> list[int]:
+    """Feed ``prompt`` through ``step(token (1,), *state) -> (logits (1, vocab), *state)``, then append
+    ``count`` argmax tokens."""
     with torch.no_grad():
-        for token in prompt:
-            logits, *state = step(torch.tensor([token]), *state)
-        generated = []
-        for _ in range(count):
-            token = int(logits[0].argmax())
-            generated.append(token)
-            logits, *state = step(torch.tensor([token]), *state)
+        try:
+            for token in prompt:
+                logits, *state = step(torch.tensor([token]), *state)
+            generated = []
+            for _ in range(count):
+                token = int(logits[0].argmax())
+                generated.append(token)
+                logits, *state = step(torch.tensor([token]), *state)
+        except AttnSpecError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a step that fails on its own state is a damaged build
+            raise BuildError(f"{directory}/{name} failed to decode ({type(error).__name__}: "
+                             f"{shorten(str(error), 160)}); rebuild the directory") from None
     return generated
 
 
-def run_directory(directory: Path | str, tokens: str, generate: int = 0) -> str:
-    """Run ``model.pt2`` on ``tokens`` and report the next-token prediction; with ``generate``, decode
-    greedily with ``step.pt2``. Returns the text to print.
+class _Runner:
+    """The model of a build directory as two calls: the full sequence and the one-token step."""
 
-    ``model.pt2`` takes sequences of 2 or more positions (a dynamic length of 1 would need guards
-    torch cannot drop); a one-token prompt runs as that token followed by token 0, and position 0 is
-    read, which is exact because every mixer of a runnable model is causal (position 0 sees only
-    itself). Non-causal models refuse one-token prompts.
+    def __init__(self, directory: Path, manifest: Manifest, programs: bool):
+        self.directory, self.manifest, self.programs = directory, manifest, programs
+        self.model = None
+        if not programs:
+            from attnspec.compiler.load import load_model
+
+            self.model = load_model(directory, manifest)
+
+    def sequence(self, prompt: list[int]) -> torch.Tensor:
+        """The output on the prompt: (1, L, ...) per position, or (1, classes)."""
+        inputs = prompt if len(prompt) > 1 or self.model is not None else prompt + [0]
+        with torch.no_grad():
+            if self.model is not None:
+                return self.model(torch.tensor([inputs]))
+            program = load_program(self.directory / "model.pt2")
+            try:
+                return program.module()(torch.tensor([inputs]))
+            except Exception as error:  # noqa: BLE001 - a program that fails on valid input is a damaged build
+                raise BuildError(f"{self.directory}/model.pt2 failed on the tokens ({type(error).__name__}: "
+                                 f"{shorten(str(error), 160)}); rebuild the directory") from None
+
+    def generate(self, prompt: list[int], count: int) -> list[int]:
+        if self.model is not None:
+            return _greedy(self.directory, "model.safetensors", self.model.step, list(self.model.init_state(1)),
+                           prompt, count)
+        signature = self.manifest.export.step.state
+        state = [torch.zeros(1, *entry.shape, dtype=getattr(torch, entry.dtype)) for entry in signature]
+        step = load_program(self.directory / "step.pt2").module()
+        return _greedy(self.directory, "step.pt2", step, state, prompt, count)
+
+
+def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, programs: bool = False) -> str:
+    """Run the model of ``directory`` on ``tokens`` and report its next-token prediction (or output);
+    with ``generate``, decode greedily with the one-token step. Returns the text to print.
+
+    ``programs``: use the exported programs rather than the model rebuilt from spec and weights
+    (module docstring). ``model.pt2`` takes sequences of 2 or more positions (a dynamic length of 1
+    would need guards torch cannot drop); a one-token prompt runs as that token followed by token 0,
+    and position 0 is read, which is exact because the model is causal. Non-causal and classifier
+    models refuse one-token prompts there.
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
     if manifest.input != "tokens":
-        raise BuildError(f"{directory} takes real-valued features, not tokens; load model.pt2 with "
-                         "torch.export.load and call it on a (batch, length, dim) tensor")
+        raise BuildError(f"{directory} takes real-valued features, not tokens; load it with attnspec.load (or "
+                         "model.pt2 with torch.export.load) and call it on a (batch, length, dim) tensor")
     if not 0 <= generate <= MAX_GENERATE:
         raise AttnSpecError(f"--generate must be between 0 and {MAX_GENERATE}, got {generate}")
     prompt = parse_tokens(tokens, manifest.vocab_size, manifest.max_len)
+    if generate and (not manifest.has_step or manifest.export.step is None):
+        raise BuildError(f"{directory} has no decoding step (a mixer without a recurrent form, or not a token LM); "
+                         "generation needs the constant-size decoding state")
     per_position = manifest.head != "classifier"
-    if len(prompt) == 1 and not (manifest.causal and per_position):
+    if programs and len(prompt) == 1 and not (manifest.causal and per_position):
         raise AttnSpecError(f"{directory} holds a non-causal or classifier model, whose exported program takes at "
                             "least 2 tokens; give a longer prompt")
-    program = load_program(directory / "model.pt2")
-    inputs = prompt if len(prompt) > 1 else prompt + [0]
-    with torch.no_grad():
-        try:
-            output = program.module()(torch.tensor([inputs]))
-        except Exception as error:  # noqa: BLE001 - a program that fails on valid input is a damaged build
-            raise BuildError(f"{directory}/model.pt2 failed on the tokens ({type(error).__name__}: "
-                             f"{shorten(str(error), 160)}); rebuild the directory") from None
+    runner = _Runner(directory, manifest, programs)
+    output = runner.sequence(prompt)
     last = len(prompt) - 1
     lines = [f"input: {' '.join(map(str, prompt))}"]
     if manifest.head == "lm":
@@ -92,14 +132,5 @@ def run_directory(directory: Path | str, tokens: str, generate: int = 0) -> str:
     else:
         lines.append(f"output: hidden states {tuple(output[0, : last + 1].shape)}")
     if generate:
-        if not manifest.has_step or manifest.export.step is None:
-            raise BuildError(f"{directory} has no step.pt2 (a mixer without a recurrent form, or not a token LM); "
-                             "generation needs the constant-size decoding state")
-        step = load_program(directory / "step.pt2")
-        try:
-            generated = greedy_generate(step, manifest.export.step.state, prompt, generate)
-        except Exception as error:  # noqa: BLE001 - a step program that fails on its own state is damaged
-            raise BuildError(f"{directory}/step.pt2 failed to decode ({type(error).__name__}: "
-                             f"{shorten(str(error), 160)}); rebuild the directory") from None
-        lines.append(f"generated: {' '.join(map(str, generated))}")
+        lines.append(f"generated: {' '.join(map(str, runner.generate(prompt, generate)))}")
     return "\n".join(lines)

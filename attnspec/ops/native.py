@@ -173,7 +173,6 @@ def enabled() -> bool:
     return _disabled == 0 and os.environ.get("ATTNSPEC_NATIVE", "1") != "0"
 
 
-@torch.compiler.assume_constant_result
 def built() -> bool:
     """Whether the kernel builds and loads on this machine; builds it on the first call.
 
@@ -181,6 +180,11 @@ def built() -> bool:
     guard (and without tracing the build).
     """
     return _library_or_none() is not None
+
+
+# What ``torch.compiler.assume_constant_result`` does, without its import of torch._dynamo (about
+# 1.2 s, most of `attnspec.load`'s start-up); a test checks the marker against torch's decorator.
+built._dynamo_marked_constant = True
 
 
 def available() -> bool:

@@ -137,7 +137,14 @@ class Trainer:
                                     f"accumulate = {config.accumulate} micro-batches", path="batch_size"))
         self.micro = config.batch_size // (world * config.accumulate)
         self.compiled = config.compile == "on" or (config.compile == "auto" and self.device.type == "cuda")
-        self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True)
+        calibration = None
+        # The calibration measures eager CPU steps; ranks of a distributed run plan from the cache
+        # alone, so that they do not measure at once on shared cores and plan alike.
+        if self.device.type == "cpu" and not self.compiled and world == 1:
+            from attnspec.compiler.calibrate import calibrate_spec
+
+            calibration = calibrate_spec(spec, regime="training", batch=self.micro, length=config.task.seq_len)
+        self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True, calibration=calibration)
         self.model = build_model_from_spec(spec).to(self.device)
         self.model.set_modes(self.plan.full_modes)
         self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()})

@@ -7,6 +7,7 @@ import torch
 
 from attnspec.compiler import build_model, count_parameters, plan_spec
 from attnspec.compiler.lower import as_spec
+from attnspec.compiler.plan import Calibration
 from attnspec.errors import BuildError
 from attnspec.spec import loads_spec
 from tests.compiler.conftest import small_overrides
@@ -43,18 +44,19 @@ def test_rebuilding_gives_the_same_function():
 
 
 def test_auto_plan_prefers_chunk_for_long_sequences_and_respects_forced_modes():
+    """The cost model alone (no calibration)."""
     spec = as_spec(SPECS[0].parent / "linear-elu.yaml")
-    assert plan_spec(spec, 8192).full_modes == ["chunk"] * 4
+    assert plan_spec(spec, 8192, calibration=Calibration.empty()).full_modes == ["chunk"] * 4
     forced = as_spec(SPECS[0].parent / "linear-elu.yaml", ["layers[0].layers[0].mixer.mode=quadratic"])
-    plan = plan_spec(forced, 8192)
+    plan = plan_spec(forced, 8192, calibration=Calibration.empty())
     assert plan.full_modes == ["quadratic"] * 4 and "forced" in plan.layers[0].reason
     assert all(layer.decode_mode == "recurrent" for layer in plan.layers)
 
 
 def test_plan_chooses_scan_for_tiny_states_and_quadratic_for_softmax():
-    plan = plan_spec(as_spec(SPECS[0].parent / "gateloop.yaml"), 1024)
+    plan = plan_spec(as_spec(SPECS[0].parent / "gateloop.yaml"), 1024, calibration=Calibration.empty())
     assert plan.full_modes[0] == "scan"  # d_qk = d_v = 1: scan's per-position states are tiny
-    hybrid = plan_spec(as_spec(SPECS[0].parent / "hybrid.yaml"))
+    hybrid = plan_spec(as_spec(SPECS[0].parent / "hybrid.yaml"), calibration=Calibration.empty())
     assert "quadratic" in hybrid.full_modes and not hybrid.has_decode
 
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnspec.ops import native
+from attnspec.ops.linear.scan import inclusive_scan, scan_steps
 from attnspec.ops.linear.common import (LOG_ZERO, Decay, PairState, _add, _at_first, _decay_state, _read_state,
                                         _rotate, _rotate_state, _segsum, _phase_cumsum, _phase_segsum,
                                         _shift_in, _unpad, batched_matmul, wrap_phase)
@@ -111,7 +112,11 @@ def chunk_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState, levels:
     index = torch.arange(g * GROUP, device=log_mag.device)
     keep = (index < n).to(writes.re.dtype).reshape(g, GROUP, 1, 1)
     spread = lambda t: None if t is None else group(t.index_select(2, index.clamp(max=n - 1))) * keep  # noqa: E731
-    local = _sequential_scan(log_mag, phase, PairState(spread(writes.re), spread(writes.im)))
+    grouped = PairState(spread(writes.re), spread(writes.im))
+    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        local = _sequential_scan(log_mag, phase, grouped)
+    else:  # eager and exported programs run op by op: log2(GROUP) rounds instead of GROUP - 1 steps
+        local = inclusive_scan(log_mag, phase, grouped, dim=-3, steps=scan_steps(GROUP))
     totals = PairState(local.re[:, :, :, -1], None if local.im is None else local.im[:, :, :, -1])
     group_phase = None if phase is None else wrap_phase(phase.to(torch.float64).sum(dim=-2)).to(phase.dtype)
     done = chunk_scan(log_mag.sum(dim=-2), group_phase, totals, levels - 1)

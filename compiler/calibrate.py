@@ -1,0 +1,202 @@
+"""Calibration: measure each mixer's modes on this machine, so that ``mode: auto`` picks by time.
+
+The cost model (:mod:`attnspec.compiler.plan`) is a guess from multiply-adds, bytes and sequential
+steps; on a 2-core CPU it was off by orders of magnitude for some layouts (a per-channel LRU
+planned quadratic ran 10x slower than recurrent). A calibration runs each valid mode of each
+distinct mixer once per regime at the regime's shapes and keeps the median time:
+
+* ``inference``: the mixer's forward without gradients at batch B and length L (a build plans at
+  batch 1 and ``max_len``); only modes a build can export (no Python loop over positions).
+* ``training``: forward and backward at the run's micro-batch and length, every mode.
+
+Decoding has one mode (the recurrent step), so there is nothing to calibrate there.
+
+Measurements are keyed by the mixer's structure (its spec node without ``mode``, the model width,
+``max_len`` and dtype: :func:`attnspec.compiler.plan.mixer_signature`), the regime and the shapes,
+and cached per machine and attnspec version in a JSON file (:mod:`attnspec.compiler.plan` reads it
+without importing torch). ``attnspec calibrate SPEC`` (re)measures on demand; ``attnspec train``
+measures what its run needs when the cache lacks it.
+
+Bounds: every mode first runs at a quarter of the length (at least ``PROBE_MIN``), and its time at L is predicted from that
+by the cost model's growth in L; one predicted over ``SLOW_FACTOR`` x the fastest is not run at full
+length (recorded as skipped, with the ratio). The others run at full
+length, interleaved round-robin (the machine is noisy), up to ``REPEATS`` times within
+``TIME_PER_MODE``. A mode whose estimated memory traffic is over ``MAX_BYTES`` is not run at all (a
+quadratic per-channel form at L = 4096 would need gigabytes). Training at a large batch is measured
+at ``MAX_MEASURED_BATCH`` and scaled linearly (time per example is flat there).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from attnspec.compiler.plan import (Calibration, MAX_BYTES, estimated_costs, mixer_signature, regime_modes)
+from attnspec.spec.ir import Spec, iter_blocks
+
+SLOW_FACTOR = 8.0  # a mode predicted this much slower than the fastest is not run at full length
+REPEATS = 15  # timed runs per mode at most (fewer when a run is long)
+TIME_PER_MODE = 0.6  # seconds of timed runs per mode at most, after the first
+MAX_MEASURED_BATCH = 8
+PROBE_MIN = 64  # shorter probes measure fixed overheads only
+
+
+@dataclass
+class Measured:
+    """One calibration entry: seconds per call for each mode that ran, and why others did not."""
+
+    seconds: dict[str, float]
+    skipped: dict[str, str]
+    measured_batch: int
+
+
+def calibrate_spec(spec: Spec, *, regime: str, batch: int, length: int, calibration: Calibration | None = None,
+                   refresh: bool = False, on_entry=None) -> Calibration:
+    """Measure every distinct ``mode: auto`` mixer of ``spec`` in ``regime`` at (batch, length) and store it.
+
+    Args:
+        spec: a resolved spec.
+        regime: ``"inference"`` or ``"training"``.
+        batch, length: the regime's shapes (training: the micro-batch).
+        calibration: the cache to add to (default: this machine's, loaded).
+        refresh: measure again even where the cache has an entry.
+        on_entry: called as ``on_entry(path, signature, Measured)`` after each new measurement.
+
+    Returns:
+        The calibration, saved to its file.
+    """
+    calibration = calibration or Calibration.load()
+    seen = set()
+    for index, (path, block) in enumerate(iter_blocks(spec, expand=True)):
+        if block.mixer.mode != "auto":
+            continue  # the spec chose; nothing to measure
+        signature = mixer_signature(spec, block.mixer)
+        if signature in seen or (not refresh and calibration.lookup(signature, regime, batch, length) is not None):
+            continue
+        seen.add(signature)
+        modes = regime_modes(block.mixer, regime)
+        if len(modes) < 2:
+            continue  # nothing to choose
+        measured = measure_mixer(spec, block.mixer, regime=regime, batch=batch, length=length, modes=modes,
+                                 seed=spec.seed + 7919 * index)
+        calibration.store(signature, regime, batch, length, measured.seconds, measured.skipped)
+        if on_entry is not None:
+            on_entry(path, signature, measured)
+    calibration.save()
+    return calibration
+
+
+def measure_mixer(spec: Spec, node, *, regime: str, batch: int, length: int, modes: tuple[str, ...],
+                  seed: int = 0, skip_slow: bool = True) -> Measured:
+    """Median seconds per call of ``node``'s mixer in each of ``modes`` on random inputs (B, L, d_model).
+
+    ``training`` times forward + backward through the input and the parameters; ``inference`` the
+    forward under ``torch.no_grad``. Shapes as in :func:`calibrate_spec`. ``skip_slow=False`` runs
+    every mode at full length (benchmarks), except those over the memory bound.
+    """
+    from attnspec.nn.model import DTYPES
+    from attnspec.nn.registry import build
+
+    torch.manual_seed(seed)
+    mixer = build("mixer", node, d_model=spec.d_model, max_len=spec.max_len, seed=seed)
+    dtype = DTYPES[spec.dtype]
+    mixer = mixer.to(dtype)
+    training = regime == "training"
+    measured_batch = min(batch, MAX_MEASURED_BATCH) if training else batch
+    scale = batch / measured_batch
+    x = torch.randn(measured_batch, length, spec.d_model, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+    estimates = estimated_costs(node, length, measured_batch, training)
+    skipped = {mode: f"not run: would move ~{estimates[mode].bytes / 2**30:.1f} GiB"
+               for mode in modes if estimates[mode].bytes > MAX_BYTES}
+    order = sorted((mode for mode in modes if mode not in skipped), key=lambda mode: estimates[mode].seconds)
+
+    def call(mode: str, n: int) -> float:
+        start = time.perf_counter()
+        if training:
+            inputs = x[:, :n].detach().requires_grad_(True)
+            mixer(inputs, mode).square().mean().backward()
+        else:
+            with torch.no_grad():
+                mixer(x[:, :n], mode)
+        return time.perf_counter() - start
+
+    mixer.train(training)
+    # Probe at a quarter of the length (two calls: the first pays lazy initialisation) and predict
+    # the time at L by the cost model's growth from L/4 to L (its rates are guesses, its scaling in L
+    # is not): a mode predicted SLOW_FACTOR x slower than the best prediction is not run at L.
+    probe_length = min(length, max(length // 4, PROBE_MIN))
+    short = estimated_costs(node, probe_length, measured_batch, training)
+    predicted = {}
+    for mode in order:
+        call(mode, probe_length)
+        predicted[mode] = call(mode, probe_length) * estimates[mode].seconds / short[mode].seconds
+    best = min(predicted.values()) if predicted else 0.0
+    for mode in order:
+        if skip_slow and predicted[mode] > SLOW_FACTOR * best:
+            skipped[mode] = f"predicted {predicted[mode] / best:.0f}x slower (measured at L = {probe_length})"
+    candidates = [mode for mode in order if mode not in skipped]
+    runs = {mode: [call(mode, length)] for mode in candidates}
+    longest = max(times[0] for times in runs.values())
+    rounds = max(1, min(REPEATS, int(TIME_PER_MODE / max(longest, 1e-4))))
+    for _ in range(rounds - 1):  # interleaved: a noisy moment hits every mode alike
+        for mode in candidates:
+            runs[mode].append(call(mode, length))
+    mixer.zero_grad(set_to_none=True)
+    seconds = {mode: statistics.median(times) * scale for mode, times in runs.items()}
+    return Measured(seconds, skipped, measured_batch)
+
+
+@dataclass
+class PlanCheck:
+    """One mixer's plan in one regime against a fresh measurement of its modes."""
+
+    path: str
+    mixer: str
+    regime: str
+    chosen: str
+    """The calibrated plan's mode."""
+    estimated: str
+    """The mode the cost model alone would choose."""
+    seconds: dict[str, float]
+    """This measurement's seconds per mode (modes predicted far slower are absent)."""
+    skipped: dict[str, str]
+
+    @property
+    def fastest(self) -> str:
+        return min(self.seconds, key=self.seconds.get)
+
+    def ratio(self, mode: str) -> float | None:
+        """``mode``'s time over the fastest's (None: not measured)."""
+        return self.seconds[mode] / self.seconds[self.fastest] if mode in self.seconds else None
+
+
+def check_plan(spec: Spec, *, regime: str, batch: int, length: int, calibration: Calibration,
+               skip_slow: bool = True) -> list[PlanCheck]:
+    """Calibrate ``spec`` into ``calibration``, plan with it, then measure every distinct ``auto``
+    mixer's valid modes again: the chosen mode against the fastest of this second measurement, and
+    the cost model's choice beside it (what ``mode: auto`` did before calibration)."""
+    from attnspec.compiler.plan import plan_spec
+
+    training = regime == "training"
+    calibrate_spec(spec, regime=regime, batch=batch, length=length, calibration=calibration)
+    plan = plan_spec(spec, length, batch=batch, training=training, calibration=calibration)
+    estimated = plan_spec(spec, length, batch=batch, training=training, calibration=Calibration.empty())
+    checks, seen = [], set()
+    for index, (path, block) in enumerate(iter_blocks(spec, expand=True)):
+        signature = mixer_signature(spec, block.mixer)
+        modes = regime_modes(block.mixer, regime)
+        if block.mixer.mode != "auto" or len(modes) < 2 or signature in seen:
+            continue
+        seen.add(signature)
+        fresh = measure_mixer(spec, block.mixer, regime=regime, batch=batch, length=length, modes=modes,
+                              seed=spec.seed + 7919 * index + 1, skip_slow=skip_slow)
+        layer = plan.layers[index]
+        checks.append(PlanCheck(layer.path, layer.mixer, regime, layer.full_mode, estimated.layers[index].full_mode,
+                                fresh.seconds, fresh.skipped))
+    return checks
+
+
+__all__ = ["Measured", "PlanCheck", "calibrate_spec", "check_plan", "measure_mixer"]

@@ -209,7 +209,9 @@ def build(
     overrides: Optional[List[str]] = SetOption,
     weights: Optional[Path] = typer.Option(None, "--weights", help="Trained weights (safetensors) of the spec's "
                                                                  "model, instead of its random initialisation."),
-    aot: bool = typer.Option(False, "--aot", help="Also write an AOTInductor package (model.aoti.pt2)."),
+    aot: bool = typer.Option(False, "--aot", help="Also write AOTInductor packages (model.aoti.pt2, step.aoti.pt2)."),
+    no_calibrate: bool = typer.Option(False, "--no-calibrate", help="Plan from the calibration cache and the cost "
+                                      "model only; do not measure missing modes."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip the torch.compile check."),
     force: bool = typer.Option(False, "--force", help="Replace an existing build directory."),
 ) -> None:
@@ -234,7 +236,7 @@ def build(
                 progress.update(tasks[name], completed=1, description=f"{name} ({seconds:.1f}s)")
 
         result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
-                                 force=force, weights=weights, on_stage=on_stage)
+                                 force=force, weights=weights, calibrate=not no_calibrate, on_stage=on_stage)
     _print_build_summary(result.directory, result.manifest)
 
 
@@ -250,16 +252,39 @@ def _print_build_summary(directory: Path, manifest: dict) -> None:
     verification = manifest["verification"]
     table.add_row("verification", f"{len(verification['rows'])} mode checks, worst rel. diff "
                                   f"{verification['worst_rel_diff']:.1e}: {'ok' if verification['ok'] else 'FAILED'}")
+    export = manifest["export"]
     for name, info in manifest["files"].items():
-        table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB")
+        table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB" + _artifact_speed(export.get(name)))
+    if "model.aoti.pt2" not in manifest["files"]:
+        table.add_row("model.aoti.pt2", "not built: compiled native code, minutes of C++ compilation on a small CPU "
+                                        "(--aot builds it and step.aoti.pt2)")
     table.add_row("stages", ", ".join(f"{k} {v:.1f}s" for k, v in manifest["stage_seconds"].items()))
     out.print(table)
     run = (f"attnspec run {directory} --tokens \"1 2 3\"" + (" --generate 8" if manifest["has_step"] else "")
            if manifest["input"] == "tokens" else "")
-    out.print(f"\nNext: {run}"
-              + f"\n      python -c \"import torch; p = torch.export.load('{directory}/model.pt2')\""
-              + f"\n      python -c \"import attnspec; model = attnspec.load('{directory}')\"", markup=False)
+    lines = [f"\nNext: {run}", f"      python -c \"import attnspec; model = attnspec.load('{directory}')\"",
+             "Load each artifact from plain PyTorch:",
+             f"  model.pt2       program = torch.export.load('{directory}/model.pt2').module(); program(tokens)"]
+    if manifest["has_step"]:
+        lines.append(f"  step.pt2        step = torch.export.load('{directory}/step.pt2').module(); "
+                     "logits, *state = step(token, *state)  (state: zeros as manifest.json export.step.pt2.state)")
+    for name in ("model.aoti.pt2", "step.aoti.pt2"):
+        if name in manifest["files"]:
+            lines.append(f"  {name:<15} program = torch._inductor.aoti_load_package('{directory}/{name}')  "
+                         "(native code: load only your own)")
+    out.print("\n".join(lines), markup=False)
 
+
+def _artifact_speed(info: dict | None) -> str:
+    """``, 12,345 tokens/s at B4 L256 (eager 6,789)`` from a manifest export entry."""
+    if not info or info.get("tokens_per_second") is None:
+        return ""
+    at = info.get("speed_at") or {}
+    where = f"B{at.get('batch')} L{at['length']}" if "length" in at else f"decoding, B{at.get('batch')}"
+    text = f", {info['tokens_per_second']:,.0f} tokens/s at {where}"
+    if info.get("eager_tokens_per_second"):
+        text += f" (attnspec.load's eager model: {info['eager_tokens_per_second']:,.0f})"
+    return text
 
 @app.command()
 def verify(

@@ -20,7 +20,8 @@ from safetensors.torch import save_file
 
 import attnspec
 from attnspec.compiler.compile import check_compiled
-from attnspec.compiler.export import example_input, export_model, export_step, state_signature
+from attnspec.compiler.export import (DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, example_input,
+                                      export_model, export_step, sequence_speed, state_signature)
 from attnspec.compiler.load import load_weights
 from attnspec.compiler.lower import count_parameters, lower
 from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
@@ -63,7 +64,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             resolved spec, with the weights of its latest checkpoint).
         output: the build directory to create (must not exist unless ``force``).
         overrides: ``"path=value"`` strings, as ``--set``.
-        aot: also write an AOTInductor package ``model.aoti.pt2``.
+        aot: also write AOTInductor packages ``model.aoti.pt2`` (and ``step.aoti.pt2``): compiled native
+            programs, minutes of C++ compilation on a small CPU, so not built by default.
         compile_check: compile with ``torch.compile`` and compare with eager (``--no-compile`` skips it).
         force: replace an existing build directory (never any other directory).
         weights: a safetensors file (or name -> tensor dict) of trained weights for the spec's model,
@@ -172,17 +174,36 @@ def _compile_check(model) -> dict:
 
 
 def _export(model, scratch: Path, aot: bool) -> dict:
+    """Export ``model.pt2`` (and ``step.pt2``), with ``aot`` their AOTInductor packages too, check the
+    full-sequence program against eager, and measure every artifact's speed (manifest ``export``)."""
     program = export_model(model, scratch / "model.pt2")
     check_length = max(2, min(model.spec.max_len, 37))
     inputs = example_input(model, 2, check_length, torch.Generator().manual_seed(1))
     with torch.no_grad():
         diff = (program.module()(inputs) - model(inputs)).abs().max().item()
-    info = {"model.pt2": {"checked_length": check_length, "max_abs_diff_vs_eager": diff}}
+    speed_inputs = example_input(model, SPEED_BATCH, max(2, min(model.spec.max_len, SPEED_LENGTH)),
+                                 torch.Generator().manual_seed(2))
+    speed_at = {"batch": int(speed_inputs.shape[0]), "length": int(speed_inputs.shape[1])}
+    info = {"model.pt2": {"checked_length": check_length, "max_abs_diff_vs_eager": diff,
+                          "tokens_per_second": sequence_speed(program.module(), speed_inputs),
+                          "eager_tokens_per_second": sequence_speed(model, speed_inputs), "speed_at": speed_at}}
+    step_program = None
     if model.has_step:
-        export_step(model, scratch / "step.pt2")
-        info["step.pt2"] = {"state": state_signature(model)}
+        step_program = export_step(model, scratch / "step.pt2")
+        info["step.pt2"] = {"state": state_signature(model),
+                            "tokens_per_second": decode_speed(step_program.module(), model.init_state(1)),
+                            "eager_tokens_per_second": decode_speed(model.step, model.init_state(1)),
+                            "speed_at": {"batch": 1, "steps": DECODE_STEPS}}
     if aot:
-        torch._inductor.aoti_compile_and_package(program, package_path=str(scratch / "model.aoti.pt2"))
+        from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+        package = aoti_compile_and_package(program, package_path=str(scratch / "model.aoti.pt2"))
+        info["model.aoti.pt2"] = {"tokens_per_second": sequence_speed(aoti_load_package(package), speed_inputs),
+                                  "speed_at": speed_at}
+        if step_program is not None:
+            package = aoti_compile_and_package(step_program, package_path=str(scratch / "step.aoti.pt2"))
+            info["step.aoti.pt2"] = {"tokens_per_second": decode_speed(aoti_load_package(package), model.init_state(1)),
+                                     "speed_at": {"batch": 1, "steps": DECODE_STEPS}}
     return info
 
 

@@ -6,7 +6,8 @@ planned quadratic ran 10x slower than recurrent). A calibration runs each valid 
 distinct mixer once per regime at the regime's shapes and keeps the median time:
 
 * ``inference``: the mixer's forward without gradients at batch B and length L (a build plans at
-  batch 1 and ``max_len``); only modes a build can export (no Python loop over positions).
+  batch 1 and ``max_len``), on the graph path the exported programs run (not the CPU chunk kernel);
+  only modes a build can export (no Python loop over positions).
 * ``training``: forward and backward at the run's micro-batch and length, every mode.
 
 Decoding has one mode (the recurrent step), so there is nothing to calibrate there.
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from attnspec.compiler.plan import (Calibration, MAX_BYTES, estimated_costs, mixer_signature, regime_modes)
+from attnspec.ops import native
 from attnspec.spec.ir import Spec, iter_blocks
 
 SLOW_FACTOR = 8.0  # a mode predicted this much slower than the fastest is not run at full length
@@ -124,11 +126,22 @@ def measure_mixer(spec: Spec, node, *, regime: str, batch: int, length: int, mod
         return time.perf_counter() - start
 
     mixer.train(training)
+    # Inference is measured on the graph path: the exported programs a build writes run it (the CPU
+    # chunk kernel is not in them, so that they load without attnspec). Training never uses the kernel.
+    with native.disabled():
+        seconds = _measure(call, order, length, measured_batch, node, training, estimates, skipped, skip_slow)
+    mixer.zero_grad(set_to_none=True)
+    return Measured({mode: t * scale for mode, t in seconds.items()}, skipped, measured_batch)
+
+
+def _measure(call, order: list[str], length: int, batch: int, node, training: bool, estimates: dict, skipped: dict,
+             skip_slow: bool) -> dict[str, float]:
+    """Median seconds per ``call(mode, length)`` of each mode in ``order``; adds the modes it skips to ``skipped``."""
     # Probe at a quarter of the length (two calls: the first pays lazy initialisation) and predict
     # the time at L by the cost model's growth from L/4 to L (its rates are guesses, its scaling in L
     # is not): a mode predicted SLOW_FACTOR x slower than the best prediction is not run at L.
     probe_length = min(length, max(length // 4, PROBE_MIN))
-    short = estimated_costs(node, probe_length, measured_batch, training)
+    short = estimated_costs(node, probe_length, batch, training)
     predicted = {}
     for mode in order:
         call(mode, probe_length)
@@ -144,9 +157,7 @@ def measure_mixer(spec: Spec, node, *, regime: str, batch: int, length: int, mod
     for _ in range(rounds - 1):  # interleaved: a noisy moment hits every mode alike
         for mode in candidates:
             runs[mode].append(call(mode, length))
-    mixer.zero_grad(set_to_none=True)
-    seconds = {mode: statistics.median(times) * scale for mode, times in runs.items()}
-    return Measured(seconds, skipped, measured_batch)
+    return {mode: statistics.median(times) for mode, times in runs.items()}
 
 
 @dataclass

@@ -5,6 +5,8 @@ The exported programs load with ``torch.export.load`` and run without attnspec i
 
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -63,3 +65,34 @@ def export_step(model: Model, path: Path) -> torch.export.ExportedProgram:
 def state_signature(model: Model) -> list[dict]:
     """Shapes (without the batch dimension) and dtypes of the decoding state, for loaders without attnspec."""
     return [{"shape": list(t.shape[1:]), "dtype": str(t.dtype).replace("torch.", "")} for t in model.init_state(1)]
+
+
+SPEED_BATCH = 4
+SPEED_LENGTH = 256
+DECODE_STEPS = 32
+
+
+def sequence_speed(call, inputs: torch.Tensor, repeats: int = 3) -> float:
+    """Tokens per second of ``call(inputs)`` (B, L, ...) without gradients: median of ``repeats``
+    after one warm-up call."""
+    times = []
+    with torch.no_grad():
+        call(inputs)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call(inputs)
+            times.append(time.perf_counter() - start)
+    return inputs.shape[0] * inputs.shape[1] / statistics.median(times)
+
+
+def decode_speed(step, state: tuple[torch.Tensor, ...], steps: int = DECODE_STEPS) -> float:
+    """Tokens per second of ``step(token, *state) -> (logits, *state)`` at the state's batch, over
+    ``steps`` steps after one warm-up step."""
+    batch = state[0].shape[0]
+    token = torch.zeros(batch, dtype=torch.long)
+    with torch.no_grad():
+        _, *state = step(token, *state)
+        start = time.perf_counter()
+        for _ in range(steps):
+            _, *state = step(token, *state)
+    return batch * steps / (time.perf_counter() - start)

@@ -26,7 +26,7 @@ FORMAT = 2
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
 REQUIRED_FILES = ("spec.yaml", "model.safetensors", "model.pt2")
-OPTIONAL_FILES = ("step.pt2", "model.aoti.pt2")
+OPTIONAL_FILES = ("step.pt2", "model.aoti.pt2", "step.aoti.pt2")
 FILE_NAMES = REQUIRED_FILES + OPTIONAL_FILES
 """Every file a build may write besides the manifest: plain names, so nothing outside the directory
 can be named."""
@@ -68,18 +68,36 @@ class StateEntry(_Strict):
     dtype: Literal["float32", "float64", "int64"]
 
 
+Speed = Annotated[float, Field(ge=0)]
+
+
 class StepExport(_Strict):
     state: Annotated[list[StateEntry], Field(max_length=4 * limits.MAX_BLOCKS + 1)]
+    tokens_per_second: Speed | None = None
+    """Decoding speed of the program (batch 1, ``speed_at``); ``eager_…`` that of ``attnspec.load``'s model."""
+    eager_tokens_per_second: Speed | None = None
+    speed_at: dict[Text, int] | None = None
 
 
 class ModelExport(_Strict):
     checked_length: int
     max_abs_diff_vs_eager: float
+    tokens_per_second: Speed | None = None
+    """Full-sequence speed of the program at ``speed_at`` (batch, length), without gradients."""
+    eager_tokens_per_second: Speed | None = None
+    speed_at: dict[Text, int] | None = None
+
+
+class AotExport(_Strict):
+    tokens_per_second: Speed
+    speed_at: dict[Text, int]
 
 
 class ExportRecord(_Strict):
     model: ModelExport = Field(alias="model.pt2")
     step: StepExport | None = Field(default=None, alias="step.pt2")
+    model_aoti: AotExport | None = Field(default=None, alias="model.aoti.pt2")
+    step_aoti: AotExport | None = Field(default=None, alias="step.aoti.pt2")
 
 
 class Manifest(_Strict):

@@ -15,6 +15,9 @@ Table 2, eager, at L = 512, 2048, 8192: the linear specs (each mixer in the mode
 for training at that batch and length) against the nanoGPT reference at the same length; ratio > 1
 means faster than softmax attention (target from L = 2048).
 
+Table 3, at L = 512 and 2048: each linear spec's training step compiled (as `attnspec train
+--compile on` does) against eager, and the compile time (first compiled step).
+
 Candidates are interleaved (A B A B ...) and the median of the repeats is reported, since these
 machines are noisy.
 """
@@ -128,14 +131,36 @@ def table_lengths(lengths: list[int], repeats: int) -> None:
             print(f"{L:6} {name:22} {modes[name]:10} {rate:10.0f} {rate / rates['nanoGPT reference']:13.2f}")
 
 
+def table_compile_linear(lengths: list[int], repeats: int) -> None:
+    """Compiled against eager training steps of the linear specs (the issue-14 target: >= 1.3x at
+    L >= 512, compiled in <= 20 s), each in the mode the training plan chooses."""
+    print("\nTable 3: linear specs, compiled / eager training step, 8192 tokens per step")
+    print(f"{'L':>6} {'spec':14} {'mode':10} {'eager tok/s':>12} {'compiled tok/s':>15} {'ratio':>6} {'compile s':>10}")
+    for L in lengths:
+        batch = TOKENS // L
+        for name in LINEAR:
+            candidates, modes = {}, {}
+            for compiled in (False, True):
+                model, optimizer, modes[name] = attnspec_step(name, L, batch)
+                candidates[compiled] = make_step(model, optimizer, compiled)
+            rates, first = measure(candidates, L, batch, repeats)
+            print(f"{L:6} {name:14} {modes[name]:10} {rates[False]:12.0f} {rates[True]:15.0f} "
+                  f"{rates[True] / rates[False]:6.2f} {first[True]:10.1f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tables", default="123", help="which tables to print, e.g. 3")
     args = parser.parse_args()
     repeats = 3 if args.quick else 5
     print(f"torch {torch.__version__}")
-    table_compiled(repeats)
-    table_lengths([512, 2048] if args.quick else [512, 2048, 8192], repeats)
+    if "1" in args.tables:
+        table_compiled(repeats)
+    if "2" in args.tables:
+        table_lengths([512, 2048] if args.quick else [512, 2048, 8192], repeats)
+    if "3" in args.tables:
+        table_compile_linear([512] if args.quick else [512, 2048], repeats)
 
 
 if __name__ == "__main__":

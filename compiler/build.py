@@ -8,6 +8,7 @@ output as it was, and ``--force`` replaces only a build directory attnspec wrote
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 import attnspec
-from attnspec.compiler.compile import check_compiled
+from attnspec.compiler.compile import BackgroundCheck
 from attnspec.compiler.export import (DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, example_input,
                                       export_model, export_step, sequence_speed, state_signature)
 from attnspec.compiler.load import load_weights
@@ -113,18 +114,25 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 header = f"resolved spec of {spec.name}, built by attnspec {attnspec.__version__}"
                 (scratch.path / "spec.yaml").write_text(to_yaml(spec, minimal=False, header=header))
                 save_file(_weights(model), str(scratch.path / "model.safetensors"))
-            with stage("verify", seconds):
-                verification = verify_model(model)
-                if not verification.ok:
-                    worst = max(verification.rows, key=lambda row: row.rel_diff)
-                    raise BuildError(f"mode verification failed: {worst.layer} in {worst.mode} differs by "
-                                     f"{worst.rel_diff:.2e} (tolerance {worst.tolerance:.0e})")
-            compiled = None
-            if compile_check:
-                with stage("compile", seconds):
-                    compiled = _compile_check(model)
-            with stage("export", seconds):
-                exported = _export(model, scratch.path, aot)
+            background = BackgroundCheck(scratch.path, plan.full_modes) if compile_check else None
+            with background or contextlib.nullcontext():
+                if background is not None:
+                    stage.started("compile")
+                with stage("verify", seconds):
+                    verification = verify_model(model)
+                    if not verification.ok:
+                        worst = max(verification.rows, key=lambda row: row.rel_diff)
+                        raise BuildError(f"mode verification failed: {worst.layer} in {worst.mode} differs by "
+                                         f"{worst.rel_diff:.2e} (tolerance {worst.tolerance:.0e})")
+                with stage("export", seconds):
+                    exported, programs = _export(model, scratch.path, aot)
+                compiled = None
+                if background is not None:
+                    compiled, seconds["compile"] = background.result()
+                    seconds["compile"] = round(seconds["compile"], 3)
+                    stage.finished("compile", seconds["compile"])
+            with stage("measure", seconds):  # after the compile check: its process would slow these
+                _measure_speeds(model, programs, exported)
             manifest = _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds,
                                  scratch.path)
             (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -164,47 +172,50 @@ def save_model(model, directory: Path | str, *, force: bool = False, aot: bool =
                            compile_check=compile_check, on_stage=on_stage)
 
 
-def _compile_check(model) -> dict:
-    """Compile, warm up at one length, then require equal outputs and no recompile at others."""
-    lengths = [n for n in (45, 29, 77) if n <= model.spec.max_len] or [model.spec.max_len]
-    generator = torch.Generator().manual_seed(0)
-    inputs = [example_input(model, 2, n, generator) for n in lengths]
-    tight = model.embed.weight.dtype == torch.float64
-    return check_compiled(model, inputs, atol=1e-9 if tight else 1e-4, rtol=1e-7 if tight else 1e-4)
-
-
-def _export(model, scratch: Path, aot: bool) -> dict:
-    """Export ``model.pt2`` (and ``step.pt2``), with ``aot`` their AOTInductor packages too, check the
-    full-sequence program against eager, and measure every artifact's speed (manifest ``export``)."""
+def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
+    """Export ``model.pt2`` (and ``step.pt2``), with ``aot`` their AOTInductor packages too, and check the
+    full-sequence program against eager. Returns the manifest's ``export`` entries and the programs
+    by file name (for :func:`_measure_speeds`)."""
     program = export_model(model, scratch / "model.pt2")
     check_length = max(2, min(model.spec.max_len, 37))
     inputs = example_input(model, 2, check_length, torch.Generator().manual_seed(1))
     with torch.no_grad():
         diff = (program.module()(inputs) - model(inputs)).abs().max().item()
-    speed_inputs = example_input(model, SPEED_BATCH, max(2, min(model.spec.max_len, SPEED_LENGTH)),
-                                 torch.Generator().manual_seed(2))
-    speed_at = {"batch": int(speed_inputs.shape[0]), "length": int(speed_inputs.shape[1])}
-    info = {"model.pt2": {"checked_length": check_length, "max_abs_diff_vs_eager": diff,
-                          "tokens_per_second": sequence_speed(program.module(), speed_inputs),
-                          "eager_tokens_per_second": sequence_speed(model, speed_inputs), "speed_at": speed_at}}
+    info = {"model.pt2": {"checked_length": check_length, "max_abs_diff_vs_eager": diff}}
+    programs = {"model.pt2": program.module()}
     step_program = None
     if model.has_step:
         step_program = export_step(model, scratch / "step.pt2")
-        info["step.pt2"] = {"state": state_signature(model),
-                            "tokens_per_second": decode_speed(step_program.module(), model.init_state(1)),
-                            "eager_tokens_per_second": decode_speed(model.step, model.init_state(1)),
-                            "speed_at": {"batch": 1, "steps": DECODE_STEPS}}
+        info["step.pt2"] = {"state": state_signature(model)}
+        programs["step.pt2"] = step_program.module()
     if aot:
         from torch._inductor import aoti_compile_and_package, aoti_load_package
 
         package = aoti_compile_and_package(program, package_path=str(scratch / "model.aoti.pt2"))
-        info["model.aoti.pt2"] = {"tokens_per_second": sequence_speed(aoti_load_package(package), speed_inputs),
-                                  "speed_at": speed_at}
+        info["model.aoti.pt2"], programs["model.aoti.pt2"] = {}, aoti_load_package(package)
         if step_program is not None:
             package = aoti_compile_and_package(step_program, package_path=str(scratch / "step.aoti.pt2"))
-            info["step.aoti.pt2"] = {"tokens_per_second": decode_speed(aoti_load_package(package), model.init_state(1)),
-                                     "speed_at": {"batch": 1, "steps": DECODE_STEPS}}
-    return info
+            info["step.aoti.pt2"], programs["step.aoti.pt2"] = {}, aoti_load_package(package)
+    return info, programs
+
+
+def _measure_speeds(model, programs: dict, info: dict) -> None:
+    """Tokens per second of every artifact into its ``info`` entry: full-sequence programs at batch
+    ``SPEED_BATCH`` and length ``SPEED_LENGTH`` (or ``max_len``), decoding steps at batch 1, each
+    beside ``attnspec.load``'s eager model for the portable programs."""
+    inputs = example_input(model, SPEED_BATCH, max(2, min(model.spec.max_len, SPEED_LENGTH)),
+                           torch.Generator().manual_seed(2))
+    sequence_at = {"batch": int(inputs.shape[0]), "length": int(inputs.shape[1])}
+    decode_at = {"batch": 1, "steps": DECODE_STEPS}
+    for name, program in programs.items():
+        if name.startswith("model"):
+            info[name].update(tokens_per_second=sequence_speed(program, inputs), speed_at=sequence_at)
+            if name == "model.pt2":
+                info[name]["eager_tokens_per_second"] = sequence_speed(model, inputs)
+        else:
+            info[name].update(tokens_per_second=decode_speed(program, model.init_state(1)), speed_at=decode_at)
+            if name == "step.pt2":
+                info[name]["eager_tokens_per_second"] = decode_speed(model.step, model.init_state(1))
 
 
 def _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds, scratch: Path) -> dict:
@@ -249,6 +260,15 @@ class _Stages:
 
     def __init__(self, on_stage: StageCallback | None):
         self.on_stage = on_stage
+
+    def started(self, name: str) -> None:
+        """A stage that runs beside others (the compile check's process)."""
+        if self.on_stage is not None:
+            self.on_stage(name, None)
+
+    def finished(self, name: str, seconds: float) -> None:
+        if self.on_stage is not None:
+            self.on_stage(name, seconds)
 
     @contextmanager
     def __call__(self, name: str, seconds: dict[str, float]) -> Iterator[None]:

@@ -1,14 +1,23 @@
-"""Compiling with ``torch.compile(fullgraph=True)``, dynamic in batch and sequence length.
+"""Compiling with ``torch.compile(fullgraph=True)``, and the build's compile check.
 
 ``fullgraph=True`` turns any graph break into an error. Each model is compiled with its own
 recompile budget (``isolate_recompiles`` where torch has it, otherwise a dynamo reset), and
-hitting the recompile limit is an error rather than a silent fall-back to eager.
+hitting the recompile limit is an error rather than a silent fall-back to eager. Checks compile
+regionally (one compiled graph per distinct block structure); a build runs its check in a child
+process beside the export (:class:`BackgroundCheck`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -82,8 +91,8 @@ class _RegionalBlock(nn.Module):
 
 
 @contextlib.contextmanager
-def regionally_compiled(model: nn.Module) -> Iterator[nn.Module]:
-    """``model`` with every block run through one ``torch.compile(fullgraph=True, dynamic=True)`` function.
+def regionally_compiled(model: nn.Module, dynamic: bool = True) -> Iterator[nn.Module]:
+    """``model`` with every block run through one ``torch.compile(fullgraph=True, dynamic=dynamic)`` function.
 
     Regional compilation: blocks of the same structure share one compiled graph (the parameters are
     graph inputs), so a model of N identical blocks compiles one block rather than N, and the
@@ -91,7 +100,7 @@ def regionally_compiled(model: nn.Module) -> Iterator[nn.Module]:
     embedding and head around the blocks run eagerly. The model's own blocks are restored on exit.
     """
     blocks = model.blocks
-    compiled = torch.compile(_run_block, fullgraph=True, dynamic=True, **_compile_options(len(blocks) + 1))
+    compiled = torch.compile(_run_block, fullgraph=True, dynamic=dynamic, **_compile_options(len(blocks) + 1))
     model.blocks = nn.ModuleList(_RegionalBlock(block, compiled) for block in blocks)
     try:
         yield model
@@ -99,12 +108,13 @@ def regionally_compiled(model: nn.Module) -> Iterator[nn.Module]:
         model.blocks = blocks
 
 
-def check_compiled(model: nn.Module, example_inputs: list[torch.Tensor], atol: float, rtol: float) -> dict:
+def check_compiled(model: nn.Module, example_inputs: list[torch.Tensor], atol: float, rtol: float,
+                   dynamic: bool = True) -> dict:
     """Compile ``model``'s blocks (:func:`regionally_compiled`), warm up on the first input, then run
-    the others with recompiles forbidden.
+    the others with recompiles forbidden (with ``dynamic=False``, give one input).
 
-    Returns ``{"lengths": [...], "max_abs_diff": float, "graphs": int}`` comparing compiled with
-    eager outputs; ``graphs`` is the number of distinct compiled block graphs.
+    Returns ``{"lengths": [...], "max_abs_diff": float, "graphs": int, "dynamic": bool}`` comparing
+    compiled with eager outputs; ``graphs`` is the number of distinct compiled block graphs.
     Raises BuildError if an input would recompile or the outputs differ beyond the tolerance.
     """
     from torch._dynamo.utils import counters
@@ -114,7 +124,7 @@ def check_compiled(model: nn.Module, example_inputs: list[torch.Tensor], atol: f
     graphs_before = counters["stats"]["unique_graphs"]
     with torch.no_grad():
         eager = [model(inputs) for inputs in example_inputs]
-        with regionally_compiled(model) as compiled:
+        with regionally_compiled(model, dynamic) as compiled:
             for i, inputs in enumerate(example_inputs):
                 if i == 0:
                     got = compiled(inputs)
@@ -130,4 +140,86 @@ def check_compiled(model: nn.Module, example_inputs: list[torch.Tensor], atol: f
                 if not torch.allclose(got, eager[i], atol=atol, rtol=rtol):
                     raise BuildError(f"compiled output differs from eager by {diff:.3e} at length {inputs.shape[1]}")
                 lengths.append(int(inputs.shape[1]))
-    return {"lengths": lengths, "max_abs_diff": worst, "graphs": counters["stats"]["unique_graphs"] - graphs_before}
+    return {"lengths": lengths, "max_abs_diff": worst, "graphs": counters["stats"]["unique_graphs"] - graphs_before,
+            "dynamic": dynamic}
+
+
+def check_model(model: nn.Module) -> dict:
+    """A build's compile check: ``fullgraph=True`` holds and compiled equals eager, for every block
+    compiled regionally with fixed shapes at batch 2 and length 45 (or ``max_len``), with the
+    tolerance of the model's dtype (float32 1e-4; float64 1e-9 absolute, 1e-7 relative).
+
+    Fixed shapes are what ``attnspec train --compile on`` compiles, and they compile in about half
+    the time of a length-dynamic graph on a small CPU. That the model does not specialise on the
+    length is what the export stage proves (``model.pt2`` has a dynamic length dimension, which
+    ``torch.export`` refuses to keep if any code specialises on it), and the test suite checks
+    ``torch.compile(dynamic=True)`` across lengths without recompiles for each mode's code path.
+    """
+    from attnspec.compiler.export import example_input
+
+    inputs = [example_input(model, 2, min(45, model.spec.max_len), torch.Generator().manual_seed(0))]
+    tight = model.embed.weight.dtype == torch.float64
+    return check_compiled(model, inputs, atol=1e-9 if tight else 1e-4, rtol=1e-7 if tight else 1e-4, dynamic=False)
+
+
+class BackgroundCheck:
+    """:func:`check_model` on a build's model in a child process, while the build goes on.
+
+    The child rebuilds the model from the scratch directory's ``spec.yaml`` and
+    ``model.safetensors`` (written before it starts) with the plan's modes, so the build's export
+    overlaps the compile check (most of a build's time on a small CPU) and the compiler's state
+    never leaks into the exporting process. ``result()`` waits; leaving the ``with`` block early
+    kills the child. Its output goes to a temporary file outside the build directory.
+    """
+
+    def __init__(self, directory: Path, modes: list[str]):
+        self.log = tempfile.TemporaryFile()
+        command = [sys.executable, "-m", "attnspec.compiler.compile", str(directory), json.dumps(modes)]
+        self.start = time.perf_counter()
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=os.environ.copy())
+
+    def __enter__(self) -> "BackgroundCheck":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+    def result(self) -> tuple[dict, float]:
+        """The check's report and its wall-clock seconds. Raises BuildError with the child's message."""
+        code = self.process.wait()
+        seconds = time.perf_counter() - self.start
+        self.log.seek(0)
+        output = self.log.read().decode(errors="replace").strip().splitlines()
+        last = output[-1] if output else ""
+        try:
+            report = json.loads(last)
+        except ValueError:
+            report = None
+        if code == 0 and isinstance(report, dict) and "lengths" in report:
+            return report, seconds
+        if isinstance(report, dict) and "error" in report:
+            raise BuildError(report["error"])
+        tail = "\n".join(output[-15:])
+        raise BuildError(f"the compile check's process failed (exit {code}):\n{tail}")
+
+
+def _check_directory(directory: Path, modes: list[str]) -> dict:
+    from attnspec.compiler.load import load_weights
+    from attnspec.nn.model import build_model_from_spec
+    from attnspec.spec import load_spec
+
+    model = build_model_from_spec(load_spec(directory / "spec.yaml", ()))
+    model.set_modes(modes)
+    load_weights(model, directory / "model.safetensors")
+    return check_model(model.eval())
+
+
+if __name__ == "__main__":  # the child of BackgroundCheck: prints one JSON line, the report or the error
+    try:
+        print(json.dumps(_check_directory(Path(sys.argv[1]), json.loads(sys.argv[2]))))
+    except BuildError as error:
+        print(json.dumps({"error": str(error)}))
+        sys.exit(3)

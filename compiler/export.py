@@ -67,18 +67,19 @@ def state_signature(model: Model) -> list[dict]:
     return [{"shape": list(t.shape[1:]), "dtype": str(t.dtype).replace("torch.", "")} for t in model.init_state(1)]
 
 
-SPEED_BATCH = 4
+SPEED_BATCH = 1
 SPEED_LENGTH = 256
+SPEED_SECONDS = 0.5  # timed calls stop after this long (at least one after the warm-up)
 DECODE_STEPS = 32
 
 
 def sequence_speed(call, inputs: torch.Tensor, repeats: int = 3) -> float:
-    """Tokens per second of ``call(inputs)`` (B, L, ...) without gradients: median of ``repeats``
-    after one warm-up call."""
+    """Tokens per second of ``call(inputs)`` (B, L, ...) without gradients: median of up to
+    ``repeats`` timed calls within ``SPEED_SECONDS``, after one warm-up call."""
     times = []
     with torch.no_grad():
         call(inputs)
-        for _ in range(repeats):
+        while len(times) < repeats and sum(times) < SPEED_SECONDS:
             start = time.perf_counter()
             call(inputs)
             times.append(time.perf_counter() - start)

@@ -112,7 +112,7 @@ def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, 
     c = 2 if complex_ else 1  # real and imaginary parts of the state
     state = H * m * d * c
     n = -(-L // chunk)
-    levels = max(0, math.ceil(math.log(max(n / 64, 1), 16)))  # grouping levels of the cross-chunk scan
+    levels = max(0, math.ceil(math.log(max(n / 128, 1), 16)))  # grouping levels of the cross-chunk scan (chunk.TOP)
     intra_decay = L * chunk * (m if per_channel else 1)
     costs = {
         "recurrent": Cost(macs=H * L * m * d * 2 * c, bytes=H * L * (2 * m + d) * BYTES + L * state * BYTES,

@@ -33,11 +33,18 @@ def test_every_spec_builds_compiles_verifies_and_exports_in_one_process(built_sp
         assert ("step.pt2" in files) == manifest["has_step"], name
 
 
-def test_compiled_equals_eager_without_recompiling_at_new_lengths():
-    model = attnspec.build(SPECS[0].parent / "retnet.yaml", "d_model=32", "layers[0].repeat=1")
+@pytest.mark.parametrize("name, mode", [("retnet", "chunk"), ("lru", "chunk"), ("gateloop", "scan"),
+                                        ("linear-elu", "quadratic")])
+def test_compiled_equals_eager_without_recompiling_at_new_lengths(name, mode):
+    """``torch.compile(dynamic=True)`` of each mode's code path (per-head and per-channel complex
+    decays in chunk mode, the scan, the quadratic form) across lengths, with recompiles forbidden.
+    Builds check fixed shapes only (``check_model``); this is where the dynamic property is held."""
+    model = attnspec.build(SPECS[0].parent / f"{name}.yaml", "d_model=32", "layers[0].repeat=1",
+                           *(["layers[0].layers[0].mixer.heads=2"] if name == "gateloop" else []))
+    model.set_modes([mode])
     inputs = [example_input(model, 2, n) for n in (100, 37, 300, 1000, 63)]
     report = check_compiled(model, inputs, atol=1e-4, rtol=1e-4)  # raises on any recompile
-    assert report["lengths"] == [100, 37, 300, 1000, 63]
+    assert report["lengths"] == [100, 37, 300, 1000, 63] and report["graphs"] == 1
 
 
 def test_reloaded_model_equals_the_built_one(built_specs):

@@ -68,7 +68,10 @@ def _native_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initia
 GROUP = 16  # chunks per group of the cross-chunk scan: a recurrence unrolled over a group
 
 
-TOP = 64  # at most this many elements go to the quadratic top level of the cross-chunk scan
+# At most this many elements go to the quadratic top level of the cross-chunk scan (its cost is
+# n^2 Dk Dv per head, a matrix product): 128 keeps max_len up to 8128 at chunk size 64 free of
+# grouping levels, whose unrolled steps make compiled and exported graphs several times larger.
+TOP = 128
 
 
 def scan_levels(n: int, max_length: int | None = None, unit: int = 1) -> int:
@@ -170,10 +173,16 @@ def _quadratic_scan(log_mag: Tensor, phase: Tensor | None, writes: PairState) ->
 def _apply_decay_matrix(weight: Tensor, states: Tensor) -> Tensor:
     """``out[..., c, :, :] = sum_c' weight[..., c, c', :, None] * states[..., c', :, :]``.
 
-    ``weight``: ``(..., n, n, Dd)`` with Dd 1 or Dk; ``states``: ``(..., n, Dk, Dv)``. A broadcast
-    product summed by Inductor in one reduction (no bmm, whose batch shape would depend on Dd).
+    ``weight``: ``(..., n, n, Dd)`` with Dd 1 or Dk; ``states``: ``(..., n, Dk, Dv)``. One batched
+    matrix product: over the flattened state entries for a per-head decay (Dd = 1), per state row
+    for a per-channel one (a broadcast product would materialise n x n x Dk x Dv numbers when run
+    op by op, as in eager code and exported programs).
     """
-    return (weight.unsqueeze(-1) * states.unsqueeze(-4)).sum(dim=-3)
+    n, Dk, Dv = states.shape[-3:]
+    if weight.shape[-1] == 1:
+        return batched_matmul(weight[..., 0], states.reshape(*states.shape[:-2], Dk * Dv)).reshape(states.shape)
+    out = batched_matmul(weight.movedim(-1, -3), states.transpose(-3, -2))  # (..., Dk, n, Dv)
+    return out.transpose(-3, -2)
 
 
 def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None,

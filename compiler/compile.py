@@ -176,7 +176,8 @@ class BackgroundCheck:
         self.log = tempfile.TemporaryFile()
         command = [sys.executable, "-m", "attnspec.compiler.compile", str(directory), json.dumps(modes)]
         self.start = time.perf_counter()
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
     def __enter__(self) -> "BackgroundCheck":
         return self
@@ -204,6 +205,15 @@ class BackgroundCheck:
             raise BuildError(report["error"])
         tail = "\n".join(output[-15:])
         raise BuildError(f"the compile check's process failed (exit {code}):\n{tail}")
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to kill it when the build process dies (even by SIGKILL),
+    so that a killed build leaves no compiler running."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _check_directory(directory: Path, modes: list[str]) -> dict:

@@ -180,9 +180,10 @@ def nan_weight(tensors):
 def cases(marker: Path):
     """(id, mutation, recompute hashes, who must refuse it).
 
-    "both": ``run`` and ``load``; "run": the programs, which ``load`` never reads; "load": the spec
-    the manifest carries, the weights and the plan's modes, which ``run`` never reads (it runs the
-    intact programs). ``spec.yaml`` is for people and rebuilds: nothing loads it, and a changed one
+    "both": every reader; "run": the programs, which only ``run --programs`` reads; "load": the spec
+    the manifest carries, the weights and the plan's modes, which ``attnspec.load`` and a plain
+    ``run`` read and ``run --programs`` never does (it runs the intact programs). ``spec.yaml`` is
+    for people and rebuilds: nothing loads it, and a changed one
     fails its hash ("wrong-hash").
     """
     return [
@@ -254,16 +255,18 @@ def test_crafted_build_directory_is_refused(base, tmp_path, case_id):
     mutate(directory)
     if recompute:
         fix_hashes(directory)
+    # `run --programs` reads the programs; `attnspec.load` and a plain `run` the spec and weights only
     if refused_by in ("both", "run"):
         with pytest.raises(BuildError):
-            run_directory(directory, "1 2 3", generate=2)
+            run_directory(directory, "1 2 3", generate=2, programs=True)
     else:
-        run_directory(directory, "1 2 3", generate=2)
-    if refused_by in ("both", "load"):
-        with pytest.raises(BuildError):
-            attnspec.load(directory)
-    else:  # attnspec.load reads the spec and weights only, never a program
-        attnspec.load(directory)
+        run_directory(directory, "1 2 3", generate=2, programs=True)
+    for read_spec_and_weights in (lambda: attnspec.load(directory), lambda: run_directory(directory, "1 2 3", 2)):
+        if refused_by in ("both", "load"):
+            with pytest.raises(BuildError):
+                read_spec_and_weights()
+        else:
+            read_spec_and_weights()
     assert not marker.exists(), "a pickled payload ran"
 
 
@@ -289,7 +292,7 @@ def test_cli_refuses_crafted_directories_with_exit_2(base, tmp_path):
     shutil.copytree(base, directory)
     rewrite_zip(directory / "model.pt2", {"sample_inputs/model.pt": pickled(marker)})
     fix_hashes(directory)
-    for command in (["run", str(directory), "--tokens", "1 2"], ["verify", str(directory / "missing")]):
+    for command in (["run", str(directory), "--tokens", "1 2", "--programs"], ["verify", str(directory / "missing")]):
         result = subprocess.run([sys.executable, "-m", "attnspec", *command], capture_output=True, text=True,
                                 timeout=300, cwd=ROOT)
         assert result.returncode == 2, result.stderr
@@ -297,15 +300,20 @@ def test_cli_refuses_crafted_directories_with_exit_2(base, tmp_path):
     assert not marker.exists()
 
 
-def test_one_token_prompt_runs_as_one_token(base):
-    text = run_directory(base, "9", generate=1)
+@pytest.mark.parametrize("programs", [False, True])
+def test_one_token_prompt_runs_as_one_token(base, programs):
+    text = run_directory(base, "9", generate=1, programs=programs)
     lines = dict(line.split(": ", 1) for line in text.splitlines())
     assert lines["input"] == "9"
-    assert lines["next token (argmax)"] == lines["generated"]  # model.pt2 and step.pt2 agree
+    assert lines["next token (argmax)"] == lines["generated"]  # the full sequence and the step agree
     model = attnspec.load(base)
     with torch.no_grad():
         expected = int(model(torch.tensor([[9]]))[0, -1].argmax())
     assert int(lines["next token (argmax)"]) == expected
+
+
+def test_run_and_run_programs_print_the_same_tokens(base):
+    assert run_directory(base, "3 1 4 1 5", generate=6) == run_directory(base, "3 1 4 1 5", generate=6, programs=True)
 
 
 @pytest.mark.parametrize("tokens", ["99999999999999999999999", "-1", "1 x", "", "512", "1.5"])

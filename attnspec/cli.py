@@ -260,6 +260,11 @@ def _print_build_summary(directory: Path, manifest: dict) -> None:
     verification = manifest["verification"]
     table.add_row("verification", f"{len(verification['rows'])} mode checks, worst rel. diff "
                                   f"{verification['worst_rel_diff']:.1e}: {'ok' if verification['ok'] else 'FAILED'}")
+    compiled = manifest["compile"]
+    if compiled is not None:
+        table.add_row("compile check", ("reused: a build of the same structure passed on this machine" if
+                                        compiled.get("reused") else "ok") +
+                      f" ({compiled.get('graphs', '?')} block graph(s), max diff {compiled['max_abs_diff']:.1e})")
     export = manifest["export"]
     for name, info in manifest["files"].items():
         table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB" + _artifact_speed(export.get(name)))

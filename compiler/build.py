@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 import attnspec
-from attnspec.compiler.compile import BackgroundCheck
+from attnspec.compiler.compile import BackgroundCheck, check_key, passed_before, remember_pass
 from attnspec.compiler.export import (DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, example_input,
                                       export_model, export_step, sequence_speed, state_signature)
 from attnspec.compiler.load import load_weights
@@ -67,7 +67,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
         overrides: ``"path=value"`` strings, as ``--set``.
         aot: also write AOTInductor packages ``model.aoti.pt2`` (and ``step.aoti.pt2``): compiled native
             programs, minutes of C++ compilation on a small CPU, so not built by default.
-        compile_check: compile with ``torch.compile`` and compare with eager (``--no-compile`` skips it).
+        compile_check: compile with ``torch.compile`` and compare with eager (``--no-compile`` skips it);
+            a check that passed on this machine for the same structure is reused (manifest ``compile.reused``).
         force: replace an existing build directory (never any other directory).
         weights: a safetensors file (or name -> tensor dict) of trained weights for the spec's model,
             instead of the spec's random initialisation; checked tensor by tensor.
@@ -114,7 +115,11 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 header = f"resolved spec of {spec.name}, built by attnspec {attnspec.__version__}"
                 (scratch.path / "spec.yaml").write_text(to_yaml(spec, minimal=False, header=header))
                 save_file(_weights(model), str(scratch.path / "model.safetensors"))
-            background = BackgroundCheck(scratch.path, plan.full_modes) if compile_check else None
+            # A structure whose check passed before on this machine (the same spec but for its name and
+            # seed, the same modes and versions) compiles to the same graphs: its check is reused.
+            key = check_key(spec_to_data(spec, minimal=False), plan.full_modes) if compile_check else None
+            reused = passed_before(key) if key is not None else None
+            background = BackgroundCheck(scratch.path, plan.full_modes) if key and reused is None else None
             with background or contextlib.nullcontext():
                 if background is not None:
                     stage.started("compile")
@@ -126,11 +131,12 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                                          f"{worst.rel_diff:.2e} (tolerance {worst.tolerance:.0e})")
                 with stage("export", seconds):
                     exported, programs = _export(model, scratch.path, aot)
-                compiled = None
+                compiled = None if reused is None else {**reused, "reused": True}
                 if background is not None:
                     compiled, seconds["compile"] = background.result()
                     seconds["compile"] = round(seconds["compile"], 3)
                     stage.finished("compile", seconds["compile"])
+                    remember_pass(key, compiled)
             with stage("measure", seconds):  # after the compile check: its process would slow these
                 _measure_speeds(model, programs, exported)
             manifest = _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds,

@@ -207,6 +207,54 @@ class BackgroundCheck:
         raise BuildError(f"the compile check's process failed (exit {code}):\n{tail}")
 
 
+CHECKS_FILE = "compile-checks.json"
+MAX_CHECKS_BYTES = 16 << 20
+
+
+def check_key(spec_data: dict, modes: list[str]) -> str:
+    """What a build's compile check depends on: the resolved spec without its name and seed (which
+    change only values), the plan's modes, and the attnspec and torch versions."""
+    import hashlib
+
+    import attnspec
+
+    data = {key: value for key, value in spec_data.items() if key not in ("name", "seed")}
+    text = json.dumps([data, modes, attnspec.__version__, torch.__version__], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def passed_before(key: str) -> dict | None:
+    """The report of a check that passed for the same structure (:func:`check_key`) on this machine, if any."""
+    return _read_checks().get(key)
+
+
+def remember_pass(key: str, report: dict) -> None:
+    """Record a passed check in the cache (merged with what other processes wrote, replaced atomically)."""
+    from attnspec.compiler.plan import cache_directory
+
+    checks = _read_checks()
+    checks[key] = report
+    path = cache_directory() / CHECKS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    scratch.write_text(json.dumps({"format": 1, "checks": checks}))
+    os.replace(scratch, path)
+
+
+def _read_checks() -> dict[str, dict]:
+    from attnspec.compiler.plan import cache_directory
+
+    path = cache_directory() / CHECKS_FILE
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_CHECKS_BYTES:
+            return {}
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # a damaged cache is empty; the next check rewrites it
+    checks = data.get("checks") if isinstance(data, dict) and data.get("format") == 1 else None
+    return {k: v for k, v in checks.items() if isinstance(v, dict)} if isinstance(checks, dict) else {}
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: ask Linux to kill it when the build process dies (even by SIGKILL),
     so that a killed build leaves no compiler running."""

@@ -258,12 +258,15 @@ def mixer_signature(spec: Spec, mixer) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def calibration_path() -> Path:
-    """``$ATTNSPEC_CACHE_DIR/calibration.json``, else under ``$XDG_CACHE_HOME/attnspec`` or ``~/.cache/attnspec``."""
+def cache_directory() -> Path:
+    """attnspec's per-user cache: ``$ATTNSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnspec`` or ``~/.cache/attnspec``."""
     root = os.environ.get("ATTNSPEC_CACHE_DIR")
-    if not root:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnspec"
-    return Path(root) / "calibration.json"
+    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnspec"
+
+
+def calibration_path() -> Path:
+    """The calibration file, ``calibration.json`` in :func:`cache_directory`."""
+    return cache_directory() / "calibration.json"
 
 
 def machine_key() -> str:
@@ -340,5 +343,15 @@ def _read_entries(path: Path) -> dict[str, dict]:
     machines = data.get("machines") if isinstance(data, dict) and data.get("format") == CALIBRATION_FORMAT else None
     if not isinstance(machines, dict):
         return {}
-    return {name: entries for name, entries in machines.items() if isinstance(entries, dict)
-            and all(isinstance(e, dict) and isinstance(e.get("seconds"), dict) for e in entries.values())}
+    return {name: {key: entry for key, entry in entries.items() if _valid_entry(entry)}
+            for name, entries in machines.items() if isinstance(entries, dict)}
+
+
+def _valid_entry(entry: object) -> bool:
+    """A cache entry as :meth:`Calibration.store` writes it: finite non-negative seconds, reasons as text."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("seconds"), dict):
+        return False
+    seconds, skipped = entry["seconds"], entry.get("skipped", {})
+    return (all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
+                for t in seconds.values())
+            and isinstance(skipped, dict) and all(isinstance(why, str) for why in skipped.values()))

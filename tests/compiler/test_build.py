@@ -115,6 +115,27 @@ def test_tampered_directory_is_refused(built_specs, tmp_path):
         attnspec.load(copy)
 
 
+def test_a_structure_checked_before_reuses_its_compile_check(tmp_path, monkeypatch):
+    """Same spec but for name and seed: the second build reuses the first one's passed compile check
+    (no compile process starts); another structure is checked afresh."""
+    from attnspec.compiler import build as build_module
+
+    monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    small = ["d_model=16", "layers[0].repeat=1", "max_len=64", "input.vocab_size=32"]
+    first = build_directory(SPECS[0].parent / "linear-elu.yaml", tmp_path / "a", overrides=small)
+    assert first.manifest["compile"]["graphs"] == 1 and not first.manifest["compile"].get("reused")
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("a compile check ran for a structure that passed before")
+
+    monkeypatch.setattr(build_module, "BackgroundCheck", no_process)
+    second = build_directory(SPECS[0].parent / "linear-elu.yaml", tmp_path / "b", overrides=[*small, "seed=7",
+                                                                                              "name=other"])
+    assert second.manifest["compile"]["reused"] is True and "compile" not in second.stage_seconds
+    with pytest.raises(BuildError, match="compile check ran"):  # a build wraps unexpected errors
+        build_directory(SPECS[0].parent / "linear-elu.yaml", tmp_path / "c", overrides=[*small, "d_model=24"])
+
+
 def test_failing_build_leaves_nothing_behind(tmp_path):
     target = tmp_path / "out"
     with pytest.raises(BuildError, match="dynamic sequence length"):

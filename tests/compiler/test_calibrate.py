@@ -80,7 +80,10 @@ def test_calibration_cache_is_per_machine_merged_and_survives_damage(tmp_path, m
     data["machines"]["another machine"] = {}
     path.write_text(json.dumps(data))
     assert Calibration.load().lookup("sig", "training", 8, 64)  # other machines' entries do not interfere
-    for damage in ("{not json", json.dumps({"format": 99, "machines": {}}), json.dumps({"format": 1, "machines": 3})):
+    bad_entries = {"a": {"seconds": {"chunk": "fast"}}, "b": {"seconds": {"chunk": float("nan")}}, "c": [],
+                   "d": {"seconds": {"chunk": 1.0}, "skipped": {"scan": 3}}, "e": {"seconds": {"chunk": True}}}
+    for damage in ("{not json", json.dumps({"format": 99, "machines": {}}), json.dumps({"format": 1, "machines": 3}),
+                   json.dumps({"format": 1, "machines": {second.machine: bad_entries}}).replace("NaN", "NaN")):
         path.write_text(damage)
         assert Calibration.load().entries == {}  # a damaged cache is empty, never an error
     Calibration.load().save()

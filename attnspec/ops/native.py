@@ -266,22 +266,34 @@ def _check_arguments(q, k, v, log_mag, phase, initial_state, initial_state_im, o
         raise ShapeError("out, final_state and final_state_im must be contiguous tensors")
 
 
-@torch.library.custom_op("attnspec::chunked_linear_attention", mutates_args=(), device_types="cpu")
-def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_mag: Optional[Tensor], phase: Optional[Tensor],
-                             initial_state: Optional[Tensor], initial_state_im: Optional[Tensor], scale: float,
-                             chunk_size: int, log_zero: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Causal gated linear attention by the CPU kernel: ``o (B, H, L, Dv)`` and the final state's real
-    and imaginary parts ``(B, H, Dk, Dv)``.
-
-    Arguments as in :func:`forward_into`. A torch op, so ``torch.compile`` keeps it in the graph
-    (``fullgraph=True`` holds) with any sequence length. Forward only: it has no autograd formula.
-    """
+def _chunked(q: Tensor, k: Tensor, v: Tensor, log_mag: Optional[Tensor], phase: Optional[Tensor],
+             initial_state: Optional[Tensor], initial_state_im: Optional[Tensor], scale: float,
+             chunk_size: int, log_zero: float) -> tuple[Tensor, Tensor, Tensor]:
     B, H, L, Dk = q.shape
     out = q.new_empty(B, H, L, v.shape[-1])
     final_state, final_state_im = q.new_empty(B, H, Dk, v.shape[-1]), q.new_empty(B, H, Dk, v.shape[-1])
     forward_into(q, k, v, log_mag, phase, initial_state, initial_state_im, scale, chunk_size, log_zero, out,
                  final_state, final_state_im)
     return out, final_state, final_state_im
+
+
+chunked_linear_attention = torch.library.custom_op("attnspec::chunked_linear_attention", mutates_args=(),
+                                                   device_types="cpu")(_chunked)
+chunked_linear_attention.__doc__ = """Causal gated linear attention by the CPU kernel: ``o (B, H, L, Dv)`` and the
+final state's real and imaginary parts ``(B, H, Dk, Dv)``.
+
+Arguments as in :func:`forward_into`. A torch op, so ``torch.compile`` keeps it in the graph
+(``fullgraph=True`` holds) with any sequence length. Forward only: it has no autograd formula.
+"""
+
+
+def run_chunked(*args) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`chunked_linear_attention` (same arguments): through the op where code is being traced, as a
+    plain call otherwise. The op's eager dispatch imports torch._dynamo on its first call (about a
+    second of `attnspec run`'s start-up) and adds nothing outside a graph."""
+    if torch.compiler.is_compiling():
+        return chunked_linear_attention(*args)
+    return _chunked(*args)
 
 
 @chunked_linear_attention.register_fake

@@ -60,8 +60,8 @@ def _native_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initia
     if decay is not None:
         log_mag, phase = decay.log_mag.squeeze(-1), None if decay.phase is None else decay.phase.squeeze(-1)
     start_re, start_im = initial if initial is not None else (None, None)
-    out, final_re, final_im = native.chunked_linear_attention(q, k, v, log_mag, phase, start_re, start_im, scale,
-                                                              chunk_size, LOG_ZERO)
+    out, final_re, final_im = native.run_chunked(q, k, v, log_mag, phase, start_re, start_im, scale, chunk_size,
+                                                 LOG_ZERO)
     return out, PairState(final_re, None if phase is None else final_im)
 
 

@@ -110,14 +110,14 @@ def test_linear_attention_normalised_with_state_continuation_on_the_kernel(monke
 
 
 def spy_on_kernel(monkeypatch) -> list:
-    """Record each use of the kernel op by linear_attention (eager calls only)."""
+    """Record each use of the kernel by linear_attention (eager calls only: they call it directly)."""
     calls = []
-    real = native.chunked_linear_attention
+    real = native._chunked
 
     def spy(*args):
         calls.append(True)
         return real(*args)
-    monkeypatch.setattr(native, "chunked_linear_attention", spy)
+    monkeypatch.setattr(native, "_chunked", spy)
     return calls
 
 

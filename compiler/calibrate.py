@@ -15,16 +15,17 @@ Decoding has one mode (the recurrent step), so there is nothing to calibrate the
 Measurements are keyed by the mixer's structure (its spec node without ``mode``, the model width,
 ``max_len`` and dtype: :func:`attnspec.compiler.plan.mixer_signature`), the regime and the shapes,
 and cached per machine and attnspec version in a JSON file (:mod:`attnspec.compiler.plan` reads it
-without importing torch). ``attnspec calibrate SPEC`` (re)measures on demand; ``attnspec train``
-measures what its run needs when the cache lacks it.
+without importing torch). ``attnspec explain SPEC --calibrate [--refresh]`` measures on demand;
+``attnspec build`` and ``attnspec train`` measure what they plan for when the cache lacks it.
 
-Bounds: every mode first runs at a quarter of the length (at least ``PROBE_MIN``), and its time at L is predicted from that
-by the cost model's growth in L; one predicted over ``SLOW_FACTOR`` x the fastest is not run at full
-length (recorded as skipped, with the ratio). The others run at full
-length, interleaved round-robin (the machine is noisy), up to ``REPEATS`` times within
-``TIME_PER_MODE``. A mode whose estimated memory traffic is over ``MAX_BYTES`` is not run at all (a
-quadratic per-channel form at L = 4096 would need gigabytes). Training at a large batch is measured
-at ``MAX_MEASURED_BATCH`` and scaled linearly (time per example is flat there).
+Bounds: every mode first runs at a quarter of the length (at least ``PROBE_MIN``), and its time at
+L is predicted from that by the cost model's growth in L, capped at ``MAX_GROWTH`` x linear; one
+predicted over ``SLOW_FACTOR`` x the fastest is not run at full length (recorded as skipped, with
+the ratio). The others run at full length, interleaved round-robin (the machine is noisy), up to
+``REPEATS`` times within ``TIME_PER_MODE``. A mode whose estimated memory traffic is over
+``MAX_BYTES`` is not run at all (a quadratic per-channel form at L = 4096 would need gigabytes).
+Training at a large batch is measured at ``MAX_MEASURED_BATCH`` and scaled linearly (time per
+example is flat there).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ REPEATS = 15  # timed runs per mode at most (fewer when a run is long)
 TIME_PER_MODE = 0.6  # seconds of timed runs per mode at most, after the first
 MAX_MEASURED_BATCH = 8
 PROBE_MIN = 64  # shorter probes measure fixed overheads only
+MAX_GROWTH = 2.0  # a probe's prediction assumes at most twice linear growth from L / 4 to L
 
 
 @dataclass
@@ -138,14 +140,16 @@ def _measure(call, order: list[str], length: int, batch: int, node, training: bo
              skip_slow: bool) -> dict[str, float]:
     """Median seconds per ``call(mode, length)`` of each mode in ``order``; adds the modes it skips to ``skipped``."""
     # Probe at a quarter of the length (two calls: the first pays lazy initialisation) and predict
-    # the time at L by the cost model's growth from L/4 to L (its rates are guesses, its scaling in L
-    # is not): a mode predicted SLOW_FACTOR x slower than the best prediction is not run at L.
+    # the time at L by the cost model's growth from L/4 to L, capped at MAX_GROWTH (fixed costs make
+    # real growth slower than the model's: a quadratic form measured growing 6x where the model said
+    # 16x). A mode predicted SLOW_FACTOR x slower than the best prediction is not run at L.
     probe_length = min(length, max(length // 4, PROBE_MIN))
     short = estimated_costs(node, probe_length, batch, training)
     predicted = {}
     for mode in order:
         call(mode, probe_length)
-        predicted[mode] = call(mode, probe_length) * estimates[mode].seconds / short[mode].seconds
+        growth = min(estimates[mode].seconds / short[mode].seconds, MAX_GROWTH * length / probe_length)
+        predicted[mode] = call(mode, probe_length) * growth
     best = min(predicted.values()) if predicted else 0.0
     for mode in order:
         if skip_slow and predicted[mode] > SLOW_FACTOR * best:

@@ -84,6 +84,11 @@ class LayerPlan:
     skipped: dict[str, str] = field(default_factory=dict)
     """Modes the calibration did not run, and why."""
 
+    @property
+    def seconds(self) -> float:
+        """The chosen mode's time: measured where this machine's calibration has it, else estimated."""
+        return (self.measured or {}).get(self.full_mode, self.cost.seconds)
+
 
 @dataclass
 class Plan:

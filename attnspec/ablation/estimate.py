@@ -47,7 +47,7 @@ class Estimator:
         forward = 2 * (dense * L + mixer_macs)  # FLOPs of one sequence, forward
         evaluations = (config.steps // config.eval_every if config.eval_every else 0) + 1
         flops = config.steps * config.batch_size * 3 * forward + evaluations * config.test_examples * forward
-        step_seconds = (sum(layer.cost.seconds for layer in training_plan.layers) * config.accumulate
+        step_seconds = (sum(layer.seconds for layer in training_plan.layers) * config.accumulate
                         + 3 * dense * L * config.batch_size / MAC_RATE)
         eval_seconds = config.test_examples * forward / 2 / MAC_RATE
         return RunEstimate(parameters, model.state_size(L), flops,

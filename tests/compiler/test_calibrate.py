@@ -51,6 +51,7 @@ def test_the_plan_follows_measurements_and_the_cost_model_fills_gaps(tmp_path):
     plan = plan_spec(spec, 8192, calibration=calibration)
     assert plan.full_modes == ["quadratic"] * 4
     assert "fastest measured" in plan.layers[0].reason and plan.layers[0].measured["quadratic"] == 1.0
+    assert plan.layers[0].seconds == 1.0  # what sweep estimates add up: the measurement, not the estimate
     # another regime or length has no measurement: estimated
     assert "estimate" in plan_spec(spec, 4096, calibration=calibration).layers[0].reason
     # a forced mode is not overridden by measurements

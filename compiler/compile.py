@@ -41,18 +41,6 @@ def size_oblivious():
         return contextlib.nullcontext()
 
 
-class CompiledModel(nn.Module):
-    """A compiled model whose calls trace size-obliviously (see :func:`size_oblivious`)."""
-
-    def __init__(self, compiled: nn.Module):
-        super().__init__()
-        self.compiled = compiled
-
-    def forward(self, *args, **kwargs):
-        with size_oblivious():
-            return self.compiled(*args, **kwargs)
-
-
 def _compile_options(limit: int = 8) -> dict:
     """Per-call recompile isolation where torch has it (2.13); otherwise a fresh dynamo state."""
     options = {}
@@ -66,11 +54,6 @@ def _compile_options(limit: int = 8) -> dict:
     if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
         torch._dynamo.config.fail_on_recompile_limit_hit = True
     return options
-
-
-def compile_model(model: nn.Module) -> nn.Module:
-    """``torch.compile(model, fullgraph=True, dynamic=True)`` with recompiles isolated per model."""
-    return CompiledModel(torch.compile(model, fullgraph=True, dynamic=True, **_compile_options()))
 
 
 def _run_block(block: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -157,7 +157,8 @@ class BackgroundCheck:
 
     def __init__(self, directory: Path, modes: list[str]):
         self.log = tempfile.TemporaryFile()
-        command = [sys.executable, "-m", "attnspec.compiler.compile", str(directory), json.dumps(modes)]
+        # -P: the working directory is not put on sys.path, so no `attnspec` folder there is imported
+        command = [sys.executable, "-P", "-m", "attnspec.compiler.compile", str(directory), json.dumps(modes)]
         self.start = time.perf_counter()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=os.environ.copy(),
                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)

@@ -136,6 +136,20 @@ def test_a_structure_checked_before_reuses_its_compile_check(tmp_path, monkeypat
         build_directory(SPECS[0].parent / "linear-elu.yaml", tmp_path / "c", overrides=[*small, "d_model=24"])
 
 
+def test_the_compile_check_process_imports_nothing_from_the_working_directory(tmp_path, monkeypatch):
+    """The check's child runs ``python -m attnspec.compiler.compile``; an ``attnspec`` folder in the
+    working directory (a received directory, say) must not be what it imports."""
+    marker = tmp_path / "PWNED"
+    (tmp_path / "attnspec").mkdir()
+    (tmp_path / "attnspec" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path / "cache"))  # no reused check: the child must run
+    small = ["d_model=16", "layers[0].repeat=1", "max_len=64", "input.vocab_size=32"]
+    result = build_directory(SPECS[0].parent / "softmax-transformer.yaml", tmp_path / "out", overrides=small)
+    assert result.manifest["compile"]["lengths"] == [45] and not result.manifest["compile"].get("reused")
+    assert not marker.exists()
+
+
 def test_failing_build_leaves_nothing_behind(tmp_path):
     target = tmp_path / "out"
     with pytest.raises(BuildError, match="dynamic sequence length"):

@@ -192,7 +192,6 @@ class BackgroundCheck:
 
 
 CHECKS_FILE = "compile-checks.json"
-MAX_CHECKS_BYTES = 16 << 20
 
 
 def check_key(spec_data: dict, modes: list[str]) -> str:
@@ -214,29 +213,23 @@ def passed_before(key: str) -> dict | None:
 
 def remember_pass(key: str, report: dict) -> None:
     """Record a passed check in the cache (merged with what other processes wrote, replaced atomically)."""
-    from attnspec.compiler.plan import cache_directory
+    from attnspec.compiler.plan import write_cache_file
 
     checks = _read_checks()
     checks[key] = report
-    path = cache_directory() / CHECKS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    scratch.write_text(json.dumps({"format": 1, "checks": checks}))
-    os.replace(scratch, path)
+    write_cache_file(_checks_path(), "checks", checks)
+
+
+def _checks_path() -> Path:
+    from attnspec.compiler.plan import cache_directory
+
+    return cache_directory() / CHECKS_FILE
 
 
 def _read_checks() -> dict[str, dict]:
-    from attnspec.compiler.plan import cache_directory
+    from attnspec.compiler.plan import read_cache_file
 
-    path = cache_directory() / CHECKS_FILE
-    try:
-        if not path.is_file() or path.stat().st_size > MAX_CHECKS_BYTES:
-            return {}
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # a damaged cache is empty; the next check rewrites it
-    checks = data.get("checks") if isinstance(data, dict) and data.get("format") == 1 else None
-    return {k: v for k, v in checks.items() if isinstance(v, dict)} if isinstance(checks, dict) else {}
+    return {k: v for k, v in read_cache_file(_checks_path(), "checks").items() if isinstance(v, dict)}
 
 
 def _die_with_parent() -> None:

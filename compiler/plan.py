@@ -251,8 +251,8 @@ def _ms(seconds: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------- calibration
-CALIBRATION_FORMAT = 1
-MAX_CALIBRATION_BYTES = 16 << 20
+CACHE_FORMAT = 1
+MAX_CACHE_BYTES = 16 << 20
 
 
 def mixer_signature(spec: Spec, mixer) -> str:
@@ -332,22 +332,32 @@ class Calibration:
             return
         machines = _read_entries(self.path)
         machines.setdefault(self.machine, {}).update(self.entries)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        scratch.write_text(json.dumps({"format": CALIBRATION_FORMAT, "machines": machines}, indent=1))
-        os.replace(scratch, self.path)
+        write_cache_file(self.path, "machines", machines)
 
 
-def _read_entries(path: Path) -> dict[str, dict]:
+def read_cache_file(path: Path, section: str, limit: int = MAX_CACHE_BYTES) -> dict:
+    """The ``section`` table of one of attnspec's JSON cache files (format 1); empty when the file is
+    missing, over ``limit`` bytes, damaged or of another format (a cache is rewritten, never trusted)."""
     try:
-        if not path.is_file() or path.stat().st_size > MAX_CALIBRATION_BYTES:
+        if not path.is_file() or path.stat().st_size > limit:
             return {}
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    machines = data.get("machines") if isinstance(data, dict) and data.get("format") == CALIBRATION_FORMAT else None
-    if not isinstance(machines, dict):
-        return {}
+    table = data.get(section) if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else None
+    return table if isinstance(table, dict) else {}
+
+
+def write_cache_file(path: Path, section: str, table: dict) -> None:
+    """Replace a JSON cache file atomically (a scratch file beside it, then one rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    scratch.write_text(json.dumps({"format": CACHE_FORMAT, section: table}, indent=1))
+    os.replace(scratch, path)
+
+
+def _read_entries(path: Path) -> dict[str, dict]:
+    machines = read_cache_file(path, "machines")
     return {name: {key: entry for key, entry in entries.items() if _valid_entry(entry)}
             for name, entries in machines.items() if isinstance(entries, dict)}
 

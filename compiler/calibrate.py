@@ -58,7 +58,7 @@ class Measured:
 
 
 def calibrate_spec(spec: Spec, *, regime: str, batch: int, length: int, calibration: Calibration | None = None,
-                   refresh: bool = False, on_entry=None) -> Calibration:
+                   refresh: bool = False) -> Calibration:
     """Measure every distinct ``mode: auto`` mixer of ``spec`` in ``regime`` at (batch, length) and store it.
 
     Args:
@@ -67,14 +67,13 @@ def calibrate_spec(spec: Spec, *, regime: str, batch: int, length: int, calibrat
         batch, length: the regime's shapes (training: the micro-batch).
         calibration: the cache to add to (default: this machine's, loaded).
         refresh: measure again even where the cache has an entry.
-        on_entry: called as ``on_entry(path, signature, Measured)`` after each new measurement.
 
     Returns:
         The calibration, saved to its file.
     """
     calibration = calibration or Calibration.load()
     seen = set()
-    for index, (path, block) in enumerate(iter_blocks(spec, expand=True)):
+    for index, (_, block) in enumerate(iter_blocks(spec, expand=True)):
         if block.mixer.mode != "auto":
             continue  # the spec chose; nothing to measure
         signature = mixer_signature(spec, block.mixer)
@@ -87,8 +86,6 @@ def calibrate_spec(spec: Spec, *, regime: str, batch: int, length: int, calibrat
         measured = measure_mixer(spec, block.mixer, regime=regime, batch=batch, length=length, modes=modes,
                                  seed=spec.seed + 7919 * index)
         calibration.store(signature, regime, batch, length, measured.seconds, measured.skipped)
-        if on_entry is not None:
-            on_entry(path, signature, measured)
     calibration.save()
     return calibration
 

@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 from attnspec.ops.linear.checks import _check_inputs, _export_state
-from attnspec.ops.linear.chunk import (GROUP, TOP, _chunked, _native_chunk_applies, _native_chunked, chunk_scan,
-                                       scan_levels)
-from attnspec.ops.linear.common import (LOG_ZERO, MODES, Decay, PairState, State, _zero_state, apply_normalizer,
-                                        batched_matmul, combine_decays, wrap_phase)
+from attnspec.ops.linear.chunk import (GROUP, TOP, _chunked, _native_chunk_applies, _native_chunked,
+                                       _triton_chunk_applies, _triton_chunked, chunk_scan, scan_levels)
+from attnspec.ops.linear.common import (LOG_ZERO, MODES, Decay, PairState, State, _zero_state, accumulation_dtype,
+                                        apply_normalizer, batched_matmul, combine_decays, wrap_phase)
 from attnspec.ops.linear.quadratic import _noncausal, _quadratic
 from attnspec.ops.linear.recurrent import _recurrent, recurrent_step
 from attnspec.ops.linear.scan import _scan_mode, inclusive_scan, scan_steps
@@ -48,12 +48,14 @@ def linear_attention(
     """Causal or non-causal (gated) linear attention.
 
     Args:
-        q: ``(B, H, L, Dk)`` queries, already feature-mapped. Float32 or float64.
+        q: ``(B, H, L, Dk)`` queries, already feature-mapped. Float32, float64, bfloat16 or float16:
+            half-precision inputs are accumulated in float32 (states, decays, the normaliser) and the
+            output is returned in their dtype.
         k: ``(B, H, L, Dk)`` keys, already feature-mapped; same dtype as ``q``.
         v: ``(B, H, L, Dv)`` values; same dtype.
         log_a: log-transition, ``None`` (a = 1), ``(B, H, L)`` (one per head) or ``(B, H, L, Dk)``
-            (one per key channel). Real (``log|a|``) or complex (``log|a| + i theta``, complex64 with
-            float32 inputs, complex128 with float64). ``-inf`` (a = 0) resets the state. Compiled
+            (one per key channel). Real (``log|a|``; float32 or the inputs' dtype) or complex
+            (``log|a| + i theta``, complex128 with float64 inputs, complex64 otherwise). ``-inf`` (a = 0) resets the state. Compiled
             code passes a :class:`Decay` ``(log_mag, phase)`` of real ``(B, H, L, 1 or Dk)`` tensors
             instead, so no complex tensor enters the graph.
         causal: position t sees positions <= t. Non-causal requires ``log_a is None``.
@@ -78,22 +80,35 @@ def linear_attention(
 
     Returns:
         ``o`` of shape ``(B, H, L, Dv)`` with the dtype of ``v``; with ``return_state`` also the
-        final state.
+        final state, in the accumulation dtype (float32 for half-precision inputs).
 
     Raises:
         ShapeError: an argument has the wrong shape, dtype or combination (the message names it).
     """
     decay, initial = _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state,
                                    return_state, max_length, scale, eps)
+    out_dtype = v.dtype
+    if not _triton_chunk_applies(q, decay, causal, mode):
+        # Half-precision inputs are computed in float32 on the graph path: every product is exact in
+        # float32 and every sum over positions (states, decays, the normaliser) is a float32 sum.
+        wide = accumulation_dtype(q.dtype)
+        q, k, v = q.to(wide), k.to(wide), v.to(wide)
+    if decay is not None:
+        wide = accumulation_dtype(q.dtype)
+        decay = Decay(decay.log_mag.to(wide), None if decay.phase is None else decay.phase.to(wide))
     if normalize:
         # The normaliser z is the state of the same recurrence for a value that is always 1.
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
     if _is_empty_sequence(q):  # every mode agrees: nothing to attend to, the state passes through
-        out = v.new_zeros(*v.shape[:2], 0, v.shape[-1])
+        out = v.new_zeros(*v.shape[:2], 0, v.shape[-1], dtype=out_dtype)
         final = initial if initial is not None else _zero_state(q, v, decay is not None and decay.phase is not None)
         out = out[..., :-1] if normalize else out
         return (out, _export_state(final, normalize)) if return_state else out
-    if _native_chunk_applies(q, k, v, decay, initial, causal, mode):
+    if _triton_chunk_applies(q, decay, causal, mode):
+        # the normaliser's division needs its column in float32, the kernel's accumulation dtype
+        out, final = _triton_chunked(q, k, v, decay, initial, scale, chunk_size,
+                                     out_dtype=accumulation_dtype(q.dtype) if normalize else out_dtype)
+    elif _native_chunk_applies(q, k, v, decay, initial, causal, mode):
         out, final = _native_chunked(q, k, v, decay, initial, scale, chunk_size)
     elif not causal:
         out, final = _noncausal(q * scale, k, v, mode), None
@@ -107,6 +122,7 @@ def linear_attention(
         out, final = _quadratic(q * scale, k, v, decay, initial)
     if normalize:
         out = apply_normalizer(out, eps, log_scale)
+    out = out.to(out_dtype)
     if not return_state:
         return out
     return out, _export_state(final, normalize)

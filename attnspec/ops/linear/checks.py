@@ -12,7 +12,9 @@ import torch
 from torch import Tensor
 
 from attnspec.errors import ShapeError
-from attnspec.ops.linear.common import MODES, Decay, PairState, State
+from attnspec.ops.linear.common import MODES, Decay, PairState, State, accumulation_dtype
+
+INPUT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 def _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state, return_state, max_length,
                   scale, eps):
@@ -21,8 +23,8 @@ def _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_s
             raise ShapeError(f"{name} must be a tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ShapeError(f"{name} must have shape (B, H, L, D), got {tuple(t.shape)}")
-        if t.dtype not in (torch.float32, torch.float64):
-            raise ShapeError(f"{name} must be float32 or float64, got {t.dtype}")
+        if t.dtype not in INPUT_DTYPES:
+            raise ShapeError(f"{name} must be float32, float64, bfloat16 or float16, got {t.dtype}")
     B, H, L, Dk = q.shape
     if k.shape != q.shape:
         raise ShapeError(f"k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
@@ -63,10 +65,11 @@ def _split_log_a(log_a: Tensor, q: Tensor) -> Decay:
     if tuple(log_a.shape) not in ((B, H, L), (B, H, L, Dk)):
         raise ShapeError(f"log_a must have shape (B, H, L) = ({B}, {H}, {L}) or (B, H, L, Dk) = "
                          f"({B}, {H}, {L}, {Dk}), got {tuple(log_a.shape)}")
-    expected_complex = torch.complex64 if q.dtype == torch.float32 else torch.complex128
-    if log_a.dtype not in (q.dtype, expected_complex):
-        raise ShapeError(f"log_a must be {q.dtype} (real) or {expected_complex} (complex) for {q.dtype} inputs, "
-                         f"got {log_a.dtype}")
+    real = _decay_dtypes(q)
+    expected_complex = torch.complex128 if q.dtype == torch.float64 else torch.complex64
+    if log_a.dtype not in (*real, expected_complex):
+        raise ShapeError(f"log_a must be {' or '.join(map(str, real))} (real) or {expected_complex} (complex) for "
+                         f"{q.dtype} inputs, got {log_a.dtype}")
     if log_a.dim() == 3:
         log_a = log_a.unsqueeze(-1)
     if log_a.is_complex():
@@ -79,12 +82,19 @@ def _check_decay_pair(decay: Decay, q: Tensor) -> Decay:
     for name, t in (("log_a.log_mag", decay.log_mag), ("log_a.phase", decay.phase)):
         if t is None:
             continue
-        if tuple(t.shape) not in ((B, H, L, 1), (B, H, L, Dk)) or t.dtype != q.dtype:
-            raise ShapeError(f"{name} must be {q.dtype} with shape (B, H, L, 1) or (B, H, L, Dk) = "
+        if tuple(t.shape) not in ((B, H, L, 1), (B, H, L, Dk)) or t.dtype not in _decay_dtypes(q):
+            raise ShapeError(f"{name} must be {' or '.join(map(str, _decay_dtypes(q)))} with shape (B, H, L, 1) or (B, H, L, Dk) = "
                              f"({B}, {H}, {L}, 1 or {Dk}), got {tuple(t.shape)} {t.dtype}")
     if decay.phase is not None and decay.phase.shape != decay.log_mag.shape:
         raise ShapeError("log_a.phase must have the shape of log_a.log_mag")
     return decay
+
+
+def _decay_dtypes(q: Tensor) -> tuple[torch.dtype, ...]:
+    """Real dtypes a decay may have with inputs like ``q``: its own, and float32 (the accumulation
+    dtype) for half-precision inputs, whose decays are best computed in float32 in the first place."""
+    wide = accumulation_dtype(q.dtype)
+    return (q.dtype,) if wide == q.dtype else (wide, q.dtype)
 
 
 def _import_state(state: State, q: Tensor, v: Tensor, normalize: bool, is_complex: bool) -> PairState:
@@ -106,9 +116,10 @@ def _import_state(state: State, q: Tensor, v: Tensor, normalize: bool, is_comple
         raise ShapeError("initial_state is complex but log_a is real (or None)")
     if z0 is not None:
         S0 = torch.cat([S0, z0.to(S0.dtype).unsqueeze(-1)], dim=-1)
+    wide = accumulation_dtype(q.dtype)
     if S0.is_complex():
-        return PairState(S0.real.to(q.dtype), S0.imag.to(q.dtype))
-    S0 = S0.to(q.dtype)
+        return PairState(S0.real.to(wide), S0.imag.to(wide))
+    S0 = S0.to(wide)
     return PairState(S0, torch.zeros_like(S0) if is_complex else None)
 
 

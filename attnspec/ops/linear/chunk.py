@@ -19,6 +19,9 @@
   a fused C++ kernel (:mod:`attnspec.ops.native`) computes the same chunks with one thread per head
   walking its chunks in order, about 2x faster than the compiled graph path at L = 8192. It has no
   backward, so training takes the graph path; exported programs do too, so they load without attnspec.
+* On CUDA, in float32, bfloat16 or float16 with no decay or one decay per head: Triton kernels
+  (:mod:`attnspec.ops.triton_chunk`), forward and backward, registered as a traceable op, so compiled
+  and exported programs keep them.
 """
 
 from __future__ import annotations
@@ -63,6 +66,32 @@ def _native_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initia
     out, final_re, final_im = native.run_chunked(q, k, v, log_mag, phase, start_re, start_im, scale, chunk_size,
                                                  LOG_ZERO)
     return out, PairState(final_re, None if phase is None else final_im)
+
+
+def _triton_chunk_applies(q: Tensor, decay: Decay | None, causal: bool, mode: str) -> bool:
+    """Whether the chunk mode runs on the Triton kernels (:mod:`attnspec.ops.triton_chunk`): CUDA inputs
+    in float32, bfloat16 or float16 with no decay or one real or complex decay per head. They have a
+    backward and stay inside compiled and exported programs, so they serve training and export too."""
+    if mode != "chunk" or not causal or q.device.type != "cuda":
+        return False
+    if decay is not None and decay.log_mag.shape[-1] != 1:
+        return False
+    from attnspec.ops import triton_chunk  # imports Triton: only ever on a CUDA device
+    return triton_chunk.supports(q)
+
+
+def _triton_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None, scale: float,
+                    chunk_size: int, out_dtype: torch.dtype) -> tuple[Tensor, PairState]:
+    """The chunk mode on the Triton kernels; per-head decays ``(B, H, L, 1)`` go in as ``(B, H, L)``."""
+    from attnspec.ops import triton_chunk
+
+    log_mag = phase = None
+    if decay is not None:
+        log_mag, phase = decay.log_mag.squeeze(-1), None if decay.phase is None else decay.phase.squeeze(-1)
+    start_re, start_im = initial if initial is not None else (None, None)
+    out, final_re, final_im = triton_chunk.chunked_linear_attention(q, k, v, log_mag, phase, start_re, start_im,
+                                                                     scale, chunk_size, out_dtype)
+    return out, PairState(final_re, final_im)
 
 
 GROUP = 16  # chunks per group of the cross-chunk scan: a recurrence unrolled over a group

@@ -26,6 +26,13 @@ LOG_ZERO = -1000.0
 State = Tensor | tuple[Tensor, Tensor]
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype states, decays and normalisers are accumulated in for inputs of ``dtype``: float32 for
+    bfloat16 and float16 (their 8- and 11-bit mantissas cannot hold a sum over thousands of positions),
+    the input dtype itself for float32 and float64."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
 class Decay(NamedTuple):
     """A log-transition split for real arithmetic: ``log_a = log_mag + i * phase``.
 
@@ -183,7 +190,7 @@ def _shift(x: Tensor, shift: int, dim: int) -> Tensor:
 
 def _zero_state(q: Tensor, v: Tensor, is_complex: bool) -> PairState:
     B, H, _, Dk = q.shape
-    zeros = q.new_zeros(B, H, Dk, v.shape[-1])
+    zeros = q.new_zeros(B, H, Dk, v.shape[-1], dtype=accumulation_dtype(q.dtype))
     return PairState(zeros, torch.zeros_like(zeros) if is_complex else None)
 
 

@@ -12,5 +12,21 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir())
 # A fresh mode calibration for the run: plans do not depend on what this machine measured before.
 os.environ["ATTNSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnspec-calibration-")
 
+# Without a CUDA device the Triton kernels run on Triton's CPU interpreter, so CI tests them too. The
+# variable is read when a kernel is defined, so it is set before anything imports them; nothing else
+# in attnspec or torch's CPU path uses Triton.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
+
+
+# Device-parametrised tests take ``device`` from DEVICES: CUDA cases run wherever a CUDA device is
+# present and are skipped, with the reason shown, elsewhere.
+import pytest  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="no CUDA device on this machine"))]

@@ -32,7 +32,6 @@ float64 reference.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +77,13 @@ def tile_length(chunk_size: int) -> int:
     return chunk_size if chunk_size in (16, 32, 64, 128) else 64
 
 
+def _chunk_count(L, BT: int):
+    """Chunks the kernels walk: ``ceil(L / BT) + 1``, the last all padding (a = 1, nothing written). As in
+    the graph path, the extra chunk keeps the count >= 2 for every L, so compiled and exported programs
+    never specialise on "one chunk", and one floor division keeps the shapes simple for sympy."""
+    return (L + 2 * BT - 1) // BT
+
+
 def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_mag: Tensor | None, phase: Tensor | None,
                              initial_re: Tensor | None, initial_im: Tensor | None, scale: float, chunk_size: int,
                              out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -96,7 +102,7 @@ def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_mag: Tensor | 
     """
     B, H, L, Dk = q.shape
     BT = tile_length(chunk_size)
-    padded = (L + BT - 1) // BT * BT
+    padded = _chunk_count(L, BT) * BT
     is_complex = phase is not None
     if log_mag is not None:
         # G, T: sums of the decay from each chunk's start, in float64; padded positions have a = 1.
@@ -407,10 +413,15 @@ if triton is not None:
             tl.store(dG + seq + c * BT + o_t, d_g)
 
     def _meta(q: Tensor, v: Tensor, BT: int) -> dict:
+        """Compile-time arguments of every kernel: sizes, tiles and ``DT``, the operand dtype of the
+        matrix products. Triton's interpreter multiplies bfloat16 operands as raw 16-bit integers (numpy
+        has no bfloat16), so there bfloat16 inputs multiply in float32, more exactly than on a GPU."""
         K, V = q.shape[-1], v.shape[-1]
+        operand = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[q.dtype]
+        if operand == tl.bfloat16 and interpreted():
+            operand = tl.float32
         return dict(H=q.shape[1], K=K, V=V, BT=BT, BK=max(16, triton.next_power_of_2(K)),
-                    BV=min(64, max(16, triton.next_power_of_2(V))),
-                    DT={torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[q.dtype])
+                    BV=min(64, max(16, triton.next_power_of_2(V))), DT=operand)
 
     def _given(t: Tensor | None, stand_in: Tensor) -> Tensor:
         """``t``, or ``stand_in`` where it is absent: the kernels never read a pointer their flags say is
@@ -425,7 +436,7 @@ if triton is not None:
         """Entering states (B*H, n, K, V) of every chunk and the final state, float32 (re, im or None)."""
         B, H, L, K = k.shape
         V = v.shape[-1]
-        n = (L + BT - 1) // BT
+        n = _chunk_count(L, BT)
         meta = _meta(k, v, BT)
         is_complex = T is not None
         states_re = k.new_empty(B, H, n, K, V, dtype=torch.float32)
@@ -450,7 +461,7 @@ if triton is not None:
             q = q.contiguous()
         B, H, L, K = q.shape
         V = v.shape[-1]
-        n = (L + BT - 1) // BT
+        n = _chunk_count(L, BT)
         states_re, states_im, final_re, final_im = _states(k, v, G, T, h0_re, h0_im, BT)
         out = q.new_empty(B, H, L, V, dtype=out_dtype)
         meta = _meta(q, v, BT)
@@ -472,7 +483,7 @@ if triton is not None:
             q = q.contiguous()
         B, H, L, K = q.shape
         V = v.shape[-1]
-        n = (L + BT - 1) // BT
+        n = _chunk_count(L, BT)
         is_complex = T is not None
         meta = _meta(q, v, BT)
         states_re, states_im, final_re, final_im = _states(k, v, G, T, h0_re, h0_im, BT)  # recomputed, not kept

@@ -34,11 +34,12 @@ def build(spec_or_path: Any, *overrides: str, **kwargs: Any) -> Any:
     return build_model(spec_or_path, *overrides, **kwargs)
 
 
-def load(directory: Any) -> Any:
-    """Load a build directory written by ``attnspec build``; see :func:`attnspec.compiler.load_model`."""
+def load(directory: Any, device: Any = None) -> Any:
+    """Load a build directory written by ``attnspec build`` onto ``device`` (default the CPU); see
+    :func:`attnspec.compiler.load_model`."""
     from attnspec.compiler.load import load_model
 
-    return load_model(directory)
+    return load_model(directory, device=device)
 
 
 def save(model: Any, directory: Any, **kwargs: Any) -> Any:

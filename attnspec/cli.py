@@ -222,6 +222,8 @@ def build(
                                       "model only; do not measure missing modes."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip the torch.compile check."),
     force: bool = typer.Option(False, "--force", help="Replace an existing build directory."),
+    device: str = typer.Option("cpu", "--device", help="Build for this device: cpu, cuda or cuda:N. The exported "
+                                                       "programs run on it; spec.yaml and the weights load anywhere."),
 ) -> None:
     """Validate, plan, lower, verify, compile and export a spec into a build directory.
 
@@ -244,7 +246,8 @@ def build(
                 progress.update(tasks[name], completed=1, description=f"{name} ({seconds:.1f}s)")
 
         result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
-                                 force=force, weights=weights, calibrate=not no_calibrate, on_stage=on_stage)
+                                 force=force, weights=weights, calibrate=not no_calibrate, device=device,
+                                 on_stage=on_stage)
     _print_build_summary(result.directory, result.manifest)
 
 

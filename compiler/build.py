@@ -24,7 +24,7 @@ from attnspec.compiler.compile import BackgroundCheck, check_key, passed_before,
 from attnspec.compiler.export import (DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, example_input,
                                       export_model, export_step, sequence_speed, state_signature)
 from attnspec.compiler.load import load_weights
-from attnspec.compiler.lower import count_parameters, lower
+from attnspec.compiler.lower import count_parameters, device_calibration, lower, resolve_device
 from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
 from attnspec.compiler.outdir import Scratch, check_output
 from attnspec.compiler.plan import plan_spec
@@ -57,7 +57,7 @@ StageCallback = Callable[[str, "float | None"], None]
 
 def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrides=(), aot: bool = False,
                     compile_check: bool = True, force: bool = False, weights: Path | str | dict | None = None,
-                    calibrate: bool = True, on_stage: StageCallback | None = None) -> BuildResult:
+                    calibrate: bool = True, device=None, on_stage: StageCallback | None = None) -> BuildResult:
     """Build ``spec_path`` into the directory ``output``.
 
     Args:
@@ -75,6 +75,10 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
         calibrate: measure the modes of ``mode: auto`` mixers that this machine's calibration lacks
             (inference at batch 1 and ``max_len``) and plan by the measurements; False plans from the
             cache and the cost model only.
+        device: where the model is verified, compiled, exported and measured ("cpu", "cuda", "cuda:N";
+            default the CPU). The exported programs are for that device (``torch.export`` records it);
+            ``spec.yaml`` and ``model.safetensors`` (weights on the CPU) load anywhere. On a GPU the plan
+            comes from the cost model, not from a calibration.
         on_stage: called as each stage starts and ends (the CLI draws its progress display with it).
 
     Raises:
@@ -82,6 +86,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             is not ours to write (the output is left as it was).
     """
     output = Path(output)
+    device = resolve_device(device)
     check_output(output, force)
     if not isinstance(spec_path, dict) and Path(spec_path).is_dir():
         spec_path, weights = _from_run(Path(spec_path), weights)
@@ -97,8 +102,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 raise BuildError(f"the spec implies {expected:,} parameters, over the limit of "
                                  f"{limits.MAX_PARAMETERS:,}; make the model smaller")
         with stage("plan", seconds):
-            calibration = None
-            if calibrate and any(block.mixer.mode == "auto" for _, block in iter_blocks(spec, expand=True)):
+            calibration = device_calibration(device)
+            if calibrate and calibration is None and any(block.mixer.mode == "auto" for _, block in iter_blocks(spec, expand=True)):
                 from attnspec.compiler.calibrate import calibrate_spec
 
                 calibration = calibrate_spec(spec, regime="inference", batch=1, length=spec.max_len)
@@ -115,11 +120,12 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 header = f"resolved spec of {spec.name}, built by attnspec {attnspec.__version__}"
                 (scratch.path / "spec.yaml").write_text(to_yaml(spec, minimal=False, header=header))
                 save_file(_weights(model), str(scratch.path / "model.safetensors"))
+                model.to(device)
             # A structure whose check passed before on this machine (the same spec but for its name and
             # seed, the same modes and versions) compiles to the same graphs: its check is reused.
             key = check_key(spec_to_data(spec, minimal=False), plan.full_modes) if compile_check else None
             reused = passed_before(key) if key is not None else None
-            background = BackgroundCheck(scratch.path, plan.full_modes) if key and reused is None else None
+            background = BackgroundCheck(scratch.path, plan.full_modes, device) if key and reused is None else None
             with background or contextlib.nullcontext():
                 if background is not None:
                     stage.started("compile")
@@ -140,7 +146,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             with stage("measure", seconds):  # after the compile check: its process would slow these
                 _measure_speeds(model, programs, exported)
             manifest = _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds,
-                                 scratch.path)
+                                 scratch.path, device)
             (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             scratch.publish(force)
     return BuildResult(output, manifest, seconds)
@@ -162,7 +168,8 @@ def _from_run(directory: Path, weights) -> tuple[dict, Path]:
 def save_model(model, directory: Path | str, *, force: bool = False, aot: bool = False, compile_check: bool = True,
                on_stage: StageCallback | None = None) -> BuildResult:
     """Write ``model`` (an attnspec model, trained or not) as a build directory: its spec with its
-    current weights, verified, compiled and exported exactly like ``attnspec build``.
+    current weights, verified, compiled and exported exactly like ``attnspec build``, on the model's
+    device.
 
     Args:
         model: a model from :func:`attnspec.build`, :func:`attnspec.load` or a training run.
@@ -173,9 +180,10 @@ def save_model(model, directory: Path | str, *, force: bool = False, aot: bool =
     spec = getattr(getattr(model, "module", model), "spec", None)
     if spec is None:
         raise BuildError(f"attnspec.save takes an attnspec model (it carries its spec), got {type(model).__name__}")
-    weights = {name: tensor.detach().cpu() for name, tensor in getattr(model, "module", model).state_dict().items()}
+    module = getattr(model, "module", model)
+    weights = {name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}
     return build_directory(spec_to_data(spec, minimal=False), directory, weights=weights, force=force, aot=aot,
-                           compile_check=compile_check, on_stage=on_stage)
+                           compile_check=compile_check, device=module.embed.weight.device, on_stage=on_stage)
 
 
 def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
@@ -224,7 +232,8 @@ def _measure_speeds(model, programs: dict, info: dict) -> None:
                 info[name]["eager_tokens_per_second"] = decode_speed(model.step, model.init_state(1))
 
 
-def _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds, scratch: Path) -> dict:
+def _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds, scratch: Path,
+              device: torch.device) -> dict:
     files = {name: {"sha256": sha256(scratch / name), "bytes": (scratch / name).stat().st_size}
              for name in FILE_NAMES if (scratch / name).exists()}
     return {
@@ -239,6 +248,7 @@ def _manifest(spec, plan, model, parameters, verification, compiled, exported, s
         "causal": all(block.mixer.causal for block in model.blocks),
         "max_len": spec.max_len,
         "dtype": spec.dtype,
+        "device": device.type,
         "plan": plan.to_json(),
         "spec": spec_to_data(spec, minimal=False),
         "verification": verification.to_json(),

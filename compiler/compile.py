@@ -155,10 +155,11 @@ class BackgroundCheck:
     kills the child. Its output goes to a temporary file outside the build directory.
     """
 
-    def __init__(self, directory: Path, modes: list[str]):
+    def __init__(self, directory: Path, modes: list[str], device: torch.device | str = "cpu"):
         self.log = tempfile.TemporaryFile()
         # -P: the working directory is not put on sys.path, so no `attnspec` folder there is imported
-        command = [sys.executable, "-P", "-m", "attnspec.compiler.compile", str(directory), json.dumps(modes)]
+        command = [sys.executable, "-P", "-m", "attnspec.compiler.compile", str(directory), json.dumps(modes),
+                   str(device)]
         self.start = time.perf_counter()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=os.environ.copy(),
                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
@@ -241,7 +242,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _check_directory(directory: Path, modes: list[str]) -> dict:
+def _check_directory(directory: Path, modes: list[str], device: str) -> dict:
     from attnspec.compiler.load import load_weights
     from attnspec.nn.model import build_model_from_spec
     from attnspec.spec import load_spec
@@ -249,12 +250,12 @@ def _check_directory(directory: Path, modes: list[str]) -> dict:
     model = build_model_from_spec(load_spec(directory / "spec.yaml", ()))
     model.set_modes(modes)
     load_weights(model, directory / "model.safetensors")
-    return check_model(model.eval())
+    return check_model(model.to(device).eval())
 
 
 if __name__ == "__main__":  # the child of BackgroundCheck: prints one JSON line, the report or the error
     try:
-        print(json.dumps(_check_directory(Path(sys.argv[1]), json.loads(sys.argv[2]))))
+        print(json.dumps(_check_directory(Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3])))
     except BuildError as error:
         print(json.dumps({"error": str(error)}))
         sys.exit(3)

@@ -29,12 +29,14 @@ class DecodeStep(nn.Module):
 
 
 def example_input(model: Model, batch: int, length: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Random tokens (B, L) or features (B, L, dim) for ``model``."""
+    """Random tokens (B, L) or features (B, L, dim) for ``model``, on its device (drawn on the CPU, so a
+    seeded generator gives the same numbers on every device)."""
     spec = model.spec
+    device = model.embed.weight.device
     if spec.input.kind == "tokens":
-        return torch.randint(0, spec.input.vocab_size, (batch, length), generator=generator)
+        return torch.randint(0, spec.input.vocab_size, (batch, length), generator=generator).to(device)
     dtype = model.embed.weight.dtype
-    return torch.randn(batch, length, spec.input.dim, generator=generator, dtype=dtype)
+    return torch.randn(batch, length, spec.input.dim, generator=generator, dtype=dtype).to(device)
 
 
 def export_model(model: Model, path: Path) -> torch.export.ExportedProgram:
@@ -53,7 +55,7 @@ def export_step(model: Model, path: Path) -> torch.export.ExportedProgram:
     """Export the one-token decoding step with dynamic batch; the state tensors are explicit inputs/outputs."""
     step = DecodeStep(model)
     state = model.init_state(3)
-    token = torch.zeros(3, dtype=torch.long)
+    token = torch.zeros(3, dtype=torch.long, device=state[0].device)
     batch = Dim("batch", min=1, max=4096)
     shapes = ({0: batch},) + tuple({0: batch} for _ in state)
     with size_oblivious():
@@ -80,8 +82,10 @@ def sequence_speed(call, inputs: torch.Tensor, repeats: int = 3) -> float:
     with torch.no_grad():
         call(inputs)
         while len(times) < repeats and sum(times) < SPEED_SECONDS:
+            _synchronize(inputs)
             start = time.perf_counter()
             call(inputs)
+            _synchronize(inputs)
             times.append(time.perf_counter() - start)
     return inputs.shape[0] * inputs.shape[1] / statistics.median(times)
 
@@ -90,10 +94,18 @@ def decode_speed(step, state: tuple[torch.Tensor, ...], steps: int = DECODE_STEP
     """Tokens per second of ``step(token, *state) -> (logits, *state)`` at the state's batch, over
     ``steps`` steps after one warm-up step."""
     batch = state[0].shape[0]
-    token = torch.zeros(batch, dtype=torch.long)
+    token = torch.zeros(batch, dtype=torch.long, device=state[0].device)
     with torch.no_grad():
         _, *state = step(token, *state)
+        _synchronize(token)
         start = time.perf_counter()
         for _ in range(steps):
             _, *state = step(token, *state)
+        _synchronize(token)
     return batch * steps / (time.perf_counter() - start)
+
+
+def _synchronize(tensor: torch.Tensor) -> None:
+    """Wait for ``tensor``'s device: CUDA calls return before their kernels finish."""
+    if tensor.device.type == "cuda":
+        torch.cuda.synchronize(tensor.device)

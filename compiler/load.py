@@ -79,12 +79,14 @@ def check_plugins(directory: Path, names: object) -> None:
                              "plugin or put it on PYTHONPATH from elsewhere")
 
 
-def load_model(directory: Path | str, manifest: Manifest | None = None) -> Model:
+def load_model(directory: Path | str, manifest: Manifest | None = None, device=None) -> Model:
     """Rebuild the eager model of a build directory (spec.yaml + model.safetensors).
 
     Args:
         directory: a directory written by ``attnspec build``.
         manifest: its manifest, when already read and checked (:func:`read_manifest`).
+        device: where to put the model ("cpu", "cuda", "cuda:N"; default the CPU), whatever device
+            the directory was built on: the weights are device-free, only the exported programs are not.
 
     Returns:
         The model, in eval mode, with the modes of the build's plan.
@@ -93,7 +95,10 @@ def load_model(directory: Path | str, manifest: Manifest | None = None) -> Model
         BuildError: the directory is not a build directory, or its files do not match the manifest,
             the spec or each other.
     """
+    from attnspec.compiler.lower import resolve_device
+
     directory = Path(directory)
+    device = resolve_device(device)
     manifest = manifest or read_manifest(directory)
     check_plugins(directory, manifest.spec.get("plugins"))
     try:  # the manifest's copy of spec.yaml, as data: the IR validates it, no front-end is needed
@@ -109,7 +114,7 @@ def load_model(directory: Path | str, manifest: Manifest | None = None) -> Model
                          f"{len(model.blocks)} blocks, or a mode a mixer lacks); rebuild the directory")
     model.set_modes(modes)
     load_weights(model, directory / "model.safetensors")
-    return model.eval()
+    return model.to(device).eval()
 
 
 __all__ = ["load_model", "load_weights", "read_manifest"]

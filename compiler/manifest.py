@@ -115,6 +115,8 @@ class Manifest(_Strict):
     """Every mixer is causal (position t sees only positions <= t)."""
     max_len: Annotated[int, Field(gt=0, le=limits.MAX_LEN)]
     dtype: Literal["float32", "float64"]
+    device: Literal["cpu", "cuda"] = "cpu"
+    """The device type the exported programs were made for (``attnspec build --device``)."""
     plan: PlanRecord
     spec: dict[Text, Any]
     """The resolved spec as data (what spec.yaml says), validated by the IR when loaded."""

@@ -29,6 +29,17 @@ def _full_precision(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
 
+def _autocast_dtype(t: Tensor) -> Tensor:
+    """``t`` in the autocast dtype when autocast is on for its device, else unchanged. Feature maps run
+    in float32 (:func:`_full_precision`); the attention op then takes its inputs in the training
+    dtype because it accumulates states, decays and normalisers in float32 itself, and its Triton
+    kernels read half the bytes and multiply on tensor cores."""
+    device = t.device.type
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+        return t.to(torch.get_autocast_dtype(device))
+    return t
+
+
 class Mixer(nn.Module):
     """Common parts: q/k/v/output projections, the position scheme (rotary q/k or a decay), short
     convolutions, output gate and per-head output norm. The modes and whether there is a decoding
@@ -156,6 +167,7 @@ class LinearMixer(Mixer):
         if self.softmax_kernel:
             return self._output(self._softmax_attention(x), x)
         q, k, v, decay, log_scale, _ = self._prepare(x)
+        q, k, v = _autocast_dtype(q), _autocast_dtype(k), _autocast_dtype(v)
         o = linear_attention(q, k, v, decay, causal=self.causal, normalize=self.normalize, eps=self.eps,
                              log_scale=log_scale, mode=mode, chunk_size=self.chunk_size,
                              max_length=self.max_len if self.causal else None)

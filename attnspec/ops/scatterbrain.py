@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from attnspec.errors import ShapeError
-from attnspec.ops.linear import apply_normalizer, linear_attention
+from attnspec.ops.linear import accumulation_dtype, apply_normalizer, linear_attention
 from attnspec.ops.support import Support
 
 
@@ -66,7 +66,11 @@ def scatterbrain_attention(
     if q_features.shape[:3] != (B, H, L) or k_features.shape != q_features.shape:
         raise ShapeError(f"q_features and k_features must be (B, H, L, m) with (B, H, L) = ({B}, {H}, {L}); got "
                          f"{tuple(q_features.shape)}, {tuple(k_features.shape)}")
-    log_scale = q_log_scale if q_log_scale is not None else q.new_zeros(B, H, L)
+    out_dtype = v.dtype
+    # half-precision inputs are computed in float32: the exact part's exponentials and the joint
+    # normaliser need its range and digits
+    q, k, v, q_features, k_features = (t.to(accumulation_dtype(t.dtype)) for t in (q, k, v, q_features, k_features))
+    log_scale = q_log_scale.to(q.dtype) if q_log_scale is not None else q.new_zeros(B, H, L)
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # numerator and normaliser together
     lowrank = linear_attention(q_features, k_features, v1, causal=causal, mode=mode, chunk_size=chunk_size,
                                max_length=max_length)
@@ -82,4 +86,5 @@ def scatterbrain_attention(
     correction = exact - (lowrank_scale.unsqueeze(-1) * estimate).masked_fill(~valid, 0.0)
     sparse = (correction.unsqueeze(-1) * _gather_rows(v1, support.index)).sum(-2)
     total = lowrank * lowrank_scale.unsqueeze(-1) + sparse
-    return apply_normalizer(total, eps, reference)  # the stored sums are the true ones times exp(-reference)
+    # the stored sums are the true ones times exp(-reference)
+    return apply_normalizer(total, eps, reference).to(out_dtype)

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnspec.errors import ShapeError
-from attnspec.ops.linear.common import _segsum
+from attnspec.ops.linear.checks import INPUT_DTYPES
+from attnspec.ops.linear.common import _segsum, accumulation_dtype
 
 
 def decay_bias(log_a: Tensor) -> Tensor:
@@ -34,7 +35,8 @@ def softmax_attention(
     """``softmax(scale * q k^T + bias) v`` with a causal mask and an optional log-decay bias.
 
     Args:
-        q, k: ``(B, H, L, Dk)``, float32 or float64.
+        q, k: ``(B, H, L, Dk)``, float32, float64, bfloat16 or float16 (SDPA accumulates the softmax
+            of half-precision inputs in float32).
         v: ``(B, H, L, Dv)``.
         log_a: ``None`` or a real per-head log-transition ``(B, H, L)`` (``log a_t <= 0``); the
             score of pair (i, j) gets ``sum_{s=j+1..i} log a_s``. Requires ``causal=True``.
@@ -45,8 +47,9 @@ def softmax_attention(
         ``(B, H, L, Dv)``. Differentiable on CPU (PyTorch's SDPA math/flash kernels).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or t.dtype not in (torch.float32, torch.float64):
-            raise ShapeError(f"{name} must be a float32 or float64 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if not isinstance(t, Tensor) or t.dtype not in INPUT_DTYPES:
+            raise ShapeError(f"{name} must be a float32, float64, bfloat16 or float16 tensor, got "
+                             f"{getattr(t, 'dtype', type(t).__name__)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ShapeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()  # traced floats may be symbolic
@@ -62,6 +65,6 @@ def softmax_attention(
         if log_a.is_complex() or tuple(log_a.shape) != tuple(q.shape[:3]):
             raise ShapeError(f"log_a for softmax attention must be real with shape (B, H, L) = "
                              f"{tuple(q.shape[:3])}, got {tuple(log_a.shape)} {log_a.dtype}")
-        bias = decay_bias(log_a).to(q.dtype)
+        bias = decay_bias(log_a.to(accumulation_dtype(q.dtype))).to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)

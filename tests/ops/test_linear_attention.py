@@ -245,7 +245,7 @@ def test_noncausal_modes_agree():
     (dict(log_a=torch.zeros(1, 2, 5, 7)), "log_a must have shape"),
     (dict(log_a=torch.zeros(1, 2, 5, dtype=torch.complex128)), "log_a must be"),
     (dict(q=torch.zeros(1, 2, 5, 4, dtype=torch.int64), k=torch.zeros(1, 2, 5, 4, dtype=torch.int64),
-          v=torch.zeros(1, 2, 5, 3, dtype=torch.int64)), "float32 or float64"),
+          v=torch.zeros(1, 2, 5, 3, dtype=torch.int64)), "float32, float64, bfloat16 or float16"),
     (dict(mode="fast"), "mode must be one of"),
     (dict(causal=False, log_a=torch.zeros(1, 2, 5)), "needs causal=True"),
     (dict(initial_state=torch.zeros(1, 2, 4, 9)), "initial_state S0 must have shape"),

@@ -138,4 +138,4 @@ def _is_empty_sequence(q: Tensor) -> bool:
 
 __all__ = ["MODES", "LOG_ZERO", "Decay", "PairState", "State", "linear_attention", "recurrent_step", "combine_decays",
            "apply_normalizer", "wrap_phase", "chunk_scan", "scan_levels", "inclusive_scan", "scan_steps",
-           "batched_matmul", "GROUP", "TOP"]
+           "batched_matmul", "accumulation_dtype", "GROUP", "TOP"]

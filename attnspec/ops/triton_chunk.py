@@ -420,8 +420,10 @@ if triton is not None:
         operand = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[q.dtype]
         if operand == tl.bfloat16 and interpreted():
             operand = tl.float32
-        return dict(H=q.shape[1], K=K, V=V, BT=BT, BK=max(16, triton.next_power_of_2(K)),
-                    BV=min(64, max(16, triton.next_power_of_2(V))), DT=operand)
+        BK = max(16, triton.next_power_of_2(K))
+        # a (BT, BK) float32 tile per accumulator: eight warps spread wide keys' tiles over more registers
+        return dict(H=q.shape[1], K=K, V=V, BT=BT, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), DT=operand,
+                    num_warps=8 if BK >= 128 else 4)
 
     def _given(t: Tensor | None, stand_in: Tensor) -> Tensor:
         """``t``, or ``stand_in`` where it is absent: the kernels never read a pointer their flags say is

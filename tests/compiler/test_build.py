@@ -201,3 +201,52 @@ def test_aot_package_loads_and_matches_eager(tmp_path):
         inputs = example_input(model, 2, length)
         with torch.no_grad():
             assert torch.allclose(runner(inputs), model(inputs), atol=1e-4, rtol=1e-4)
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+@pytest.mark.parametrize("device, message", [("cuda", "no CUDA device on this machine"), ("cuda:7", "CUDA"),
+                                             ("tpu", "not a device name"), ("meta", "not 'meta'")])
+def test_a_device_this_machine_cannot_build_for_is_a_located_error(tmp_path, device, message):
+    """``--device`` names a device type attnspec builds for and that exists here: else exit 2, the reason,
+    no traceback and nothing written."""
+    if torch.cuda.is_available() and device.startswith("cuda") and device != "cuda:7":
+        pytest.skip("this machine has a CUDA device")
+    result = subprocess.run([sys.executable, "-c", "from attnspec.cli import main; main()", "build",
+                             "specs/linear-elu.yaml", "-o", str(tmp_path / "out"), "--device", device],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(BuildError, match=message):
+        attnspec.build(SPECS[0].parent / "linear-elu.yaml", device=device)
+
+
+def test_a_cpu_build_records_its_device_and_loads_on_the_asked_device(tmp_path):
+    result = build_directory(SPECS[0].parent / "gateloop.yaml", tmp_path / "cpu", compile_check=False,
+                             device="cpu", overrides=["d_model=16", "layers[0].repeat=1", "max_len=128"])
+    assert result.manifest["device"] == "cpu"
+    model = attnspec.load(result.directory, device=torch.device("cpu"))
+    assert model.embed.weight.device.type == "cpu"
+
+
+@CUDA
+@pytest.mark.parametrize("name", ["retnet", "gateloop", "lru", "linear-elu", "scatterbrain", "softmax-transformer"])
+def test_a_cuda_build_verifies_exports_and_decodes_on_the_gpu(tmp_path, name):
+    """``attnspec build --device cuda``: every stage on the GPU (the chunk mode through the Triton kernels
+    where they apply); the exported programs run there and equal eager; the weights load on the CPU too."""
+    result = build_directory(SPECS[0].parent / f"{name}.yaml", tmp_path / name, device="cuda",
+                             overrides=["d_model=64", "layers[0].repeat=2", "max_len=1024"])
+    assert result.manifest["device"] == "cuda" and result.manifest["verification"]["ok"]
+    model = attnspec.load(result.directory, device="cuda")
+    inputs = example_input(model, 2, 300)
+    program = torch.export.load(str(result.directory / "model.pt2")).module()
+    with torch.no_grad():
+        torch.testing.assert_close(program(inputs), model(inputs), atol=1e-4, rtol=1e-4)
+        on_cpu = attnspec.load(result.directory, device="cpu")
+        torch.testing.assert_close(on_cpu(inputs.cpu()), model(inputs).cpu(), atol=1e-4, rtol=1e-4)
+    if model.has_step:
+        state = model.init_state(2)
+        with torch.no_grad():
+            logits, *state = model.step(inputs[:, 0], *state)
+        assert logits.device.type == "cuda" and torch.isfinite(logits).all()

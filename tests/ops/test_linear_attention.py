@@ -1,5 +1,8 @@
 """Gated linear attention: every mode against the float64 reference, forward and backward.
 
+The core tests run on every device present (``device``: CUDA cases skip, saying so, on a machine
+without one); the reference always runs on the CPU.
+
 Tolerances: float64 results within 1e-10 relative (max abs error / max abs value) of the
 reference: the modes only reorder sums of O(L) well-scaled terms, so errors stay near 1e-15
 and 1e-10 leaves room for the conditioning of the normaliser. Float32 within 1e-4 relative
@@ -8,8 +11,6 @@ RMS: float32 has 6e-8 unit roundoff and the chunk sums have at most a few hundre
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -17,13 +18,14 @@ from attnspec.errors import ShapeError
 from attnspec.ops import MODES, linear_attention, native
 from attnspec.ops.linear import PairState, chunk_scan
 from attnspec.ops.linear.chunk import _quadratic_scan
+from tests.conftest import DEVICES
 from tests.ops.reference import linear_attention_reference
 
 DECAYS = ["none", "head-real", "head-complex", "channel-real", "channel-complex"]
 
 
 def make_inputs(B=2, H=2, L=63, Dk=7, Dv=5, decay="head-complex", dtype=torch.float64, positive=False,
-                magnitude=(0.5, 1.0), requires_grad=False):
+                magnitude=(0.5, 1.0), requires_grad=False, device="cpu"):
     q = torch.randn(B, H, L, Dk, dtype=dtype)
     k = torch.randn(B, H, L, Dk, dtype=dtype)
     if positive:
@@ -36,13 +38,21 @@ def make_inputs(B=2, H=2, L=63, Dk=7, Dv=5, decay="head-complex", dtype=torch.fl
         log_a = torch.log(torch.rand(shape, dtype=dtype) * (high - low) + low)
         if decay.endswith("complex"):
             log_a = torch.complex(log_a, torch.randn(shape, dtype=dtype))
+    q, k, v = q.to(device), k.to(device), v.to(device)
+    log_a = None if log_a is None else log_a.to(device)
     tensors = [q, k, v] + ([log_a] if log_a is not None else [])
     for t in tensors:
         t.requires_grad_(requires_grad)
     return q, k, v, log_a
 
 
+def cpu(*tensors):
+    """CPU copies, detached, for the reference."""
+    return [None if t is None else t.detach().cpu() for t in tensors]
+
+
 def rel(a, b):
+    a, b = a.cpu(), b.cpu()
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
@@ -64,13 +74,14 @@ def float32_attention(q, k, v, log_a, mode, **kwargs):
     return linear_attention(q, k, v, log_a, mode=mode, **kwargs)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("decay", DECAYS)
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("L", [1, 63, 200])
-def test_modes_match_reference_float64(mode, decay, normalize, L):
-    q, k, v, log_a = make_inputs(L=L, decay=decay, positive=normalize)
-    expected, _, _ = linear_attention_reference(q, k, v, log_a, normalize=normalize, scale=0.7)
+def test_modes_match_reference_float64(mode, decay, normalize, L, device):
+    q, k, v, log_a = make_inputs(L=L, decay=decay, positive=normalize, device=device)
+    expected, _, _ = linear_attention_reference(*cpu(q, k, v, log_a), normalize=normalize, scale=0.7)
     out = linear_attention(q, k, v, log_a, normalize=normalize, scale=0.7, mode=mode, chunk_size=16)
     assert rel(out, expected) <= 1e-10
 
@@ -84,16 +95,18 @@ def test_odd_sizes_L500_Dk60(mode, decay):
     assert rel(linear_attention(q, k, v, log_a, mode=mode, chunk_size=chunk), expected) <= 1e-10
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", FLOAT32_PATHS)
 @pytest.mark.parametrize("decay", ["none", "head-complex", "channel-complex"])
-def test_float32_within_1e4_relative_rms(mode, decay):
-    q, k, v, log_a = make_inputs(L=300, decay=decay, dtype=torch.float32, positive=True)
-    expected, _, _ = linear_attention_reference(q.double(), k.double(), v.double(),
-                                                None if log_a is None else log_a.to(torch.complex128 if log_a.is_complex() else torch.float64),
+def test_float32_within_1e4_relative_rms(mode, decay, device):
+    q, k, v, log_a = make_inputs(L=300, decay=decay, dtype=torch.float32, positive=True, device=device)
+    q64, k64, v64, a64 = cpu(q, k, v, log_a)
+    expected, _, _ = linear_attention_reference(q64.double(), k64.double(), v64.double(),
+                                                None if a64 is None else a64.to(torch.complex128 if a64.is_complex() else torch.float64),
                                                 normalize=True)
     out = float32_attention(q, k, v, log_a, mode, normalize=True, chunk_size=64)
     assert out.dtype == torch.float32
-    assert rel_rms(out.double(), expected) <= 1e-4
+    assert rel_rms(out.double().cpu(), expected) <= 1e-4
 
 
 @pytest.mark.parametrize("chunk_size", [1, 2, 16, 64, 256])
@@ -128,15 +141,17 @@ def test_cross_chunk_scan_equals_its_quadratic_form(levels, per_channel, complex
     assert rel(got.re, want.re) <= 1e-12 and rel(got.im, want.im) <= 1e-12
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("decay", ["none", "head-complex", "channel-real"])
 @pytest.mark.parametrize("normalize", [False, True])
-def test_gradients_equal_across_modes(decay, normalize):
-    q, k, v, log_a = make_inputs(B=1, H=2, L=40, Dk=5, Dv=3, decay=decay, positive=normalize, requires_grad=True)
+def test_gradients_equal_across_modes(decay, normalize, device):
+    q, k, v, log_a = make_inputs(B=1, H=2, L=40, Dk=5, Dv=3, decay=decay, positive=normalize, requires_grad=True,
+                                 device=device)
     S0 = torch.randn(1, 2, 5, 3, dtype=torch.complex128 if (log_a is not None and log_a.is_complex()) else torch.float64,
-                     requires_grad=True)
-    z0 = (torch.rand(1, 2, 5, dtype=torch.float64) + 0.5).requires_grad_(True)
+                     device=device, requires_grad=True)
+    z0 = (torch.rand(1, 2, 5, dtype=torch.float64, device=device) + 0.5).requires_grad_(True)
     initial = (S0, z0) if normalize else S0
-    weights = torch.randn(1, 2, 40, 3, dtype=torch.float64)
+    weights = torch.randn(1, 2, 40, 3, dtype=torch.float64, device=device)
     inputs = [t for t in (q, k, v, log_a, S0) if t is not None] + ([z0] if normalize else [])
     grads = {}
     for mode in MODES:
@@ -165,9 +180,11 @@ def test_state_continuation_equals_concatenation(mode, decay):
     assert rel(S, reference_S) <= 1e-10 and rel(final[1].to(reference_z.dtype), reference_z) <= 1e-10
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
-def test_causality_by_autograd(mode):
-    q, k, v, log_a = make_inputs(B=1, H=1, L=30, decay="channel-complex", requires_grad=True)
+@pytest.mark.parametrize("decay", ["head-complex", "channel-complex"])
+def test_causality_by_autograd(mode, decay, device):
+    q, k, v, log_a = make_inputs(B=1, H=1, L=30, decay=decay, requires_grad=True, device=device)
     out = linear_attention(q, k, v, log_a, mode=mode, chunk_size=8)
     t = 17
     grads = torch.autograd.grad(out[:, :, t].sum(), [q, k, v, log_a])

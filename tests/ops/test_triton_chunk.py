@@ -233,3 +233,19 @@ def test_compile_and_export_trace_the_kernels_without_a_gpu():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "graphs 1 ops ['attnspec.triton_chunk']" in done.stdout, done.stdout
     assert "exported ['attnspec.triton_chunk.default'] ['VR[2, 8192]']" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("decay", [None, "real", "complex"])
+def test_causality_by_autograd(device, decay):
+    """The output at t has zero gradient with respect to every input after t (chunk boundary at 16 inside)."""
+    _ready(device)
+    q, k, v, log_mag, phase, _, _ = _problem(1, 2, 40, 16, 16, decay, False)
+    leaves = [t.float().to(device).requires_grad_() for t in (q, k, v, log_mag, phase) if t is not None]
+    q, k, v = leaves[:3]
+    decays = leaves[3:] + [None] * (5 - len(leaves))
+    out = triton_chunk.chunked_linear_attention(q, k, v, decays[0], decays[1], None, None, 1.0, 16)[0]
+    t = 21
+    for grad in torch.autograd.grad(out[:, :, t].sum(), leaves):
+        assert torch.all(grad[:, :, t + 1:] == 0), "the output at t depends on inputs after t"
+        assert grad[:, :, :t + 1].abs().sum() > 0

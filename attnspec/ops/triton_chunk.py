@@ -194,7 +194,7 @@ if triton is not None:
                         HAS_INITIAL: tl.constexpr):
         """Program (value block, b*H + h): every chunk's entering state into ``states`` (B*H, n, K, V)
         and the state after the last position into ``final`` (B*H, K, V), float32."""
-        i_v, i_bh = tl.program_id(0), tl.program_id(1)
+        i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # int64: offsets pass 2^31 at 32K x 128
         i_b, i_h = i_bh // H, i_bh % H
         o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
         kv_mask = (o_k[:, None] < K) & (o_v[None, :] < V)
@@ -237,7 +237,7 @@ if triton is not None:
                         BV: tl.constexpr, DT: tl.constexpr, HAS_DECAY: tl.constexpr, IS_COMPLEX: tl.constexpr):
         """Program (value block, chunk, b*H + h): the chunk's output, within-chunk part plus the entering
         state read by the decayed queries. ``k`` shares ``q``'s strides; ``out`` is contiguous."""
-        i_v, c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        i_v, c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
         i_b, i_h = i_bh // H, i_bh % H
         b_q = _load_tile(q + i_b * s_qb + i_h * s_qh, c * BT, L, s_ql, 0, K, BT, BK)
         b_k = _load_tile(k + i_b * s_qb + i_h * s_qh, c * BT, L, s_ql, 0, K, BT, BK)
@@ -269,7 +269,7 @@ if triton is not None:
                          HAS_DFINAL: tl.constexpr):
         """Program (value block, b*H + h): the gradient of every chunk's leaving state into ``dstates``
         (B*H, n, K, V), walking backwards, and the gradient of the initial state into ``dh0``."""
-        i_v, i_bh = tl.program_id(0), tl.program_id(1)
+        i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # int64: offsets pass 2^31 at 32K x 128
         i_b, i_h = i_bh // H, i_bh % H
         o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
         kv_mask = (o_k[:, None] < K) & (o_v[None, :] < V)
@@ -322,7 +322,7 @@ if triton is not None:
           dv_j = scale sum_i P^cos_ij (q_i . k_j) do_i + exp(G_last - G_j) (cos k_j dh'_re + sin k_j dh'_im)
         and the decays' gradients collect, per position, every term its exponent appears in.
         """
-        c, i_bh = tl.program_id(0), tl.program_id(1)
+        c, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
         i_b, i_h = i_bh // H, i_bh % H
         o_t = tl.arange(0, BT)
         o_k = tl.arange(0, BK)

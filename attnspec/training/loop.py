@@ -137,7 +137,9 @@ class Trainer:
                                     f"accumulate = {config.accumulate} micro-batches", path="batch_size"))
         self.micro = config.batch_size // (world * config.accumulate)
         self.compiled = config.compile == "on" or (config.compile == "auto" and self.device.type == "cuda")
-        calibration = None
+        from attnspec.compiler.lower import device_calibration
+
+        calibration = device_calibration(self.device)  # a GPU plans by the cost model (CPU measurements do not apply)
         # The calibration measures eager CPU steps; ranks of a distributed run plan from the cache
         # alone, so that they do not measure at once on shared cores and plan alike.
         if self.device.type == "cpu" and not self.compiled and world == 1:

@@ -44,16 +44,17 @@ def parse_tokens(text: str, vocab_size: int | None = None, max_len: int | None =
 
 def _greedy(directory: Path, name: str, step, state: list, prompt: list[int], count: int) -> list[int]:
     """Feed ``prompt`` through ``step(token (1,), *state) -> (logits (1, vocab), *state)``, then append
-    ``count`` argmax tokens."""
+    ``count`` argmax tokens (on the state's device)."""
+    device = state[0].device
     with torch.no_grad():
         try:
             for token in prompt:
-                logits, *state = step(torch.tensor([token]), *state)
+                logits, *state = step(torch.tensor([token], device=device), *state)
             generated = []
             for _ in range(count):
                 token = int(logits[0].argmax())
                 generated.append(token)
-                logits, *state = step(torch.tensor([token]), *state)
+                logits, *state = step(torch.tensor([token], device=device), *state)
         except AttnSpecError:
             raise
         except Exception as error:  # noqa: BLE001 - a step that fails on its own state is a damaged build
@@ -67,6 +68,18 @@ class _Runner:
 
     def __init__(self, directory: Path, manifest: Manifest, programs: bool):
         self.directory, self.manifest, self.programs = directory, manifest, programs
+        # the exported programs run on the device they were built for; the rebuilt model on the CPU
+        self.device = torch.device("cpu")
+        if programs and manifest.device != "cpu":
+            from attnspec.compiler.lower import resolve_device
+
+            try:
+                self.device = resolve_device(manifest.device)
+            except BuildError as error:
+                raise BuildError(f"{directory} was built for {manifest.device}, where its exported programs run: "
+                                 f"{error}. Run it without --programs (the model rebuilt from its weights runs on "
+                                 "the CPU)") from None
+            import attnspec.ops.triton_chunk  # noqa: F401  registers the op a program built on a GPU may hold
         self.model = None
         if not programs:
             from attnspec.compiler.load import load_model
@@ -81,7 +94,7 @@ class _Runner:
                 return self.model(torch.tensor([inputs]))
             program = load_program(self.directory / "model.pt2")
             try:
-                return program.module()(torch.tensor([inputs]))
+                return program.module()(torch.tensor([inputs], device=self.device)).cpu()
             except Exception as error:  # noqa: BLE001 - a program that fails on valid input is a damaged build
                 raise BuildError(f"{self.directory}/model.pt2 failed on the tokens ({type(error).__name__}: "
                                  f"{shorten(str(error), 160)}); rebuild the directory") from None
@@ -91,7 +104,8 @@ class _Runner:
             return _greedy(self.directory, "model.safetensors", self.model.step, list(self.model.init_state(1)),
                            prompt, count)
         signature = self.manifest.export.step.state
-        state = [torch.zeros(1, *entry.shape, dtype=getattr(torch, entry.dtype)) for entry in signature]
+        state = [torch.zeros(1, *entry.shape, dtype=getattr(torch, entry.dtype), device=self.device)
+                 for entry in signature]
         step = load_program(self.directory / "step.pt2").module()
         return _greedy(self.directory, "step.pt2", step, state, prompt, count)
 

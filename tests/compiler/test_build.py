@@ -228,6 +228,17 @@ def test_a_cpu_build_records_its_device_and_loads_on_the_asked_device(tmp_path):
     assert result.manifest["device"] == "cpu"
     model = attnspec.load(result.directory, device=torch.device("cpu"))
     assert model.embed.weight.device.type == "cpu"
+    if torch.cuda.is_available():
+        return
+    # A directory built on a GPU (as its manifest says) runs rebuilt on the CPU; its programs need the GPU.
+    manifest = json.loads((result.directory / "manifest.json").read_text())
+    (result.directory / "manifest.json").write_text(json.dumps({**manifest, "device": "cuda"}))
+    run = [sys.executable, "-c", "from attnspec.cli import main; main()", "run", str(result.directory), "--tokens", "1 2"]
+    rebuilt = subprocess.run(run, capture_output=True, text=True, timeout=600)
+    assert rebuilt.returncode == 0 and "next token" in rebuilt.stdout, rebuilt.stderr
+    programs = subprocess.run(run + ["--programs"], capture_output=True, text=True, timeout=600)
+    assert programs.returncode == 2 and "was built for cuda" in programs.stderr and "without --programs" in \
+        programs.stderr and "Traceback" not in programs.stderr, programs.stderr
 
 
 @CUDA

@@ -24,7 +24,8 @@ from attnspec.compiler.compile import BackgroundCheck, check_key, passed_before,
 from attnspec.compiler.export import (DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, example_input,
                                       export_model, export_step, sequence_speed, state_signature)
 from attnspec.compiler.load import load_weights
-from attnspec.compiler.lower import count_parameters, device_calibration, lower, resolve_device
+from attnspec.compiler.device import device_calibration, resolve_device
+from attnspec.compiler.lower import count_parameters, lower
 from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
 from attnspec.compiler.outdir import Scratch, check_output
 from attnspec.compiler.plan import plan_spec
@@ -103,7 +104,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                                  f"{limits.MAX_PARAMETERS:,}; make the model smaller")
         with stage("plan", seconds):
             calibration = device_calibration(device)
-            if calibrate and calibration is None and any(block.mixer.mode == "auto" for _, block in iter_blocks(spec, expand=True)):
+            auto = any(block.mixer.mode == "auto" for _, block in iter_blocks(spec, expand=True))
+            if calibrate and calibration is None and auto:
                 from attnspec.compiler.calibrate import calibrate_spec
 
                 calibration = calibrate_spec(spec, regime="inference", batch=1, length=spec.max_len)
@@ -123,7 +125,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 model.to(device)
             # A structure whose check passed before on this machine (the same spec but for its name and
             # seed, the same modes and versions) compiles to the same graphs: its check is reused.
-            key = check_key(spec_to_data(spec, minimal=False), plan.full_modes) if compile_check else None
+            key = check_key(spec_to_data(spec, minimal=False), plan.full_modes, device.type) if compile_check else None
             reused = passed_before(key) if key is not None else None
             background = BackgroundCheck(scratch.path, plan.full_modes, device) if key and reused is None else None
             with background or contextlib.nullcontext():

@@ -195,15 +195,17 @@ class BackgroundCheck:
 CHECKS_FILE = "compile-checks.json"
 
 
-def check_key(spec_data: dict, modes: list[str]) -> str:
+def check_key(spec_data: dict, modes: list[str], device: str = "cpu") -> str:
     """What a build's compile check depends on: the resolved spec without its name and seed (which
-    change only values), the plan's modes, and the attnspec and torch versions."""
+    change only values), the plan's modes, the device type (another device compiles other code) and
+    the attnspec and torch versions."""
     import hashlib
 
     import attnspec
 
     data = {key: value for key, value in spec_data.items() if key not in ("name", "seed")}
-    text = json.dumps([data, modes, attnspec.__version__, torch.__version__], sort_keys=True)
+    versions = [attnspec.__version__, torch.__version__]
+    text = json.dumps([data, modes, *versions] if device == "cpu" else [data, modes, device, *versions], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

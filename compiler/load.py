@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from attnspec.compiler.device import resolve_device
 from attnspec.compiler.manifest import Manifest, read_manifest
 from attnspec.errors import AttnSpecError, BuildError, shorten
 from attnspec.nn.model import Model, build_model_from_spec
@@ -95,8 +96,6 @@ def load_model(directory: Path | str, manifest: Manifest | None = None, device=N
         BuildError: the directory is not a build directory, or its files do not match the manifest,
             the spec or each other.
     """
-    from attnspec.compiler.lower import resolve_device
-
     directory = Path(directory)
     device = resolve_device(device)
     manifest = manifest or read_manifest(directory)

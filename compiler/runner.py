@@ -71,7 +71,7 @@ class _Runner:
         # the exported programs run on the device they were built for; the rebuilt model on the CPU
         self.device = torch.device("cpu")
         if programs and manifest.device != "cpu":
-            from attnspec.compiler.lower import resolve_device
+            from attnspec.compiler.device import resolve_device
 
             try:
                 self.device = resolve_device(manifest.device)

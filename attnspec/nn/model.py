@@ -181,7 +181,9 @@ class Model(nn.Module):
     def regularization_loss(self) -> Tensor:
         """Sum of the orthogonality regularisers of the trainable kernels (add it to the training loss)."""
         terms = [t for block in self.blocks if (t := block.mixer.regularization_loss()) is not None]
-        return torch.stack(terms).sum() if terms else torch.zeros((), dtype=self.embed.weight.dtype, device=self.embed.weight.device)
+        if not terms:
+            return torch.zeros((), dtype=self.embed.weight.dtype, device=self.embed.weight.device)
+        return torch.stack(terms).sum()
 
     def set_modes(self, modes: list[str]) -> None:
         """Set each block's full-sequence mode (the compiler's plan)."""

@@ -108,7 +108,9 @@ def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, log_mag: Tensor | 
         # G, T: sums of the decay from each chunk's start, in float64; padded positions have a = 1.
         chunks = lambda t: F.pad(t, [0, padded - L]).reshape(B, H, padded // BT, BT)  # noqa: E731
         G = torch.cumsum(chunks(log_mag.to(torch.float64).clamp_min(LOG_ZERO)), dim=-1).reshape(B, H, padded)
-        T = None if phase is None else wrap_phase(torch.cumsum(chunks(phase.to(torch.float64)), dim=-1)).reshape(B, H, padded)
+        T = None
+        if phase is not None:
+            T = wrap_phase(torch.cumsum(chunks(phase.to(torch.float64)), dim=-1)).reshape(B, H, padded)
     else:
         G = T = None
     if initial_re is not None and is_complex and initial_im is None:
@@ -348,7 +350,8 @@ if triton is not None:
         for i_v in range(0, tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             kv_mask = (o_k[:, None] < K) & (o_v[None, :] < V)
-            at = (i_bh * n_chunks + c) * K * V + o_k[:, None] * V + o_v[None, :]
+            kv_at = o_k[:, None] * V + o_v[None, :]
+            at = (i_bh * n_chunks + c) * K * V + kv_at
             b_v = _load_tile(v + i_b * s_vb + i_h * s_vh, c * BT, L, s_vl, i_v * BV, V, BT, BV)
             b_do = _load_tile(do + i_b * s_db + i_h * s_dh, c * BT, L, s_dl, i_v * BV, V, BT, BV)
             h_re = tl.load(states_re + at, mask=kv_mask, other=0.0)
@@ -359,7 +362,7 @@ if triton is not None:
             b_dv = _dot(tl.trans(scores), b_do, DT) + _dot(b_k * end_cos[:, None], dh_re, DT)
             if HAS_DECAY:  # the leaving state: the next chunk's entering one, or the final state
                 if c == n_chunks - 1:
-                    after_re = tl.load(final_re + i_bh * K * V + o_k[:, None] * V + o_v[None, :], mask=kv_mask, other=0.0)
+                    after_re = tl.load(final_re + i_bh * K * V + kv_at, mask=kv_mask, other=0.0)
                 else:
                     after_re = tl.load(states_re + at + K * V, mask=kv_mask, other=0.0)
                 leave += tl.sum(tl.sum(dh_re * after_re, axis=1), axis=0)
@@ -370,7 +373,7 @@ if triton is not None:
                 write_im += _dot(b_v, tl.trans(dh_im), DT)
                 b_dv += _dot(b_k * end_sin[:, None], dh_im, DT)
                 if c == n_chunks - 1:
-                    after_im = tl.load(final_im + i_bh * K * V + o_k[:, None] * V + o_v[None, :], mask=kv_mask, other=0.0)
+                    after_im = tl.load(final_im + i_bh * K * V + kv_at, mask=kv_mask, other=0.0)
                 else:
                     after_im = tl.load(states_im + at + K * V, mask=kv_mask, other=0.0)
                 leave += tl.sum(tl.sum(dh_im * after_im, axis=1), axis=0)
@@ -447,7 +450,8 @@ if triton is not None:
         final_im = torch.empty_like(final_re) if is_complex else k.new_empty(0, dtype=torch.float32)
         grid = (triton.cdiv(V, meta["BV"]), B * H)
         wrap_triton(_states_forward)[grid](
-            k, v, _given(G, k), _given(T, k), _given(h0_re, k), _given(h0_im, k), states_re, states_im, final_re, final_im if is_complex else final_re,
+            k, v, _given(G, k), _given(T, k), _given(h0_re, k), _given(h0_im, k), states_re, states_im, final_re,
+            final_im if is_complex else final_re,
             L, n, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
             HAS_DECAY=G is not None, IS_COMPLEX=is_complex, HAS_INITIAL=h0_re is not None, **meta)
         return states_re, states_im, final_re, final_im
@@ -494,7 +498,8 @@ if triton is not None:
         dh0_re = torch.empty_like(final_re)
         dh0_im = torch.empty_like(final_re) if is_complex else q.new_empty(0, dtype=torch.float32)
         wrap_triton(_states_backward)[(triton.cdiv(V, meta["BV"]), B * H)](
-            q, do, _given(G, q), _given(T, q), _given(dfinal_re, q), _given(dfinal_im, q), dstates_re, dstates_im, dh0_re, dh0_im if is_complex else dh0_re,
+            q, do, _given(G, q), _given(T, q), _given(dfinal_re, q), _given(dfinal_im, q), dstates_re, dstates_im,
+            dh0_re, dh0_im if is_complex else dh0_re,
             scale, L, n, q.stride(0), q.stride(1), q.stride(2), do.stride(0), do.stride(1), do.stride(2),
             HAS_DECAY=G is not None, IS_COMPLEX=is_complex, HAS_DFINAL=dfinal_re is not None, **meta)
         dq = torch.empty(B, H, L, K, dtype=q.dtype, device=q.device)

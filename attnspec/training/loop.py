@@ -137,7 +137,7 @@ class Trainer:
                                     f"accumulate = {config.accumulate} micro-batches", path="batch_size"))
         self.micro = config.batch_size // (world * config.accumulate)
         self.compiled = config.compile == "on" or (config.compile == "auto" and self.device.type == "cuda")
-        from attnspec.compiler.lower import device_calibration
+        from attnspec.compiler.device import device_calibration
 
         calibration = device_calibration(self.device)  # a GPU plans by the cost model (CPU measurements do not apply)
         # The calibration measures eager CPU steps; ranks of a distributed run plan from the cache

@@ -55,9 +55,9 @@ def linear_attention(
         v: ``(B, H, L, Dv)`` values; same dtype.
         log_a: log-transition, ``None`` (a = 1), ``(B, H, L)`` (one per head) or ``(B, H, L, Dk)``
             (one per key channel). Real (``log|a|``; float32 or the inputs' dtype) or complex
-            (``log|a| + i theta``, complex128 with float64 inputs, complex64 otherwise). ``-inf`` (a = 0) resets the state. Compiled
-            code passes a :class:`Decay` ``(log_mag, phase)`` of real ``(B, H, L, 1 or Dk)`` tensors
-            instead, so no complex tensor enters the graph.
+            (``log|a| + i theta``, complex128 with float64 inputs, complex64 otherwise). ``-inf``
+            (a = 0) resets the state. Compiled code passes a :class:`Decay` ``(log_mag, phase)`` of
+            real ``(B, H, L, 1 or Dk)`` tensors instead, so no complex tensor enters the graph.
         causal: position t sees positions <= t. Non-causal requires ``log_a is None``.
         normalize: divide by the same recurrence run on ``k`` alone (linear-attention normaliser).
         scale: multiplier on ``q``.

@@ -83,8 +83,8 @@ def _check_decay_pair(decay: Decay, q: Tensor) -> Decay:
         if t is None:
             continue
         if tuple(t.shape) not in ((B, H, L, 1), (B, H, L, Dk)) or t.dtype not in _decay_dtypes(q):
-            raise ShapeError(f"{name} must be {' or '.join(map(str, _decay_dtypes(q)))} with shape (B, H, L, 1) or (B, H, L, Dk) = "
-                             f"({B}, {H}, {L}, 1 or {Dk}), got {tuple(t.shape)} {t.dtype}")
+            raise ShapeError(f"{name} must be {' or '.join(map(str, _decay_dtypes(q)))} with shape (B, H, L, 1) "
+                             f"or (B, H, L, Dk) = ({B}, {H}, {L}, 1 or {Dk}), got {tuple(t.shape)} {t.dtype}")
     if decay.phase is not None and decay.phase.shape != decay.log_mag.shape:
         raise ShapeError("log_a.phase must have the shape of log_a.log_mag")
     return decay

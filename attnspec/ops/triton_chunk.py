@@ -150,6 +150,25 @@ if triton is not None:
         tl.store(base + rows[:, None] * row_stride + cols[None, :], value.to(base.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _state_tiles(re_ptr, im_ptr, start, offsets, mask, BK: tl.constexpr, BV: tl.constexpr,
+                     PRESENT: tl.constexpr, IS_COMPLEX: tl.constexpr):
+        """A (BK, BV) float32 tile of a state pair (re, im) at ``start + offsets``; zeros where absent."""
+        re = tl.zeros([BK, BV], dtype=tl.float32)
+        im = tl.zeros([BK, BV], dtype=tl.float32)
+        if PRESENT:
+            re += tl.load(re_ptr + start + offsets, mask=mask, other=0.0)
+            if IS_COMPLEX:
+                im += tl.load(im_ptr + start + offsets, mask=mask, other=0.0)
+        return re, im
+
+    @triton.jit
+    def _store_state_tiles(re_ptr, im_ptr, start, offsets, mask, re, im, IS_COMPLEX: tl.constexpr):
+        """Store the tiles of :func:`_state_tiles` (the imaginary one for complex states only)."""
+        tl.store(re_ptr + start + offsets, re, mask=mask)
+        if IS_COMPLEX:
+            tl.store(im_ptr + start + offsets, im, mask=mask)
+
+    @triton.jit
     def _chunk_decays(G_ptr, T_ptr, start, BT: tl.constexpr, HAS_DECAY: tl.constexpr, IS_COMPLEX: tl.constexpr):
         """The chunk's decays from its start (g, t), to its end (g_end, t_end), and across it (g_last, t_last):
         float32 values of float64 differences. Without a decay all are 0."""
@@ -201,18 +220,11 @@ if triton is not None:
         o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
         kv_mask = (o_k[:, None] < K) & (o_v[None, :] < V)
         kv_offsets = o_k[:, None] * V + o_v[None, :]
-        h_re = tl.zeros([BK, BV], dtype=tl.float32)
-        h_im = tl.zeros([BK, BV], dtype=tl.float32)
-        if HAS_INITIAL:
-            h_re += tl.load(h0_re + i_bh * K * V + kv_offsets, mask=kv_mask, other=0.0)
-            if IS_COMPLEX:
-                h_im += tl.load(h0_im + i_bh * K * V + kv_offsets, mask=kv_mask, other=0.0)
+        h_re, h_im = _state_tiles(h0_re, h0_im, i_bh * K * V, kv_offsets, kv_mask, BK, BV, HAS_INITIAL, IS_COMPLEX)
         seq = i_bh * n_chunks * BT
         for c in range(0, n_chunks):
             at = (i_bh * n_chunks + c) * K * V
-            tl.store(states_re + at + kv_offsets, h_re, mask=kv_mask)
-            if IS_COMPLEX:
-                tl.store(states_im + at + kv_offsets, h_im, mask=kv_mask)
+            _store_state_tiles(states_re, states_im, at, kv_offsets, kv_mask, h_re, h_im, IS_COMPLEX)
             b_k = _load_tile(k + i_b * s_kb + i_h * s_kh, c * BT, L, s_kl, 0, K, BT, BK)
             b_v = _load_tile(v + i_b * s_vb + i_h * s_vh, c * BT, L, s_vl, i_v * BV, V, BT, BV)
             g, g_end, g_last, t, t_end, t_last = _chunk_decays(G + seq, T + seq, c * BT, BT, HAS_DECAY, IS_COMPLEX)
@@ -228,9 +240,7 @@ if triton is not None:
                 h_im = im + _dot(tl.trans(k_sin), b_v, DT)
             else:
                 h_re = across * h_re + _dot(tl.trans(b_k * to_end[:, None]), b_v, DT)
-        tl.store(final_re + i_bh * K * V + kv_offsets, h_re, mask=kv_mask)
-        if IS_COMPLEX:
-            tl.store(final_im + i_bh * K * V + kv_offsets, h_im, mask=kv_mask)
+        _store_state_tiles(final_re, final_im, i_bh * K * V, kv_offsets, kv_mask, h_re, h_im, IS_COMPLEX)
 
     @triton.jit
     def _output_forward(q, k, v, G, T, states_re, states_im, out, scale,
@@ -276,19 +286,13 @@ if triton is not None:
         o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
         kv_mask = (o_k[:, None] < K) & (o_v[None, :] < V)
         kv_offsets = o_k[:, None] * V + o_v[None, :]
-        dh_re = tl.zeros([BK, BV], dtype=tl.float32)
-        dh_im = tl.zeros([BK, BV], dtype=tl.float32)
-        if HAS_DFINAL:
-            dh_re += tl.load(dfinal_re + i_bh * K * V + kv_offsets, mask=kv_mask, other=0.0)
-            if IS_COMPLEX:
-                dh_im += tl.load(dfinal_im + i_bh * K * V + kv_offsets, mask=kv_mask, other=0.0)
+        dh_re, dh_im = _state_tiles(dfinal_re, dfinal_im, i_bh * K * V, kv_offsets, kv_mask, BK, BV, HAS_DFINAL,
+                                    IS_COMPLEX)
         seq = i_bh * n_chunks * BT
         for back in range(0, n_chunks):
             c = n_chunks - 1 - back
             at = (i_bh * n_chunks + c) * K * V
-            tl.store(dstates_re + at + kv_offsets, dh_re, mask=kv_mask)
-            if IS_COMPLEX:
-                tl.store(dstates_im + at + kv_offsets, dh_im, mask=kv_mask)
+            _store_state_tiles(dstates_re, dstates_im, at, kv_offsets, kv_mask, dh_re, dh_im, IS_COMPLEX)
             b_q = _load_tile(q + i_b * s_qb + i_h * s_qh, c * BT, L, s_ql, 0, K, BT, BK)
             b_do = _load_tile(do + i_b * s_db + i_h * s_dh, c * BT, L, s_dl, i_v * BV, V, BT, BV)
             g, g_end, g_last, t, t_end, t_last = _chunk_decays(G + seq, T + seq, c * BT, BT, HAS_DECAY, IS_COMPLEX)
@@ -304,9 +308,7 @@ if triton is not None:
                 dh_im = im - _dot(tl.trans(q_sin), b_do, DT)
             else:
                 dh_re = across * dh_re + _dot(tl.trans(b_q * from_start[:, None]), b_do, DT)
-        tl.store(dh0_re + i_bh * K * V + kv_offsets, dh_re, mask=kv_mask)
-        if IS_COMPLEX:
-            tl.store(dh0_im + i_bh * K * V + kv_offsets, dh_im, mask=kv_mask)
+        _store_state_tiles(dh0_re, dh0_im, i_bh * K * V, kv_offsets, kv_mask, dh_re, dh_im, IS_COMPLEX)
 
     @triton.jit
     def _grads_backward(q, k, v, do, G, T, states_re, states_im, dstates_re, dstates_im, final_re, final_im,

@@ -169,24 +169,22 @@ if triton is not None:
             tl.store(im_ptr + start + offsets, im, mask=mask)
 
     @triton.jit
+    def _in_chunk_sums(ptr, start, BT: tl.constexpr, PRESENT: tl.constexpr):
+        """One of G, T for a chunk, as float32 values of float64 differences: from the chunk's start to each
+        position, from each position to the chunk's end, and across the chunk. Zeros when absent."""
+        if PRESENT:
+            sums = tl.load(ptr + start + tl.arange(0, BT))
+            last = tl.load(ptr + start + BT - 1)
+            return sums.to(tl.float32), (last - sums).to(tl.float32), last.to(tl.float32)
+        zeros = tl.zeros([BT], dtype=tl.float32)
+        return zeros, zeros, tl.sum(zeros, axis=0)
+
+    @triton.jit
     def _chunk_decays(G_ptr, T_ptr, start, BT: tl.constexpr, HAS_DECAY: tl.constexpr, IS_COMPLEX: tl.constexpr):
-        """The chunk's decays from its start (g, t), to its end (g_end, t_end), and across it (g_last, t_last):
-        float32 values of float64 differences. Without a decay all are 0."""
-        o_t = tl.arange(0, BT)
-        if HAS_DECAY:
-            G = tl.load(G_ptr + start + o_t)
-            G_last = tl.load(G_ptr + start + BT - 1)
-            g, g_end, g_last = G.to(tl.float32), (G_last - G).to(tl.float32), G_last.to(tl.float32)
-        else:
-            g = tl.zeros([BT], dtype=tl.float32)
-            g_end, g_last = g, tl.sum(g, axis=0)
-        if IS_COMPLEX:
-            T = tl.load(T_ptr + start + o_t)
-            T_last = tl.load(T_ptr + start + BT - 1)
-            t, t_end, t_last = T.to(tl.float32), (T_last - T).to(tl.float32), T_last.to(tl.float32)
-        else:
-            t = tl.zeros([BT], dtype=tl.float32)
-            t_end, t_last = t, tl.sum(t, axis=0)
+        """The chunk's log-magnitudes (g from its start, g_end to its end, g_last across it) and phases
+        (t, t_end, t_last), see :func:`_in_chunk_sums`. Without a decay all are 0."""
+        g, g_end, g_last = _in_chunk_sums(G_ptr, start, BT, HAS_DECAY)
+        t, t_end, t_last = _in_chunk_sums(T_ptr, start, BT, IS_COMPLEX)
         return g, g_end, g_last, t, t_end, t_last
 
     @triton.jit

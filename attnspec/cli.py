@@ -42,6 +42,21 @@ SetOption = typer.Option(
 )
 
 
+@app.callback()
+def _options(
+    plugins: Optional[List[str]] = typer.Option(
+        None, "--plugin", metavar="MODULE",
+        help="Allow specs to import this plugin module (repeatable; also $ATTNSPEC_PLUGINS=a,b). A spec, sweep or "
+             "build directory names plugins under `plugins:`, but attnspec imports only the modules you allow "
+             "here or install as entry points: importing a module runs its code."),
+) -> None:
+    """Declarative sequence-mixer models: check, plan, build, verify, run, train, ablate and diagnose specs."""
+    if plugins:
+        from attnspec.spec.components import allow_plugins
+
+        allow_plugins(plugins)
+
+
 def _print_error(error: AttnSpecError) -> None:
     problems = error.problems if isinstance(error, SpecError) else [error]
     for problem in problems:
@@ -97,10 +112,11 @@ def schema(
     print the spec reference that docs/spec-reference.md is generated from; with --sweep, the
     schema of sweep files (schema/sweep.schema.json).
     """
-    from attnspec.spec.components import import_plugins, load_entry_points
+    from attnspec.spec.components import allow_plugins, import_plugins, load_entry_points
     from attnspec.spec.schema import json_schema_text, reference_markdown
 
     load_entry_points()
+    allow_plugins(list(plugins or []))
     import_plugins(list(plugins or []), lambda path: None)
     if sweep:
         from attnspec.ablation.sweep import sweep_json_schema_text
@@ -432,7 +448,11 @@ def ablate(
                             on_event=progress.update)
     _print_report(output)
     out.print(f"{outcome.ran} run(s) in {outcome.seconds:.0f} s, {outcome.skipped} already done, "
-              f"{len(outcome.failed)} failed; report: {output / 'report' / 'report.html'}", markup=False)
+              f"{len(outcome.failed)} failed, {len(outcome.diverged)} diverged, {len(outcome.busy)} being trained by "
+              f"another process; report: {output / 'report' / 'report.html'}", markup=False)
+    for busy in outcome.busy:
+        out.print(f"elsewhere: {busy['label']} (runs/{busy['key']}) is being trained by another process; run "
+                  "`attnspec report` when it ends", markup=False)
     if outcome.failed:
         for failure in outcome.failed:
             err.print(f"failed: {failure['label']} (runs/{failure['key']}): {failure['error']}", style="red",
@@ -742,9 +762,12 @@ def _launch_torchrun(nproc: int) -> None:
             skip = True
         elif not arg.startswith("--nproc="):
             args.append(arg)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    from attnspec.io import child_environment
+
+    # -P and PYTHONSAFEPATH (inherited by the ranks torchrun starts): no module from the working directory
+    command = [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                "-m", "attnspec", *args]
-    code = subprocess.call(command)
+    code = subprocess.call(command, env=child_environment())
     if code:
         raise typer.Exit(code)
 

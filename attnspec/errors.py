@@ -66,6 +66,20 @@ class BuildError(AttnSpecError):
     """A build, export or load failed for a reason the user can act on."""
 
 
+class RunError(AttnSpecError):
+    """A run or runs directory, a report, task data or a cache cannot be read, written or resumed
+    (missing, tampered, a link where attnspec writes, a file of someone else's in the way)."""
+
+
+class TrainingDiverged(AttnSpecError):
+    """Training met a non-finite loss or gradient norm and stopped; the run is recorded as diverged
+    (``step``: the optimiser step whose loss or gradient was not finite)."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
 def shorten(value: object, limit: int = 60) -> str:
     """``repr(value)`` (``str`` for strings, quoted), cut to ``limit`` characters with "..." so a
     message never carries a long value (a 1 MB string, a file's content)."""

@@ -1,7 +1,10 @@
 """Figures and tables as files: matplotlib without a display, and CSV written atomically.
 
 The reports of ``attnspec ablate`` and the diagnostics write their plots through here, so every
-plot is a PNG and an SVG made the same way.
+plot is a PNG and an SVG made the same way. Labels come from users' sweeps (variant names, grid
+values), so text is drawn literally (matplotlib's mathtext off: ``$x$`` is not TeX), CSV cells that
+a spreadsheet would run as a formula are neutralised, and every file is written atomically and
+never through a link (:mod:`attnspec.io`).
 """
 
 from __future__ import annotations
@@ -12,38 +15,69 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""A spreadsheet runs a cell starting with one of these as a formula (OWASP, "CSV injection")."""
+
+
 def pyplot() -> Any:
-    """``matplotlib.pyplot`` with the non-interactive Agg backend (no display, no server)."""
+    """``matplotlib.pyplot`` with the non-interactive Agg backend (no display, no server) and text drawn
+    literally: ``text.parse_math`` off, so a label such as ``$\\frac{}$`` is never parsed as TeX."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    matplotlib.rcParams["text.parse_math"] = False
+    matplotlib.rcParams["text.usetex"] = False
     import matplotlib.pyplot as plt
 
     return plt
 
 
 def save_figure(figure: Any, directory: Path, stem: str) -> list[Path]:
-    """Write ``figure`` as ``stem.png`` and ``stem.svg`` in ``directory`` (tight layout), close it and
-    return the two paths."""
-    figure.tight_layout()
-    paths = []
-    for suffix in ("png", "svg"):
-        path = directory / f"{stem}.{suffix}"
-        figure.savefig(path, dpi=110, metadata={"Date": None} if suffix == "svg" else None)
-        paths.append(path)
-    pyplot().close(figure)
+    """Write ``figure`` as ``stem.png`` and ``stem.svg`` in ``directory`` (tight layout), atomically and
+    never through a link, close it and return the two paths."""
+    from attnspec.io import write_with
+
+    try:
+        figure.tight_layout()
+        paths = []
+        for suffix in ("png", "svg"):
+            path = directory / f"{stem}.{suffix}"
+            write_with(path, lambda tmp: figure.savefig(tmp, dpi=110, format=suffix,
+                                                        metadata={"Date": None} if suffix == "svg" else None))
+            paths.append(path)
+    finally:
+        pyplot().close(figure)
     return paths
 
 
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell: floats keep every digit (``repr``), None is empty, and text a spreadsheet
+    would evaluate (``=cmd|...``, ``+1+1``, ``@SUM``) is prefixed with ``'`` (negative numbers stay numbers)."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str) and value.startswith(FORMULA_START) and not _is_number(value):
+        return "'" + value
+    return value
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def write_csv(path: Path, header: list[str], rows: Iterable[Iterable[Any]]) -> Path:
-    """A CSV file written atomically; floats keep every digit (``repr``), None is empty."""
-    from attnspec.training.rundir import write_atomic
+    """A CSV file written atomically (:func:`csv_cell` for every cell)."""
+    from attnspec.io import write_atomic
 
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(header)
+    writer.writerow([csv_cell(name) for name in header])
     for row in rows:
-        writer.writerow(["" if value is None else repr(value) if isinstance(value, float) else value
-                         for value in row])
+        writer.writerow([csv_cell(value) for value in row])
     write_atomic(path, buffer.getvalue())
     return path

@@ -98,7 +98,7 @@ class SweepProgress:
 
     def _summary(self) -> str:
         return (f"runs {self.counts['done']}/{self.total_runs} done, {self.counts['running']} running, "
-                f"{self.counts['failed']} failed")
+                f"{self.counts['failed']} failed, {self.counts['diverged']} diverged, {self.counts['busy']} elsewhere")
 
     def update(self, event: dict) -> None:
         kind, key = event["event"], event.get("key")
@@ -128,15 +128,20 @@ class SweepProgress:
         elif kind == "run_end":
             self.counts["running"] -= 1
             status = event.get("status")
-            self.counts["done" if status == "done" else "failed"] += 1
+            status = status if status in ("done", "diverged", "busy") else "failed"
+            self.counts[status] += 1
             self.done[key] = self.steps.get(key, 0)
             if self.progress is not None and key in self.rows:
                 self.progress.remove_task(self.rows.pop(key))
             metrics = event.get("metrics") or {}
-            detail = (", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k != "step") if status == "done"
-                      else f"FAILED: {str(event.get('error')).splitlines()[0] if event.get('error') else '?'}")
-            self.console.print(f"{'finished' if status == 'done' else 'failed  '} {event.get('label')}: {detail}",
-                               style=None if status == "done" else "red", markup=False)
+            first_line = str(event.get("error")).splitlines()[0] if event.get("error") else "?"
+            detail = (", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k != "step"
+                                if isinstance(v, (int, float))) if status == "done"
+                      else first_line if status in ("diverged", "busy") else f"FAILED: {first_line}")
+            word = {"done": "finished", "diverged": "diverged", "busy": "elsewhere", "failed": "failed  "}[status]
+            self.console.print(f"{word} {event.get('label')}: {detail}",
+                               style={"done": None, "busy": None, "diverged": "yellow"}.get(status, "red"),
+                               markup=False)
         if self.progress is not None and self.overall is not None:
             self.progress.update(self.overall, completed=sum(self.done.values()), description=self._summary())
         elif kind == "run_end":

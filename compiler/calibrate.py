@@ -146,7 +146,8 @@ def _measure(call, order: list[str], length: int, batch: int, node, training: bo
     for mode in order:
         call(mode, probe_length)
         growth = min(estimates[mode].seconds / short[mode].seconds, MAX_GROWTH * length / probe_length)
-        predicted[mode] = call(mode, probe_length) * growth
+        # the faster of two calls: a busy moment must not get the fastest mode skipped as "far slower"
+        predicted[mode] = min(call(mode, probe_length), call(mode, probe_length)) * growth
     best = min(predicted.values()) if predicted else 0.0
     for mode in order:
         if skip_slow and predicted[mode] > SLOW_FACTOR * best:

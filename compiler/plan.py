@@ -36,7 +36,8 @@ import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from attnspec.errors import BuildError
+from attnspec.errors import BuildError, RunError
+from attnspec.io import cache_directory, read_json, write_atomic
 from attnspec.spec.ir import Spec, iter_blocks
 from attnspec.spec.source import format_path
 
@@ -253,6 +254,9 @@ def _ms(seconds: float) -> str:
 # ---------------------------------------------------------------------------------------- calibration
 CACHE_FORMAT = 1
 MAX_CACHE_BYTES = 16 << 20
+MAX_REASON_CHARS = 1024
+"""A calibration's reason for skipping a mode is one sentence; a longer one is not attnspec's (and would
+not fit the manifest's 4,096-character text fields)."""
 
 
 def mixer_signature(spec: Spec, mixer) -> str:
@@ -261,12 +265,6 @@ def mixer_signature(spec: Spec, mixer) -> str:
     data = {"mixer": mixer.model_dump(mode="json", exclude={"mode"}), "d_model": spec.d_model,
             "max_len": spec.max_len, "dtype": spec.dtype}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def cache_directory() -> Path:
-    """attnspec's per-user cache: ``$ATTNSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnspec`` or ``~/.cache/attnspec``."""
-    root = os.environ.get("ATTNSPEC_CACHE_DIR")
-    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnspec"
 
 
 def calibration_path() -> Path:
@@ -338,22 +336,30 @@ class Calibration:
 def read_cache_file(path: Path, section: str, limit: int = MAX_CACHE_BYTES) -> dict:
     """The ``section`` table of one of attnspec's JSON cache files (format 1); empty when the file is
     missing, over ``limit`` bytes, damaged or of another format (a cache is rewritten, never trusted)."""
+    if not path.exists():
+        return {}
     try:
-        if not path.is_file() or path.stat().st_size > limit:
-            return {}
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_json(path, limit)
+    except RunError:
         return {}
     table = data.get(section) if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else None
     return table if isinstance(table, dict) else {}
 
 
 def write_cache_file(path: Path, section: str, table: dict) -> None:
-    """Replace a JSON cache file atomically (a scratch file beside it, then one rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    scratch.write_text(json.dumps({"format": CACHE_FORMAT, section: table}, indent=1))
-    os.replace(scratch, path)
+    """Replace a JSON cache file atomically (a scratch file beside it, then one rename). A cache that
+    cannot be written (a read-only or odd cache directory, a directory or link in the file's place)
+    is skipped with a warning: it only saves time, and the work it records was done."""
+    import warnings
+
+    try:
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"format": CACHE_FORMAT, section: table}, indent=1))
+    except (RunError, OSError) as error:
+        reason = str(error) if isinstance(error, RunError) else f"{path.parent}: {error.strerror}"
+        warnings.warn(f"attnspec: the cache file {path} was not written ({reason}); set ATTNSPEC_CACHE_DIR to a "
+                      "writable directory to keep measurements between runs", RuntimeWarning, stacklevel=2)
 
 
 def _read_entries(path: Path) -> dict[str, dict]:
@@ -369,4 +375,5 @@ def _valid_entry(entry: object) -> bool:
     seconds, skipped = entry["seconds"], entry.get("skipped", {})
     return (all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
                 for t in seconds.values())
-            and isinstance(skipped, dict) and all(isinstance(why, str) for why in skipped.values()))
+            and isinstance(skipped, dict)
+            and all(isinstance(why, str) and len(why) <= MAX_REASON_CHARS for why in skipped.values()))

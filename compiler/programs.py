@@ -1,13 +1,22 @@
 """Loading exported programs (``model.pt2``, ``step.pt2``) without ever unpickling.
 
-``torch.export.load`` unpickles in four places: weights and constants marked ``use_pickle`` in the
-archive's configs (``torch.load`` with ``weights_only`` off), custom and opaque objects among the
-constants, the sample inputs when ``weights_only=True`` fails on them, and the whole legacy
-(pre-2.7) format. A crafted archive can use any of them to run code. :func:`load_program` first
-checks the archive against what ``torch.export.save`` writes for an attnspec model: a whitelist of
-entry names, configs with no pickled payload, sample inputs that load with ``weights_only=True``,
-and bounded sizes; only an archive that passes is handed to ``torch.export.load``, which then has
-no pickle to take. AOTInductor packages are native code by design and are never loaded here.
+``torch.export.load`` runs code of the archive's choosing in two ways. It unpickles in four places:
+weights and constants marked ``use_pickle`` in the archive's configs (``torch.load`` with
+``weights_only`` off), custom and opaque objects among the constants, the sample inputs when
+``weights_only=True`` fails on them, and the whole legacy (pre-2.7) format. And it *parses strings*
+of the serialized graph (``models/*.json``): every symbolic size ``expr_str`` goes through
+``sympy.sympify``, which evaluates Python; ``guards_code`` is Python source that torch compiles into
+a guard function; and a node's ``target`` names any attribute under ``torch``, ``operator`` or
+``math``, which the program then calls (``torch.serialization.load`` would unpickle a file).
+
+:func:`check_archive` therefore checks an archive against what ``torch.export.save`` writes for an
+attnspec model before torch sees it: a whitelist of entry names, configs with no pickled payload,
+sample inputs that load with ``weights_only=True``, bounded sizes, and in the graph: every
+``expr_str`` in a strict grammar of sympy's printed integer expressions (symbols, integers, the
+arithmetic and the shape functions torch writes, nothing else), no ``guards_code``, and node targets
+only among operator overloads (``torch.ops.aten``/``prims``/``attnspec``) and a few symbolic
+arithmetic functions. Only an archive that passes is handed to ``torch.export.load``.
+AOTInductor packages are native code by design and are never loaded here.
 """
 
 from __future__ import annotations
@@ -33,6 +42,40 @@ _ALLOWED = re.compile(
 )
 _PAYLOAD = re.compile(r"(weight|tensor)_[0-9]+")
 
+# The strings torch evaluates or calls, and what attnspec's exports put in them.
+MAX_EXPRESSION = 20_000
+"""Characters of one symbolic expression (the longest in the shipped specs' programs is about 600)."""
+MAX_EXPRESSION_DEPTH = 64
+"""Parentheses nesting of one expression (sympy's printer nests one level per operation)."""
+_EXPRESSION_TOKEN = re.compile(r"\s*(?:(?P<number>[0-9]{1,40})|(?P<word>[A-Za-z_][A-Za-z0-9_]*)"
+                               r"|(?P<quoted>'[a-z][0-9]{1,12}')|(?P<op>//|\*\*|[()+\-*,=/]))")
+_SYMBOL = re.compile(r"[a-z][0-9]{1,12}")
+"""A shape symbol as torch names them: s0, s71, u3."""
+_EXPRESSION_WORDS = frozenset({
+    # sympy's printed forms of integer arithmetic and torch.utils._sympy.functions' shape helpers
+    "Symbol", "Integer", "Add", "Mul", "Pow", "Max", "Min", "Abs", "Rational",
+    "FloorDiv", "CeilDiv", "CleanDiv", "IntTrueDiv", "Mod", "PythonMod", "ModularIndexing",
+    "FloorToInt", "CeilToInt", "TruncToInt", "Identity",
+    "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "true", "false", "True", "False",
+    # Symbol(...)'s assumptions
+    "positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite",
+})
+MAX_GUARDS = 4096
+_GUARD_TOKEN = re.compile(
+    r"\s*(?:(?P<source>L(?:\[(?:[0-9]{1,6}|'[A-Za-z_][A-Za-z0-9_]{0,100}')\])+"
+    r"(?:\.(?:size|stride)\(\)\[[0-9]{1,3}\]|\.storage_offset\(\)|\.dim\(\))?)"
+    r"|(?P<number>[0-9]{1,40})(?![A-Za-z_])|(?P<word>and|or|not|True|False)(?![A-Za-z0-9_])"
+    r"|(?P<op>==|!=|<=|>=|//|[<>()+\-*%]))")
+"""One token of a guard: an input's size, stride, offset or rank; an integer; a comparison or arithmetic."""
+_TARGET = re.compile(r"torch\.ops\.(aten|prims|attnspec)\.[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?"
+                     r"|torch\.ops\.higher_order\.(wrap_with_set_grad_enabled|wrap_with_autocast|cond|while_loop"
+                     r"|map_impl|scan|associative_scan|invoke_subgraph|auto_functionalized|auto_functionalized_v2)"
+                     r"|_operator\.(add|sub|mul|floordiv|truediv|mod|neg|pos|pow|getitem|eq|ne|lt|le|gt|ge|and_|or_"
+                     r"|not_)"
+                     r"|torch\.(sym_float|sym_int|sym_max|sym_min|sym_not|sym_ite|sym_sum|_sym_sqrt)"
+                     r"|math\.(ceil|floor|trunc|sqrt)")
+"""Node targets: operator overloads (data in, tensors out), and the symbolic-size arithmetic export emits."""
+
 
 def check_archive(path: Path) -> None:
     """Refuse a ``.pt2`` archive that torch would unpickle anything from, or that is not one at all."""
@@ -53,7 +96,9 @@ def check_archive(path: Path) -> None:
                                  "load it. Rebuild the directory")
         for entry in entries:
             name = entry.filename
-            if name.endswith("_config.json"):
+            if "/models/" in name:
+                _check_graph(path, name, _read(archive, entry, path))
+            elif name.endswith("_config.json"):
                 _check_payload_config(path, name, _read(archive, entry, path))
             elif "/data/sample_inputs/" in name:
                 try:  # torch would retry with weights_only=False if this failed: it must not fail
@@ -85,6 +130,86 @@ def _check_payload_config(path: Path, name: str, raw: bytes) -> None:
                              "refusing to load it. Rebuild the directory")
 
 
+def _check_graph(path: Path, name: str, raw: bytes) -> None:
+    """Refuse a serialized graph with a string torch would evaluate, compile or call beyond what
+    attnspec's exports write (see the module doc)."""
+    try:
+        graph = json.loads(raw)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        raise BuildError(f"{path}: {shorten(name)} is not a valid serialized graph; rebuild the directory") from None
+    stack = [graph]
+    while stack:  # iterative: any nesting is safe to walk
+        value = stack.pop()
+        if isinstance(value, dict):
+            guards = value.get("guards_code")
+            if guards is not None and not (isinstance(guards, list) and len(guards) <= MAX_GUARDS
+                                           and all(is_safe_guard(guard) for guard in guards)):
+                raise BuildError(f"{path}: {shorten(name)} carries guard code (Python source torch compiles) that is "
+                                 "not a comparison of input sizes, as torch writes them. Refusing to load it. Rebuild "
+                                 "the directory")
+            expression = value.get("expr_str")
+            if expression is not None and not is_safe_expression(expression):
+                raise BuildError(f"{path}: {shorten(name)} holds the symbolic size {shorten(expression)}, which is "
+                                 "not an integer expression torch writes (sympy would evaluate it as Python). "
+                                 "Refusing to load it. Rebuild the directory")
+            target = value.get("target")
+            if "target" in value and "inputs" in value and not (isinstance(target, str) and _TARGET.fullmatch(target)):
+                raise BuildError(f"{path}: {shorten(name)} calls {shorten(target)}, which is not an operator an "
+                                 "attnspec model uses. Refusing to load it. Rebuild the directory")
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
+def is_safe_guard(text: object) -> bool:
+    """Whether ``text`` is a guard as torch writes them for attnspec's programs: comparisons and
+    integer arithmetic of input sizes (``L['token'].size()[0] == L['state'][0].size()[0]``), nothing
+    that could call or name anything else."""
+    if not isinstance(text, str) or len(text) > MAX_EXPRESSION:
+        return False
+    position, depth = 0, 0
+    while position < len(text):
+        match = _GUARD_TOKEN.match(text, position)
+        if match is None or match.end() == position:
+            return text[position:].strip() == ""
+        position = match.end()
+        if match.group("op") == "(":
+            depth += 1
+            if depth > MAX_EXPRESSION_DEPTH:
+                return False
+        elif match.group("op") == ")":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
+def is_safe_expression(text: object) -> bool:
+    """Whether ``text`` is a symbolic integer expression as torch prints them (``Mul(Integer(64),
+    Symbol('s71', positive=True, integer=True))``, ``s0 + 128``): symbols, integers, + - * // **,
+    the shape functions torch defines and Symbol's assumptions, nothing else, within the size limits."""
+    if not isinstance(text, str) or len(text) > MAX_EXPRESSION:
+        return False
+    position, depth = 0, 0
+    while position < len(text):
+        match = _EXPRESSION_TOKEN.match(text, position)
+        if match is None or match.end() == position:
+            return text[position:].strip() == ""
+        position = match.end()
+        word, op = match.group("word"), match.group("op")
+        if word is not None and word not in _EXPRESSION_WORDS and not _SYMBOL.fullmatch(word):
+            return False
+        if op == "(":
+            depth += 1
+            if depth > MAX_EXPRESSION_DEPTH:
+                return False
+        elif op == ")":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
 def load_program(path: Path | str):
     """``torch.export.load(path)`` for an archive that passes :func:`check_archive`; any failure is a BuildError.
 
@@ -102,4 +227,4 @@ def load_program(path: Path | str):
                          "rebuild the directory") from None
 
 
-__all__ = ["check_archive", "load_program"]
+__all__ = ["check_archive", "load_program", "is_safe_expression", "is_safe_guard"]

@@ -4,6 +4,10 @@ Nothing is installed: each test runs attnspec in a fresh interpreter with exampl
 PYTHONPATH (a plugin registers kinds process-wide, so it must not leak into other tests). A spec
 using Based's Taylor features and Hedgehog's trainable features goes through check, explain, build,
 verify and run like any built-in; the components also compute what their papers define.
+
+A spec's ``plugins:`` list is a request: attnspec imports a module only with the user's consent
+(``attnspec --plugin MODULE``, ``$ATTNSPEC_PLUGINS``, or an installed entry point), so the tests
+give it explicitly, and the last tests check that nothing is imported without it.
 """
 
 from __future__ import annotations
@@ -31,16 +35,26 @@ layers:
 """
 
 
-def attnspec(*args: str, cwd: Path = ROOT, extra_path: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), extra_path, str(ROOT)]))}
+ALLOWED = "based_taylor,hedgehog"
+
+
+def _environment(extra_path: str, allowed: str | None) -> dict:
+    env = {key: value for key, value in os.environ.items() if key != "ATTNSPEC_PLUGINS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PLUGINS), extra_path, str(ROOT)]))
+    if allowed is not None:
+        env["ATTNSPEC_PLUGINS"] = allowed
+    return env
+
+
+def attnspec(*args: str, cwd: Path = ROOT, extra_path: str = "", allowed: str | None = ALLOWED
+             ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "attnspec", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600)
+                          env=_environment(extra_path, allowed), timeout=600)
 
 
-def python(code: str, extra_path: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), extra_path, str(ROOT)]))}
+def python(code: str, extra_path: str = "", allowed: str | None = ALLOWED) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=600)
+                          env=_environment(extra_path, allowed), timeout=600)
 
 
 @pytest.mark.slow
@@ -51,7 +65,9 @@ def test_plugin_components_go_through_check_explain_build_verify_run(tmp_path):
     assert checked.returncode == 0 and "2 blocks" in checked.stdout, checked.stderr
     explained = attnspec("explain", str(spec), "--length", "64")
     assert explained.returncode == 0 and "linear[taylor]" in explained.stdout and "linear[hedgehog]" in explained.stdout
-    built = attnspec("build", str(spec), "-o", str(tmp_path / "build"))
+    # consent by flag alone: the compile check's child process inherits it
+    built = attnspec("--plugin", "based_taylor", "--plugin", "hedgehog", "build", str(spec), "-o",
+                     str(tmp_path / "build"), allowed=None)
     assert built.returncode == 0, built.stderr[-3000:]
     verified = attnspec("verify", str(tmp_path / "build"))
     assert verified.returncode == 0 and verified.stdout.count(" yes ") == 6, verified.stdout  # 3 modes x 2 blocks
@@ -79,7 +95,7 @@ def test_plugin_kinds_are_validated_like_built_ins(tmp_path):
     result = attnspec("check", str(spec))
     assert result.returncode == 2 and "feature_dim" in result.stderr and "spec.yaml:8:" in result.stderr
     spec.write_text(SPEC.replace("based_taylor", "not_a_module"))
-    result = attnspec("check", str(spec))
+    result = attnspec("check", str(spec), allowed=ALLOWED + ",not_a_module")
     assert result.returncode == 2 and "spec.yaml:2:" in result.stderr and "cannot import plugin" in result.stderr
     assert "Traceback" not in result.stderr
     schema = attnspec("schema", "--plugin", "hedgehog", "--plugin", "based_taylor")
@@ -144,3 +160,52 @@ def test_a_build_directory_never_supplies_plugin_code(tmp_path):
     result = attnspec("verify", ".", cwd=directory)  # `python -m` puts the working directory on sys.path
     assert result.returncode == 2 and "never supplies code" in result.stderr, result.stderr
     assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- consent
+
+
+@pytest.mark.parametrize("module, effect", [("this", "Zen of Python"), ("antigravity", "")])
+def test_a_spec_imports_no_module_the_user_did_not_allow(tmp_path, module, effect):
+    """`plugins: [this]` printed the Zen of Python on `check`; `antigravity` ran $BROWSER."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("plugins: [based_taylor, hedgehog]", f"plugins: [{module}]").replace(
+        "feature_map: taylor", "feature_map: relu").replace("feature_map: {kind: hedgehog, feature_dim: 8}",
+                                                            "feature_map: relu"))
+    marker = tmp_path / "BROWSER-RAN"
+    env_browser = f"touch {marker}"
+    for command in (["check", str(spec)], ["fmt", str(spec), "--to", "attn"], ["explain", str(spec)]):
+        result = subprocess.run([sys.executable, "-m", "attnspec", *command], capture_output=True, text=True,
+                                cwd=tmp_path, env={**_environment("", None), "BROWSER": env_browser}, timeout=120)
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert f"plugin module {module!r}" in result.stderr and "--plugin" in result.stderr
+        assert "spec.yaml:2:" in result.stderr and "Traceback" not in result.stderr
+        assert "Beautiful is better than ugly" not in result.stdout + result.stderr
+    assert not marker.exists()
+
+
+def test_a_received_folder_on_the_readme_pythonpath_runs_nothing_on_check(tmp_path):
+    """With the README's `PYTHONPATH=examples/plugins`, a received folder's examples/plugins/based_taylor.py
+    ran on `check`: now it is imported only when the user names it."""
+    received = tmp_path / "received"
+    (received / "examples" / "plugins").mkdir(parents=True)
+    marker = tmp_path / "RAN"
+    (received / "examples" / "plugins" / "based_taylor.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (received / "spec.yaml").write_text(SPEC)
+    env = {**_environment("", None), "PYTHONPATH": "examples/plugins"}
+    result = subprocess.run([sys.executable, "-m", "attnspec", "check", "spec.yaml"], capture_output=True, text=True,
+                            cwd=received, env=env, timeout=120)
+    assert result.returncode == 2 and "have not allowed" in result.stderr, result.stderr
+    assert not marker.exists()
+
+
+def test_consent_by_flag_and_by_environment(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    assert attnspec("check", str(spec), allowed=None).returncode == 2
+    assert attnspec("--plugin", "based_taylor", "--plugin", "hedgehog", "check", str(spec), allowed=None).returncode == 0
+    assert attnspec("check", str(spec), allowed="hedgehog, based_taylor").returncode == 0
+    partial = attnspec("--plugin", "based_taylor", "check", str(spec), allowed=None)
+    assert partial.returncode == 2 and "'hedgehog'" in partial.stderr and "'based_taylor'" not in partial.stderr
+    bad = attnspec("--plugin", "os; rm", "check", str(spec), allowed=None)
+    assert bad.returncode == 2 and "not a Python module name" in bad.stderr

@@ -38,7 +38,7 @@ class SweepPlan:
 
     @property
     def todo(self) -> list[PlannedRun]:
-        return [run for run in self.unique_runs if self.states.get(run.key, "new") != "done"]
+        return [run for run in self.unique_runs if self.states.get(run.key, "new") not in ("done", "diverged")]
 
     def duplicates(self) -> list[tuple[str, str]]:
         """Pairs of variants that resolve to the same spec (so they are not an ablation of anything)."""
@@ -61,6 +61,10 @@ class SweepOutcome:
     skipped: int
     failed: list[dict]
     seconds: float
+    diverged: list[dict] = field(default_factory=list)
+    """Runs that met a non-finite loss or gradient: recorded as results of their settings, never as the best."""
+    busy: list[dict] = field(default_factory=list)
+    """Runs another process (a concurrent ``ablate`` on the same directory) was training: not failures."""
 
 
 def plan_sweep(source: str | Path | dict, output: str | Path | None = None) -> SweepPlan:
@@ -119,7 +123,7 @@ def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend
           "labels": labels, "steps": {job["key"]: job["steps"] for job in jobs}, "backend": chosen.name,
           "workers": getattr(chosen, "workers", None), "threads": chosen.threads,
           "estimates": {key: plan.estimates[key].seconds for key in labels}})
-    failed: list[dict] = []
+    ends: dict[str, list[dict]] = {"failed": [], "diverged": [], "busy": []}
     started = time.monotonic()
 
     def handle(event: dict) -> None:
@@ -127,7 +131,7 @@ def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend
         if event["event"] == "run_start":
             runsdir.log_event(output, {"event": "start", "key": key, "label": labels.get(key)})
         elif event["event"] == "run_end":
-            _record_end(output, event, labels, failed)
+            _record_end(output, event, labels, ends)
         send({**event, "label": labels.get(key)})
 
     chosen.run(output, jobs, handle)
@@ -136,20 +140,28 @@ def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend
         from attnspec.ablation.report import write_report
 
         write_report(output)
-    outcome = SweepOutcome(output, len(jobs), len(plan.unique_runs) - len(jobs), failed, seconds)
-    send({"event": "sweep_end", "ran": outcome.ran, "skipped": outcome.skipped, "failed": len(failed),
-          "seconds": seconds})
+    outcome = SweepOutcome(output, len(jobs), len(plan.unique_runs) - len(jobs), ends["failed"], seconds,
+                           ends["diverged"], ends["busy"])
+    send({"event": "sweep_end", "ran": outcome.ran, "skipped": outcome.skipped, "failed": len(outcome.failed),
+          "diverged": len(outcome.diverged), "busy": len(outcome.busy), "seconds": seconds})
     return outcome
 
 
-def _record_end(output: Path, event: dict, labels: dict, failed: list[dict]) -> None:
-    """Write a finished run's outcome: clear or record its failure, and log it."""
+def _record_end(output: Path, event: dict, labels: dict, ends: dict[str, list[dict]]) -> None:
+    """Write a finished run's outcome: clear or record its failure, and log it. A diverged run is a
+    result (of its learning rate, say), and a run another process is training is that process's:
+    neither is recorded as a failure."""
     key, status = event["key"], event.get("status")
-    if status == "done":
+    entry = {"key": key, "label": labels.get(key), "error": event.get("error")}
+    if status in ("done", "diverged"):
         runsdir.clear_failure(output, key)
+        if status == "diverged":
+            ends["diverged"].append(entry)
+    elif status == "busy":
+        ends["busy"].append(entry)
     else:
         runsdir.record_failure(output, key, str(event.get("error", "unknown error")), str(event.get("log", "")))
-        failed.append({"key": key, "label": labels.get(key), "error": event.get("error")})
+        ends["failed"].append(entry)
     runsdir.log_event(output, {"event": "end", "key": key, "status": status, "from_step": event.get("from_step"),
                                "error": event.get("error")})
 

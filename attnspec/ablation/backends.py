@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from attnspec.errors import AttnSpecError
+from attnspec.io import child_environment, open_append_binary
 
 EventCallback = Callable[[dict], None]
 LOG_TAIL = 4000
@@ -91,10 +92,11 @@ class _Worker:
     def __init__(self, runs_dir: Path, job: dict, threads: int):
         self.job = job
         self.log_path = runs_dir / "logs" / f"{job['key']}.log"
-        self.log = open(self.log_path, "ab")
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "attnspec.ablation.execute"], stdin=subprocess.PIPE,
+        self.log = open_append_binary(self.log_path)
+        env = child_environment(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+        # -P: the working directory is not on the worker's sys.path (a `./yaml.py` must not be imported)
+        self.process = subprocess.Popen([sys.executable, "-P", "-m", "attnspec.ablation.execute"],
+                                        stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self.log, env=env,
                                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         request = {"runs_dir": str(runs_dir), "threads": threads,

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from attnspec.ablation import runsdir
-from attnspec.errors import AttnSpecError
+from attnspec.errors import AttnSpecError, TrainingDiverged
+from attnspec.io import open_lock
 from attnspec.training import rundir
 
 PROGRESS_INTERVAL = 0.5
@@ -29,7 +30,7 @@ PROGRESS_INTERVAL = 0.5
 def execute(runs_dir: str | Path, job: dict, threads: int,
             on_progress: Callable[[dict], None] = lambda event: None) -> dict:
     """Train (or resume, or skip) the run ``job`` (``key``, ``spec``, ``config``) with ``threads``
-    intra-op threads; returns ``{"key", "status": done|failed|busy, "metrics"?, "error"?, "from_step"}``."""
+    intra-op threads; returns ``{"key", "status": done|diverged|failed|busy, "metrics"?, "error"?, "from_step"}``."""
     import torch
 
     import attnspec
@@ -37,7 +38,10 @@ def execute(runs_dir: str | Path, job: dict, threads: int,
     runs_dir = Path(runs_dir)
     key = job["key"]
     torch.set_num_threads(max(1, threads))
-    lock = open(runs_dir / "locks" / f"{key}.lock", "w")
+    try:
+        lock = open_lock(runs_dir / "locks" / f"{key}.lock")  # never truncates, never follows a link
+    except AttnSpecError as error:
+        return {"key": key, "status": "failed", "error": str(error), "from_step": None}
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -47,6 +51,8 @@ def execute(runs_dir: str | Path, job: dict, threads: int,
         current = runsdir.state(runs_dir, key)
         if current == "done":
             return {"key": key, "status": "done", "metrics": runsdir.result(runs_dir, key), "from_step": None}
+        if current == "diverged":  # a run is a pure function of (spec, configuration): it would diverge again
+            return {"key": key, "status": "diverged", "error": runsdir.divergence(runs_dir, key), "from_step": None}
         if current == "unstarted" and not rundir.discard_unstarted(where):
             return {"key": key, "status": "failed", "error": f"{where} holds files attnspec did not write; move "
                                                              "them away to let the run start again"}
@@ -55,6 +61,8 @@ def execute(runs_dir: str | Path, job: dict, threads: int,
         try:
             run = attnspec.train(None if resume else job["spec"], None if resume else job["config"], output=where,
                                  resume=resume, on_progress=throttle)
+        except TrainingDiverged as error:
+            return {"key": key, "status": "diverged", "error": str(error), "from_step": throttle.start}
         except AttnSpecError as error:
             return {"key": key, "status": "failed", "error": str(error), "from_step": throttle.start}
         return {"key": key, "status": "done", "metrics": {"step": run.step, **run.metrics}, "from_step": throttle.start}

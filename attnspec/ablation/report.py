@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnspec.ablation import runsdir
-from attnspec.training import rundir
+from attnspec.io import MAX_JSON_BYTES, ensure_directory, json_lines, write_atomic
 
 HIGHER_IS_BETTER = {"accuracy": True, "perplexity": False, "loss": False}
 MAX_CURVE_POINTS = 400
@@ -119,13 +119,12 @@ def collect(directory: str | Path) -> Report:
 def write_report(directory: str | Path) -> Report:
     """Collect the runs directory and write ``report/`` (see the module doc); returns the report."""
     report = collect(directory)
-    out = report.directory / "report"
-    (out / "plots").mkdir(parents=True, exist_ok=True)
-    report.plots = _plots(report, out / "plots")
+    out = ensure_directory(report.directory / "report")  # a link here is refused: nothing is written through it
+    report.plots = _plots(report, ensure_directory(out / "plots"))
     _results_csv(report, out / "results.csv")
     _runs_csv(report, out / "runs.csv")
-    rundir.write_atomic(out / "results.md", results_markdown(report))
-    rundir.write_atomic(out / "report.html", _html(report, out))
+    write_atomic(out / "results.md", results_markdown(report))
+    write_atomic(out / "report.html", _html(report, out))
     return report
 
 
@@ -139,34 +138,32 @@ def _run_row(directory: Path, run: dict, metric: str) -> RunRow:
     result = runsdir.result(directory, key)
     failure = runsdir.failure(directory, key)
     status = runsdir.state(directory, key) if runsdir.run_directory(directory, key).exists() else "new"
-    if failure is not None and status != "done":
+    if failure is not None and status not in ("done", "diverged"):
         status = "failed"
     history = _metrics_lines(runsdir.run_directory(directory, key) / "metrics.jsonl")
     speeds = [r["tokens_per_s"] for r in history if r.get("split") == "train" and isinstance(r.get("tokens_per_s"), (int, float))]
-    curve = [(r["step"], r["loss"]) for r in history if r.get("split") == "train" and isinstance(r.get("loss"), (int, float))]
+    curve = [(r["step"], r["loss"]) for r in history if r.get("split") == "train"
+             and isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
     if len(curve) > MAX_CURVE_POINTS:
         stride = math.ceil(len(curve) / MAX_CURVE_POINTS)
         curve = curve[::stride] + [curve[-1]]
     value = result.get(metric) if result and status == "done" else None
+    finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    error = failure.get("error") if failure and status == "failed" else None
+    if status == "diverged":
+        error = runsdir.divergence(directory, key)
     return RunRow(key, str(run.get("variant")), str(run.get("task")), dict(run.get("task_params") or {}),
                   int(run.get("seed", 0)), float(run.get("lr", 0)), status,
-                  float(value) if isinstance(value, (int, float)) else None, estimate.get("parameters"),
+                  float(value) if finite else None, estimate.get("parameters"),
                   estimate.get("state_size"), statistics.median(speeds[1:] or speeds) if speeds else None,
-                  failure.get("error") if failure and status == "failed" else None, curve)
+                  str(error) if error is not None else None, curve)
 
 
 def _metrics_lines(path: Path) -> list[dict]:
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > rundir.MAX_JSON_BYTES:
+    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_JSON_BYTES:
         return []
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-    return records
+    return [record for record in json_lines(path.read_text(errors="replace"))
+            if type(record.get("step")) is int and 0 <= record["step"] <= 1 << 40]
 
 
 def _results(runs: list[RunRow], metric: str) -> list[ResultRow]:
@@ -194,6 +191,14 @@ def _results(runs: list[RunRow], metric: str) -> list[ResultRow]:
                               [r.directory for r in chosen],
                               {lr: (means[lr], sum(r.metric is not None for r in group)) for lr, group in by_lr.items()}))
     return rows
+
+
+def run_counts(report: Report) -> dict[str, int]:
+    """How many runs are done, diverged, failed and unfinished."""
+    counts = {"done": 0, "diverged": 0, "failed": 0, "unfinished": 0}
+    for run in report.runs:
+        counts[run.status if run.status in counts else "unfinished"] += 1
+    return counts
 
 
 def _mean(values: list[float]) -> float | None:
@@ -281,18 +286,20 @@ def _provenance(report: Report) -> str:
 
 def results_markdown(report: Report) -> str:
     """results.md: the summary table, the learning-rate table, failures and provenance."""
-    failed = [run for run in report.runs if run.status == "failed"]
-    missing = [run for run in report.runs if run.status not in ("done", "failed")]
+    counts = run_counts(report)
     parts = [f"# Sweep `{report.sweep.get('name')}`", "",
              f"{report.metric} on the test set at the end of training; mean ± std over seeds at each variant's best "
-             f"learning rate (marked * below). Runs: {len(report.runs) - len(failed) - len(missing)} done, "
-             f"{len(failed)} failed, {len(missing)} not finished. Run directories are listed in results.csv.", "",
+             f"learning rate (marked * below; a diverged run is never chosen). Runs: {counts['done']} done, "
+             f"{counts['diverged']} diverged, {counts['failed']} failed, {counts['unfinished']} not finished. Run "
+             "directories are listed in results.csv.", "",
              _markdown_table(*summary_rows(report)), "", "## By learning rate", "", _markdown_table(*_lr_table(report))]
-    if failed:
-        parts += ["", "## Failed runs", ""] + [f"- `{run.directory}` ({run.variant}, {run.task} "
-                                               f"{params_text(run.task_params)}, seed {run.seed}, lr {run.lr:g}): "
-                                               f"{(run.error or '').splitlines()[0] if run.error else 'unknown'}"
-                                               for run in failed]
+    for status, title in (("diverged", "Diverged runs"), ("failed", "Failed runs")):
+        listed = [run for run in report.runs if run.status == status]
+        if listed:
+            parts += ["", f"## {title}", ""] + [f"- `{run.directory}` ({run.variant}, {run.task} "
+                                                f"{params_text(run.task_params)}, seed {run.seed}, lr {run.lr:g}): "
+                                                f"{(run.error or '').splitlines()[0] if run.error else 'unknown'}"
+                                                for run in listed]
     if report.plots:
         parts += ["", "## Plots", ""] + [f"![{name}](plots/{name}.png)" for name in report.plots]
     parts += ["", f"Measured with {_provenance(report)}.", ""]
@@ -429,10 +436,13 @@ def _html(report: Report, out: Path) -> str:
         images.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(name)}" '
                       f'data-plot="{html.escape(name)}"/><figcaption>{html.escape(name)} '
                       f'(<a href="plots/{html.escape(name)}.svg">SVG</a>)</figcaption></figure>')
-    failed = [run for run in report.runs if run.status == "failed"]
-    failures = "".join(f"<li><code>{html.escape(run.directory)}</code> {html.escape(run.variant)}, "
+    def listing(status: str) -> str:
+        return "".join(f"<li><code>{html.escape(run.directory)}</code> {html.escape(run.variant)}, "
                        f"{html.escape(run.task)} {html.escape(params_text(run.task_params))}, seed {run.seed}, "
-                       f"lr {run.lr:g}: {html.escape((run.error or 'unknown').splitlines()[0])}</li>" for run in failed)
+                       f"lr {run.lr:g}: {html.escape(((run.error or '').splitlines() or ['unknown'])[0])}</li>"
+                       for run in report.runs if run.status == status)
+
+    failures, diverged = listing("failed"), listing("diverged")
     style = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f4f4f4}"
              "td:first-child,td:nth-child(2),td:nth-child(3){text-align:left}img{max-width:100%}"
@@ -444,6 +454,7 @@ def _html(report: Report, out: Path) -> str:
             "over seeds at each variant's best learning rate (* in the second table). Run directories are in "
             "results.csv and runs.csv.</p>"
             + _html_table(*summary_rows(report)) + "<h2>By learning rate</h2>" + _html_table(*_lr_table(report))
+            + (f"<h2>Diverged runs</h2><ul>{diverged}</ul>" if diverged else "")
             + (f"<h2>Failed runs</h2><ul>{failures}</ul>" if failures else "")
             + "<h2>Plots</h2>" + "".join(images)
             + f"<p>Measured with {html.escape(_provenance(report))}.</p></body></html>\n")

@@ -15,6 +15,8 @@ Layout (JSON written atomically; nothing pickled)::
 
 A directory is a runs directory when its sweep.json says so; ``ablate`` refuses any other
 non-empty directory, and removes nothing but the scratch of runs that never reached a checkpoint.
+A runs directory may come from someone else: every write and delete refuses links and entries
+attnspec did not write (:mod:`attnspec.io`), and every file read is bounded and checked.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import attnspec
+from attnspec.errors import RunError
+from attnspec.io import check_directory, ensure_directory, json_lines, open_append, read_json, write_atomic
 from attnspec.training import rundir
-from attnspec.training.rundir import RunError, read_json, write_atomic
 
 FORMAT = 1
 SWEEP_FILE = "sweep.json"
+SUBDIRECTORIES = ("runs", "failures", "logs", "locks")
 
 
 def machine() -> dict:
@@ -47,17 +51,15 @@ def machine() -> dict:
 def prepare(directory: Path, sweep_data: dict, sweep_text: str, runs: list[dict]) -> None:
     """Create (or take up again) the runs directory and record the sweep and its runs."""
     if directory.exists() or directory.is_symlink():
-        if not directory.is_dir() or directory.is_symlink():
+        if not directory.is_dir():
             raise RunError(f"{directory}: exists and is not a directory")
         if any(directory.iterdir()) and not (directory / SWEEP_FILE).is_file():
             raise RunError(f"{directory}: exists, is not empty and is not a runs directory; choose a new one")
         if (directory / SWEEP_FILE).is_file():
             read(directory)  # refuses a sweep.json of another format
-    for sub in ("runs", "failures", "logs", "locks"):
-        try:
-            (directory / sub).mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise RunError(f"{directory / sub}: cannot create: {error.strerror}") from None
+    ensure_directory(directory)
+    for sub in SUBDIRECTORIES:
+        ensure_directory(directory / sub)  # a link in their place is refused: nothing is written through it
     record = {"format": FORMAT, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
               "sweep": sweep_data, "runs": runs}
     write_atomic(directory / SWEEP_FILE, json.dumps(record, indent=1) + "\n")
@@ -90,18 +92,33 @@ def run_directory(directory: Path, key: str) -> Path:
 
 
 def state(directory: Path, key: str) -> str:
-    """``done`` (finished), ``resumable`` (has a checkpoint), ``unstarted`` (killed before its first
-    checkpoint) or ``new``."""
+    """``done`` (finished), ``diverged`` (stopped at a non-finite loss or gradient: a result, never
+    retrained), ``resumable`` (has a checkpoint), ``unstarted`` (killed before its first checkpoint)
+    or ``new``."""
     where = run_directory(directory, key)
-    if (where / "result.json").is_file():
+    status = None
+    if (where / rundir.RUN_FILE).is_file():
         try:
-            if rundir.read_run(where).get("status") == "done":
-                return "done"
+            status = rundir.read_run(where).get("status")
         except RunError:
             pass
+    if status == "done" and (where / "result.json").is_file():
+        return "done"
+    if status == "diverged":
+        return "diverged"
     if (where / rundir.CHECKPOINT_POINTER).is_file():
         return "resumable"
-    return "unstarted" if where.exists() else "new"
+    return "unstarted" if where.exists() or where.is_symlink() else "new"
+
+
+def divergence(directory: Path, key: str) -> str:
+    """What a diverged run's run.json says of it, as one line."""
+    try:
+        run = rundir.read_run(run_directory(directory, key))
+    except RunError as error:
+        return str(error)
+    diverged = run.get("diverged") if isinstance(run.get("diverged"), dict) else {}
+    return f"diverged at step {diverged.get('step', '?')} ({diverged.get('reason', 'a non-finite value')})"
 
 
 def result(directory: Path, key: str) -> dict | None:
@@ -131,28 +148,23 @@ def record_failure(directory: Path, key: str, message: str, log_tail: str = "") 
 
 
 def clear_failure(directory: Path, key: str) -> None:
-    (directory / "failures" / f"{key}.json").unlink(missing_ok=True)
+    path = directory / "failures" / f"{key}.json"
+    check_directory(path.parent)
+    path.unlink(missing_ok=True)  # a link here is removed as a link: what it points to is untouched
 
 
 def log_event(directory: Path, record: dict) -> None:
-    """Append one line to events.jsonl."""
-    with open(directory / "events.jsonl", "a", encoding="utf-8") as handle:
+    """Append one line to events.jsonl (never through a link)."""
+    with open_append(directory / "events.jsonl") as handle:
         handle.write(json.dumps({"time": time.time(), **record}) + "\n")
 
 
 def events(directory: Path) -> list[dict]:
     """Every complete line of events.jsonl."""
     path = directory / "events.jsonl"
-    out = []
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                out.append(record)
-    return out
+    if path.is_symlink() or not path.is_file():
+        return []
+    return json_lines(path.read_text(errors="replace"))
 
 
 def _is_key(key: Any) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import json
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -188,6 +189,7 @@ def resolve_variants(loaded: LoadedSweep) -> list[Variant]:
     Raises:
         SpecError: every problem of every variant, located in the sweep file (or the base spec).
     """
+    check_run_count(loaded)  # before any grid point is resolved: a grid written too wide is refused at once
     sweep, smap = loaded.sweep, loaded.smap
     base, base_map = base_data(loaded)
     base_flat = _flatten(_resolved_data(base, base_map))
@@ -228,13 +230,9 @@ def expand(loaded: LoadedSweep, variants: list[Variant] | None = None) -> list[P
     from attnspec.training.loop import check_fit
 
     sweep, smap = loaded.sweep, loaded.smap
+    check_run_count(loaded)
     variants = resolve_variants(loaded) if variants is None else variants
     points = _task_points(loaded)
-    total = len(variants) * len(points) * len(sweep.seeds) * len(sweep.lr)
-    if total > sweep.max_runs:
-        raise SpecError(_at(smap, ("max_runs",), f"the sweep expands to {total:,} runs, over max_runs = "
-                                                 f"{sweep.max_runs:,}; raise max_runs (at most {MAX_RUNS:,}) or "
-                                                 "narrow the grids"))
     budget = sweep.train.model_dump(by_alias=True, exclude_unset=True)
     runs, problems = [], []
     for variant in variants:
@@ -258,6 +256,23 @@ def expand(loaded: LoadedSweep, variants: list[Variant] | None = None) -> list[P
     if problems:
         raise SpecError(problems)
     return runs
+
+
+def count_runs(sweep: Sweep) -> int:
+    """How many runs ``sweep`` expands to (variants x grid points x task points x seeds x learning
+    rates), counted from the grids' sizes alone, without building any of them."""
+    variants = len(sweep.variants) * math.prod(len(values) for values in sweep.grid.values())
+    points = sum(math.prod(len(values) for values in entry.grid.values()) for entry in sweep.tasks)
+    return variants * points * len(sweep.seeds) * len(sweep.lr)
+
+
+def check_run_count(loaded: LoadedSweep) -> None:
+    """Refuse a sweep that expands to more than its ``max_runs``, located at ``max_runs``."""
+    total = count_runs(loaded.sweep)
+    if total > loaded.sweep.max_runs:
+        raise SpecError(_at(loaded.smap, ("max_runs",), f"the sweep expands to {total:,} runs, over max_runs = "
+                                                        f"{loaded.sweep.max_runs:,}; raise max_runs (at most "
+                                                        f"{MAX_RUNS:,}) or narrow the grids"))
 
 
 def run_key(spec_data: dict, config_data: dict) -> str:

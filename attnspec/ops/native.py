@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from attnspec.errors import AttnSpecError, ShapeError
+from attnspec.io import cache_directory
 
 SOURCE = Path(__file__).with_name("csrc") / "chunked_linear_attention.cpp"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
@@ -50,12 +51,8 @@ class NativeBuildError(AttnSpecError):
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels are kept: ``$ATTNSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnspec``, else
-    ``~/.cache/attnspec``."""
-    if os.environ.get("ATTNSPEC_CACHE_DIR"):
-        return Path(os.environ["ATTNSPEC_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "attnspec"
+    """Where compiled kernels are kept: attnspec's cache directory (:func:`attnspec.io.cache_directory`)."""
+    return cache_directory()
 
 
 def find_compiler() -> str:

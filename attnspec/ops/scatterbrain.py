@@ -26,6 +26,42 @@ def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
     return torch.gather(x, 2, flat).view(B, H, L, S, x.shape[-1])
 
 
+def _check_inputs(q, k, v, q_features, k_features, support, q_log_scale) -> None:
+    """Every wrong shape, dtype or index is a :class:`~attnspec.errors.ShapeError` naming the argument,
+    raised before any computation (support indices are checked in eager calls: a check of values would
+    break a compiled graph, and compiled models build their supports themselves)."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("q_features", q_features), ("k_features", k_features)):
+        if not isinstance(t, Tensor):
+            raise ShapeError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ShapeError(f"{name} must have shape (B, H, L, D), got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise ShapeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    B, H, L, _ = q.shape
+    if k.shape != q.shape:
+        raise ShapeError(f"k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.shape[:3] != (B, H, L):
+        raise ShapeError(f"v must have shape (B, H, L, Dv) = ({B}, {H}, {L}, Dv), got {tuple(v.shape)}")
+    if q_features.shape[:3] != (B, H, L) or k_features.shape != q_features.shape:
+        raise ShapeError(f"q_features and k_features must be (B, H, L, m) with (B, H, L) = ({B}, {H}, {L}); got "
+                         f"{tuple(q_features.shape)}, {tuple(k_features.shape)}")
+    if q_log_scale is not None and (not isinstance(q_log_scale, Tensor) or q_log_scale.shape != (B, H, L)):
+        raise ShapeError(f"q_log_scale must have shape (B, H, L) = ({B}, {H}, {L}), got "
+                         f"{tuple(getattr(q_log_scale, 'shape', ())) or type(q_log_scale).__name__}")
+    index, valid = support
+    if not isinstance(index, Tensor) or not isinstance(valid, Tensor) or index.dim() != 4 \
+            or index.shape[:3] != (B, H, L) or valid.shape != index.shape:
+        raise ShapeError(f"support must have shape (B, H, L, S) = ({B}, {H}, {L}, S), got "
+                         f"{tuple(getattr(index, 'shape', ()))} and {tuple(getattr(valid, 'shape', ()))}")
+    if index.dtype not in (torch.int64, torch.int32) or valid.dtype != torch.bool:
+        raise ShapeError(f"support.index must be int64 (or int32) and support.valid bool, got {index.dtype} and "
+                         f"{valid.dtype}")
+    if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and index.numel() \
+            and (int(index.min()) < 0 or int(index.max()) >= L):
+        raise ShapeError(f"support.index must hold key positions in [0, {L}), got values from {int(index.min())} to "
+                         f"{int(index.max())} (mark unused slots with valid=False and any position in range)")
+
+
 def scatterbrain_attention(
     q: Tensor,
     k: Tensor,
@@ -59,13 +95,8 @@ def scatterbrain_attention(
     Returns:
         ``(B, H, L, Dv)``.
     """
+    _check_inputs(q, k, v, q_features, k_features, support, q_log_scale)
     B, H, L, _ = q.shape
-    if support.index.shape[:3] != (B, H, L) or support.valid.shape != support.index.shape:
-        raise ShapeError(f"support must have shape (B, H, L, S) = ({B}, {H}, {L}, S), got "
-                         f"{tuple(support.index.shape)} and {tuple(support.valid.shape)}")
-    if q_features.shape[:3] != (B, H, L) or k_features.shape != q_features.shape:
-        raise ShapeError(f"q_features and k_features must be (B, H, L, m) with (B, H, L) = ({B}, {H}, {L}); got "
-                         f"{tuple(q_features.shape)}, {tuple(k_features.shape)}")
     out_dtype = v.dtype
     # half-precision inputs are computed in float32: the exact part's exponentials and the joint
     # normaliser need its range and digits

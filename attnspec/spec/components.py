@@ -17,7 +17,9 @@ see the new kind exactly like a built-in one.
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 import typing
 from typing import Annotated, Any, Callable, Union
 
@@ -34,6 +36,11 @@ BASES: dict[str, type] = {}
 _FIELDS: list[tuple[type, str, str]] = []
 """(IR model, field name, slot) for every field whose type is a slot union."""
 ENTRY_POINT_GROUP = "attnspec.components"
+PLUGIN_ENV = "ATTNSPEC_PLUGINS"
+"""The environment variable naming the plugin modules the user allows (comma-separated); child
+processes of attnspec inherit it, so a sweep's workers allow what the sweep's user allowed."""
+_allowed: set[str] = set()
+"""Modules the user named (``--plugin``, :func:`allow_plugins`) or installed as entry points."""
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -126,11 +133,42 @@ def component(slot: str) -> Callable[[type], type]:
     return lambda cls: register(slot, cls)
 
 
+def allow_plugins(names: Any) -> None:
+    """The user's consent: let specs name these plugin modules (``attnspec --plugin MODULE``).
+
+    A spec, sweep or build directory is data someone else may have written, so its ``plugins:``
+    list is a request, not a command: :func:`import_plugins` imports only modules allowed here, in
+    ``$ATTNSPEC_PLUGINS``, or declared by an installed package's entry point. The names are also
+    written to ``$ATTNSPEC_PLUGINS`` so attnspec's child processes (compile check, sweep workers,
+    torchrun ranks) allow the same.
+
+    Raises:
+        SpecError: a name is not a Python module name.
+    """
+    for name in names or ():
+        if not isinstance(name, str) or len(name) > 200 or not _MODULE_NAME.fullmatch(name):
+            raise SpecError(Problem(f"{shorten(name)} is not a Python module name (such as `my_lab.components`)",
+                                    path="--plugin"))
+        _allowed.add(name)
+    if _allowed:
+        os.environ[PLUGIN_ENV] = ",".join(sorted(_allowed | _from_environment()))
+
+
+def _from_environment() -> set[str]:
+    return {name.strip() for name in os.environ.get(PLUGIN_ENV, "").split(",") if name.strip()}
+
+
+def is_allowed(name: str) -> bool:
+    """Whether importing the plugin ``name`` is the user's choice (or runs nothing: already imported)."""
+    return name in sys.modules or name in _allowed or name in _from_environment()
+
+
 def import_plugins(names: Any, where: Callable[[tuple], Any]) -> None:
-    """Import the modules a spec's ``plugins:`` lists, so their components are registered.
+    """Import the modules a spec's ``plugins:`` lists, so their components are registered; only those
+    the user allowed (:func:`allow_plugins`): a module the user did not name is never imported.
 
     ``where(path)`` gives the source position of ``plugins[i]`` for error messages. Raises a
-    located SpecError for anything but a list of importable module names.
+    located SpecError for anything but a list of allowed, importable module names.
     """
     if names is None:
         return
@@ -140,6 +178,11 @@ def import_plugins(names: Any, where: Callable[[tuple], Any]) -> None:
         if not isinstance(name, str) or len(name) > 200 or not _MODULE_NAME.fullmatch(name):
             raise _plugin_error(f"{shorten(name)} is not a Python module name (such as `my_lab.components`)",
                                 (index,), where)
+        if not is_allowed(name):
+            raise _plugin_error(f"this spec asks to import the plugin module {name!r}, which you have not allowed: "
+                                "attnspec imports only plugins you name, since a module runs code when imported. If "
+                                f"you trust it, run `attnspec --plugin {name} ...`, set {PLUGIN_ENV}={name}, or install "
+                                f"it with an entry point in the group {ENTRY_POINT_GROUP!r}", (index,), where)
         try:
             importlib.import_module(name)
         except SpecError as error:  # a plugin registering a bad component: located at the plugin
@@ -158,6 +201,7 @@ def load_entry_points() -> None:
     from importlib.metadata import entry_points
 
     for entry in entry_points(group=ENTRY_POINT_GROUP):
+        _allowed.add(entry.module)  # installing a package is consent to its plugins
         try:
             entry.load()
         except Exception as error:  # noqa: BLE001 - a broken installed plugin must not break attnspec
@@ -178,4 +222,5 @@ def _plugin_error(message: str, index: tuple, where: Callable[[tuple], Any]) -> 
 
 
 __all__ = ["SLOTS", "register", "component", "declare", "union", "kind_of", "import_plugins", "load_entry_points",
+           "allow_plugins", "is_allowed", "PLUGIN_ENV",
            "ENTRY_POINT_GROUP"]

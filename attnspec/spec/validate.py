@@ -185,6 +185,8 @@ def _message(error: dict, loc: tuple, root: type = Spec) -> str:
     if kind in ("too_short", "too_long", "string_too_short", "string_too_long"):
         text = error["msg"].replace("List should", "must").replace("Value should", "must")
         return text.replace("String should", "must") + (" (attnspec's limit)" if "long" in kind else "")
+    if kind == "value_error":  # a validator's own sentence (its ValueError), without pydantic's prefix
+        return shorten(str(ctx.get("error", error["msg"])), 400).strip("'\"")
     return shorten(error["msg"], 200)
 
 

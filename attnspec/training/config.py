@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from attnspec.errors import Problem, SpecError
 from attnspec.spec import limits
@@ -85,6 +85,23 @@ class TrainConfig(Node):
     """Also write TensorBoard event files to RUN_DIR/tensorboard (needs the `tensorboard` package)."""
     log_every: Count(limits.MAX_STEPS) = 1
     """Write the training loss to metrics.jsonl every N steps."""
+
+    @field_validator("groups")
+    @classmethod
+    def _known_groups(cls, groups: dict) -> dict:
+        """A group key names a component slot (``transition``) or slot and kind (``transition.data``)
+        that models have: a misspelt key would silently change nothing."""
+        from attnspec.errors import did_you_mean
+        from attnspec.spec.components import SLOTS
+
+        slots = {slot: kinds for slot, kinds in SLOTS.items() if slot != "task"}
+        choices = [*slots, *(f"{slot}.{kind}" for slot, kinds in slots.items() for kind in kinds)]
+        for key in groups:
+            slot, _, kind = key.partition(".")
+            if slot not in slots or (kind and kind not in slots[slot]):
+                raise ValueError(f"unknown group {key!r}{did_you_mean(key, choices)}: a group is a component slot "
+                                 f"({', '.join(slots)}) or slot.kind, such as transition.data")
+        return groups
 
     def warmup(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else self.steps // 10

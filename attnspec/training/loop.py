@@ -12,6 +12,11 @@ One optimiser step, on every process:
 Only rank 0 writes the run directory. A run is a pure function of (spec, configuration): the
 data of a step depend on the step alone and nothing draws from a global random state, so a run
 resumed from a checkpoint repeats the uninterrupted run's losses bit for bit on the CPU.
+
+A run whose loss or gradient norm is not finite stops at once, before the optimiser applies that
+step: run.json records ``status: diverged`` with the step, no result is written, the last finite
+checkpoint stays, and :class:`~attnspec.errors.TrainingDiverged` is raised (the CLI exits non-zero;
+a sweep lists the run as diverged and never reports it as a result).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnspec
-from attnspec.errors import AttnSpecError, Problem, SpecError
+from attnspec.errors import AttnSpecError, Problem, SpecError, TrainingDiverged
 from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
 from attnspec.training.config import TrainConfig, load_config
@@ -162,17 +167,38 @@ class Trainer:
         self.history: list[dict] = []
         self.writes = directory is not None and self.dist.rank == 0
         writer = _event_writer_class() if config.tensorboard and self.writes else None  # fail before writing
+        # The task's data are made before the run directory: a data error (an empty token file, an
+        # unreadable corpus) leaves nothing behind, so the same command can run again once it is fixed.
+        self.test_inputs, self.test_targets = config.task.batch("test", 0, config.test_examples, config.seed)
+        config.task.batch("train", 0, config.batch_size, config.seed)
+        self.fresh = not resume  # a new directory that holds no checkpoint yet
         if resume:
             self._resume()
         elif self.writes:
             rundir.create(directory)
             self._write_run_files("running")
-        self.tensorboard = writer(str(directory / "tensorboard")) if writer is not None else None
+        if writer is not None:
+            from attnspec.io import ensure_directory
+
+            self.tensorboard = writer(str(ensure_directory(directory / "tensorboard")))
+        else:
+            self.tensorboard = None
         self.dist.barrier()
-        self.test_inputs, self.test_targets = config.task.batch("test", 0, config.test_examples, config.seed)
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop_after: int | None = None) -> Run:
+        """Train to ``config.steps`` (or ``stop_after``); see the module doc. A user error before the first
+        checkpoint of a new run removes the run directory it made (nothing of it could be resumed)."""
+        try:
+            return self._loop(stop_after)
+        except AttnSpecError as error:
+            if self.fresh and self.writes and not isinstance(error, TrainingDiverged):
+                if self.tensorboard is not None:
+                    self.tensorboard.close()
+                rundir.discard_unstarted(self.directory)
+            raise
+
+    def _loop(self, stop_after: int | None) -> Run:
         config, task = self.config, self.config.task
         self.on_progress({"event": "start", "step": self.start, "steps": config.steps, "plan": self.plan.full_modes,
                           "parameters": sum(p.numel() for p in self.model.parameters()), "device": str(self.device),
@@ -187,6 +213,8 @@ class Trainer:
                                min_ratio=config.min_lr_ratio)
             set_learning_rate(self.optimizer, lr)
             loss, grad_norm = self._step(step)
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                self._diverge(step + 1, {"loss": loss, "grad_norm": grad_norm}, lr)
             seconds = time.perf_counter() - started
             record = {"step": step + 1, "split": "train", "loss": loss, "lr": lr, "grad_norm": grad_norm,
                       "tokens_per_s": config.batch_size * task.seq_len / max(seconds, 1e-9)}
@@ -239,9 +267,12 @@ class Trainer:
             total += summed.detach().double()
         total = self.dist.all_reduce_sum(total)
         grad_norm = _clip(self.model, config.grad_clip)
+        loss = float(total) / max(answers, 1)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return loss, grad_norm  # not applied: the weights stay those of the last finite step
         self.optimizer.step()
         redraw_random_features(self.model, step + 1)  # Performer `redraw: interval`, reproducibly from the step
-        return float(total) / max(answers, 1), grad_norm
+        return loss, grad_norm
 
     @torch.no_grad()
     def _evaluate(self, step: int) -> dict:
@@ -260,6 +291,8 @@ class Trainer:
             count += int(mask.sum())
         self.model.train()
         loss = loss_sum / max(count, 1)
+        if not math.isfinite(loss):
+            self._diverge(step, {"test loss": loss}, None)
         metrics = {"loss": loss, "accuracy": correct / max(count, 1), "perplexity": math.exp(min(loss, 700))}
         record = {"step": step, "split": "test", **metrics}
         self.history.append(record)
@@ -284,7 +317,8 @@ class Trainer:
         return value >= target if self.config.task.metric == "accuracy" else value <= target
 
     # ------------------------------------------------------------------ the run directory
-    def _write_run_files(self, status: str, step: int = 0, metrics: dict | None = None) -> None:
+    def _write_run_files(self, status: str, step: int = 0, metrics: dict | None = None,
+                         diverged: dict | None = None) -> None:
         from attnspec.spec import spec_to_data, to_yaml
 
         config_data = self.config.model_dump(by_alias=True)
@@ -294,6 +328,8 @@ class Trainer:
                   "plan": self.plan.to_json(), "groups": [group.to_json() for group in self.groups]}
         if metrics:
             record["metrics"] = metrics
+        if diverged:
+            record["diverged"] = diverged
         rundir.write_atomic(self.directory / rundir.RUN_FILE, json.dumps(record, indent=2) + "\n")
         if status == "running" and step == 0:
             rundir.write_atomic(self.directory / "spec.yaml", to_yaml(self.spec, minimal=False,
@@ -307,18 +343,39 @@ class Trainer:
             rundir.save_checkpoint(self.directory, step, self.model, self.optimizer, self.names, {})
         self.dist.barrier()
 
-    def _finish(self, status: str, step: int, metrics: dict) -> None:
+    def _diverge(self, step: int, values: dict[str, float], lr: float | None) -> None:
+        """Record the run as diverged at ``step`` (``values``: the non-finite quantities) and raise."""
+        shown = ", ".join(f"{name} {value:.4g}" for name, value in values.items())
+        reason = f"{shown}" + (f" at learning rate {lr:.3g}" if lr is not None else "")
+        record = {"step": step, "split": "train", "diverged": True,
+                  **{name.replace(" ", "_"): value if math.isfinite(value) else str(value) for name, value in values.items()}}
+        self.history.append(record)
+        self.on_progress({"event": "diverged", "step": step, "steps": self.config.steps, "reason": reason})
+        if self.writes:
+            rundir.append_metrics(self.directory, record)
+        self._finish("diverged", step, {}, diverged={"step": step, "reason": reason})
+        where = f"; recorded in {self.directory}/run.json (status diverged)" if self.writes else ""
+        raise TrainingDiverged(f"training diverged at step {step}: {reason}{where}. The weights were not updated "
+                               "with it; lower the learning rate or the weight decay, or clip gradients harder (a "
+                               "smaller grad_clip)", step)
+
+    def _finish(self, status: str, step: int, metrics: dict, diverged: dict | None = None) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
+            self.tensorboard = None
         if self.writes:
-            self._write_run_files(status, step, metrics)
+            self._write_run_files(status, step, metrics, diverged)
             if status == "done":
                 rundir.write_atomic(self.directory / "result.json", json.dumps({"step": step, **metrics}, indent=2))
 
     def _resume(self) -> None:
         from attnspec.compiler.load import load_weights
 
-        step, weights, moments, _ = rundir.load_checkpoint(self.directory)
+        record = rundir.read_run(self.directory)
+        if record["status"] == "diverged":
+            raise rundir.RunError(f"{self.directory}: this run diverged (see run.json); resuming would diverge again. "
+                                  "Start a new run with a lower learning rate")
+        step, weights, moments, _ = rundir.load_checkpoint(self.directory, max_step=self.config.steps)
         load_weights(self.model, weights)  # checked tensor by tensor against the spec's model
         rundir.restore_optimizer(self.optimizer, self.names, moments)
         self.start = step

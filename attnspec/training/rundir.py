@@ -13,55 +13,31 @@ Layout (every file written to a temporary name and renamed into place)::
       result.json       the final evaluation, when the run ends
 
 Nothing is pickled. A new run refuses a non-empty directory; ``--resume`` accepts only a run
-directory attnspec wrote. Only old checkpoint directories this module wrote are ever removed.
+directory attnspec wrote, and checks what it reads (steps in range, optimizer moments finite and of
+the parameters' shapes). Only checkpoint directories this module wrote are ever removed, and no
+write or delete goes through a link (:mod:`attnspec.io`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from attnspec.errors import AttnSpecError
+from attnspec.errors import RunError
+from attnspec.io import (MAX_JSON_BYTES, check_directory, ensure_directory, json_lines, open_append, owns_tree,
+                         read_json, remove_tree, write_atomic)
 
 FORMAT = 1
 RUN_FILE = "run.json"
 CHECKPOINT_POINTER = "checkpoint.json"
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
 KEEP_CHECKPOINTS = 2
-MAX_JSON_BYTES = 64 << 20
-
-
-class RunError(AttnSpecError):
-    """A run directory cannot be created, read or resumed."""
-
-
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write ``path`` through a temporary sibling renamed over it (readers see old or new, never half)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)
-        raise RunError(f"{path}: cannot write: {error.strerror}") from None
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file of the run directory (regular file, bounded size), or a RunError saying what is wrong."""
-    if path.is_symlink() or not path.is_file():
-        raise RunError(f"{path}: missing or not a regular file; is {path.parent} a run directory?")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise RunError(f"{path}: larger than {MAX_JSON_BYTES:,} bytes")
-    try:
-        return json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as error:
-        raise RunError(f"{path}: not valid JSON ({error})") from None
 
 
 def create(directory: Path) -> None:
@@ -72,11 +48,8 @@ def create(directory: Path) -> None:
         if any(directory.iterdir()):
             hint = " (resume it with --resume)" if (directory / RUN_FILE).is_file() else ""
             raise RunError(f"{directory}: exists and is not empty{hint}; choose a new run directory")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "checkpoints").mkdir()
-    except OSError as error:
-        raise RunError(f"{directory}: cannot create: {error.strerror}") from None
+    ensure_directory(directory)
+    ensure_directory(directory / "checkpoints")
 
 
 def read_run(directory: Path) -> dict:
@@ -87,7 +60,20 @@ def read_run(directory: Path) -> dict:
     if not isinstance(run, dict) or run.get("format") != FORMAT or not isinstance(run.get("spec"), dict) \
             or not isinstance(run.get("config"), dict):
         raise RunError(f"{directory}/{RUN_FILE}: not a run file of format {FORMAT} written by attnspec")
+    if run.get("status") not in STATUSES or not is_step(run.get("step")):
+        raise RunError(f"{directory}/{RUN_FILE}: its status or step is not one attnspec writes (status one of "
+                       f"{', '.join(STATUSES)}, step a whole number from 0 to {MAX_STEP:,})")
     return run
+
+
+STATUSES = ("running", "stopped", "done", "diverged")
+MAX_STEP = 1 << 40
+"""Far above any step count a configuration allows; a larger recorded step is tampering."""
+
+
+def is_step(value: object) -> bool:
+    """Whether ``value`` is a step a run could have reached (an int, not a bool, in [0, MAX_STEP])."""
+    return type(value) is int and 0 <= value <= MAX_STEP
 
 
 RUN_FILES = (RUN_FILE, "spec.yaml", "config.yaml", "metrics.jsonl", CHECKPOINT_POINTER, "result.json")
@@ -99,7 +85,8 @@ def discard_unstarted(directory: Path) -> bool:
     Only a directory holding nothing but files the trainer writes (and empty or scratch checkpoint
     directories, TensorBoard event files) is removed; returns False, touching nothing, for anything else.
     """
-    if not directory.is_dir() or directory.is_symlink() or (directory / CHECKPOINT_POINTER).exists():
+    if not directory.is_dir() or directory.is_symlink() or (directory / CHECKPOINT_POINTER).exists() \
+            or (directory / CHECKPOINT_POINTER).is_symlink():
         return False
     entries = list(directory.iterdir())
     for entry in entries:
@@ -118,8 +105,8 @@ def discard_unstarted(directory: Path) -> bool:
 
 
 def append_metrics(directory: Path, record: dict) -> None:
-    """Add one line to metrics.jsonl (flushed, so a killed run keeps every line it wrote)."""
-    with open(directory / "metrics.jsonl", "a", encoding="utf-8") as handle:
+    """Add one line to metrics.jsonl (flushed, so a killed run keeps every line it wrote; never through a link)."""
+    with open_append(directory / "metrics.jsonl") as handle:
         handle.write(json.dumps(record) + "\n")
         handle.flush()
 
@@ -127,21 +114,19 @@ def append_metrics(directory: Path, record: dict) -> None:
 def truncate_metrics(directory: Path, step: int) -> None:
     """On resume from step ``step``: drop the lines a stopped run wrote after its last checkpoint
     (and a last line cut short by a kill), and the scratch of a checkpoint it was writing."""
+    check_directory(directory / "checkpoints")
     for partial in (directory / "checkpoints").glob(".step-*.tmp-*"):
-        if partial.is_dir() and {f.name for f in partial.iterdir()} <= set(CHECKPOINT_FILES):
-            shutil.rmtree(partial)
+        if owns_tree(partial, CHECKPOINT_NAMES):
+            remove_tree(partial, CHECKPOINT_NAMES)
     path = directory / "metrics.jsonl"
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return
-    kept = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # the line a kill cut short
-        if isinstance(record, dict) and record.get("step", 0) <= step:
-            kept.append(line)
-    write_atomic(path, "".join(line + "\n" for line in kept))
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_JSON_BYTES:
+        raise RunError(f"{path}: not a regular file of at most {MAX_JSON_BYTES:,} bytes; is this a run directory?")
+    # the line a kill cut short, and lines that are not attnspec's (a step that is not a number) are dropped
+    kept = [record for record in json_lines(path.read_text(errors="replace"))
+            if is_step(record.get("step")) and record["step"] <= step]
+    write_atomic(path, "".join(json.dumps(record) + "\n" for record in kept))
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -152,42 +137,59 @@ def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, optimize
     """Write checkpoint ``step`` (weights, AdamW moments by parameter name, JSON state), then point
     checkpoint.json at it, then remove checkpoints older than the last ``KEEP_CHECKPOINTS``."""
     root = directory / "checkpoints"
+    check_directory(root)  # a linked checkpoints directory is refused: nothing of the user's is written or removed
     final = root / f"step-{step:09d}"
     tmp = root / f".step-{step:09d}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    weights = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
-    save_file(weights, str(tmp / "model.safetensors"))
-    save_file(_optimizer_tensors(optimizer, names), str(tmp / "optimizer.safetensors"))
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
-    if final.exists():  # a re-run of the same step after a resume: replace our own checkpoint
-        shutil.rmtree(final)
+    if tmp.exists() or tmp.is_symlink():
+        remove_tree(tmp, CHECKPOINT_NAMES)
+    if final.exists() or final.is_symlink():  # a re-run of the same step after a resume: only our own checkpoint
+        if not owns_tree(final, CHECKPOINT_NAMES):
+            raise RunError(f"{final}: holds files attnspec did not write (or is a link), where this run writes its "
+                           f"checkpoint of step {step}; move it away and resume")
+    try:
+        tmp.mkdir()
+        weights = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+        save_file(weights, str(tmp / "model.safetensors"))
+        save_file(_optimizer_tensors(optimizer, names), str(tmp / "optimizer.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
+    except OSError as error:
+        raise RunError(f"{tmp}: cannot write the checkpoint ({error.strerror})") from None
+    if final.exists():
+        remove_tree(final, CHECKPOINT_NAMES)
     os.replace(tmp, final)
     write_atomic(directory / CHECKPOINT_POINTER, json.dumps({"step": step, "directory": f"checkpoints/{final.name}"}))
-    ours = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and p != final)
+    ours = sorted(p for p in root.iterdir() if p.name.startswith("step-") and p != final and owns_tree(p, CHECKPOINT_NAMES))
     for old in ours[:max(0, len(ours) - (KEEP_CHECKPOINTS - 1))]:
-        if {f.name for f in old.iterdir()} <= set(CHECKPOINT_FILES):  # only what we wrote
-            shutil.rmtree(old)
+        remove_tree(old, CHECKPOINT_NAMES)  # only what we wrote; links and foreign folders were left out above
 
 
-def load_checkpoint(directory: Path) -> tuple[int, Path, dict[str, torch.Tensor], dict]:
-    """The latest checkpoint: (step, its weights file, optimizer tensors, state)."""
+CHECKPOINT_NAMES = frozenset(CHECKPOINT_FILES)
+
+
+def load_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, Path, dict[str, torch.Tensor], dict]:
+    """The latest checkpoint: (step, its weights file, optimizer tensors, state); ``max_step``: the
+    run's configured steps (a checkpoint beyond them is not this run's)."""
     pointer = read_json(directory / CHECKPOINT_POINTER)
     name = pointer.get("directory") if isinstance(pointer, dict) else None
     if not isinstance(name, str) or not name.startswith("checkpoints/step-") or "/" in name[len("checkpoints/"):]:
         raise RunError(f"{directory}/{CHECKPOINT_POINTER}: does not name a checkpoint directory")
+    check_directory(directory / "checkpoints")
     where = directory / name
+    if not owns_tree(where, CHECKPOINT_NAMES):
+        raise RunError(f"{where}: not a checkpoint directory attnspec wrote (a link, or other files in it)")
     for file in CHECKPOINT_FILES:
-        if (where / file).is_symlink() or not (where / file).is_file():
+        if not (where / file).is_file():
             raise RunError(f"{where}: missing {file}; the checkpoint is incomplete")
     state = read_json(where / "state.json")
+    step = state.get("step") if isinstance(state, dict) else None
+    if not is_step(step) or step > max_step or step != pointer.get("step") or name != f"checkpoints/step-{step:09d}":
+        raise RunError(f"{where}/state.json: its step is not the checkpoint's (a whole number from 0 to the run's "
+                       f"{max_step:,} steps, the same in {CHECKPOINT_POINTER} and in the directory name)")
     try:
         moments = load_file(str(where / "optimizer.safetensors"))
     except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file
         raise RunError(f"{where}/optimizer.safetensors: not a valid safetensors file ({error})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise RunError(f"{where}/state.json: no step")
-    return state["step"], where / "model.safetensors", moments, state
+    return step, where / "model.safetensors", moments, state
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
@@ -204,12 +206,35 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> di
 def restore_optimizer(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
     """Load AdamW moments saved by :func:`save_checkpoint` into ``optimizer`` (same parameter order)."""
     current = optimizer.state_dict()
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
     state = {}
     for index, name in enumerate(names):
         entry = {key.rsplit(".", 1)[1]: tensor for key, tensor in tensors.items() if key.rsplit(".", 1)[0] == name}
         if entry:
+            _check_moments(name, entry, parameters[index])
             state[index] = entry
     expected = {f"{name}.{key}" for index, name in enumerate(names) for key in state.get(index, {})}
     if set(tensors) != expected:
         raise RunError("the checkpoint's optimizer state does not match the model's parameters")
     optimizer.load_state_dict({"state": state, "param_groups": current["param_groups"]})
+
+
+def _check_moments(name: str, entry: dict[str, torch.Tensor], parameter: torch.Tensor) -> None:
+    """AdamW's state of one parameter as AdamW leaves it: both moments of the parameter's shape and
+    finite, the second non-negative, the step count a finite non-negative scalar. Anything else would
+    resume into NaN weights (or crash), so it is refused."""
+    where = f"the checkpoint's optimizer state of {name}"
+    if set(entry) != {"exp_avg", "exp_avg_sq", "step"}:
+        raise RunError(f"{where} has {sorted(entry)}, not AdamW's exp_avg, exp_avg_sq and step")
+    for key in ("exp_avg", "exp_avg_sq"):
+        moment = entry[key]
+        if moment.shape != parameter.shape or not moment.is_floating_point():
+            raise RunError(f"{where}: {key} has shape {tuple(moment.shape)} ({moment.dtype}), the parameter "
+                           f"{tuple(parameter.shape)}")
+        if not bool(torch.isfinite(moment).all()):
+            raise RunError(f"{where}: {key} holds NaN or infinite values; the checkpoint is damaged")
+    if bool((entry["exp_avg_sq"] < 0).any()):
+        raise RunError(f"{where}: exp_avg_sq holds negative values; the checkpoint is damaged")
+    count = entry["step"]
+    if count.numel() != 1 or not math.isfinite(float(count)) or not 0 <= float(count) <= MAX_STEP:
+        raise RunError(f"{where}: its step count is not a finite step number")

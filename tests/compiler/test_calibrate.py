@@ -27,19 +27,26 @@ def _first_mixer(spec):
 def test_chosen_mode_is_within_1_5x_of_the_fastest_measured(path, regime, batch, length, tmp_path):
     """Shipped specs at their widths (CI lengths): calibrate, plan, then measure every valid mode
     again; the chosen mode's time over the fastest's must be <= 1.5. Modes predicted over 8x slower
-    are not re-run (the cost model's growth in L decides that, from a measurement at L / 4). A ratio
-    over 1.5 is measured once more, independently, before failing (the machine is shared)."""
+    are not re-run (the cost model's growth in L decides that, from a measurement at L / 4).
+
+    The machine is shared (CI runs other work beside it), and a busy moment during calibration can
+    make the plan choose from a distorted measurement, so a ratio over 1.5 is tried again from
+    scratch, up to ATTEMPTS times: a new calibration, a new plan, a new measurement. It fails only
+    if every attempt measures the plan's choice over 1.5x the fastest (a wrong plan does every time)."""
     spec = as_spec(path)
-    calibration = Calibration(tmp_path / "calibration.json", {}, "test")
-    checks = check_plan(spec, regime=regime, batch=batch, length=length, calibration=calibration)
-    for check in checks:
-        ratio = check.ratio(check.chosen)
-        if ratio is None or ratio > 1.5:
-            again = {c.path: c for c in check_plan(spec, regime=regime, batch=batch, length=length,
-                                                   calibration=calibration)}[check.path]
-            ratio = min(r for r in (ratio, again.ratio(check.chosen)) if r is not None) if (
-                ratio is not None or again.ratio(check.chosen) is not None) else None
-            assert ratio is not None and ratio <= 1.5, (path.stem, regime, check, again)
+    failing: dict[str, list] = {}
+    for attempt in range(ATTEMPTS):
+        calibration = Calibration(tmp_path / f"calibration-{attempt}.json", {}, "test")
+        checks = check_plan(spec, regime=regime, batch=batch, length=length, calibration=calibration)
+        failing = {check.path: [*failing.get(check.path, []), check] for check in checks
+                   if (check.ratio(check.chosen) or float("inf")) > 1.5 and (attempt == 0 or check.path in failing)}
+        if not failing:
+            return
+    raise AssertionError(f"{path.stem} {regime}: the plan's choice measured over 1.5x the fastest mode in "
+                         f"{ATTEMPTS} independent attempts: {failing}")
+
+
+ATTEMPTS = 3
 
 
 def test_the_plan_follows_measurements_and_the_cost_model_fills_gaps(tmp_path):

@@ -51,6 +51,22 @@ class _TextTask(Task):
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
+def _read_bytes(file: Path) -> bytes:
+    """A data file's bytes, or a TaskError saying why it cannot be read."""
+    try:
+        return file.read_bytes()
+    except OSError as error:
+        raise TaskError(f"{file}: cannot be read ({error.strerror}); fix its permissions or move it out of the "
+                        "data directory") from None
+
+
+def _size(file: Path) -> int:
+    try:
+        return file.stat().st_size
+    except OSError as error:
+        raise TaskError(f"{file}: cannot be read ({error.strerror})") from None
+
+
 def _regular_files(root: Path) -> list[Path]:
     """The regular files at ``root`` (a file, or a directory walked in sorted order, no symlinks)."""
     if root.is_symlink():
@@ -60,7 +76,12 @@ def _regular_files(root: Path) -> list[Path]:
     if not root.is_dir():
         raise TaskError(f"{root}: no such file or directory")
     files = []
-    for directory, subdirs, names in os.walk(root):
+
+    def refuse(error: OSError) -> None:  # an unreadable folder is an error, not a silently smaller corpus
+        raise TaskError(f"{error.filename}: cannot be read ({error.strerror}); fix its permissions or move it out "
+                        "of the data directory")
+
+    for directory, subdirs, names in os.walk(root, onerror=refuse):
         subdirs.sort()
         for name in sorted(names):
             path = Path(directory) / name
@@ -87,11 +108,11 @@ class BytesTask(_TextTask):
 
     def read(self) -> dict[str, np.ndarray]:
         files = _regular_files(Path(self.path))
-        total = sum(f.stat().st_size for f in files)
+        total = sum(_size(f) for f in files)
         if total > MAX_DATA_BYTES:
             raise TaskError(f"{self.path}: {total:,} bytes, over the limit of {MAX_DATA_BYTES:,} read into memory; "
                             "tokenise it into a nanoGPT .bin file (task `tokens`), which is memory-mapped")
-        data = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
+        data = np.frombuffer(b"".join(_read_bytes(f) for f in files), dtype=np.uint8)
         cut = len(data) - max(1, math.ceil(len(data) * self.val_fraction))
         return {"train": data[:cut], "test": data[cut:]}
 
@@ -126,7 +147,7 @@ class PythonSourceTask(_TextTask):
             relative = file.relative_to(root)
             if file.suffix != ".py" or {"site-packages", "dist-packages", "test", "tests"} & set(relative.parts):
                 continue
-            data = file.read_bytes()
+            data = _read_bytes(file)
             if total + len(data) > self.max_bytes:
                 break
             total += len(data)
@@ -154,10 +175,16 @@ class TokensTask(_TextTask):
             if not file.is_file() or file.is_symlink():
                 raise TaskError(f"{file}: missing (a nanoGPT token directory holds train.bin and val.bin)")
             itemsize = np.dtype(self.dtype).itemsize
-            if file.stat().st_size % itemsize:
-                raise TaskError(f"{file}: {file.stat().st_size} bytes is not a whole number of {self.dtype} tokens; "
+            size = _size(file)
+            if size == 0:
+                raise TaskError(f"{file}: empty; a nanoGPT token file holds the {split} tokens as {self.dtype}")
+            if size % itemsize:
+                raise TaskError(f"{file}: {size} bytes is not a whole number of {self.dtype} tokens; "
                                 "is `dtype` right?")
-            arrays[split] = np.memmap(file, dtype=self.dtype, mode="r")
+            try:
+                arrays[split] = np.memmap(file, dtype=self.dtype, mode="r")
+            except (OSError, ValueError) as error:
+                raise TaskError(f"{file}: cannot be mapped ({error}); is it a readable token file?") from None
         return arrays
 
 

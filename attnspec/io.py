@@ -1,0 +1,251 @@
+"""File primitives for the directories attnspec owns: run and runs directories, reports, caches.
+
+attnspec's directories travel between people, so their contents are data a stranger may have
+shaped. Every function here holds to three rules (the README's "Trust" section):
+
+- **never through a link**: a write, append, lock or delete refuses a symlink at the entry and at
+  its parent directory (an atomic write renames a fresh file into place; nothing opens a path that
+  exists for writing except with ``O_NOFOLLOW``), so a user's file linked into a received
+  directory is never overwritten, truncated, appended to or deleted;
+- **only our own entries**: :func:`remove_tree` removes a directory only when it holds nothing but
+  regular files of the names the caller wrote;
+- **bounded reads**: :func:`read_json` reads a regular file of bounded size, refuses NaN and
+  infinities, and turns every failure (bad UTF-8, nesting deep enough to exhaust the parser's stack)
+  into a :class:`~attnspec.errors.RunError`.
+
+This module is layer 0: it imports nothing of attnspec but its errors, and no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Any, IO
+
+from attnspec.errors import RunError, shorten
+
+MAX_JSON_BYTES = 64 << 20
+"""The largest JSON file attnspec reads from a directory it owns (a run's metrics of 10^6 steps fit)."""
+
+
+def cache_directory() -> Path:
+    """attnspec's per-user cache (calibration, compile checks, compiled kernels):
+    ``$ATTNSPEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnspec``, else ``~/.cache/attnspec``."""
+    root = os.environ.get("ATTNSPEC_CACHE_DIR")
+    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnspec"
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """The environment of every Python child process attnspec starts (compile check, sweep workers,
+    torchrun ranks, Ray tasks): this one's, with ``PYTHONSAFEPATH=1`` so the child's ``sys.path``
+    never holds the working directory (a received folder's ``yaml.py`` must not shadow a library),
+    plus ``extra``. Children are also started with ``python -P``, which means the same."""
+    return {**os.environ, "PYTHONSAFEPATH": "1", **extra}
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def is_link(path: Path) -> bool:
+    """Whether ``path`` is a symlink (False when it does not exist)."""
+    return path.is_symlink()
+
+
+def check_directory(path: Path, what: str = "directory") -> None:
+    """Refuse ``path`` unless it is a real directory (not a symlink to one)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise RunError(f"{path}: no such {what}") from None
+    except OSError as error:
+        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    if stat.S_ISLNK(mode):
+        raise RunError(f"{path}: is a symbolic link; attnspec never writes through links in its directories. "
+                       "Replace it with a real directory")
+    if not stat.S_ISDIR(mode):
+        raise RunError(f"{path}: exists and is not a directory")
+
+
+def ensure_directory(path: Path) -> Path:
+    """Create the directory ``path`` (and missing parents) or check that it is a real directory."""
+    if not path.is_symlink() and not path.exists():
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise RunError(f"{path}: cannot create ({error.strerror})") from None
+    check_directory(path)
+    return path
+
+
+def _check_target(path: Path) -> None:
+    """The parent is a real directory; ``path`` is absent or a regular file (never a link)."""
+    check_directory(path.parent)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    if stat.S_ISLNK(mode):
+        raise RunError(f"{path}: is a symbolic link; attnspec never writes through links in its directories. "
+                       "Remove the link (the file it points to is untouched)")
+    if not stat.S_ISREG(mode):
+        raise RunError(f"{path}: exists and is not a regular file; move it away")
+
+
+# ----------------------------------------------------------------------------- writes
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write ``path`` through a fresh temporary sibling renamed over it: readers see the old or the
+    new content, never half, and a link at ``path`` or a linked parent is refused, not followed."""
+    _check_target(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if tmp.is_symlink() or tmp.exists():
+        _unlink_own(tmp)
+    payload = data.encode() if isinstance(data, str) else data
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        os.replace(tmp, path)
+    except OSError as error:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise RunError(f"{path}: cannot write ({error.strerror})") from None
+
+
+def write_with(path: Path, writer) -> None:
+    """Atomically write ``path`` by calling ``writer(temporary_path)`` (for libraries that write a file
+    themselves: matplotlib, safetensors); the same link rules as :func:`write_atomic`."""
+    _check_target(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
+    if tmp.is_symlink() or tmp.exists():
+        _unlink_own(tmp)
+    try:
+        writer(tmp)
+        if tmp.is_symlink() or not tmp.is_file():
+            raise RunError(f"{path}: the writer did not produce a regular file")
+        os.replace(tmp, path)
+    except OSError as error:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise RunError(f"{path}: cannot write ({error.strerror})") from None
+
+
+def open_append(path: Path) -> IO[str]:
+    """Open ``path`` for appending text (created if missing); a link or a non-regular file is refused."""
+    return os.fdopen(_open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
+
+
+def open_append_binary(path: Path) -> IO[bytes]:
+    """:func:`open_append` for bytes (a worker's log)."""
+    return os.fdopen(_open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+
+
+def open_lock(path: Path) -> IO[bytes]:
+    """Open (creating, never truncating) a lock file for ``fcntl.flock``; a link is refused."""
+    return os.fdopen(_open_regular(path, os.O_RDWR | os.O_CREAT), "r+b")
+
+
+def _open_regular(path: Path, flags: int) -> int:
+    _check_target(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW, 0o644)
+    except OSError as error:
+        raise RunError(f"{path}: cannot open ({error.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunError(f"{path}: exists and is not a regular file; move it away")
+    return fd
+
+
+# ----------------------------------------------------------------------------- deletes
+
+
+def _unlink_own(path: Path) -> None:
+    """Remove a stale scratch file of ours (a link is removed as a link: its target is untouched)."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            raise RunError(f"{path}: a directory stands where attnspec writes a scratch file; move it away")
+        path.unlink()
+    except OSError as error:
+        raise RunError(f"{path}: cannot remove ({error.strerror})") from None
+
+
+def owns_tree(path: Path, names: set[str] | frozenset[str]) -> bool:
+    """Whether ``path`` is a real directory holding only regular files named in ``names``."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        return all(entry.name in names and not entry.is_symlink() and entry.is_file() for entry in path.iterdir())
+    except OSError:
+        return False
+
+
+def remove_tree(path: Path, names: set[str] | frozenset[str]) -> None:
+    """Remove the directory ``path`` if it holds only regular files named in ``names`` (what the caller
+    writes there); refuse, touching nothing, if it is a link or holds anything else."""
+    if not owns_tree(path, names):
+        raise RunError(f"{path}: holds files attnspec did not write (or is a link); move it away, attnspec "
+                       "removes only its own entries")
+    try:
+        shutil.rmtree(path)
+    except OSError as error:
+        raise RunError(f"{path}: cannot remove ({error.strerror})") from None
+
+
+# ----------------------------------------------------------------------------- reads
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value in ``path`` (a regular file, not a link, at most ``max_bytes``), or a RunError
+    saying what is wrong: missing, too large, not UTF-8, not JSON, NaN/Infinity, nested too deep."""
+    try:
+        mode = os.lstat(path)
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing") from None
+    except OSError as error:
+        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    if not stat.S_ISREG(mode.st_mode):
+        raise RunError(f"{path}: not a regular file (a link or a directory); attnspec reads only its own files")
+    if mode.st_size > max_bytes:
+        raise RunError(f"{path}: larger than {max_bytes:,} bytes")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"), parse_constant=_refuse_constant)
+    except RecursionError:
+        raise RunError(f"{path}: nested too deeply to be a file attnspec wrote") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise RunError(f"{path}: not valid JSON ({shorten(str(error), 120)})") from None
+    except OSError as error:
+        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+
+
+def json_lines(text: str) -> list[dict]:
+    """The JSON objects of a ``.jsonl`` text, one per line; a line that is not one (cut short by a
+    kill, tampered, nested too deep) is skipped."""
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+__all__ = ["cache_directory", "child_environment", "check_directory", "ensure_directory", "write_atomic", "write_with", "open_append",
+           "open_append_binary", "open_lock", "owns_tree", "remove_tree", "read_json", "json_lines",
+           "MAX_JSON_BYTES"]

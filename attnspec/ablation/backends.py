@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import deque
 from pathlib import Path
 from typing import Callable
@@ -173,11 +175,19 @@ class RayBackend:
         started_here = not ray.is_initialized()
         if started_here:
             local = self.address is None and "RAY_ADDRESS" not in os.environ
+            # Ray puts the driver's working directory on every worker's sys.path unless the job has a
+            # working_dir: an empty one keeps a received folder's `yaml.py` out of the workers
+            # (PYTHONSAFEPATH does the same for the worker processes' own start-up).
+            isolation = tempfile.mkdtemp(prefix="attnspec-ray-")
             try:  # a local instance gets this machine's cores; a cluster says what it has
                 ray.init(address=self.address, num_cpus=cores() if local else None, include_dashboard=False,
-                         log_to_driver=False, configure_logging=False)
+                         log_to_driver=False, configure_logging=False,
+                         runtime_env={"working_dir": isolation, "env_vars": {"PYTHONSAFEPATH": "1"}})
             except (ConnectionError, RuntimeError, ValueError) as error:
                 raise AttnSpecError(f"cannot reach a Ray cluster at {self.address or 'this machine'}: {error}") from None
+            finally:
+                shutil.rmtree(isolation, ignore_errors=True)  # Ray has packaged it
+        runs_dir = runs_dir.resolve()  # tasks run in the job's working_dir, not here
         try:
             mailbox = ray.remote(num_cpus=0)(_Mailbox).remote()
             task = ray.remote(num_cpus=self.threads)(_ray_execute)

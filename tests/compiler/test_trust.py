@@ -173,6 +173,45 @@ def fifo(name: str):
     return mutate
 
 
+def edit_graph(change, program: str = "model.pt2"):
+    """Rewrite the serialized graph (models/*.json) of ``program`` with ``change(graph)``."""
+    def mutate(directory: Path) -> None:
+        path = directory / program
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if "/models/" in n)
+            graph = json.loads(archive.read(name))
+        change(graph)
+        rewrite_zip(path, {name.split("/", 1)[1]: json.dumps(graph).encode()})
+    return mutate
+
+
+def _shell(marker: Path) -> str:
+    return f"__import__('os').system('touch {marker}')"
+
+
+def poison_expression(marker: Path):
+    """The audit's finding: sympy.sympify evaluates every ``expr_str`` as Python."""
+    def change(graph: dict) -> None:
+        stack = [graph]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, dict):
+                if "expr_str" in value:
+                    value["expr_str"] = _shell(marker)
+                    return
+                stack.extend(value.values())
+            elif isinstance(value, list):
+                stack.extend(value)
+    return edit_graph(change)
+
+
+def poison_target(target: str):
+    def change(graph: dict) -> None:
+        node = next(n for n in graph["graph_module"]["graph"]["nodes"] if n["target"].startswith("torch.ops.aten"))
+        node["target"] = target
+    return edit_graph(change)
+
+
 def nan_weight(tensors):
     tensors["embed.weight"][0, 0] = float("nan")
 
@@ -240,6 +279,13 @@ def cases(marker: Path):
         ("program-opaque-constant", lambda d: rewrite_zip(d / "model.pt2", add={
             "data/constants/opaque_obj_0": pickled(marker)}), True, "run"),
         ("programs-swapped", swap("model.pt2", "step.pt2"), True, "run"),
+        ("program-expression-runs-python", poison_expression(marker), True, "run"),
+        ("program-guard-code", edit_graph(lambda g: g.update(guards_code=[_shell(marker)])), True, "run"),
+        ("step-guard-code", edit_graph(lambda g: g.update(guards_code=[_shell(marker)]), "step.pt2"), True, "run"),
+        ("program-calls-torch-load", poison_target("torch.serialization.load"), True, "run"),
+        ("program-calls-os", poison_target("torch.os.system"), True, "run"),
+        ("program-graph-deep", lambda d: rewrite_zip(d / "model.pt2", {"models/model.json": b"[" * 100_000}), True,
+         "run"),
     ]
 
 
@@ -271,7 +317,7 @@ def test_crafted_build_directory_is_refused(base, tmp_path, case_id):
 
 
 def test_there_are_at_least_30_crafted_directories():
-    assert len(CASE_IDS) >= 30
+    assert len(CASE_IDS) >= 45
 
 
 def test_the_pickled_inputs_payload_would_run_under_plain_torch_export_load(base, tmp_path):
@@ -284,6 +330,34 @@ def test_the_pickled_inputs_payload_would_run_under_plain_torch_export_load(base
     subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300, cwd=tmp_path,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert marker.exists()
+
+
+def test_the_expression_payload_would_run_under_plain_torch_export_load(base, tmp_path):
+    # The control experiment for `expr_str`: plain torch.export.load evaluates it as Python.
+    marker = tmp_path / "PWNED"
+    directory = tmp_path / "crafted"
+    shutil.copytree(base, directory)
+    poison_expression(marker)(directory)
+    code = f"import torch\ntry:\n    torch.export.load({str(directory / 'model.pt2')!r})\nexcept Exception:\n    pass\n"
+    subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert marker.exists()
+
+
+def test_the_expression_grammar_admits_what_torch_writes_and_nothing_else():
+    from attnspec.compiler.programs import is_safe_expression, is_safe_guard
+
+    for text in ["Symbol('s71', positive=True, integer=True)", "Mul(Integer(128), Symbol('s71', positive=True))",
+                 "FloorDiv(Add(Symbol('s71', integer=True), Integer(127)), Integer(64))", "s0 + 128", "Max(1, s0*2)",
+                 "Add(Mul(Integer(-1), Symbol('s71')), Integer(3))"]:
+        assert is_safe_expression(text), text
+    for text in ["__import__('os')", "s0.__class__", "Symbol('x').subs", "eval('1')", "lambda: 0", "s0[0]",
+                 "Symbol('s0'); 1", "(" * 100 + "s0" + ")" * 100, "Integer(1)(", 3, None, "open"]:
+        assert not is_safe_expression(text), text
+    assert is_safe_guard("L['token'].size()[0] == L['state'][0].size()[0]")
+    assert is_safe_guard("(L['a'].size()[1] + 1) // 2 >= 3 and L['b'].stride()[0] == 1")
+    for text in ["L['a'].__class__", "__import__('os').system('x')", "L['a'].size()[0] == open('x')", "L.x", "f()"]:
+        assert not is_safe_guard(text), text
 
 
 def test_cli_refuses_crafted_directories_with_exit_2(base, tmp_path):

@@ -72,23 +72,20 @@ def load_subject(source: str | Path, overrides: Iterable[str] = ()) -> Subject:
 
     from attnspec.compiler.lower import as_spec
     from attnspec.errors import AttnSpecError
-    from attnspec.spec.validate import validate_data
     from attnspec.training import rundir
-    from attnspec.training.config import load_config
 
     path = Path(source)
     if not (path.is_dir() and (path / rundir.RUN_FILE).is_file()):
         return Subject(as_spec(path, tuple(overrides)))
     if tuple(overrides):
         raise AttnSpecError("--set changes a spec; a run is diagnosed as it was trained")
-    record = rundir.read_run(path)
-    config = load_config(record["config"])
-    _, weights_file, _, _ = rundir.load_checkpoint(path)
+    spec, config = rundir.recorded(path, rundir.read_run(path))
+    _, weights_file, _, _ = rundir.load_checkpoint(path, max_step=config.steps)
     try:
         weights = load_file(str(weights_file))
     except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file
         raise rundir.RunError(f"{weights_file}: not a valid safetensors file ({error})") from None
-    return Subject(validate_data(record["spec"]), weights, config.task, config.seed)
+    return Subject(spec, weights, config.task, config.seed)
 
 
 def forward_with_hooks(model: Any, inputs: Tensor, handles: list) -> None:

@@ -86,15 +86,12 @@ def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, o
         RunError: the run directory cannot be created or resumed.
     """
     from attnspec.compiler.lower import as_spec
-    from attnspec.spec.validate import validate_data
 
     directory = Path(output) if output is not None else None
     if resume:
         if directory is None:
             raise rundir.RunError("--resume needs the run directory (-o RUN_DIR)")
-        record = rundir.read_run(directory)
-        spec = validate_data(record["spec"])
-        config = load_config(record["config"])
+        spec, config = rundir.recorded(directory, rundir.read_run(directory))
     else:
         spec = as_spec(spec, tuple(overrides))
         if isinstance(config, TrainConfig):

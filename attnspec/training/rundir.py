@@ -66,6 +66,21 @@ def read_run(directory: Path) -> dict:
     return run
 
 
+def recorded(directory: Path, record: dict):
+    """The run's recorded spec and training configuration (from :func:`read_run`), validated: a
+    problem is a RunError naming ``run.json``, as the file was tampered with or written by another
+    attnspec. Returns ``(Spec, TrainConfig)``."""
+    from attnspec.errors import SpecError
+    from attnspec.spec.validate import validate_data
+    from attnspec.training.config import load_config
+
+    try:
+        return validate_data(record["spec"]), load_config(record["config"])
+    except SpecError as error:
+        raise RunError(f"{directory / RUN_FILE}: the recorded spec or configuration is not valid "
+                       f"({error.problems[0]}); this run directory was changed or written by another attnspec") from None
+
+
 STATUSES = ("running", "stopped", "done", "diverged")
 MAX_STEP = 1 << 40
 """Far above any step count a configuration allows; a larger recorded step is tampering."""

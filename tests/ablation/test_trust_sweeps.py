@@ -253,3 +253,16 @@ def test_ray_tasks_never_import_from_the_working_directory(tmp_path):
                             env=_child_env())
     assert result.stdout.split()[-2:] == ["0", "1"], result.stdout + result.stderr[-3000:]
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("content", ["[" * 100_000, '{"format": 1, "runs": NaN}', "\xff\xfe", '{"format": 1, "sweep": {}, "runs": [{"key": "../../etc"}]}'])
+def test_a_tampered_sweep_json_is_a_located_error(finished, tmp_path, content):
+    """Finding 12: sweep.json nested 100,000 deep crashed `attnspec report`."""
+    import shutil
+
+    directory = tmp_path / "runs"
+    shutil.copytree(finished, directory)
+    (directory / "sweep.json").write_bytes(content.encode("utf-8", "surrogateescape") if content != "\xff\xfe"
+                                           else b"\xff\xfe")
+    with pytest.raises(RunError, match="sweep.json"):
+        write_report(directory)

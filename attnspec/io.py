@@ -49,19 +49,22 @@ def child_environment(**extra: str) -> dict[str, str]:
 # ----------------------------------------------------------------------------- checks
 
 
-def is_link(path: Path) -> bool:
-    """Whether ``path`` is a symlink (False when it does not exist)."""
-    return path.is_symlink()
+def _lstat(path: Path) -> os.stat_result | None:
+    """``os.lstat(path)`` (the entry itself, never a link's target); None when it does not exist."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise RunError(f"{path}: cannot read ({error.strerror})") from None
 
 
 def check_directory(path: Path, what: str = "directory") -> None:
     """Refuse ``path`` unless it is a real directory (not a symlink to one)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        raise RunError(f"{path}: no such {what}") from None
-    except OSError as error:
-        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    info = _lstat(path)
+    if info is None:
+        raise RunError(f"{path}: no such {what}")
+    mode = info.st_mode
     if stat.S_ISLNK(mode):
         raise RunError(f"{path}: is a symbolic link; attnspec never writes through links in its directories. "
                        "Replace it with a real directory")
@@ -83,12 +86,10 @@ def ensure_directory(path: Path) -> Path:
 def _check_target(path: Path) -> None:
     """The parent is a real directory; ``path`` is absent or a regular file (never a link)."""
     check_directory(path.parent)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    info = _lstat(path)
+    if info is None:
         return
-    except OSError as error:
-        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    mode = info.st_mode
     if stat.S_ISLNK(mode):
         raise RunError(f"{path}: is a symbolic link; attnspec never writes through links in its directories. "
                        "Remove the link (the file it points to is untouched)")
@@ -212,15 +213,12 @@ def _refuse_constant(name: str) -> Any:
 def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
     """The JSON value in ``path`` (a regular file, not a link, at most ``max_bytes``), or a RunError
     saying what is wrong: missing, too large, not UTF-8, not JSON, NaN/Infinity, nested too deep."""
-    try:
-        mode = os.lstat(path)
-    except FileNotFoundError:
-        raise RunError(f"{path}: missing") from None
-    except OSError as error:
-        raise RunError(f"{path}: cannot read ({error.strerror})") from None
-    if not stat.S_ISREG(mode.st_mode):
+    info = _lstat(path)
+    if info is None:
+        raise RunError(f"{path}: missing")
+    if not stat.S_ISREG(info.st_mode):
         raise RunError(f"{path}: not a regular file (a link or a directory); attnspec reads only its own files")
-    if mode.st_size > max_bytes:
+    if info.st_size > max_bytes:
         raise RunError(f"{path}: larger than {max_bytes:,} bytes")
     try:
         return json.loads(path.read_bytes().decode("utf-8"), parse_constant=_refuse_constant)

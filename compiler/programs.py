@@ -165,45 +165,38 @@ def is_safe_guard(text: object) -> bool:
     """Whether ``text`` is a guard as torch writes them for attnspec's programs: comparisons and
     integer arithmetic of input sizes (``L['token'].size()[0] == L['state'][0].size()[0]``), nothing
     that could call or name anything else."""
-    if not isinstance(text, str) or len(text) > MAX_EXPRESSION:
-        return False
-    position, depth = 0, 0
-    while position < len(text):
-        match = _GUARD_TOKEN.match(text, position)
-        if match is None or match.end() == position:
-            return text[position:].strip() == ""
-        position = match.end()
-        if match.group("op") == "(":
-            depth += 1
-            if depth > MAX_EXPRESSION_DEPTH:
-                return False
-        elif match.group("op") == ")":
-            depth -= 1
-            if depth < 0:
-                return False
-    return depth == 0
+    return _tokens_all(text, _GUARD_TOKEN, lambda match: True)
 
 
 def is_safe_expression(text: object) -> bool:
     """Whether ``text`` is a symbolic integer expression as torch prints them (``Mul(Integer(64),
     Symbol('s71', positive=True, integer=True))``, ``s0 + 128``): symbols, integers, + - * // **,
     the shape functions torch defines and Symbol's assumptions, nothing else, within the size limits."""
+    def allowed(match: re.Match) -> bool:
+        word = match.group("word")
+        return word is None or word in _EXPRESSION_WORDS or bool(_SYMBOL.fullmatch(word))
+
+    return _tokens_all(text, _EXPRESSION_TOKEN, allowed)
+
+
+def _tokens_all(text: object, token: re.Pattern, allowed) -> bool:
+    """Whether ``text`` (a string within MAX_EXPRESSION) is a sequence of ``token`` matches that
+    ``allowed`` accepts, with balanced parentheses nested at most MAX_EXPRESSION_DEPTH deep."""
     if not isinstance(text, str) or len(text) > MAX_EXPRESSION:
         return False
     position, depth = 0, 0
     while position < len(text):
-        match = _EXPRESSION_TOKEN.match(text, position)
+        match = token.match(text, position)
         if match is None or match.end() == position:
             return text[position:].strip() == ""
         position = match.end()
-        word, op = match.group("word"), match.group("op")
-        if word is not None and word not in _EXPRESSION_WORDS and not _SYMBOL.fullmatch(word):
+        if not allowed(match):
             return False
-        if op == "(":
+        if match.group("op") == "(":
             depth += 1
             if depth > MAX_EXPRESSION_DEPTH:
                 return False
-        elif op == ")":
+        elif match.group("op") == ")":
             depth -= 1
             if depth < 0:
                 return False

@@ -56,6 +56,6 @@ def test_loading_a_build_directory_imports_no_front_end_and_no_rich(tmp_path):
 
 
 def test_the_compiler_does_not_draw():
-    for path in (ROOT / "compiler").glob("*.py"):
+    for path in (ROOT / "attnspec" / "compiler").glob("*.py"):
         text = path.read_text()
         assert "import rich" not in text and "from rich" not in text, path

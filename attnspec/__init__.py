@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnspec.errors import AttnSpecError, BuildError, ShapeError, SpecError
-
-__version__ = "0.1.0"
+from attnspec.io import VERSION as __version__
 
 __all__ = ["AttnSpecError", "SpecError", "ShapeError", "BuildError", "load_spec", "loads_spec",
            "build", "load", "save", "train", "ablate", "report", "__version__"]

@@ -13,6 +13,11 @@ shaped. Every function here holds to three rules (the README's "Trust" section):
   infinities, and turns every failure (bad UTF-8, nesting deep enough to exhaust the parser's stack)
   into a :class:`~attnspec.errors.RunError`.
 
+It also holds what several layers read and nothing above them defines: attnspec's version, the
+cache directory, and the read side of a run directory (``attnspec build RUN_DIR`` and
+``attnspec diagnose RUN_DIR`` read what ``attnspec train`` writes; the writer is
+:mod:`attnspec.training.rundir`).
+
 This module is layer 0: it imports nothing of attnspec but its errors, and no torch.
 """
 
@@ -27,6 +32,8 @@ from typing import Any, IO
 
 from attnspec.errors import RunError, shorten
 
+VERSION = "0.1.0"
+"""attnspec's version (``attnspec.__version__``), recorded in every manifest, run and cache key."""
 MAX_JSON_BYTES = 64 << 20
 """The largest JSON file attnspec reads from a directory it owns (a run's metrics of 10^6 steps fit)."""
 
@@ -244,6 +251,62 @@ def json_lines(text: str) -> list[dict]:
     return records
 
 
+# ----------------------------------------------------------------------------- run directories (read side)
+
+RUN_FORMAT = 1
+RUN_FILE = "run.json"
+CHECKPOINT_POINTER = "checkpoint.json"
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
+CHECKPOINT_NAMES = frozenset(CHECKPOINT_FILES)
+STATUSES = ("running", "stopped", "done", "diverged")
+MAX_STEP = 1 << 40
+"""Far above any step count a configuration allows; a larger recorded step is tampering."""
+
+
+def is_step(value: object) -> bool:
+    """Whether ``value`` is a step a run could have reached (an int, not a bool, in [0, MAX_STEP])."""
+    return type(value) is int and 0 <= value <= MAX_STEP
+
+
+def read_run(directory: Path) -> dict:
+    """The run.json of an existing run directory (to resume, export or diagnose it), checked as far
+    as its shape: format, a spec and a configuration as mappings, a known status, a step in range."""
+    if not directory.is_dir():
+        raise RunError(f"{directory}: no such run directory")
+    run = read_json(directory / RUN_FILE)
+    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT or not isinstance(run.get("spec"), dict) \
+            or not isinstance(run.get("config"), dict):
+        raise RunError(f"{directory}/{RUN_FILE}: not a run file of format {RUN_FORMAT} written by attnspec")
+    if run.get("status") not in STATUSES or not is_step(run.get("step")):
+        raise RunError(f"{directory}/{RUN_FILE}: its status or step is not one attnspec writes (status one of "
+                       f"{', '.join(STATUSES)}, step a whole number from 0 to {MAX_STEP:,})")
+    return run
+
+
+def latest_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, Path, dict]:
+    """The latest checkpoint of a run directory: ``(step, its folder, its state.json)``; the folder is a
+    real one holding only the checkpoint's files, and its step agrees with ``checkpoint.json``, the
+    folder's name and ``max_step`` (the run's configured steps)."""
+    pointer = read_json(directory / CHECKPOINT_POINTER)
+    name = pointer.get("directory") if isinstance(pointer, dict) else None
+    if not isinstance(name, str) or not name.startswith("checkpoints/step-") or "/" in name[len("checkpoints/"):]:
+        raise RunError(f"{directory}/{CHECKPOINT_POINTER}: does not name a checkpoint directory")
+    check_directory(directory / "checkpoints")
+    where = directory / name
+    if not owns_tree(where, CHECKPOINT_NAMES):
+        raise RunError(f"{where}: not a checkpoint directory attnspec wrote (a link, or other files in it)")
+    for file in CHECKPOINT_FILES:
+        if not (where / file).is_file():
+            raise RunError(f"{where}: missing {file}; the checkpoint is incomplete")
+    state = read_json(where / "state.json")
+    step = state.get("step") if isinstance(state, dict) else None
+    if not is_step(step) or step > max_step or step != pointer.get("step") or name != f"checkpoints/step-{step:09d}":
+        raise RunError(f"{where}/state.json: its step is not the checkpoint's (a whole number from 0 to the run's "
+                       f"{max_step:,} steps, the same in {CHECKPOINT_POINTER} and in the directory name)")
+    return step, where, state
+
+
 __all__ = ["cache_directory", "child_environment", "check_directory", "ensure_directory", "write_atomic", "write_with", "open_append",
            "open_append_binary", "open_lock", "owns_tree", "remove_tree", "read_json", "json_lines",
-           "MAX_JSON_BYTES"]
+           "MAX_JSON_BYTES", "VERSION", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "read_run",
+           "latest_checkpoint", "is_step"]

@@ -1,13 +1,18 @@
-"""The layers stay apart (DESIGN sec. 2): each check runs in a fresh interpreter and inspects sys.modules.
+"""The layers stay apart (DESIGN sec. 3).
 
+* Direction: every import of every module (read from its source, so lazy imports inside functions
+  count too) goes down the layers, never up or sideways, but for the commented ALLOWED pairs;
 * ``attnspec.ops`` and ``attnspec.nn`` (kernels, modules) import no pydantic, PyYAML or lark;
 * loading a build directory imports neither the spec front-ends (PyYAML, lark) nor rich;
 * ``attnspec check`` imports no torch;
 * the compiler draws nothing: rich is imported by the CLI only.
+
+The run-time checks run in a fresh interpreter and inspect sys.modules.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -15,6 +20,90 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+
+LAYERS = {
+    # bottom up: a module may import its own package and the layers below it (DESIGN's numbers; inside
+    # layer 0, errors < io < figures)
+    "attnspec.errors": 0, "attnspec.io": 0.1, "attnspec.figures": 0.2,
+    "attnspec.spec": 1, "attnspec.grammars": 1,
+    "attnspec.ops": 2,
+    "attnspec.nn": 3,
+    "attnspec.compiler": 4,
+    "attnspec.training": 5,
+    "attnspec.ablation": 6, "attnspec.diagnostics": 6,
+    "attnspec.cli": 7, "attnspec.sweep_display": 7, "attnspec.__main__": 7,
+    "attnspec": 7,  # the facade (attnspec.build, .load, .train, ...): the top, for users
+}
+SAME_PACKAGE = {"attnspec.sweep_display": "attnspec.cli", "attnspec.__main__": "attnspec.cli"}
+"""Modules that are parts of another entry: the CLI's display of sweeps, ``python -m attnspec``."""
+ALLOWED = {
+    # `attnspec diagnose RUNS_DIR` labels a sweep's finished runs: the runs directory's format is the
+    # ablation package's, read here, never written
+    ("attnspec.diagnostics.subject", "attnspec.ablation.runsdir"),
+}
+
+
+def _package(module: str) -> str:
+    """The entry of LAYERS that ``module`` belongs to (the longest prefix)."""
+    name = max((name for name in LAYERS if module == name or module.startswith(name + ".")), key=len)
+    return SAME_PACKAGE.get(name, name)
+
+
+def _module_name(path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _imports(path, module: str):
+    """(imported attnspec module, line) for every import statement in ``path``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            names = [f"{base}.{alias.name}" if _is_module(f"{base}.{alias.name}") else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name == "attnspec" or name.startswith("attnspec."):
+                yield name, node.lineno
+
+
+def test_imports_go_down_the_layers():
+    wrong = []
+    for path in sorted((ROOT / "attnspec").rglob("*.py")):
+        module = _module_name(path)
+        source = _package(module)
+        for target, line in _imports(path, module):
+            destination = _package(target)
+            upward = LAYERS[destination] > LAYERS[source]
+            sideways = LAYERS[destination] == LAYERS[source] and destination != source
+            if (upward or sideways) and (module, target) not in ALLOWED:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {module} (layer {LAYERS[source]}) imports {target} "
+                             f"(layer {LAYERS[destination]})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_every_allowed_exception_is_still_needed():
+    found = {(module, target) for path in (ROOT / "attnspec").rglob("*.py")
+             for module in [_module_name(path)] for target, _ in _imports(path, module)}
+    assert ALLOWED <= found, ALLOWED - found
+
+
+def test_the_walk_sees_lazy_and_relative_imports(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text("def f():\n    from attnspec.cli import main\n    import attnspec.training.loop\n")
+    assert [name for name, _ in _imports(source, "attnspec.spec.probe")] == ["attnspec.cli", "attnspec.training.loop"]
+
 
 FRONT_END = ["yaml", "lark", "attnspec.spec.yaml_front", "attnspec.spec.attn_front", "attnspec.spec.load"]
 

@@ -33,7 +33,7 @@ def execute(runs_dir: str | Path, job: dict, threads: int,
     intra-op threads; returns ``{"key", "status": done|diverged|failed|busy, "metrics"?, "error"?, "from_step"}``."""
     import torch
 
-    import attnspec
+    from attnspec.training.loop import train
 
     runs_dir = Path(runs_dir)
     key = job["key"]
@@ -59,7 +59,7 @@ def execute(runs_dir: str | Path, job: dict, threads: int,
         resume = current == "resumable"
         throttle = _Throttle(on_progress)
         try:
-            run = attnspec.train(None if resume else job["spec"], None if resume else job["config"], output=where,
+            run = train(None if resume else job["spec"], None if resume else job["config"], output=where,
                                  resume=resume, on_progress=throttle)
         except TrainingDiverged as error:
             return {"key": key, "status": "diverged", "error": str(error), "from_step": throttle.start}

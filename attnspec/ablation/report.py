@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnspec.ablation import runsdir
+from attnspec.ablation.runsdir import params_text
 from attnspec.io import MAX_JSON_BYTES, ensure_directory, json_lines, write_atomic
 
 HIGHER_IS_BETTER = {"accuracy": True, "perplexity": False, "loss": False}
@@ -206,10 +207,6 @@ def _mean(values: list[float]) -> float | None:
 
 
 # --------------------------------------------------------------------------- tables
-
-
-def params_text(params: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in params.items())
 
 
 def format_value(value: float | None, std: float | None = None, metric: str = "accuracy") -> str:

@@ -28,9 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import attnspec
 from attnspec.errors import RunError
-from attnspec.io import check_directory, ensure_directory, json_lines, open_append, read_json, write_atomic
+from attnspec.io import VERSION, check_directory, ensure_directory, json_lines, open_append, read_json, write_atomic
 from attnspec.training import rundir
 
 FORMAT = 1
@@ -44,7 +43,7 @@ def machine() -> dict:
 
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "attnspec": attnspec.__version__,
+            "attnspec": VERSION,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
@@ -165,6 +164,11 @@ def events(directory: Path) -> list[dict]:
     if path.is_symlink() or not path.is_file():
         return []
     return json_lines(path.read_text(errors="replace"))
+
+
+def params_text(params: dict) -> str:
+    """A run's task point as text (``num_kv_pairs=4 seq_len=64``): how reports and diagnostics label runs."""
+    return " ".join(f"{k}={v}" for k, v in params.items())
 
 
 def _is_key(key: Any) -> bool:

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import torch
 from safetensors.torch import save_file
 
-import attnspec
+from attnspec.io import VERSION
 from attnspec.compiler.compile import BackgroundCheck, check_key, passed_before, remember_pass
 from attnspec.compiler.export import (DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, example_input,
                                       export_model, export_step, sequence_speed, state_signature)
@@ -119,7 +119,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 parameters = sum(p.numel() for p in model.parameters())
                 if parameters != expected:  # a lowering bug, never a user error
                     raise BuildError(f"internal: built {parameters} parameters, the spec implies {expected}")
-                header = f"resolved spec of {spec.name}, built by attnspec {attnspec.__version__}"
+                header = f"resolved spec of {spec.name}, built by attnspec {VERSION}"
                 (scratch.path / "spec.yaml").write_text(to_yaml(spec, minimal=False, header=header))
                 save_file(_weights(model), str(scratch.path / "model.safetensors"))
                 model.to(device)
@@ -156,14 +156,14 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
 
 def _from_run(directory: Path, weights) -> tuple[dict, Path]:
     """A training run directory's resolved spec and the weights file of its latest checkpoint."""
-    from attnspec.training import rundir
+    from attnspec.io import RUN_FILE, latest_checkpoint, read_run
 
-    if not (directory / rundir.RUN_FILE).is_file():
-        raise BuildError(f"{directory}: a directory, but not a training run directory (no {rundir.RUN_FILE}); give a "
+    if not (directory / RUN_FILE).is_file():
+        raise BuildError(f"{directory}: a directory, but not a training run directory (no {RUN_FILE}); give a "
                          "spec file or a run directory written by `attnspec train`")
-    record = rundir.read_run(directory)
+    record = read_run(directory)
     if weights is None:
-        _, weights, _, _ = rundir.load_checkpoint(directory)
+        weights = latest_checkpoint(directory)[1] / "model.safetensors"
     return record["spec"], weights
 
 
@@ -241,7 +241,7 @@ def _manifest(spec, plan, model, parameters, verification, compiled, exported, s
     return {
         "format": FORMAT,
         "name": spec.name,
-        "attnspec_version": attnspec.__version__,
+        "attnspec_version": VERSION,
         "torch_version": torch.__version__,
         "parameters": parameters,
         "input": spec.input.kind,

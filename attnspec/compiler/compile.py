@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from attnspec.errors import BuildError
-from attnspec.io import child_environment
+from attnspec.io import VERSION, child_environment
 
 
 def size_oblivious():
@@ -205,10 +205,8 @@ def check_key(spec_data: dict, modes: list[str], device: str = "cpu") -> str:
     the attnspec and torch versions."""
     import hashlib
 
-    import attnspec
-
     data = {key: value for key, value in spec_data.items() if key not in ("name", "seed")}
-    versions = [attnspec.__version__, torch.__version__]
+    versions = [VERSION, torch.__version__]
     text = json.dumps([data, modes, *versions] if device == "cpu" else [data, modes, device, *versions], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

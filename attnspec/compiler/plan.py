@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from attnspec.errors import BuildError, RunError
-from attnspec.io import cache_directory, read_json, write_atomic
+from attnspec.io import VERSION, cache_directory, read_json, write_atomic
 from attnspec.spec.ir import Spec, iter_blocks
 from attnspec.spec.source import format_path
 
@@ -274,7 +274,6 @@ def calibration_path() -> Path:
 
 def machine_key() -> str:
     """This machine and software, as far as speed goes: attnspec and torch versions, CPU model and count."""
-    import attnspec
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -289,7 +288,7 @@ def machine_key() -> str:
                 break
     except OSError:
         pass
-    return f"attnspec {attnspec.__version__}, torch {torch_version}, {cpu}, {os.cpu_count()} cpus"
+    return f"attnspec {VERSION}, torch {torch_version}, {cpu}, {os.cpu_count()} cpus"
 
 
 class Calibration:

@@ -109,8 +109,8 @@ def load_subjects(sources: Iterable[str | Path]) -> list[tuple[str, Subject]]:
         RunError: a directory is neither a run nor a runs directory, or cannot be read.
         SpecError: a spec file is invalid.
     """
-    from attnspec.ablation import runsdir
-    from attnspec.ablation.report import params_text
+    from attnspec.ablation import runsdir  # reads a sweep's runs directory: allowed in tests/test_boundaries.py
+    from attnspec.ablation.runsdir import params_text
     from attnspec.training import rundir
 
     found = []

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import attnspec
 from attnspec.errors import AttnSpecError, Problem, SpecError, TrainingDiverged
+from attnspec.io import VERSION
 from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
 from attnspec.training.config import TrainConfig, load_config
@@ -319,7 +319,7 @@ class Trainer:
         from attnspec.spec import spec_to_data, to_yaml
 
         config_data = self.config.model_dump(by_alias=True)
-        record = {"format": rundir.FORMAT, "attnspec_version": attnspec.__version__, "torch_version": torch.__version__,
+        record = {"format": rundir.FORMAT, "attnspec_version": VERSION, "torch_version": torch.__version__,
                   "status": status, "step": step, "world_size": self.dist.world_size, "device": str(self.device),
                   "compiled": self.compiled, "spec": spec_to_data(self.spec, minimal=False), "config": config_data,
                   "plan": self.plan.to_json(), "groups": [group.to_json() for group in self.groups]}

@@ -30,13 +30,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnspec.errors import RunError
-from attnspec.io import (MAX_JSON_BYTES, check_directory, ensure_directory, json_lines, open_append, owns_tree,
-                         read_json, remove_tree, write_atomic)
+# The read side of the format (what `attnspec build RUN_DIR` needs too) is in attnspec.io, the lowest layer.
+from attnspec.io import (CHECKPOINT_FILES, CHECKPOINT_NAMES, CHECKPOINT_POINTER, MAX_JSON_BYTES, MAX_STEP, RUN_FILE,
+                         RUN_FORMAT as FORMAT, STATUSES, check_directory, ensure_directory, is_step, json_lines,
+                         latest_checkpoint, open_append, owns_tree, read_json, read_run, remove_tree, write_atomic)
 
-FORMAT = 1
-RUN_FILE = "run.json"
-CHECKPOINT_POINTER = "checkpoint.json"
-CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
 KEEP_CHECKPOINTS = 2
 
 
@@ -52,20 +50,6 @@ def create(directory: Path) -> None:
     ensure_directory(directory / "checkpoints")
 
 
-def read_run(directory: Path) -> dict:
-    """The run.json of an existing run directory (to resume or export it)."""
-    if not directory.is_dir():
-        raise RunError(f"{directory}: no such run directory")
-    run = read_json(directory / RUN_FILE)
-    if not isinstance(run, dict) or run.get("format") != FORMAT or not isinstance(run.get("spec"), dict) \
-            or not isinstance(run.get("config"), dict):
-        raise RunError(f"{directory}/{RUN_FILE}: not a run file of format {FORMAT} written by attnspec")
-    if run.get("status") not in STATUSES or not is_step(run.get("step")):
-        raise RunError(f"{directory}/{RUN_FILE}: its status or step is not one attnspec writes (status one of "
-                       f"{', '.join(STATUSES)}, step a whole number from 0 to {MAX_STEP:,})")
-    return run
-
-
 def recorded(directory: Path, record: dict):
     """The run's recorded spec and training configuration (from :func:`read_run`), validated: a
     problem is a RunError naming ``run.json``, as the file was tampered with or written by another
@@ -79,16 +63,6 @@ def recorded(directory: Path, record: dict):
     except SpecError as error:
         raise RunError(f"{directory / RUN_FILE}: the recorded spec or configuration is not valid "
                        f"({error.problems[0]}); this run directory was changed or written by another attnspec") from None
-
-
-STATUSES = ("running", "stopped", "done", "diverged")
-MAX_STEP = 1 << 40
-"""Far above any step count a configuration allows; a larger recorded step is tampering."""
-
-
-def is_step(value: object) -> bool:
-    """Whether ``value`` is a step a run could have reached (an int, not a bool, in [0, MAX_STEP])."""
-    return type(value) is int and 0 <= value <= MAX_STEP
 
 
 RUN_FILES = (RUN_FILE, "spec.yaml", "config.yaml", "metrics.jsonl", CHECKPOINT_POINTER, "result.json")
@@ -178,28 +152,10 @@ def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, optimize
         remove_tree(old, CHECKPOINT_NAMES)  # only what we wrote; links and foreign folders were left out above
 
 
-CHECKPOINT_NAMES = frozenset(CHECKPOINT_FILES)
-
-
 def load_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, Path, dict[str, torch.Tensor], dict]:
     """The latest checkpoint: (step, its weights file, optimizer tensors, state); ``max_step``: the
     run's configured steps (a checkpoint beyond them is not this run's)."""
-    pointer = read_json(directory / CHECKPOINT_POINTER)
-    name = pointer.get("directory") if isinstance(pointer, dict) else None
-    if not isinstance(name, str) or not name.startswith("checkpoints/step-") or "/" in name[len("checkpoints/"):]:
-        raise RunError(f"{directory}/{CHECKPOINT_POINTER}: does not name a checkpoint directory")
-    check_directory(directory / "checkpoints")
-    where = directory / name
-    if not owns_tree(where, CHECKPOINT_NAMES):
-        raise RunError(f"{where}: not a checkpoint directory attnspec wrote (a link, or other files in it)")
-    for file in CHECKPOINT_FILES:
-        if not (where / file).is_file():
-            raise RunError(f"{where}: missing {file}; the checkpoint is incomplete")
-    state = read_json(where / "state.json")
-    step = state.get("step") if isinstance(state, dict) else None
-    if not is_step(step) or step > max_step or step != pointer.get("step") or name != f"checkpoints/step-{step:09d}":
-        raise RunError(f"{where}/state.json: its step is not the checkpoint's (a whole number from 0 to the run's "
-                       f"{max_step:,} steps, the same in {CHECKPOINT_POINTER} and in the directory name)")
+    step, where, state = latest_checkpoint(directory, max_step)
     try:
         moments = load_file(str(where / "optimizer.safetensors"))
     except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file

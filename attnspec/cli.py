@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from attnspec.errors import AttnSpecError, SpecError
 
@@ -155,14 +157,10 @@ def fmt(
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write atomically: a temporary file renamed over ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)
-        raise AttnSpecError(f"{path}: cannot write: {error.strerror}") from None
+    """Write atomically: a temporary file renamed over ``path`` (attnspec's one writer, :mod:`attnspec.io`)."""
+    from attnspec.io import write_atomic
+
+    write_atomic(path, text)
 
 
 @app.command()
@@ -481,273 +479,74 @@ def _print_report(directory: Path) -> None:
                                                         "best learning rate"))
 
 
-SubjectArgument = typer.Argument(..., metavar="SPEC_OR_RUN", help="A spec file, or a run directory (its trained "
-                                                                  "weights and its task's test inputs).")
-InputSeedOption = typer.Option(0, "--seed", min=0, help="Seed of the random inputs (a spec's).")
-
-def _print_diagnostic(table: Table, files: list[Path]) -> None:
-    """A diagnostic's summary table and the files it wrote."""
-    out.print(table)
-    out.print(f"wrote {', '.join(str(f) for f in files)}", markup=False)
+# ----------------------------------------------------------------------------- diagnose
+# Every diagnostic is one module of attnspec.diagnostics declaring its parameters as data; this group
+# finds them when `attnspec diagnose` runs (not before: their modules import torch) and turns each
+# declaration into a command. The CLI only renders the table a diagnostic returns.
 
 
-diagnose_app = typer.Typer(help="Measurements the papers make, on a spec or a trained run: a CSV table and a "
-                                  "plot (PNG, SVG) each.", no_args_is_help=True)
+class _Diagnostics(typer.core.TyperGroup):
+    def list_commands(self, ctx) -> list[str]:
+        from attnspec.diagnostics import diagnostics
+
+        return list(diagnostics())
+
+    def get_command(self, ctx, name: str):
+        from attnspec.diagnostics import diagnostics
+
+        declared = diagnostics().get(name)
+        return _diagnostic_command(declared) if declared is not None else None
+
+
+def _diagnostic_command(declared):
+    """The click command of a :class:`~attnspec.diagnostics.Diagnostic` (its parameters as typer's)."""
+    import inspect
+
+    parameters, annotations = [], {}
+    for parameter in declared.parameters:
+        kind = List[parameter.kind] if parameter.many else (
+            Optional[parameter.kind] if parameter.default is None else parameter.kind)
+        default = ... if parameter.default is ... else parameter.default
+        if parameter.positional:
+            info = typer.Argument(default, metavar=parameter.metavar, help=parameter.help)
+        else:
+            flags = parameter.flags or (f"--{parameter.name.replace('_', '-')}",)
+            info = typer.Option(default, *flags, min=parameter.minimum, max=parameter.maximum, help=parameter.help,
+                                metavar=parameter.metavar)
+        parameters.append(inspect.Parameter(parameter.name, inspect.Parameter.KEYWORD_ONLY, default=info,
+                                            annotation=kind))
+        annotations[parameter.name] = kind
+
+    def command(**values) -> None:
+        values = {name: ([] if value is None else value) if many else value for (name, value), many in
+                  zip(values.items(), (p.many for p in declared.parameters))}
+        result = declared.run(**values)
+        out.print(_rich_table(result.table))
+        out.print(f"wrote {', '.join(str(f) for f in result.files)}", markup=False)
+
+    command.__signature__ = inspect.Signature(parameters)
+    command.__annotations__ = annotations
+    command.__doc__ = declared.summary
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    single.command(declared.name)(command)
+    return typer.main.get_command(single)
+
+
+def _rich_table(table) -> Table:
+    """A diagnostic's :class:`~attnspec.diagnostics.Table` for the terminal."""
+    shown = Table(title=table.title, title_justify="left")
+    for column in table.columns:
+        shown.add_column(column, justify="left" if column in table.left else "right", no_wrap=column not in table.left)
+    for index, row in enumerate(table.rows):
+        shown.add_row(*(Text(cell, style="bold" if (index, column) in table.strong else "")
+                        for column, cell in enumerate(row)))
+    return shown
+
+
+diagnose_app = typer.Typer(cls=_Diagnostics, help="Measurements the papers make, on a spec or a trained run: a CSV "
+                                                  "table and a plot (PNG, SVG) each.", no_args_is_help=True,
+                           rich_markup_mode=None)
 app.add_typer(diagnose_app, name="diagnose")
-
-
-@diagnose_app.command("rank-collapse")
-def diagnose_rank_collapse(
-    source: Path = SubjectArgument,
-    output: Path = typer.Option(..., "--output", "-o", help="Directory for rank_collapse.csv/.png/.svg."),
-    samples: int = typer.Option(32, "--samples", min=1, max=4096, help="Input sequences."),
-    length: Optional[int] = typer.Option(None, "--length", min=1, help="Tokens per sequence (default: max_len; a "
-                                                                       "run uses its task's)."),
-    seed: int = InputSeedOption,
-    overrides: Optional[List[str]] = SetOption,
-) -> None:
-    """Relative residual ||X - 1 mean(X)|| / ||X|| of every layer (l1,inf composite norm and Frobenius),
-    for the surgery variants san, san+skip, san+mlp and transformer (Dong et al. 2021)."""
-    from attnspec.diagnostics.rank_collapse import diagnose, write
-    from attnspec.diagnostics.subject import load_subject
-
-    subject = load_subject(source, overrides or ())
-    rows = diagnose(subject.spec, samples=samples, length=length, seed=seed, weights=subject.weights,
-                    inputs=subject.task_inputs(samples))
-    files = write(rows, output, f"{subject.spec.name}: relative residual by layer "
-                                f"({'trained' if subject.trained else 'initialisation'})")
-    table = Table(title="relative residual (l1,inf), mean over samples", title_justify="left")
-    variants = list(dict.fromkeys(row.variant for row in rows))
-    table.add_column("layer", justify="right")
-    for variant in variants:
-        table.add_column(variant, justify="right")
-    for layer in sorted({row.layer for row in rows}):
-        table.add_row(str(layer), *(f"{row.composite_mean:.3g}" for variant in variants for row in rows
-                                    if row.variant == variant and row.layer == layer))
-    _print_diagnostic(table, files)
-
-
-@diagnose_app.command("gates")
-def diagnose_gates(
-    source: Path = SubjectArgument,
-    output: Path = typer.Option(..., "--output", "-o", help="Directory for gates.csv/.png/.svg."),
-    samples: int = typer.Option(16, "--samples", min=1, max=4096, help="Input sequences."),
-    length: Optional[int] = typer.Option(None, "--length", min=1, help="Tokens per sequence (a spec's default: "
-                                                                       "max_len; a run uses its task's)."),
-    token: Optional[int] = typer.Option(None, "--token", min=0, help="Report the positions holding this token id "
-                                                                     "apart (default for Memory Horizon runs: the "
-                                                                     "reset token)."),
-    seed: int = InputSeedOption,
-    overrides: Optional[List[str]] = SetOption,
-) -> None:
-    """The transitions |a_t| and phases of every layer: quantiles over all positions and at a marked
-    token (GateLoop's Fig. 5: data-controlled gates close at reset tokens)."""
-    from attnspec.diagnostics.gates import default_marked_token, diagnose, write
-    from attnspec.diagnostics.subject import load_subject
-
-    subject = load_subject(source, overrides or ())
-    marked = token if token is not None else default_marked_token(subject.task)
-    inputs = subject.inputs(samples, length, seed)
-    rows, captured = diagnose(subject.model(), inputs, marked)
-    if not rows:
-        raise AttnSpecError(f"{subject.spec.name} has no state transitions to show (no mixer has a `transition`)")
-    files = write(rows, captured, inputs, marked, output, f"{subject.spec.name}: transitions "
-                                                          f"({'trained' if subject.trained else 'initialisation'})")
-    table = Table(title="|a| by layer", title_justify="left")
-    for column in ("block", "positions", "count", "mean", "p05", "p50", "p95", "mean |phase|"):
-        table.add_column(column, justify="left" if column == "positions" else "right")
-    for row in rows:
-        table.add_row(str(row.layer), row.positions, f"{row.count:,}", f"{row.magnitude_mean:.3f}",
-                      *(f"{q:.3f}" for q in row.magnitude_quantiles),
-                      "—" if row.phase_abs_mean is None else f"{row.phase_abs_mean:.3f}")
-    _print_diagnostic(table, files)
-
-
-@diagnose_app.command("paths")
-def diagnose_paths(
-    source: Path = typer.Argument(..., metavar="RUN", help="A run directory of a model of attention-only blocks "
-                                                            "with skips (e.g. from ablations/rank-collapse-paths.yaml)."),
-    output: Path = typer.Option(..., "--output", "-o", help="Directory for paths.csv/.png/.svg."),
-    samples: int = typer.Option(200, "--samples", min=1, max=4096, help="Test sequences of the run's task."),
-    subsets: Optional[List[int]] = typer.Option(None, "--subset", min=1, max=100_000,
-                                                help="Paths summed per evaluation (repeatable; default 5 and 1000, "
-                                                     "i.e. every path of a length)."),
-    repeats: int = typer.Option(5, "--repeats", min=1, max=100, help="Random subsets per length."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the path sampling."),
-) -> None:
-    """Accuracy of each attention-path length alone (Dong et al. 2021, sec. 4.3): the trained model's
-    head applied to the mean of a random subset of paths that go through that many heads."""
-    from attnspec.diagnostics.paths import isolate, write
-    from attnspec.diagnostics.subject import load_subject
-
-    subject = load_subject(source)
-    if not subject.trained:
-        raise AttnSpecError(f"{source}: path isolation measures a trained model; give a run directory "
-                            "(attnspec train / attnspec ablate)")
-    inputs, targets = subject.task.batch("test", 0, samples, subject.seed)
-    rows = isolate(subject.model(float64=True), inputs, targets, subsets=tuple(subsets or (5, 1000)),
-                   repeats=repeats, seed=seed)
-    files = write(rows, output, f"{subject.spec.name}: accuracy by attention-path length")
-    table = Table(title="test accuracy of paths of one length (mean ± std over subsets)", title_justify="left")
-    for column in ("path length", "paths", "summed", "accuracy"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        name = {-1: "full model", -2: "majority answer"}.get(row.length, str(row.length))
-        table.add_row(name, f"{row.paths:,}" if row.length != -2 else "", str(row.summed) if row.length >= 0 else "",
-                      f"{row.accuracy_mean:.3f} ± {row.accuracy_std:.3f}" if row.length >= 0
-                      else f"{row.accuracy_mean:.3f}")
-    _print_diagnostic(table, files)
-
-
-@diagnose_app.command("span")
-def diagnose_span(
-    sources: List[Path] = typer.Argument(..., metavar="RUNS...", help="Runs directories (attnspec ablate) or run "
-                                                                      "directories (attnspec train)."),
-    output: Path = typer.Option(..., "--output", "-o", help="Directory for span.csv/.png/.svg."),
-    samples: int = typer.Option(256, "--samples", min=1, max=4096, help="Test sequences of each run's task."),
-    width: int = typer.Option(16, "--bin", min=1, max=100_000, help="Width of a span bin (positions)."),
-) -> None:
-    """Accuracy against the memory span each answer needs (GateLoop's Fig. 7), per variant, mean ±
-    std over its seeds."""
-    from attnspec.diagnostics.span import diagnose, write
-    from attnspec.diagnostics.subject import load_subjects
-
-    rows = diagnose(load_subjects(sources), samples=samples, width=width)
-    files = write(rows, output, "accuracy by required memory span")
-    labels = list(dict.fromkeys(row.label for row in rows))
-    table = Table(title="test accuracy by span (mean over runs)", title_justify="left")
-    table.add_column("span", justify="right")
-    for label in labels:
-        table.add_column(label, justify="right")
-    for low, high in dict.fromkeys((row.low, row.high) for row in rows):
-        cells = {row.label: f"{row.accuracy_mean:.3f}" for row in rows if (row.low, row.high) == (low, high)}
-        table.add_row(f"{low}–{high}", *(cells.get(label, "—") for label in labels))
-    _print_diagnostic(table, files)
-
-
-@diagnose_app.command("maps")
-def diagnose_maps(
-    sources: List[Path] = typer.Argument(..., metavar="SOURCE...", help="Spec files, run directories or runs "
-                                                                        "directories (every finished run)."),
-    output: Path = typer.Option(..., "--output", "-o", help="Directory for maps.csv/.png/.svg."),
-    samples: int = typer.Option(4, "--samples", min=1, max=256, help="Input sequences (a run's test inputs)."),
-    length: Optional[int] = typer.Option(None, "--length", min=2, max=4096, help="Tokens per sequence of a spec "
-                                                                                 "(default: max_len)."),
-    window: int = typer.Option(8, "--window", min=1, max=4096, help="Positions around the diagonal counted as near."),
-    seed: int = InputSeedOption,
-) -> None:
-    """Every block's attention map on real inputs (cosFormer's Fig. 3) and how close to the diagonal
-    its weight sits: the mean distance |i - j| and the share within --window positions."""
-    from attnspec.diagnostics.maps import diagnose, write
-    from attnspec.diagnostics.subject import load_subjects
-
-    rows, maps = diagnose(load_subjects(sources), samples=samples, length=length, window=window, seed=seed)
-    files = write(rows, maps, output, window, "attention maps (head 0, mean over inputs)")
-    table = Table(title=f"locality per block, mean over heads (share of weight within {window} of the diagonal)",
-                  title_justify="left")
-    for column in ("model", "block", "mean |i - j|", "share near"):
-        table.add_column(column, justify="left" if column == "model" else "right")
-    for label, layer in dict.fromkeys((row.label, row.layer) for row in rows):
-        mine = [row for row in rows if (row.label, row.layer) == (label, layer)]
-        table.add_row(label, str(layer), f"{sum(r.mean_distance for r in mine) / len(mine):.1f}",
-                      f"{sum(r.near_diagonal for r in mine) / len(mine):.3f}")
-    _print_diagnostic(table, files)
-
-
-@diagnose_app.command("attention")
-def diagnose_attention(
-    specs: List[Path] = typer.Argument(..., metavar="SPEC...", help="Spec files; the first block's mixer of each."),
-    output: Path = typer.Option(..., "--output", "-o", help="Directory for attention_error.csv/.png/.svg."),
-    length: int = typer.Option(256, "--length", min=2, max=4096, help="Positions (the attention is L x L)."),
-    sharpness: Optional[List[float]] = typer.Option(None, "--sharpness", min=0.01, max=100,
-                                                    help="Standard deviation of the synthetic q and k (repeatable; "
-                                                         "higher: lower-entropy attention). Default 0.25 0.5 1 1.5 2 3."),
-    samples: int = typer.Option(2, "--samples", min=1, max=64, help="Synthetic q/k draws."),
-    seed: int = InputSeedOption,
-    overrides: Optional[List[str]] = SetOption,
-) -> None:
-    """Each mixer's attention matrix (run with V = I) against exact softmax attention of the same
-    synthetic q and k, by the entropy of the exact attention (Scatterbrain's Fig. 1 protocol)."""
-    from attnspec.compiler.lower import as_spec
-    from attnspec.diagnostics.attention import approximation_sweep, write
-    from attnspec.nn.model import build_model_from_spec
-
-    mixers = {}
-    for path in specs:
-        spec = as_spec(path, (*(overrides or ()), "dtype=float64", f"max_len={length}"))
-        name = spec.name if spec.name not in mixers else f"{spec.name} ({path})"
-        mixers[name] = (build_model_from_spec(spec).blocks[0].mixer, spec.d_model)
-    rows = approximation_sweep(mixers, length=length, sharpness=sharpness or [0.25, 0.5, 1, 1.5, 2, 3],
-                               samples=samples, seed=seed)
-    files = write(rows, output, f"attention error by entropy (L = {length})")
-    table = Table(title="||A - softmax||_F / ||softmax||_F (mean over heads and draws)", title_justify="left")
-    for column in ("mixer", "sharpness", "entropy", "error"):
-        table.add_column(column, justify="left" if column == "mixer" else "right")
-    for row in rows:
-        table.add_row(row.mixer, f"{row.sharpness:g}", f"{row.entropy:.2f}",
-                      f"{row.relative_error_mean:.3g} ± {row.relative_error_std:.2g}")
-    _print_diagnostic(table, files)
-
-
-@diagnose_app.command("scatterbrain")
-def diagnose_scatterbrain(
-    output: Path = typer.Option(..., "--output", "-o", help="Directory for scatterbrain.csv and its plots."),
-    qk_from: Optional[Path] = typer.Option(None, "--qk-from", metavar="RUN",
-                                           help="Use the q and k of every layer of this trained softmax run on its "
-                                                "task's test inputs instead of synthetic ones."),
-    length: int = typer.Option(256, "--length", min=8, max=4096, help="Positions of synthetic q/k."),
-    heads: int = typer.Option(4, "--heads", min=1, max=64, help="Heads of synthetic q/k."),
-    d_qk: int = typer.Option(32, "--d-qk", min=1, max=512, help="Width of synthetic q/k."),
-    sharpness: Optional[List[float]] = typer.Option(None, "--sharpness", min=0.01, max=100,
-                                                    help="Standard deviation of synthetic q and k (repeatable; "
-                                                         "default 0.25 0.5 1 1.5 2 3)."),
-    budgets: Optional[List[float]] = typer.Option(None, "--budget", min=0.001, max=1,
-                                                  help="Fraction of a row each query may spend (repeatable; "
-                                                       "default 1/32 1/16 1/8 1/4 1/2)."),
-    support: str = typer.Option("lsh", "--support", help="Sparse support: lsh (the shipped one), local, block or "
-                                                         "topk (exact, a reference)."),
-    causal: bool = typer.Option(True, "--causal/--bidirectional", help="Causal mask (synthetic q/k; a run uses "
-                                                                       "its mixer's)."),
-    samples: int = typer.Option(2, "--samples", min=1, max=256, help="Synthetic draws, or test sequences of a run."),
-    seed: int = InputSeedOption,
-) -> None:
-    """Scatterbrain's study (Chen et al. 2021): sparse alone, Performer alone and Scatterbrain at each
-    sparse:low-rank ratio (and at the ratio chosen from the entropy) against exact softmax, by budget
-    and by attention entropy."""
-    from attnspec.diagnostics import scatterbrain
-    from attnspec.diagnostics.subject import load_subject
-
-    if support not in ("lsh", "local", "block", "topk"):
-        raise AttnSpecError(f"--support {support!r}: choose lsh, local, block or topk")
-    if qk_from is not None:
-        subject = load_subject(qk_from)
-        model = subject.model(float64=True)
-        if not subject.trained or model.blocks[0].mixer.kind != "softmax":
-            raise AttnSpecError(f"{qk_from}: --qk-from takes a trained run of a softmax-attention model")
-        sets = scatterbrain.trained_sets(model, subject.inputs(samples, seed=seed))
-        causal = model.blocks[0].mixer.causal
-        title = f"{subject.spec.name}: trained q/k"
-    else:
-        sets = scatterbrain.synthetic_sets(heads=heads, d_qk=d_qk, length=length,
-                                           sharpness=sharpness or [0.25, 0.5, 1, 1.5, 2, 3], samples=samples,
-                                           seed=seed)
-        title = f"synthetic q/k (L = {length}, d_qk = {d_qk})"
-    rows = scatterbrain.study(sets, causal=causal, budgets=tuple(budgets or scatterbrain.BUDGETS),
-                              support={"kind": support})
-    files = scatterbrain.write(rows, output, title)
-    methods = list(dict.fromkeys(row.method for row in rows))
-    table = Table(title=f"||A - softmax||_F / ||softmax||_F (mean over heads and samples); SB: Scatterbrain on the "
-                        f"{support} support at a sparse:low-rank ratio", title_justify="left")
-    for column in ("q/k", "entropy", "budget", *methods):
-        header = column.replace("scatterbrain[", "SB ").replace(f"{support} ", "").rstrip("]").replace("sparse[", "sparse ")
-        table.add_column(header, justify="left" if column == "q/k" else "right", no_wrap=True)
-    for source, budget in dict.fromkeys((row.source, row.budget) for row in rows):
-        mine = {row.method: row for row in rows if (row.source, row.budget) == (source, budget)}
-        best = min(row.error_mean for row in mine.values())
-        table.add_row(source, f"{next(iter(mine.values())).entropy:.2f}", f"1/{round(1 / budget)}",
-                      *(("[bold]" if mine[m].error_mean == best else "") + f"{mine[m].error_mean:.3g}"
-                        for m in methods))
-    _print_diagnostic(table, files)
 
 
 def _launch_torchrun(nproc: int) -> None:

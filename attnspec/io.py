@@ -251,6 +251,41 @@ def json_lines(text: str) -> list[dict]:
     return records
 
 
+# ----------------------------------------------------------------------------- caches
+
+CACHE_FORMAT = 1
+MAX_CACHE_BYTES = 16 << 20
+
+
+def read_cache_file(path: Path, section: str, limit: int = MAX_CACHE_BYTES) -> dict:
+    """The ``section`` table of one of attnspec's JSON cache files (format 1); empty when the file is
+    missing, over ``limit`` bytes, damaged or of another format (a cache is rewritten, never trusted)."""
+    if not path.exists():
+        return {}
+    try:
+        data = read_json(path, limit)
+    except RunError:
+        return {}
+    table = data.get(section) if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else None
+    return table if isinstance(table, dict) else {}
+
+
+def write_cache_file(path: Path, section: str, table: dict) -> None:
+    """Replace a JSON cache file atomically (a scratch file beside it, then one rename). A cache that
+    cannot be written (a read-only or odd cache directory, a directory or link in the file's place)
+    is skipped with a warning: it only saves time, and the work it records was done."""
+    import warnings
+
+    try:
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"format": CACHE_FORMAT, section: table}, indent=1))
+    except (RunError, OSError) as error:
+        reason = str(error) if isinstance(error, RunError) else f"{path.parent}: {error.strerror}"
+        warnings.warn(f"attnspec: the cache file {path} was not written ({reason}); set ATTNSPEC_CACHE_DIR to a "
+                      "writable directory to keep measurements between runs", RuntimeWarning, stacklevel=2)
+
+
 # ----------------------------------------------------------------------------- run directories (read side)
 
 RUN_FORMAT = 1
@@ -309,4 +344,4 @@ def latest_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, P
 __all__ = ["cache_directory", "child_environment", "check_directory", "ensure_directory", "write_atomic", "write_with", "open_append",
            "open_append_binary", "open_lock", "owns_tree", "remove_tree", "read_json", "json_lines",
            "MAX_JSON_BYTES", "VERSION", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "read_run",
-           "latest_checkpoint", "is_step"]
+           "latest_checkpoint", "is_step", "read_cache_file", "write_cache_file"]

@@ -233,7 +233,7 @@ def passed_before(key: str) -> dict | None:
 
 def remember_pass(key: str, report: dict) -> None:
     """Record a passed check, signed, in the cache (merged with what other processes wrote, replaced atomically)."""
-    from attnspec.compiler.plan import write_cache_file
+    from attnspec.io import write_cache_file
 
     secret = _secret(create=True)
     if secret is None or not _valid_report(report):
@@ -291,7 +291,7 @@ def _checks_path() -> Path:
 
 
 def _read_checks() -> dict[str, dict]:
-    from attnspec.compiler.plan import read_cache_file
+    from attnspec.io import read_cache_file
 
     return {k: v for k, v in read_cache_file(_checks_path(), "checks").items() if isinstance(v, dict)}
 

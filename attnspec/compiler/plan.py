@@ -36,8 +36,8 @@ import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from attnspec.errors import BuildError, RunError
-from attnspec.io import VERSION, cache_directory, read_json, write_atomic
+from attnspec.errors import BuildError
+from attnspec.io import VERSION, cache_directory, read_cache_file, write_cache_file
 from attnspec.spec.ir import Spec, iter_blocks
 from attnspec.spec.source import format_path
 
@@ -252,8 +252,6 @@ def _ms(seconds: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------- calibration
-CACHE_FORMAT = 1
-MAX_CACHE_BYTES = 16 << 20
 MAX_REASON_CHARS = 1024
 """A calibration's reason for skipping a mode is one sentence; a longer one is not attnspec's (and would
 not fit the manifest's 4,096-character text fields)."""
@@ -330,35 +328,6 @@ class Calibration:
         machines = _read_entries(self.path)
         machines.setdefault(self.machine, {}).update(self.entries)
         write_cache_file(self.path, "machines", machines)
-
-
-def read_cache_file(path: Path, section: str, limit: int = MAX_CACHE_BYTES) -> dict:
-    """The ``section`` table of one of attnspec's JSON cache files (format 1); empty when the file is
-    missing, over ``limit`` bytes, damaged or of another format (a cache is rewritten, never trusted)."""
-    if not path.exists():
-        return {}
-    try:
-        data = read_json(path, limit)
-    except RunError:
-        return {}
-    table = data.get(section) if isinstance(data, dict) and data.get("format") == CACHE_FORMAT else None
-    return table if isinstance(table, dict) else {}
-
-
-def write_cache_file(path: Path, section: str, table: dict) -> None:
-    """Replace a JSON cache file atomically (a scratch file beside it, then one rename). A cache that
-    cannot be written (a read-only or odd cache directory, a directory or link in the file's place)
-    is skipped with a warning: it only saves time, and the work it records was done."""
-    import warnings
-
-    try:
-        if not path.parent.is_dir():
-            path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps({"format": CACHE_FORMAT, section: table}, indent=1))
-    except (RunError, OSError) as error:
-        reason = str(error) if isinstance(error, RunError) else f"{path.parent}: {error.strerror}"
-        warnings.warn(f"attnspec: the cache file {path} was not written ({reason}); set ATTNSPEC_CACHE_DIR to a "
-                      "writable directory to keep measurements between runs", RuntimeWarning, stacklevel=2)
 
 
 def _read_entries(path: Path) -> dict[str, dict]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnspec.diagnostics import OVERRIDES, SEED, Diagnostic, Parameter, Result, Table, output_option
 import torch
 from torch import Tensor
 
@@ -133,3 +134,42 @@ def write(rows: list[ApproximationRow], out: Path, title: str) -> list[Path]:
     panel.legend(fontsize=8)
     panel.set_title(title, fontsize=10)
     return [table, *save_figure(figure, out, "attention_error")]
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def run(specs: list[Path], output: Path, length: int, sharpness: list[float], samples: int, seed: int,
+        overrides: list[str]) -> Result:
+    """``attnspec diagnose attention``: the first block's mixer of each spec against exact softmax."""
+    from attnspec.compiler.lower import as_spec
+    from attnspec.nn.model import build_model_from_spec
+
+    mixers = {}
+    for path in specs:
+        spec = as_spec(path, (*overrides, "dtype=float64", f"max_len={length}"))
+        name = spec.name if spec.name not in mixers else f"{spec.name} ({path})"
+        mixers[name] = (build_model_from_spec(spec).blocks[0].mixer, spec.d_model)
+    rows = approximation_sweep(mixers, length=length, sharpness=sharpness or [0.25, 0.5, 1, 1.5, 2, 3],
+                               samples=samples, seed=seed)
+    files = write(rows, output, f"attention error by entropy (L = {length})")
+    table = [[row.mixer, f"{row.sharpness:g}", f"{row.entropy:.2f}",
+              f"{row.relative_error_mean:.3g} ± {row.relative_error_std:.2g}"] for row in rows]
+    return Result(Table("||A - softmax||_F / ||softmax||_F (mean over heads and draws)",
+                        ["mixer", "sharpness", "entropy", "error"], table, left=frozenset({"mixer"})), files)
+
+
+DIAGNOSTIC = Diagnostic(
+    "attention",
+    "Each mixer's attention matrix (run with V = I) against exact softmax attention of the same synthetic q and k, by "
+    "the entropy of the exact attention (Scatterbrain's Fig. 1 protocol).",
+    (Parameter("specs", Path, "Spec files; the first block's mixer of each.", positional=True, many=True,
+               metavar="SPEC..."),
+     output_option("attention_error.csv/.png/.svg"),
+     Parameter("length", int, "Positions (the attention is L x L).", default=256, minimum=2, maximum=4096),
+     Parameter("sharpness", float, "Standard deviation of the synthetic q and k (repeatable; higher: lower-entropy "
+                                   "attention). Default 0.25 0.5 1 1.5 2 3.", default=None, minimum=0.01, maximum=100,
+               many=True),
+     Parameter("samples", int, "Synthetic q/k draws.", default=2, minimum=1, maximum=64),
+     SEED, OVERRIDES),
+    run)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnspec.diagnostics import OVERRIDES, SEED, SUBJECT, Diagnostic, Parameter, Result, Table, output_option
 from attnspec.diagnostics.subject import forward_with_hooks
 
 QUANTILES = (0.05, 0.5, 0.95)
@@ -115,3 +116,41 @@ def default_marked_token(task: Any) -> int | None:
     if task is not None and getattr(task, "kind", None) == "memory_horizon":
         return task.max_number + 1
     return None
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def run(source: Path, output: Path, samples: int, length: int | None, token: int | None, seed: int,
+        overrides: list[str]) -> Result:
+    """``attnspec diagnose gates``: |a| by block, over all positions and at the marked token."""
+    from attnspec.diagnostics.subject import load_subject
+    from attnspec.errors import AttnSpecError
+
+    subject = load_subject(source, overrides)
+    marked = token if token is not None else default_marked_token(subject.task)
+    inputs = subject.inputs(samples, length, seed)
+    rows, captured = diagnose(subject.model(), inputs, marked)
+    if not rows:
+        raise AttnSpecError(f"{subject.spec.name} has no state transitions to show (no mixer has a `transition`)")
+    files = write(rows, captured, inputs, marked, output, f"{subject.spec.name}: transitions "
+                                                          f"({'trained' if subject.trained else 'initialisation'})")
+    table = [[str(row.layer), row.positions, f"{row.count:,}", f"{row.magnitude_mean:.3f}",
+              *(f"{q:.3f}" for q in row.magnitude_quantiles),
+              "—" if row.phase_abs_mean is None else f"{row.phase_abs_mean:.3f}"] for row in rows]
+    return Result(Table("|a| by layer", ["block", "positions", "count", "mean", "p05", "p50", "p95", "mean |phase|"],
+                        table, left=frozenset({"positions"})), files)
+
+
+DIAGNOSTIC = Diagnostic(
+    "gates",
+    "The transitions |a_t| and phases of every layer: quantiles over all positions and at a marked token (GateLoop's "
+    "Fig. 5: data-controlled gates close at reset tokens).",
+    (SUBJECT, output_option("gates.csv/.png/.svg"),
+     Parameter("samples", int, "Input sequences.", default=16, minimum=1, maximum=4096),
+     Parameter("length", int, "Tokens per sequence (a spec's default: max_len; a run uses its task's).", default=None,
+               minimum=1),
+     Parameter("token", int, "Report the positions holding this token id apart (default for Memory Horizon runs: the "
+                             "reset token).", default=None, minimum=0),
+     SEED, OVERRIDES),
+    run)

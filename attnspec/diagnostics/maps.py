@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnspec.diagnostics import SEED, Diagnostic, Parameter, Result, Table, output_option
 from attnspec.diagnostics.attention import implied_attention
 from attnspec.diagnostics.subject import mixer_inputs
 
@@ -88,3 +89,36 @@ def write(rows: list[MapRow], maps: dict[str, list[Tensor]], out: Path, window: 
         panels[row][0].set_ylabel(label, fontsize=8)
     figure.suptitle(title, fontsize=10)
     return [table, *save_figure(figure, out, "maps")]
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def run(sources: list[Path], output: Path, samples: int, length: int | None, window: int, seed: int) -> Result:
+    """``attnspec diagnose maps``: maps of every block, and the locality of each, averaged over heads."""
+    from attnspec.diagnostics.subject import load_subjects
+
+    rows, maps = diagnose(load_subjects(sources), samples=samples, length=length, window=window, seed=seed)
+    files = write(rows, maps, output, window, "attention maps (head 0, mean over inputs)")
+    table = []
+    for label, layer in dict.fromkeys((row.label, row.layer) for row in rows):
+        mine = [row for row in rows if (row.label, row.layer) == (label, layer)]
+        table.append([label, str(layer), f"{sum(r.mean_distance for r in mine) / len(mine):.1f}",
+                      f"{sum(r.near_diagonal for r in mine) / len(mine):.3f}"])
+    return Result(Table(f"locality per block, mean over heads (share of weight within {window} of the diagonal)",
+                        ["model", "block", "mean |i - j|", "share near"], table, left=frozenset({"model"})), files)
+
+
+DIAGNOSTIC = Diagnostic(
+    "maps",
+    "Every block's attention map on real inputs (cosFormer's Fig. 3) and how close to the diagonal its weight sits: "
+    "the mean distance |i - j| and the share within --window positions.",
+    (Parameter("sources", Path, "Spec files, run directories or runs directories (every finished run).",
+               positional=True, many=True, metavar="SOURCE..."),
+     output_option("maps.csv/.png/.svg"),
+     Parameter("samples", int, "Input sequences (a run's test inputs).", default=4, minimum=1, maximum=256),
+     Parameter("length", int, "Tokens per sequence of a spec (default: max_len).", default=None, minimum=2,
+               maximum=4096),
+     Parameter("window", int, "Positions around the diagonal counted as near.", default=8, minimum=1, maximum=4096),
+     SEED),
+    run)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnspec.diagnostics import Diagnostic, Parameter, Result, Table, output_option
 from attnspec.diagnostics.attention import implied_attention
 from attnspec.diagnostics.subject import block_inputs
 from attnspec.errors import AttnSpecError
@@ -243,3 +244,41 @@ def write(rows: list[PathRow], out: Path, title: str) -> list[Path]:
     panel.legend(fontsize=8)
     panel.set_title(title, fontsize=10)
     return [table, *save_figure(figure, out, "paths")]
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def run(source: Path, output: Path, samples: int, subsets: list[int], repeats: int, seed: int) -> Result:
+    """``attnspec diagnose paths``: isolate every path length of a trained run, write, tabulate."""
+    from attnspec.diagnostics.subject import load_subject
+
+    subject = load_subject(source)
+    if not subject.trained:
+        raise AttnSpecError(f"{source}: path isolation measures a trained model; give a run directory "
+                            "(attnspec train / attnspec ablate)")
+    inputs, targets = subject.task.batch("test", 0, samples, subject.seed)
+    rows = isolate(subject.model(float64=True), inputs, targets, subsets=tuple(subsets or (5, 1000)),
+                   repeats=repeats, seed=seed)
+    files = write(rows, output, f"{subject.spec.name}: accuracy by attention-path length")
+    table = [[{-1: "full model", -2: "majority answer"}.get(row.length, str(row.length)),
+              f"{row.paths:,}" if row.length != -2 else "", str(row.summed) if row.length >= 0 else "",
+              f"{row.accuracy_mean:.3f} ± {row.accuracy_std:.3f}" if row.length >= 0 else f"{row.accuracy_mean:.3f}"]
+             for row in rows]
+    return Result(Table("test accuracy of paths of one length (mean ± std over subsets)",
+                        ["path length", "paths", "summed", "accuracy"], table), files)
+
+
+DIAGNOSTIC = Diagnostic(
+    "paths",
+    "Accuracy of each attention-path length alone (Dong et al. 2021, sec. 4.3): the trained model's head applied to "
+    "the mean of a random subset of paths that go through that many heads.",
+    (Parameter("source", Path, "A run directory of a model of attention-only blocks with skips (e.g. from "
+                               "ablations/rank-collapse-paths.yaml).", positional=True, metavar="RUN"),
+     output_option("paths.csv/.png/.svg"),
+     Parameter("samples", int, "Test sequences of the run's task.", default=200, minimum=1, maximum=4096),
+     Parameter("subsets", int, "Paths summed per evaluation (repeatable; default 5 and 1000, i.e. every path of a "
+                               "length).", default=None, flags=("--subset",), minimum=1, maximum=100_000, many=True),
+     Parameter("repeats", int, "Random subsets per length.", default=5, minimum=1, maximum=100),
+     Parameter("seed", int, "Seed of the path sampling.", default=0, minimum=0)),
+    run)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnspec.diagnostics import OVERRIDES, SEED, SUBJECT, Diagnostic, Parameter, Result, Table, output_option
 from attnspec.diagnostics.subject import forward_with_hooks, random_inputs
 
 VARIANTS: dict[str, list[str]] = {
@@ -155,3 +156,34 @@ def write(rows: list[RankCollapseRow], out: Path, title: str) -> list[Path]:
     panels[0].legend(fontsize=8)
     figure.suptitle(title, fontsize=10)
     return [table, *save_figure(figure, out, "rank_collapse")]
+
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def run(source: Path, output: Path, samples: int, length: int | None, seed: int, overrides: list[str]) -> Result:
+    """``attnspec diagnose rank-collapse``: diagnose, write, and the table of every variant by layer."""
+    from attnspec.diagnostics.subject import load_subject
+
+    subject = load_subject(source, overrides)
+    rows = diagnose(subject.spec, samples=samples, length=length, seed=seed, weights=subject.weights,
+                    inputs=subject.task_inputs(samples))
+    files = write(rows, output, f"{subject.spec.name}: relative residual by layer "
+                                f"({'trained' if subject.trained else 'initialisation'})")
+    variants = list(dict.fromkeys(row.variant for row in rows))
+    table = [[str(layer), *(f"{row.composite_mean:.3g}" for variant in variants for row in rows
+                            if row.variant == variant and row.layer == layer)]
+             for layer in sorted({row.layer for row in rows})]
+    return Result(Table("relative residual (l1,inf), mean over samples", ["layer", *variants], table), files)
+
+
+DIAGNOSTIC = Diagnostic(
+    "rank-collapse",
+    "Relative residual ||X - 1 mean(X)|| / ||X|| of every layer (l1,inf composite norm and Frobenius), for the "
+    "surgery variants san, san+skip, san+mlp and transformer (Dong et al. 2021).",
+    (SUBJECT, output_option("rank_collapse.csv/.png/.svg"),
+     Parameter("samples", int, "Input sequences.", default=32, minimum=1, maximum=4096),
+     Parameter("length", int, "Tokens per sequence (default: max_len; a run uses its task's).", default=None, minimum=1),
+     SEED, OVERRIDES),
+    run)

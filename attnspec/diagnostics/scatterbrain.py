@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnspec.diagnostics import SEED, Diagnostic, Parameter, Result, Table, output_option
 from attnspec.diagnostics.attention import (approximation_error, exact_attention, implied_attention, row_entropy,
                                             synthetic_qk)
 from attnspec.diagnostics.subject import mixer_inputs
@@ -188,3 +189,69 @@ def _panels(plt, rows: list[StudyRow], groups: list, group_of, x_of, name_of, x_
     panels[0][-1].legend(fontsize=6)
     figure.suptitle(title, fontsize=10)
     return figure
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+SUPPORTS = ("lsh", "local", "block", "topk")
+
+
+def run(output: Path, qk_from: Path | None, length: int, heads: int, d_qk: int, sharpness: list[float],
+        budgets: list[float], support: str, causal: bool, samples: int, seed: int) -> Result:
+    """``attnspec diagnose scatterbrain``: the study on synthetic or trained q/k, a row per (q/k, budget)."""
+    from attnspec.diagnostics.subject import load_subject
+    from attnspec.errors import AttnSpecError
+
+    if support not in SUPPORTS:
+        raise AttnSpecError(f"--support {support!r}: choose {', '.join(SUPPORTS[:-1])} or {SUPPORTS[-1]}")
+    if qk_from is not None:
+        subject = load_subject(qk_from)
+        model = subject.model(float64=True)
+        if not subject.trained or model.blocks[0].mixer.kind != "softmax":
+            raise AttnSpecError(f"{qk_from}: --qk-from takes a trained run of a softmax-attention model")
+        sets = trained_sets(model, subject.inputs(samples, seed=seed))
+        causal = model.blocks[0].mixer.causal
+        title = f"{subject.spec.name}: trained q/k"
+    else:
+        sets = synthetic_sets(heads=heads, d_qk=d_qk, length=length, sharpness=sharpness or [0.25, 0.5, 1, 1.5, 2, 3],
+                              samples=samples, seed=seed)
+        title = f"synthetic q/k (L = {length}, d_qk = {d_qk})"
+    rows = study(sets, causal=causal, budgets=tuple(budgets or BUDGETS), support={"kind": support})
+    files = write(rows, output, title)
+    methods = list(dict.fromkeys(row.method for row in rows))
+    columns = [column.replace("scatterbrain[", "SB ").replace(f"{support} ", "").rstrip("]").replace("sparse[", "sparse ")
+               for column in ("q/k", "entropy", "budget", *methods)]
+    table, strong = [], set()
+    for source, budget in dict.fromkeys((row.source, row.budget) for row in rows):
+        mine = {row.method: row for row in rows if (row.source, row.budget) == (source, budget)}
+        best = min(row.error_mean for row in mine.values())
+        strong |= {(len(table), 3 + i) for i, method in enumerate(methods) if mine[method].error_mean == best}
+        table.append([source, f"{next(iter(mine.values())).entropy:.2f}", f"1/{round(1 / budget)}",
+                      *(f"{mine[method].error_mean:.3g}" for method in methods)])
+    return Result(Table(f"||A - softmax||_F / ||softmax||_F (mean over heads and samples); SB: Scatterbrain on the "
+                        f"{support} support at a sparse:low-rank ratio", columns, table, left=frozenset({"q/k"}),
+                        strong=frozenset(strong)), files)
+
+
+DIAGNOSTIC = Diagnostic(
+    "scatterbrain",
+    "Scatterbrain's study (Chen et al. 2021): sparse alone, Performer alone and Scatterbrain at each sparse:low-rank "
+    "ratio (and at the ratio chosen from the entropy) against exact softmax, by budget and by attention entropy.",
+    (output_option("scatterbrain.csv and its plots"),
+     Parameter("qk_from", Path, "Use the q and k of every layer of this trained softmax run on its task's test inputs "
+                                "instead of synthetic ones.", default=None, metavar="RUN"),
+     Parameter("length", int, "Positions of synthetic q/k.", default=256, minimum=8, maximum=4096),
+     Parameter("heads", int, "Heads of synthetic q/k.", default=4, minimum=1, maximum=64),
+     Parameter("d_qk", int, "Width of synthetic q/k.", default=32, minimum=1, maximum=512),
+     Parameter("sharpness", float, "Standard deviation of synthetic q and k (repeatable; default 0.25 0.5 1 1.5 2 3).",
+               default=None, minimum=0.01, maximum=100, many=True),
+     Parameter("budgets", float, "Fraction of a row each query may spend (repeatable; default 1/32 1/16 1/8 1/4 1/2).",
+               default=None, flags=("--budget",), minimum=0.001, maximum=1, many=True),
+     Parameter("support", str, "Sparse support: lsh (the shipped one), local, block or topk (exact, a reference).",
+               default="lsh"),
+     Parameter("causal", bool, "Causal mask (synthetic q/k; a run uses its mixer's).", default=True,
+               flags=("--causal/--bidirectional",)),
+     Parameter("samples", int, "Synthetic draws, or test sequences of a run.", default=2, minimum=1, maximum=256),
+     SEED),
+    run)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnspec.diagnostics import Diagnostic, Parameter, Result, Table, output_option
 from attnspec.errors import AttnSpecError
 
 
@@ -110,3 +111,32 @@ def write(rows: list[SpanRow], out: Path, title: str) -> list[Path]:
     panel.legend(fontsize=8)
     panel.set_title(title, fontsize=10)
     return [table, *save_figure(figure, out, "span")]
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def run(sources: list[Path], output: Path, samples: int, width: int) -> Result:
+    """``attnspec diagnose span``: accuracy by span bin, a column per run label."""
+    from attnspec.diagnostics.subject import load_subjects
+
+    rows = diagnose(load_subjects(sources), samples=samples, width=width)
+    files = write(rows, output, "accuracy by required memory span")
+    labels = list(dict.fromkeys(row.label for row in rows))
+    table = []
+    for low, high in dict.fromkeys((row.low, row.high) for row in rows):
+        cells = {row.label: f"{row.accuracy_mean:.3f}" for row in rows if (row.low, row.high) == (low, high)}
+        table.append([f"{low}–{high}", *(cells.get(label, "—") for label in labels)])
+    return Result(Table("test accuracy by span (mean over runs)", ["span", *labels], table), files)
+
+
+DIAGNOSTIC = Diagnostic(
+    "span",
+    "Accuracy against the memory span each answer needs (GateLoop's Fig. 7), per variant, mean ± std over its seeds.",
+    (Parameter("sources", Path, "Runs directories (attnspec ablate) or run directories (attnspec train).",
+               positional=True, many=True, metavar="RUNS..."),
+     output_option("span.csv/.png/.svg"),
+     Parameter("samples", int, "Test sequences of each run's task.", default=256, minimum=1, maximum=4096),
+     Parameter("width", int, "Width of a span bin (positions).", default=16, flags=("--bin",), minimum=1,
+               maximum=100_000)),
+    run)

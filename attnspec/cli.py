@@ -471,7 +471,7 @@ def report(
 
 
 def _print_report(directory: Path) -> None:
-    from attnspec.ablation.report import collect, summary_rows
+    from attnspec.ablation.results import collect, summary_rows
     from attnspec.sweep_display import results_table
 
     found = collect(directory)

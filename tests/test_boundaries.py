@@ -148,3 +148,9 @@ def test_the_compiler_does_not_draw():
     for path in (ROOT / "attnspec" / "compiler").glob("*.py"):
         text = path.read_text()
         assert "import rich" not in text and "from rich" not in text, path
+
+
+def test_a_sweep_s_results_are_data_without_matplotlib():
+    """The report's aggregation (attnspec.ablation.results) is testable without the renderer."""
+    modules = imported_after("from attnspec.ablation.results import collect, summary_rows")
+    assert "matplotlib" not in modules and "attnspec.ablation.report" not in modules

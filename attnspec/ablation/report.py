@@ -10,8 +10,8 @@ Reads the runs directory (:mod:`attnspec.ablation.runsdir`) and writes ``RUNS_DI
   variant (Zoology's figure), training curves, the metric against state size and parameters;
 - ``report.html``: everything above in one self-contained file (plots embedded), well-formed XML.
 
-The best learning rate of a (variant, task point) is the one with the best mean over seeds
-(Zoology's protocol); the metric is the sweep's ``metric`` or the task's own.
+What is shown is computed by :mod:`attnspec.ablation.results` (the best learning rate of each
+variant and task point, over seeds); this module only renders it.
 """
 
 from __future__ import annotations
@@ -21,100 +21,11 @@ import html
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnspec.ablation import runsdir
+from attnspec.ablation.results import Report, ResultRow, collect, lr_table, run_counts, summary_rows
 from attnspec.ablation.runsdir import params_text
-from attnspec.io import MAX_JSON_BYTES, ensure_directory, json_lines, write_atomic
-
-HIGHER_IS_BETTER = {"accuracy": True, "perplexity": False, "loss": False}
-MAX_CURVE_POINTS = 400
-
-
-@dataclass
-class RunRow:
-    """One run as the report sees it."""
-
-    key: str
-    variant: str
-    task: str
-    task_params: dict
-    seed: int
-    lr: float
-    status: str
-    metric: float | None
-    parameters: int | None
-    state_size: int | None
-    tokens_per_s: float | None
-    error: str | None = None
-    curve: list[tuple[int, float]] = field(default_factory=list, repr=False)
-
-    @property
-    def directory(self) -> str:
-        return f"runs/{self.key}"
-
-
-@dataclass
-class ResultRow:
-    """One (variant, task point) at its best learning rate."""
-
-    variant: str
-    task: str
-    task_params: dict
-    lr: float | None
-    mean: float | None
-    std: float | None
-    worst: float | None
-    """The worst seed's metric (a "black swan" seed shows here, far from the mean)."""
-    best: float | None
-    seeds: int
-    parameters: int | None
-    state_size: int | None
-    tokens_per_s: float | None
-    runs: list[str]
-    by_lr: dict[float, tuple[float | None, int]]
-    """lr -> (mean over finished seeds, finished seeds)."""
-
-
-@dataclass
-class Report:
-    """Everything the report shows, computed from a runs directory."""
-
-    directory: Path
-    sweep: dict
-    metric: str
-    runs: list[RunRow]
-    results: list[ResultRow]
-    difficulty: dict[str, str | None]
-    machine: dict
-    plots: list[str] = field(default_factory=list)
-
-    @property
-    def variants(self) -> list[str]:
-        return list(dict.fromkeys(row.variant for row in self.results))
-
-    @property
-    def tasks(self) -> list[str]:
-        return list(dict.fromkeys(row.task for row in self.results))
-
-
-def collect(directory: str | Path) -> Report:
-    """Read a runs directory into a :class:`Report` (raises RunError if it is not one)."""
-    from attnspec.ablation.sweep import Sweep, difficulty_axis
-    from attnspec.spec.source import Position, SourceMap
-    from attnspec.spec.validate import validate_model
-
-    directory = Path(directory)
-    record = runsdir.read(directory)
-    where = SourceMap(root=Position(f"{directory / runsdir.SWEEP_FILE} (its recorded sweep)"))
-    sweep = validate_model(Sweep, record["sweep"], where, what="sweep")
-    metrics = {entry.task.metric for entry in sweep.tasks}
-    metric = sweep.metric or (metrics.pop() if len(metrics) == 1 else "loss")
-    runs = [_run_row(directory, run, metric) for run in record["runs"]]
-    difficulty = {entry.name or entry.task.kind: difficulty_axis(entry) for entry in sweep.tasks}
-    machine = record.get("machine") if isinstance(record.get("machine"), dict) else {}
-    return Report(directory, record["sweep"], metric, runs, _results(runs, metric), difficulty, machine)
+from attnspec.io import ensure_directory, write_atomic
 
 
 def write_report(directory: str | Path) -> Report:
@@ -127,113 +38,6 @@ def write_report(directory: str | Path) -> Report:
     write_atomic(out / "results.md", results_markdown(report))
     write_atomic(out / "report.html", _html(report, out))
     return report
-
-
-# --------------------------------------------------------------------------- collecting
-
-
-def _run_row(directory: Path, run: dict, metric: str) -> RunRow:
-    key = run["key"]
-    estimate = {name: value for name, value in (run.get("estimate") or {}).items()
-                if isinstance(value, int) and not isinstance(value, bool)}
-    result = runsdir.result(directory, key)
-    failure = runsdir.failure(directory, key)
-    status = runsdir.state(directory, key) if runsdir.run_directory(directory, key).exists() else "new"
-    if failure is not None and status not in ("done", "diverged"):
-        status = "failed"
-    history = _metrics_lines(runsdir.run_directory(directory, key) / "metrics.jsonl")
-    speeds = [r["tokens_per_s"] for r in history if r.get("split") == "train" and isinstance(r.get("tokens_per_s"), (int, float))]
-    curve = [(r["step"], r["loss"]) for r in history if r.get("split") == "train"
-             and isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
-    if len(curve) > MAX_CURVE_POINTS:
-        stride = math.ceil(len(curve) / MAX_CURVE_POINTS)
-        curve = curve[::stride] + [curve[-1]]
-    value = result.get(metric) if result and status == "done" else None
-    finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    error = failure.get("error") if failure and status == "failed" else None
-    if status == "diverged":
-        error = runsdir.divergence(directory, key)
-    return RunRow(key, str(run.get("variant")), str(run.get("task")), dict(run.get("task_params") or {}),
-                  int(run.get("seed", 0)), float(run.get("lr", 0)), status,
-                  float(value) if finite else None, estimate.get("parameters"),
-                  estimate.get("state_size"), statistics.median(speeds[1:] or speeds) if speeds else None,
-                  str(error) if error is not None else None, curve)
-
-
-def _metrics_lines(path: Path) -> list[dict]:
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_JSON_BYTES:
-        return []
-    return [record for record in json_lines(path.read_text(errors="replace"))
-            if type(record.get("step")) is int and 0 <= record["step"] <= 1 << 40]
-
-
-def _results(runs: list[RunRow], metric: str) -> list[ResultRow]:
-    """Group runs by (variant, task point), pick the best learning rate, average over seeds."""
-    groups: dict[tuple, list[RunRow]] = {}
-    for run in runs:
-        groups.setdefault((run.variant, run.task, json.dumps(run.task_params, sort_keys=True)), []).append(run)
-    better = max if HIGHER_IS_BETTER[metric] else min
-    rows = []
-    for (variant, task, _), members in groups.items():
-        by_lr: dict[float, list[RunRow]] = {}
-        for run in members:
-            by_lr.setdefault(run.lr, []).append(run)
-        means = {lr: _mean([r.metric for r in group if r.metric is not None]) for lr, group in by_lr.items()}
-        finished = {lr: mean for lr, mean in means.items() if mean is not None}
-        best = better(finished, key=finished.get) if finished else None
-        chosen = by_lr[best] if best is not None else members
-        values = [r.metric for r in chosen if r.metric is not None]
-        speeds = [r.tokens_per_s for r in chosen if r.tokens_per_s is not None]
-        ordered = sorted(values, reverse=HIGHER_IS_BETTER[metric])  # best first
-        rows.append(ResultRow(variant, task, members[0].task_params, best, _mean(values),
-                              statistics.stdev(values) if len(values) > 1 else None,
-                              ordered[-1] if ordered else None, ordered[0] if ordered else None, len(values),
-                              members[0].parameters, members[0].state_size, _mean(speeds),
-                              [r.directory for r in chosen],
-                              {lr: (means[lr], sum(r.metric is not None for r in group)) for lr, group in by_lr.items()}))
-    return rows
-
-
-def run_counts(report: Report) -> dict[str, int]:
-    """How many runs are done, diverged, failed and unfinished."""
-    counts = {"done": 0, "diverged": 0, "failed": 0, "unfinished": 0}
-    for run in report.runs:
-        counts[run.status if run.status in counts else "unfinished"] += 1
-    return counts
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-# --------------------------------------------------------------------------- tables
-
-
-def format_value(value: float | None, std: float | None = None, metric: str = "accuracy") -> str:
-    """``0.9123 ± 0.0100`` (accuracy to 4 digits, perplexity and loss to 4 significant digits)."""
-    if value is None:
-        return "—"
-    text = f"{value:.4f}" if metric == "accuracy" else f"{value:.4g}"
-    if std is not None:
-        text += f" ± {std:.4f}" if metric == "accuracy" else f" ± {std:.3g}"
-    return text
-
-
-def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    """The headline table (header, rows): variant, task, task point, metric at best lr, lr, seeds,
-    parameters, state size, tokens/s. The CLI prints it; results.md and report.html contain it."""
-    header = ["variant", "task", "point", f"{report.metric} (mean ± std)", "worst / best seed", "best lr", "seeds",
-              "parameters", "state size", "tokens/s"]
-    rows = []
-    for row in report.results:
-        spread = f"{format_value(row.worst, None, report.metric)} / {format_value(row.best, None, report.metric)}" \
-            if row.seeds > 1 else "—"
-        rows.append([row.variant, row.task, params_text(row.task_params), format_value(row.mean, row.std, report.metric),
-                     spread, f"{row.lr:g}" if row.lr is not None else "—", str(row.seeds),
-                     f"{row.parameters:,}" if row.parameters is not None else "—",
-                     f"{row.state_size:,}" if row.state_size is not None else "—",
-                     f"{row.tokens_per_s:,.0f}" if row.tokens_per_s is not None else "—"])
-    return header, rows
 
 
 def _results_csv(report: Report, path: Path) -> None:
@@ -255,15 +59,6 @@ def _runs_csv(report: Report, path: Path) -> None:
               [[run.directory, run.variant, run.task, params_text(run.task_params), run.seed, run.lr, run.status,
                 run.metric, run.parameters, run.state_size, run.tokens_per_s, run.error or ""]
                for run in report.runs])
-
-
-def _lr_table(report: Report) -> tuple[list[str], list[list[str]]]:
-    lrs = sorted({lr for row in report.results for lr in row.by_lr})
-    header = ["variant", "task", "point", *(f"lr {lr:g}" for lr in lrs)]
-    rows = [[row.variant, row.task, params_text(row.task_params),
-             *(format_value(row.by_lr[lr][0], None, report.metric) + ("" if lr != row.lr else " *")
-               if lr in row.by_lr else "" for lr in lrs)] for row in report.results]
-    return header, rows
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -289,7 +84,7 @@ def results_markdown(report: Report) -> str:
              f"learning rate (marked * below; a diverged run is never chosen). Runs: {counts['done']} done, "
              f"{counts['diverged']} diverged, {counts['failed']} failed, {counts['unfinished']} not finished. Run "
              "directories are listed in results.csv.", "",
-             _markdown_table(*summary_rows(report)), "", "## By learning rate", "", _markdown_table(*_lr_table(report))]
+             _markdown_table(*summary_rows(report)), "", "## By learning rate", "", _markdown_table(*lr_table(report))]
     for status, title in (("diverged", "Diverged runs"), ("failed", "Failed runs")):
         listed = [run for run in report.runs if run.status == status]
         if listed:
@@ -450,7 +245,7 @@ def _html(report: Report, out: Path) -> str:
             f"<h1>{title}</h1><p>{html.escape(report.metric)} on the test set at the end of training: mean ± std "
             "over seeds at each variant's best learning rate (* in the second table). Run directories are in "
             "results.csv and runs.csv.</p>"
-            + _html_table(*summary_rows(report)) + "<h2>By learning rate</h2>" + _html_table(*_lr_table(report))
+            + _html_table(*summary_rows(report)) + "<h2>By learning rate</h2>" + _html_table(*lr_table(report))
             + (f"<h2>Diverged runs</h2><ul>{diverged}</ul>" if diverged else "")
             + (f"<h2>Failed runs</h2><ul>{failures}</ul>" if failures else "")
             + "<h2>Plots</h2>" + "".join(images)

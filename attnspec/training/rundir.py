@@ -209,3 +209,8 @@ def _check_moments(name: str, entry: dict[str, torch.Tensor], parameter: torch.T
     count = entry["step"]
     if count.numel() != 1 or not math.isfinite(float(count)) or not 0 <= float(count) <= MAX_STEP:
         raise RunError(f"{where}: its step count is not a finite step number")
+
+
+__all__ = ["FORMAT", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "STATUSES", "MAX_STEP", "is_step", "read_run",
+           "read_json", "recorded", "create", "discard_unstarted", "append_metrics", "truncate_metrics",
+           "save_checkpoint", "load_checkpoint", "restore_optimizer", "RunError"]

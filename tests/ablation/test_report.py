@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from attnspec.ablation.ablate import ablate
-from attnspec.ablation.report import RunRow, _results, write_report
+from attnspec.ablation.report import write_report
+from attnspec.ablation.results import RunRow, _results
 from tests.ablation.sweeps import sweep
 
 

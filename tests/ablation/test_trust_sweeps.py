@@ -23,7 +23,8 @@ import yaml
 
 from attnspec.ablation import runsdir
 from attnspec.ablation.ablate import ablate, plan_sweep
-from attnspec.ablation.report import collect, write_report
+from attnspec.ablation.report import write_report
+from attnspec.ablation.results import collect
 from attnspec.errors import RunError, SpecError
 from tests.ablation.sweeps import sweep, write_sweep
 from tests.conftest import ROOT

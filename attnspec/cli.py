@@ -373,6 +373,14 @@ def train(
     accumulate: Optional[int] = typer.Option(None, "--accumulate", help="Micro-batches per step."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Evaluate every N steps (0: at the end)."),
     target: Optional[float] = typer.Option(None, "--target", help="Stop when the task's metric reaches this."),
+    warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="Linear warm-up steps (default: 10% of "
+                                                                           "--steps)."),
+    test_examples: Optional[int] = typer.Option(None, "--test-examples", help="Size of the fixed test set."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Checkpoint every N steps (0: at "
+                                                                                   "each evaluation); always at the end."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="auto, float32 or bfloat16 (autocast matmuls "
+                                                                      "to bf16)."),
+    weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW weight decay."),
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the training step "
                                                                                  "(default: on CUDA only)."),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda."),
@@ -392,7 +400,9 @@ def train(
     from attnspec.training.loop import train as train_model
 
     flags = {"steps": steps, "batch_size": batch, "lr": lr, "seed": seed, "accumulate": accumulate,
-             "eval_every": eval_every, "target": target, "device": device,
+             "eval_every": eval_every, "target": target, "device": device, "warmup_steps": warmup_steps,
+             "test_examples": test_examples, "checkpoint_every": checkpoint_every, "precision": precision,
+             "weight_decay": weight_decay,
              "compile": None if compile_ is None else ("on" if compile_ else "off"),
              "tensorboard": True if tensorboard else None}
     if resume and (file or task or task_overrides or overrides or config or any(v is not None for v in flags.values())):
@@ -606,7 +616,7 @@ class _TrainingDisplay:
             if self.progress is not None:
                 self.task_id = self.progress.add_task("", total=record["steps"], completed=record["step"])
         elif event == "eval":
-            self.metric = f"test acc {record['accuracy']:.3f} ppl {record['perplexity']:.3g}"
+            self.metric = f"(test at step {record['step']}: acc {record['accuracy']:.3f} ppl {record['perplexity']:.3g})"
             out.print(f"step {record['step']}: test loss {record['loss']:.4f}, accuracy {record['accuracy']:.4f}, "
                       f"perplexity {record['perplexity']:.4g}", markup=False)
         elif event == "step":

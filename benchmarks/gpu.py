@@ -9,7 +9,7 @@ step of a shipped spec, and decoding. Needs a CUDA device; FLA is optional (its 
 Table 1 (kernels), per (D, L), forward and forward+backward, median milliseconds of CUDA-event-timed
 calls after warm-up, the candidates interleaved call by call (round-robin) so clock and thermal drift
 hit all alike:
-  * ``triton``   attnspec's Triton chunk kernels (:mod:`attnspec.ops.triton_chunk`), per-head decay;
+  * ``triton``   attnspec's Triton chunk kernels (:mod:`attnspec.ops.linear.backends.triton`), per-head decay;
   * ``compiled`` the same op inside ``torch.compile(fullgraph=True)`` (what a compiled model runs);
   * ``graph``    attnspec's graph path of the chunk mode (plain PyTorch ops) under ``torch.compile``;
   * ``fla``      FLA's ``chunk_simple_gla`` (per-head decay), the reference for the ratios;
@@ -89,7 +89,7 @@ def interleaved(calls: dict, repeats: int, warmup: int = 3) -> dict[str, float]:
 
 def kernel_candidates(B, H, L, D, backward: bool) -> dict:
     """Callables for one (D, L) cell; each returns after launching its work (timing synchronises)."""
-    from attnspec.ops import triton_chunk
+    from attnspec.ops.linear.backends import triton as triton_chunk
 
     make = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)  # noqa: E731
     q, k, v = (make(B, L, H, D) for _ in range(3))  # FLA's layout; attnspec reads it through strided views

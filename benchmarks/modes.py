@@ -12,7 +12,7 @@ mode's achieved GFLOP/s (useful multiply-adds only: the causal half of each chun
 and values, plus the state write and read) against a 2048^3 float32 matrix product measured
 in the same run, and the one-token decoding step time after prefixes of 256 and 16384.
 
-Without gradients the chunk mode runs on its CPU kernel (``attnspec/ops/native.py``); the rows
+Without gradients the chunk mode runs on its CPU kernel (``attnspec/ops/linear/backends/native.py``); the rows
 and columns marked "graph" force the graph path (what runs when gradients are needed, and in
 exported programs) in the same run, so the two can be compared.
 
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from attnspec.ops import native
+from attnspec.ops.linear.backends import native
 from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
 
 B, H, D = 1, 8, 64

@@ -16,7 +16,7 @@ for training at that batch and length) against the nanoGPT reference at the same
 means faster than softmax attention (target from L = 2048).
 
 Table 3, at L = 512 and 2048: each linear spec's training step compiled (as `attnspec train
---compile on` does) against eager, and the compile time (first compiled step).
+--compile` does) against eager, and the compile time (first compiled step).
 
 Candidates are interleaved (A B A B ...) and the median of the repeats is reported, since these
 machines are noisy.

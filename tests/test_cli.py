@@ -98,3 +98,33 @@ def test_build_and_run_errors_are_clean(tmp_path):
                       "layers[0].layers[0].mixer.mode=recurrent")
     assert result.returncode == 2 and "dynamic sequence length" in result.stderr
     assert not (tmp_path / "x").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_every_command_and_flag_the_docs_show_exists():
+    """CLI truth: each `attnspec COMMAND ... --flag` written in the README and docs is a real command and flag."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from attnspec.cli import app
+
+    runner = CliRunner()
+    commands = {"check", "schema", "fmt", "explain", "build", "verify", "run", "train", "ablate", "report", "diagnose"}
+    text = "\n".join(path.read_text() for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+    shown: dict[tuple[str, ...], set[str]] = {}
+    for match in re.finditer(r"attnspec((?: --plugin \S+)*) ([a-z-]+)(?: ([a-z-]+))?([^\n`|]*)", text):
+        command, sub, rest = match.group(2), match.group(3), match.group(4)
+        if command not in commands:
+            continue  # prose: "attnspec never ..."
+        key = (command, sub) if command == "diagnose" and sub else (command,)
+        shown.setdefault(key, set()).update(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest))
+    assert len(shown) >= 10
+    missing = []
+    for key, flags in shown.items():
+        result = runner.invoke(app, [*key, "--help"], terminal_width=200)
+        if result.exit_code != 0:
+            missing.append(f"attnspec {' '.join(key)}: no such command")
+            continue
+        options = set(re.findall(r"--[a-z][a-z0-9-]*", result.output))
+        missing += [f"attnspec {' '.join(key)} {flag}" for flag in sorted(flags - options)]
+    assert not missing, missing

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from attnspec.compiler.plan import (Calibration, MAX_BYTES, estimated_costs, mixer_signature, regime_modes)
-from attnspec.ops import native
+from attnspec.ops.linear.backends import native
 from attnspec.spec.ir import Spec, iter_blocks
 
 SLOW_FACTOR = 8.0  # a mode predicted this much slower than the fastest is not run at full length

@@ -79,7 +79,7 @@ class _Runner:
                 raise BuildError(f"{directory} was built for {manifest.device}, where its exported programs run: "
                                  f"{error}. Run it without --programs (the model rebuilt from its weights runs on "
                                  "the CPU)") from None
-            import attnspec.ops.triton_chunk  # noqa: F401  registers the op a program built on a GPU may hold
+            import attnspec.ops.linear.backends.triton  # noqa: F401  registers the op a program built on a GPU may hold
         self.model = None
         if not programs:
             from attnspec.compiler.load import load_model

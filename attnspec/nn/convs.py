@@ -34,9 +34,6 @@ class Convolutions(nn.Module):
             self.filters[name] = nn.Parameter(weight)
         self.channels = {name: channels[name] for name in self.widths}
 
-    def applies(self, name: str) -> bool:
-        return name in self.widths
-
     def forward(self, name: str, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Convolve stream ``name``: x (B, L, C), state (B, w - 1, C) or None -> (y (B, L, C), new state)."""
         if name not in self.widths:

@@ -35,6 +35,8 @@ BASES: dict[str, type] = {}
 """slot -> base class, for slots declared outside the spec IR (tasks); the IR's are ``ir.SLOT_BASES``."""
 _FIELDS: list[tuple[type, str, str]] = []
 """(IR model, field name, slot) for every field whose type is a slot union."""
+_DECLARED: list[tuple[Any, str]] = []
+"""(union, slot) for every union :func:`declare` returned."""
 ENTRY_POINT_GROUP = "attnspec.components"
 PLUGIN_ENV = "ATTNSPEC_PLUGINS"
 """The environment variable naming the plugin modules the user allows (comma-separated); child
@@ -83,7 +85,29 @@ def declare(slot: str, *members: type, default: str | None = None, base: type | 
         cls.slot = slot
     if default is not None:
         DEFAULT_KINDS[slot] = default
-    return union(slot)
+    declared = union(slot)
+    _DECLARED.append((declared, slot))
+    return declared
+
+
+def slot_of(annotation: Any) -> str | None:
+    """The slot whose union :func:`declare` returned as ``annotation``, or None."""
+    return next((slot for declared, slot in _DECLARED if declared is annotation), None)
+
+
+def slot_fields_of(models: list[type], namespace: dict[str, Any]) -> None:
+    """Record (:func:`slot_field`) every field of ``models`` annotated with a slot's union, as the class
+    bodies write it (``feature_map: FeatureMap``, ``position: Position | None``, inherited fields
+    too), the union's name looked up in ``namespace`` (the defining module's globals)."""
+    for model in models:
+        annotations = {}
+        for cls in reversed(model.__mro__):
+            annotations.update(cls.__dict__.get("__annotations__", {}))
+        for name, annotation in annotations.items():
+            text = annotation if isinstance(annotation, str) else ""
+            slot = slot_of(namespace.get(text.removesuffix(" | None").strip()))
+            if slot is not None and name in model.model_fields:
+                slot_field(model, name, slot)
 
 
 def slot_field(model: type, name: str, slot: str) -> None:

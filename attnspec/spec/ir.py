@@ -25,10 +25,9 @@ from pydantic import (
 )
 
 from attnspec.spec import limits
-from attnspec.spec.components import SLOTS, declare, kind_shorthand, slot_field
+from attnspec.spec.components import SLOTS, declare, kind_shorthand, slot_fields_of
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
 
-PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -1105,19 +1104,10 @@ class Spec(Node):
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
 
 
-# The fields that hold a slot's components, rebuilt when a plugin adds a kind to the slot, and every
-# model that embeds them, leaves first (the order :func:`attnspec.spec.components.register` rebuilds).
-for _model, _name, _slot in ((LinearLowRank, "feature_map", "feature_map"), (LinearMixer, "feature_map", "feature_map"),
-                             (LinearMixer, "reweighting", "reweighting"), (LinearMixer, "transition", "transition"),
-                             (SoftmaxMixer, "transition", "transition"), (ScatterbrainMixer, "lowrank", "lowrank"),
-                             (ScatterbrainMixer, "sparse", "sparse"), (Block, "mixer", "mixer"),
-                             (LinearMixer, "position", "position"), (SoftmaxMixer, "position", "position"),
-                             (ScatterbrainMixer, "position", "position"), (LinearMixer, "conv", "conv"),
-                             (SoftmaxMixer, "conv", "conv"), (ScatterbrainMixer, "conv", "conv"),
-                             (Spec, "position", "position"), (Block, "mlp", "mlp"),
-                             (Block, "norm", "norm"), (Spec, "final_norm", "norm")):
-    slot_field(_model, _name, _slot)
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, Residuals, Block, Group, Spec]
+"""Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
+rebuilds them in when a plugin adds a kind)."""
+slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
 SLOT_BASES = {"feature_map": FeatureMapComponent, "reweighting": ReweightingComponent,
               "transition": TransitionComponent, "lowrank": LowRankComponent, "sparse": SparseComponent,
               "mixer": _MixerBase, "mlp": ChannelMixerComponent, "norm": NormComponent,

@@ -109,10 +109,6 @@ class TrainConfig(Node):
 
 slot_field(TrainConfig, "task", "task")
 
-FLAG_FIELDS = ("steps", "batch_size", "lr", "seed", "accumulate", "eval_every", "target", "compile", "precision",
-               "device", "checkpoint_every", "test_examples", "tensorboard")
-"""Configuration fields the CLI exposes as flags (``--steps``, ``--batch``, ...)."""
-
 
 def load_config(file: Path | str | dict | None = None, *, task: str | None = None, task_overrides: Iterable[str] = (),
                 **flags: Any) -> TrainConfig:

@@ -104,7 +104,7 @@ def test_built_is_marked_constant_exactly_as_torch_would():
     the one torch's decorator sets."""
     import torch._dynamo
 
-    from attnspec.ops import native
+    from attnspec.ops.linear.backends import native
 
     marked = torch._dynamo.assume_constant_result(lambda: True)
     assert set(vars(marked)) == {"_dynamo_marked_constant"} and native.built._dynamo_marked_constant is True

@@ -24,7 +24,7 @@ from attnspec.ops.linear import MODES, linear_attention
 from attnspec.ops.linear.naive import linear_attention_reference
 from attnspec.ops.support import local_support
 from tests.conftest import DEVICES
-from tests.ops.reference import softmax_reference
+from attnspec.ops.softmax.naive import softmax_reference
 
 ROUNDOFF = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11}
 HALF = list(ROUNDOFF)

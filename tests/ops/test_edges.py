@@ -11,7 +11,8 @@ import torch
 
 import attnspec
 from attnspec.errors import ShapeError
-from attnspec.ops import MODES, linear_attention, native, scatterbrain_attention, softmax_attention
+from attnspec.ops import MODES, linear_attention, scatterbrain_attention, softmax_attention
+from attnspec.ops.linear.backends import native
 from attnspec.ops.support import local_support
 from tests.conftest import ROOT
 

@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from attnspec.errors import ShapeError
-from attnspec.ops import MODES, linear_attention, native
+from attnspec.ops import MODES, linear_attention
+from attnspec.ops.linear.backends import native
 from attnspec.ops.linear import PairState, chunk_scan
 from attnspec.ops.linear.chunk import _quadratic_scan
 from tests.conftest import DEVICES
-from tests.ops.reference import linear_attention_reference
+from attnspec.ops.linear.naive import linear_attention_reference
 
 DECAYS = ["none", "head-real", "head-complex", "channel-real", "channel-complex"]
 

@@ -1,4 +1,4 @@
-"""The chunk mode's CPU kernel (attnspec.ops.native) against the float64 reference, and when it is used.
+"""The chunk mode's CPU kernel (attnspec.ops.linear.backends.native) against the float64 reference, and when it is used.
 
 Tolerance: float32 within 1e-4 relative RMS of the float64 reference, as for every float32 mode
 (test_linear_attention.py): the kernel sums the same O(C + Dk) terms per entry in float32, with
@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from attnspec.errors import ShapeError
-from attnspec.ops import Decay, linear_attention, native
+from attnspec.ops import Decay, linear_attention
+from attnspec.ops.linear.backends import native
 from attnspec.ops.linear import LOG_ZERO
-from attnspec.ops.native import NativeBuildError, build, forward_into, load
-from tests.ops.reference import linear_attention_reference
+from attnspec.ops.linear.backends.native import NativeBuildError, build, forward_into, load
+from attnspec.ops.linear.naive import linear_attention_reference
 
 TOLERANCE = 1e-4
 

@@ -32,7 +32,7 @@ from attnspec.ops.linear import linear_attention
 from attnspec.ops.linear.naive import linear_attention_reference
 from tests.conftest import DEVICES, ROOT
 
-triton_chunk = pytest.importorskip("attnspec.ops.triton_chunk")
+triton_chunk = pytest.importorskip("attnspec.ops.linear.backends.triton")
 pytestmark = pytest.mark.skipif(not triton_chunk.available(), reason="Triton is not installed (pip install triton)")
 
 TOLERANCE = {torch.float32: 5e-6, torch.bfloat16: 2 ** -5, torch.float16: 2 ** -8}
@@ -203,7 +203,7 @@ def test_compile_and_export_trace_the_kernels_without_a_gpu():
     process where the kernels are real Triton kernels, not interpreted ones."""
     script = textwrap.dedent("""
         import torch
-        from attnspec.ops import triton_chunk
+        from attnspec.ops.linear.backends import triton as triton_chunk
         graphs = []
         class NotRun(Exception):
             pass

@@ -16,11 +16,11 @@
   into a sum, Inductor then fails to see that the chunked views are plain reshapes and copies every
   bmm operand.
 * Without gradients (inference), float32 on the CPU, no decay or one real or complex decay per head:
-  a fused C++ kernel (:mod:`attnspec.ops.native`) computes the same chunks with one thread per head
+  a fused C++ kernel (:mod:`attnspec.ops.linear.backends.native`) computes the same chunks with one thread per head
   walking its chunks in order, about 2x faster than the compiled graph path at L = 8192. It has no
   backward, so training takes the graph path; exported programs do too, so they load without attnspec.
 * On CUDA, in float32, bfloat16 or float16 with no decay or one decay per head: Triton kernels
-  (:mod:`attnspec.ops.triton_chunk`), forward and backward, registered as a traceable op, so compiled
+  (:mod:`attnspec.ops.linear.backends.triton`), forward and backward, registered as a traceable op, so compiled
   and exported programs keep them.
 """
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnspec.ops import native
+from attnspec.ops.linear.backends import native
 from attnspec.ops.linear.scan import inclusive_scan, scan_steps
 from attnspec.ops.linear.common import (LOG_ZERO, Decay, PairState, _add, _at_first, _decay_state, _read_state,
                                         _rotate, _rotate_state, _segsum, _phase_cumsum, _phase_segsum,
@@ -38,7 +38,7 @@ from attnspec.ops.linear.common import (LOG_ZERO, Decay, PairState, _add, _at_fi
 
 def _native_chunk_applies(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None,
                           causal: bool, mode: str) -> bool:
-    """Whether the chunk mode runs on the CPU kernel (:mod:`attnspec.ops.native`) rather than the graph path.
+    """Whether the chunk mode runs on the CPU kernel (:mod:`attnspec.ops.linear.backends.native`) rather than the graph path.
 
     The kernel covers float32 CPU inputs with no decay or one real or complex decay per head, and
     has no backward, so it is used only when no gradient is needed. Exported programs always take the
@@ -69,21 +69,21 @@ def _native_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initia
 
 
 def _triton_chunk_applies(q: Tensor, decay: Decay | None, causal: bool, mode: str) -> bool:
-    """Whether the chunk mode runs on the Triton kernels (:mod:`attnspec.ops.triton_chunk`): CUDA inputs
+    """Whether the chunk mode runs on the Triton kernels (:mod:`attnspec.ops.linear.backends.triton`): CUDA inputs
     in float32, bfloat16 or float16 with no decay or one real or complex decay per head. They have a
     backward and stay inside compiled and exported programs, so they serve training and export too."""
     if mode != "chunk" or not causal or q.device.type != "cuda":
         return False
     if decay is not None and decay.log_mag.shape[-1] != 1:
         return False
-    from attnspec.ops import triton_chunk  # imports Triton: only ever on a CUDA device
+    from attnspec.ops.linear.backends import triton as triton_chunk  # imports Triton: only ever on a CUDA device
     return triton_chunk.supports(q)
 
 
 def _triton_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None, scale: float,
                     chunk_size: int, out_dtype: torch.dtype) -> tuple[Tensor, PairState]:
     """The chunk mode on the Triton kernels; per-head decays ``(B, H, L, 1)`` go in as ``(B, H, L)``."""
-    from attnspec.ops import triton_chunk
+    from attnspec.ops.linear.backends import triton as triton_chunk
 
     log_mag = phase = None
     if decay is not None:

@@ -1,0 +1,33 @@
+"""The float64 reference of :func:`attnspec.ops.softmax.softmax_attention`, written with loops (slow,
+obvious): explicit scores, the causal mask or the decay bias summed position by position, softmax."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None = None, *, causal: bool = True,
+                      scale: float | None = None) -> Tensor:
+    """``softmax(scale q kᵀ + bias) v`` with ``bias[i, j] = sum_{s=j+1..i} log_a[s]`` (by loops) for j <= i.
+
+    Args:
+        q, k: ``(B, H, L, Dk)``; v: ``(B, H, L, Dv)``; log_a: ``(B, H, L)`` or None.
+        causal: mask j > i (implied by ``log_a``).
+        scale: default ``Dk ** -0.5``.
+
+    Returns:
+        ``(B, H, L, Dv)``.
+    """
+    L = q.shape[2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = scale * q @ k.transpose(-1, -2)
+    if log_a is not None:
+        bias = torch.full_like(scores, float("-inf"))
+        for i in range(L):
+            for j in range(i + 1):
+                bias[:, :, i, j] = log_a[:, :, j + 1: i + 1].sum(-1)
+        scores = scores + bias
+    elif causal:
+        scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v

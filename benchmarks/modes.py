@@ -1,8 +1,14 @@
-"""Speed of the modes of causal gated linear attention against PyTorch's causal SDPA.
+"""Speed of the modes of causal gated linear attention against PyTorch's causal SDPA, and of the delta rule.
 
-    python benchmarks/modes.py                 # the full table (about 15 minutes on 2 cores)
+    python benchmarks/modes.py                 # the full table (about 25 minutes on 2 cores)
     python benchmarks/modes.py --quick         # L = 256 and 2048 only
     python benchmarks/modes.py --throughput    # only the chunk mode's GFLOP/s and the decode step
+    python benchmarks/modes.py --delta         # only the delta rule's table
+
+The delta rule's table (Gated DeltaNet: one gate per head, unit-norm keys, beta in [0, 1]) times
+its chunk, recurrent and quadratic modes, forward and forward+backward, eager, at L 1K to 16K, with
+gated linear attention's graph-path chunk mode at the same sizes as the baseline; the candidates of
+a length are measured in interleaved rounds (these machines drift) and the medians compared.
 
 For B=1, H=8, Dk=Dv=64, float32 and a per-head data-dependent decay, it times forward and
 forward+backward of every mode, eager and compiled (torch.compile, dynamic=True), and
@@ -150,11 +156,70 @@ def decode_step_seconds(prefixes: tuple[int, ...], repeats: int, rounds: int = 5
     return [statistics.median(times) for times in samples]
 
 
+DELTA_LIMITS = {"recurrent": 4096, "quadratic": 2048}
+"""The delta rule's modes that would not finish in minutes beyond these lengths (recurrent: a Python
+loop per position, about 13 s forward+backward at 4096; quadratic: L x L solves)."""
+
+
+def delta_inputs(L: int, grad: bool):
+    q, k, v, log_a = inputs(L)
+    generator = torch.Generator().manual_seed(L + 1)
+    beta = torch.rand(B, H, L, generator=generator)
+    return [t.detach().requires_grad_(grad) for t in (q, F.normalize(k, dim=-1), v, beta, log_a)]
+
+
+def delta_table(lengths: list[int], rounds: int, console: Console) -> None:
+    """The delta rule's modes and gated linear attention's graph-path chunk mode, interleaved per length."""
+    from attnspec.ops.delta import delta_rule
+
+    candidates = {"GLA chunk (graph)": lambda q, k, v, beta, log_a: linear_attention(q, k, v, log_a, mode="chunk")}
+    for mode in ("chunk", "recurrent", "quadratic"):
+        candidates[f"delta {mode}"] = (lambda mode: lambda q, k, v, beta, log_a: delta_rule(
+            q, k, v, beta, log_a, mode=mode, chunk_size=64, max_length=MAX_LENGTH))(mode)
+    for backward in (False, True):
+        table = Table(title=f"delta rule, {'forward + backward' if backward else 'forward'}, eager: ms "
+                            "(x) = GLA chunk time / this time")
+        table.add_column("mode")
+        for L in lengths:
+            table.add_column(f"L={L}", justify="right")
+        cells: dict[str, list[str]] = {name: [] for name in candidates}
+        for L in lengths:
+            runnable = {name: fn for name, fn in candidates.items()
+                        if L <= DELTA_LIMITS.get(name.removeprefix("delta "), L)}
+            samples: dict[str, list[float]] = {name: [] for name in runnable}
+            args = delta_inputs(L, backward)
+            for _ in range(rounds):  # interleaved: a slow moment hits every candidate alike
+                for name, fn in runnable.items():
+                    samples[name].append(_delta_seconds(fn, args, backward))
+            medians = {name: statistics.median(times) for name, times in samples.items()}
+            for name in candidates:
+                if name not in medians:
+                    cells[name].append("n/a")
+                else:
+                    base = medians["GLA chunk (graph)"]
+                    cells[name].append(f"{medians[name] * 1e3:.0f} ({base / medians[name]:.2f}x)")
+        for name, row in cells.items():
+            table.add_row(name, *row)
+        console.print(table)
+
+
+def _delta_seconds(fn, args, backward: bool) -> float:
+    with native.disabled(), torch.set_grad_enabled(backward):
+        start = time.perf_counter()
+        out = fn(*args)
+        if backward:
+            out.sum().backward()
+            for t in args:
+                t.grad = None
+        return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="only L = 256 and 2048")
     parser.add_argument("--throughput", action="store_true",
                         help="only the chunk mode's throughput table and the decode step (about 3 minutes)")
+    parser.add_argument("--delta", action="store_true", help="only the delta rule's table")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--glibc-defaults", action="store_true",
                         help="keep glibc's allocator defaults (freed big blocks go back to the OS; see the docstring)")
@@ -179,6 +244,9 @@ def main() -> None:
                  ("scan", "compiled", compiled["scan"], False), ("quadratic", "compiled", compiled["quadratic"], False),
                  ("sdpa", "compiled", torch.compile(sdpa, fullgraph=True, dynamic=True), False)]
 
+    if args.delta:
+        delta_table([1024, 2048, 4096, 8192, 16384] if not args.quick else [1024, 4096], max(3, args.repeats), console)
+        return
     for backward in (False, True):
         if args.throughput:
             break
@@ -218,6 +286,8 @@ def main() -> None:
                       f"{graph:.1f}", f"{100 * graph / rate:.0f}%")
     console.print(table)
 
+    if not args.throughput:
+        delta_table([1024, 2048, 4096, 8192, 16384], max(3, args.repeats), console)
     short, long = decode_step_seconds((256, 16384), args.repeats)
     console.print(f"decode step: prefix 256 {short * 1e6:.1f} us, prefix 16384 {long * 1e6:.1f} us, "
                   f"ratio {long / short:.2f}")

@@ -91,6 +91,7 @@ def test_verify_a_spec_prints_the_table_and_succeeds():
     assert "quadratic" in result.stdout and "yes" in result.stdout and "NO" not in result.stdout
 
 
+@pytest.mark.slow
 def test_build_and_run_errors_are_clean(tmp_path):
     result = attnspec("run", str(tmp_path), "--tokens", "1 2")
     assert result.returncode == 2 and "not a build directory" in result.stderr and "Traceback" not in result.stderr

@@ -36,6 +36,8 @@ import attnspec
 from attnspec.errors import AttnSpecError
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # 300 damaged inputs, about a minute
+
 SEED = 20261123
 HANG_SECONDS = 30
 SPEC = ROOT / "specs" / "softmax-transformer.yaml"

@@ -19,6 +19,8 @@ from attnspec.ablation.ablate import ablate, plan_sweep
 from attnspec.training.rundir import RunError
 from tests.ablation.sweeps import sweep, write_sweep
 
+pytestmark = pytest.mark.slow  # sweeps run in worker processes
+
 
 def _results(directory: Path) -> dict[str, dict]:
     return {path.parent.name: json.loads(path.read_text()) for path in (directory / "runs").glob("*/result.json")}

@@ -48,6 +48,7 @@ def reported(tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_report_files_link_every_number_to_its_runs(reported: Path):
     out = reported / "report"
     rows = list(csv.DictReader((out / "results.csv").open()))
@@ -65,6 +66,7 @@ def test_report_files_link_every_number_to_its_runs(reported: Path):
     assert "torch " in markdown and "attnspec " in markdown
 
 
+@pytest.mark.slow
 def test_plots_are_png_and_svg_and_the_html_embeds_every_one(reported: Path):
     plots = reported / "report" / "plots"
     names = sorted(path.stem for path in plots.glob("*.png"))
@@ -80,6 +82,7 @@ def test_plots_are_png_and_svg_and_the_html_embeds_every_one(reported: Path):
     assert len(list(root.iter("table"))) == 2
 
 
+@pytest.mark.slow
 def test_report_command_rewrites_the_report_and_refuses_other_directories(reported: Path, tmp_path: Path):
     (reported / "report" / "results.md").unlink()
     result = subprocess.run([sys.executable, "-m", "attnspec", "report", str(reported)], capture_output=True, text=True,
@@ -98,6 +101,7 @@ def test_report_command_rewrites_the_report_and_refuses_other_directories(report
     lambda record: record["runs"][0].update(key="../../etc"),
     lambda record: record.update(format=2),
 ])
+@pytest.mark.slow
 def test_a_corrupt_runs_file_is_a_clear_error(reported: Path, tmp_path: Path, corrupt):
     import json
     import shutil

@@ -14,6 +14,8 @@ import yaml
 import attnspec
 from attnspec.ablation.ablate import plan_sweep
 
+pytestmark = pytest.mark.slow  # every shipped sweep run end to end at CI size
+
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((ROOT / "ablations").glob("*.yaml"))
 

@@ -29,6 +29,8 @@ from attnspec.errors import RunError, SpecError
 from tests.ablation.sweeps import sweep, write_sweep
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # sweeps run in worker processes, torchrun and Ray
+
 ONE_RUN = {"variants": {"softmax": {}}}
 
 

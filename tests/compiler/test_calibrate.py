@@ -22,6 +22,7 @@ def _first_mixer(spec):
     return iter_blocks(spec, expand=True)[0][1].mixer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("regime, batch, length", [("inference", 1, 256), ("training", 4, 128)])
 @pytest.mark.parametrize("path", AUTO_SPECS, ids=lambda p: p.stem)
 def test_chosen_mode_is_within_1_5x_of_the_fastest_measured(path, regime, batch, length, tmp_path):

@@ -108,6 +108,7 @@ def test_isolation_reports_every_length_and_the_references():
     assert rows[-2].accuracy_mean == pytest.approx(float(full))
 
 
+@pytest.mark.slow
 def test_paths_command_on_a_trained_sort_run(tmp_path: Path):
     run = tmp_path / "run"
     attnspec.train(_san_skip({"kind": "softmax"}, depth=2), output=run, task="sort", steps=3, batch_size=8,

@@ -60,6 +60,7 @@ def test_per_sublayer_residual_flags():
     assert torch.allclose(block(x), mixed + block.mlp(mixed))  # no skip around the mixer, one around the MLP
 
 
+@pytest.mark.slow
 def test_a_trained_run_is_diagnosed_with_its_weights_and_its_task(tmp_path: Path):
     run = tmp_path / "run"
     attnspec.train(ROOT / "specs" / "softmax-transformer.yaml", output=run, task="mqar", steps=3, batch_size=4,

@@ -63,6 +63,7 @@ def test_the_entropy_row_is_the_row_of_the_ratio_the_entropy_picks(topk_rows):
         assert {"performer", "sparse[topk]", *(f"scatterbrain[topk {a}:{b}]" for a, b in RATIOS)} < set(mine)
 
 
+@pytest.mark.slow
 def test_scatterbrain_command_on_synthetic_and_trained_q_k(tmp_path: Path):
     command = [sys.executable, "-m", "attnspec", "diagnose", "scatterbrain"]
     synthetic = subprocess.run([*command, "-o", str(tmp_path / "s"), "--length", "32", "--heads", "1", "--d-qk", "8",

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import attnspec
@@ -45,6 +46,7 @@ def test_every_answer_falls_in_one_bin():
     assert all(correct == answers for correct, answers in counts)
 
 
+@pytest.mark.slow
 def test_span_command_groups_a_sweep_by_variant(tmp_path: Path):
     sweep = {"name": "span", "base": str(ROOT / "specs" / "gateloop.yaml"),
              "set": {"layers[0].repeat": 1, "max_len": 32, "blocks[*].mixer.heads": 4,

@@ -99,6 +99,7 @@ def test_gates_at_zero_and_one_and_beta_at_its_limits(gate):
     assert torch.allclose(after[:, :, 5:], delta_rule(q, k, v, beta, log_a, chunk_size=16)[:, :, 5:], atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gate", GATES)
 def test_a_very_long_sequence_is_finite_and_equals_the_recurrence_on_a_slice(gate):
     """L = 65536 in chunk mode; the outputs of a slice equal the recurrent mode run from the chunk

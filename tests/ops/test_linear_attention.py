@@ -211,6 +211,7 @@ def test_reset_at_zero_transition_forgets_the_past(mode):
         assert torch.isfinite(g).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("magnitude", [(0.999, 0.99999), (1e-30, 1e-3)], ids=["near-1", "near-0"])
 @pytest.mark.parametrize("mode", ["chunk", "recurrent"])
 def test_long_sequence_is_finite(mode, magnitude):

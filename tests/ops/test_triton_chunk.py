@@ -32,6 +32,8 @@ from attnspec.ops.linear import linear_attention
 from attnspec.ops.linear.naive import linear_attention_reference
 from tests.conftest import DEVICES, ROOT
 
+pytestmark = pytest.mark.slow  # Triton's CPU interpreter: 25-50 s in all
+
 triton_chunk = pytest.importorskip("attnspec.ops.linear.backends.triton")
 pytestmark = pytest.mark.skipif(not triton_chunk.available(), reason="Triton is not installed (pip install triton)")
 

@@ -127,6 +127,7 @@ def malformed_specs(count: int = COUNT, seed: int = SEED):
             yield fmt, _dump(rng, fmt, _mutate_data(rng, rng.choice(datas)))
 
 
+@pytest.mark.slow
 def test_every_malformed_spec_is_a_located_spec_error():
     counts = {"valid": 0, "invalid": 0}
     for n, (fmt, text) in enumerate(malformed_specs()):

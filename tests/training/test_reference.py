@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 import attnspec
@@ -28,6 +29,7 @@ BUDGET = {"batch_size": 64, "lr": 1e-3, "warmup_steps": 100, "weight_decay": 0.1
 MAX_STEPS = 1500
 
 
+@pytest.mark.slow
 def test_softmax_spec_solves_mqar_within_1_2x_the_reference_steps(record_property):
     task = load_config(task="mqar", task_overrides=TASK).task
     torch.manual_seed(0)

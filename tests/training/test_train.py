@@ -89,6 +89,7 @@ def test_a_task_that_does_not_fit_the_spec_is_a_located_error_and_writes_nothing
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_trained_model_exports_and_the_exported_program_predicts_like_it(tmp_path):
     run = _tiny_run(tmp_path / "run", steps=30)
     result = subprocess.run([sys.executable, "-m", "attnspec", "build", str(tmp_path / "run"), "-o",
@@ -113,6 +114,7 @@ def test_trained_model_exports_and_the_exported_program_predicts_like_it(tmp_pat
         json.loads((tmp_path / "build" / "manifest.json").read_text())["files"]["model.safetensors"]["sha256"]
 
 
+@pytest.mark.slow
 def test_cli_train_errors_exit_2_without_a_traceback(tmp_path):
     cases = [
         ["train", str(SPECS / "softmax-transformer.yaml"), "--task", "mqqar", "-o", str(tmp_path / "a")],
@@ -126,6 +128,7 @@ def test_cli_train_errors_exit_2_without_a_traceback(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_data_parallel_gloo_matches_one_process(tmp_path):
     """2 gloo processes with the global batch of one: the same losses in float64 over 10 steps."""
     args = ["train", str(SPECS / "softmax-transformer.yaml"), *sum((["--set", s] for s in
@@ -181,6 +184,7 @@ def test_tensorboard_event_files_hold_the_metrics(tmp_path):
     assert [e.step for e in events.Scalars("test/accuracy")] == [5, 10]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_losses(tmp_path):
     """SIGKILL at an arbitrary moment after the first checkpoint; --resume continues from the latest
     checkpoint (later lines of metrics.jsonl are dropped) and ends with the same losses."""
@@ -229,6 +233,7 @@ def test_bfloat16_autocast_trains(tmp_path):
     assert all(math.isfinite(loss) for loss in run.losses) and run.losses[-1] < run.losses[0]
 
 
+@pytest.mark.slow
 def test_build_with_weights_file(tmp_path):
     _tiny_run(tmp_path / "run", steps=5)
     weights = next((tmp_path / "run" / "checkpoints").iterdir()) / "model.safetensors"

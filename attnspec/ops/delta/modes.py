@@ -145,8 +145,9 @@ def _within_chunks(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_a: Tensor 
 def _apply_in_order(m: Tensor, n_: Tensor, state: Tensor) -> Tensor:
     """The state after each chunk, ``S_c = M_c S_(c-1) + N_c`` from ``state``, chunk by chunk: ``(B, H, n, Dk, Dv)``."""
     after = []
-    for index in range(m.shape[2]):
-        state = batched_matmul(m[:, :, index], state) + n_[:, :, index]
+    # unbind, not m[:, :, c]: the backward of n indexings would write n full-size gradients (quadratic in L)
+    for m_c, n_c in zip(m.unbind(2), n_.unbind(2)):
+        state = torch.matmul(m_c, state) + n_c
         after.append(state)
     return torch.stack(after, dim=2)
 

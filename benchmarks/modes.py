@@ -231,7 +231,8 @@ def main() -> None:
     lengths = [256, 2048] if args.quick else [256, 1024, 2048, 4096, 8192, 16384]
     console = Console(width=150)
     console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, allocator: {allocator}; B={B} H={H} "
-                  f"Dk=Dv={D} float32, per-head decay; times in ms, (x) = SDPA time / this time")
+                  f"Dk=Dv={D} float32, per-head decay; times in ms" + ("" if args.delta else
+                                                                         ", (x) = SDPA time / this time"))
     # (name, how, function, forward only). Without gradients the chunk mode runs on its CPU kernel;
     # "graph" rows force the graph path, which is also what every fwd+bwd chunk row runs.
     compiled = {mode: torch.compile(gla(mode), fullgraph=True, dynamic=True) for mode in ("chunk", "scan", "quadratic")}

@@ -527,10 +527,11 @@ def _diagnostic_command(declared):
                                             annotation=kind))
         annotations[parameter.name] = kind
 
+    repeated = {parameter.name for parameter in declared.parameters if parameter.many}
+
     def command(**values) -> None:
-        values = {name: ([] if value is None else value) if many else value for (name, value), many in
-                  zip(values.items(), (p.many for p in declared.parameters))}
-        result = declared.run(**values)
+        result = declared.run(**{name: [] if value is None and name in repeated else value
+                                 for name, value in values.items()})
         out.print(_rich_table(result.table))
         out.print(f"wrote {', '.join(str(f) for f in result.files)}", markup=False)
 

@@ -1,4 +1,4 @@
-"""Sequence mixers built from IR nodes: ``linear``, ``softmax`` and ``scatterbrain``.
+"""Sequence mixers built from IR nodes: ``linear``, ``softmax``, ``scatterbrain`` and ``delta``.
 
 Every mixer maps ``x`` of shape (B, L, d_model) to (B, L, d_model). ``forward(x, mode=None)``
 runs the whole sequence in ``self.mode`` (set by the compiler's plan) or the given mode.
@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from attnspec.errors import ShapeError
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import build, register
+from attnspec.ops.delta import delta_rule, delta_step
 from attnspec.ops.linear import Decay, PairState, combine_decays, linear_attention, recurrent_step
 from attnspec.ops.scatterbrain import scatterbrain_attention
 from attnspec.ops.softmax import softmax_attention
@@ -237,3 +238,59 @@ class ScatterbrainMixer(Mixer):
 
     def regularization_loss(self) -> Tensor | None:
         return self.features.regularization_loss()
+
+
+@register("mixer", "delta")
+class DeltaMixer(Mixer):
+    """The delta rule (DeltaNet, Gated DeltaNet, KDA) on L2-normalised q and k; see the IR's DeltaMixer."""
+
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+        self.beta_scale = 2.0 if node.beta == "2sigmoid" else 1.0
+        self.beta_proj = nn.Linear(d_model, self.heads, bias=False)
+        self.decay_kind = node.gate  # (Mixer.gate_kind is the output gate's)
+        if node.gate != "none":
+            width = self.heads if node.gate == "head" else self.heads * self.d_qk
+            generator = torch.Generator().manual_seed(seed + 104729)
+            self.a_proj = nn.Linear(d_model, width, bias=False)
+            low, high = node.a_init
+            self.A_log = nn.Parameter(torch.log(torch.empty(width).uniform_(low, high, generator=generator)))
+            low, high = node.dt_init
+            dt = torch.exp(torch.empty(width).uniform_(math.log(low), math.log(high), generator=generator))
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+
+    def _inputs(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None):
+        """q, k (B, H, L, d_qk) unit-norm, v (B, H, L, d_v), beta (B, H, L), log_a (B, H, L[, d_qk]) or None,
+        and the convolutions' new state."""
+        q, k, v, conv_state = self._project(x, offset, conv_state)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        beta = self.beta_scale * torch.sigmoid(_full_precision(self.beta_proj(x))).transpose(1, 2)
+        log_a = None
+        if self.decay_kind != "none":
+            rate = F.softplus(_full_precision(self.a_proj(x)) + self.dt_bias)  # (B, L, width)
+            log_a = -torch.exp(self.A_log) * rate
+            B, L = x.shape[:2]
+            log_a = log_a.transpose(1, 2) if self.decay_kind == "head" else \
+                log_a.view(B, L, self.heads, self.d_qk).transpose(1, 2)
+        return q, k, v, beta, log_a, conv_state
+
+    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        mode = self._checked_mode(mode)
+        q, k, v, beta, log_a, _ = self._inputs(x)
+        o = delta_rule(q, k, v, beta, log_a, mode=mode, scale=self.scale, chunk_size=self.chunk_size,
+                       max_length=self.max_len)
+        return self._output(o, x)
+
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
+        """Zero state: the delta state (batch, H, d_qk, d_v), then one (batch, w - 1, C) tensor per convolved stream."""
+        zeros = torch.zeros(batch, self.heads, self.d_qk, self.d_v, dtype=dtype, device=device)
+        return (zeros,) + self.conv.init_state(batch, dtype, device)
+
+    def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One token: ``x_t`` (B, d_model), ``position`` (B,) 0-based -> (y_t (B, d_model), new state)."""
+        x = x_t.unsqueeze(1)
+        q, k, v, beta, log_a, conv_state = self._inputs(x, position, state[1:])
+        o, delta_state = delta_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0],
+                                    None if log_a is None else log_a[:, :, 0], state[0], scale=self.scale)
+        y = self._output(o.unsqueeze(2), x)
+        return y[:, 0], (delta_state,) + conv_state

@@ -915,7 +915,52 @@ class ScatterbrainMixer(_MixerBase):
             yield ("sparse", field), f"{split} gives {field} = {expected}, not {value}; remove {field} or the budget"
 
 
-Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer)
+class DeltaMixer(_MixerBase):
+    """The delta rule: S_t = (I - beta_t k_t k_tᵀ) diag(a_t) S_(t-1) + beta_t k_t v_tᵀ, o_t = scale q_tᵀ S_t,
+    with q and k L2-normalised per head (DeltaNet; Gated DeltaNet with a gate per head; KDA per key channel).
+
+    beta_t = sigmoid(W_beta x_t) (or 2 sigmoid, eigenvalues of I - beta k kᵀ down to -1: the
+    state-tracking variant). The gate is Mamba's parameterisation, a_t = exp(-exp(A_log) softplus(W_a x_t
+    + dt_bias)), with A uniform in `a_init` and softplus(dt_bias) log-uniform in `dt_init` at initialisation.
+    Gated DeltaNet's output stage is `group_norm: true` with `output_gate: swish` (gated RMSNorm)."""
+
+    kind: Literal["delta"]
+    gate: Literal["none", "head", "channel"] = "none"
+    """The decay a_t: none (DeltaNet), one per head (Gated DeltaNet) or one per key channel (KDA)."""
+    beta: Literal["sigmoid", "2sigmoid"] = "sigmoid"
+    """The write strength: sigmoid (in [0, 1]) or 2 sigmoid (in [0, 2], negative eigenvalues)."""
+    a_init: Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)] = Field(default_factory=lambda: [1.0, 16.0])
+    """Range of A = exp(A_log) at initialisation (Mamba2: uniform in [1, 16])."""
+    dt_init: Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)] = Field(
+        default_factory=lambda: [0.001, 0.1])
+    """Range of softplus(dt_bias) at initialisation, log-uniform (Mamba2: [0.001, 0.1])."""
+
+    def modes(self) -> tuple[str, ...]:
+        return ("chunk", "recurrent", "quadratic")
+
+    @property
+    def has_step(self) -> bool:
+        return self.causal
+
+    @property
+    def softmax_temperature(self) -> bool:
+        return True  # scale defaults to 1/sqrt(d_qk), as flash-linear-attention's delta-rule layers
+
+    def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        yield from super().problems(max_len=max_len, d_qk=d_qk)
+        if not self.causal:
+            yield ("causal",), "the delta rule is a recurrence in position order: it needs `causal: true`"
+        for name in ("a_init", "dt_init"):
+            low, high = getattr(self, name)
+            if low > high:
+                yield (name,), f"{name} is a range [low, high]; got low {low} above high {high}"
+
+    def describe(self) -> str:
+        gate = {"none": "", "head": ", gate per head", "channel": ", gate per channel"}[self.gate]
+        return f"delta[beta {self.beta}{gate}] x{self.heads}"
+
+
+Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer)
 
 # --------------------------------------------------------------------------- blocks and model
 

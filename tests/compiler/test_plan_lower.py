@@ -116,4 +116,11 @@ def _mixer_parameters(mixer, d: int) -> int:
         else:  # W (softplus_linear) or W_f and W_g (glu, oglu)
             per_unit = dk * dk * (1 if fmap.kind == "softplus_linear" else 2)
         total += groups * fmap.stack * per_unit
+    if mixer.conv.kind == "short":  # a depthwise filter of `width` taps per channel of each convolved stream
+        channels = {"x": d, "q": H * dk, "k": H * dk, "v": H * dv}
+        total += sum(channels[name] for name in mixer.conv.projections) * mixer.conv.width
+    if mixer.kind == "delta":  # W_beta, and the Mamba-style gate: W_a, A_log and dt_bias per gate
+        total += d * H
+        gates = {"none": 0, "head": H, "channel": H * dk}[mixer.gate]
+        total += d * gates + 2 * gates
     return total

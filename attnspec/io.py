@@ -110,27 +110,18 @@ def _check_target(path: Path) -> None:
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write ``path`` through a fresh temporary sibling renamed over it: readers see the old or the
     new content, never half, and a link at ``path`` or a linked parent is refused, not followed."""
-    _check_target(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    if tmp.is_symlink() or tmp.exists():
-        _unlink_own(tmp)
     payload = data.encode() if isinstance(data, str) else data
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as handle:
+
+    def write(tmp: Path) -> None:  # O_EXCL | O_NOFOLLOW: a file nobody else made, never through a link
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as handle:
             handle.write(payload)
-        os.replace(tmp, path)
-    except OSError as error:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise RunError(f"{path}: cannot write ({error.strerror})") from None
+
+    write_with(path, write)
 
 
 def write_with(path: Path, writer) -> None:
-    """Atomically write ``path`` by calling ``writer(temporary_path)`` (for libraries that write a file
-    themselves: matplotlib, safetensors); the same link rules as :func:`write_atomic`."""
+    """Atomically write ``path`` by calling ``writer(temporary_path)`` (also for libraries that write a
+    file themselves: matplotlib, safetensors), then renaming; the link rules of :func:`write_atomic`."""
     _check_target(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
     if tmp.is_symlink() or tmp.exists():

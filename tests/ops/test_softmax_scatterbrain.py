@@ -185,3 +185,31 @@ def test_scatterbrain_memory_is_subquadratic_at_16384(support_kind):
     # The largest legitimate tensor is the gathered values, O(L * S * D) = 4.7M elements here; any L x L
     # tensor (268M elements) or a sizeable fraction of one fails.
     assert tracker.largest < L * L // 16, f"a tensor of {tracker.largest} elements (L^2 = {L * L})"
+
+
+def _scatterbrain_arguments(**changes):
+    B, H, L, D, m, S = 1, 2, 8, 4, 6, 3
+    generator = torch.Generator().manual_seed(0)
+    arguments = {"q": torch.randn(B, H, L, D, generator=generator), "k": torch.randn(B, H, L, D, generator=generator),
+                 "v": torch.randn(B, H, L, D, generator=generator), "qf": torch.rand(B, H, L, m, generator=generator),
+                 "kf": torch.rand(B, H, L, m, generator=generator),
+                 "index": torch.randint(0, L, (B, H, L, S), generator=generator),
+                 "valid": torch.ones(B, H, L, S, dtype=torch.bool), "log_scale": None}
+    return {**arguments, **changes}
+
+
+@pytest.mark.parametrize("changes", [
+    {"q": torch.randn(2, 8, 4)}, {"k": torch.randn(1, 2, 9, 4)}, {"v": torch.randn(1, 2, 7, 4)},
+    {"k": torch.randn(1, 2, 8, 5)}, {"index": torch.full((1, 2, 8, 3), 8)}, {"index": torch.full((1, 2, 8, 3), -1)},
+    {"index": torch.zeros(1, 2, 8, 3)}, {"valid": torch.ones(1, 2, 8, 3, dtype=torch.long)},
+    {"qf": torch.rand(1, 2, 8)}, {"q": torch.ones(1, 2, 8, 4, dtype=torch.long)}, {"log_scale": torch.zeros(1, 2)},
+], ids=["q-3d", "k-length", "v-length", "k-width", "index-past-end", "index-negative", "index-float", "valid-long",
+        "features-3d", "q-integer", "log-scale-shape"])
+def test_scatterbrain_refuses_bad_arguments_with_shape_errors(changes):
+    """Trust II, finding 18: these raised IndexError, RuntimeError or ValueError (or passed silently)."""
+    from attnspec.ops.support import Support
+
+    a = _scatterbrain_arguments(**changes)
+    with pytest.raises(ShapeError):
+        scatterbrain_attention(a["q"], a["k"], a["v"], a["qf"], a["kf"], Support(a["index"], a["valid"]),
+                               q_log_scale=a["log_scale"])

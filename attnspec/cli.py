@@ -174,7 +174,8 @@ def explain(
     overrides: Optional[List[str]] = SetOption,
 ) -> None:
     """Show the execution plan: per layer and regime (inference at batch 1, training at --batch,
-    one-token decoding) the mode chosen, every valid mode's estimated and measured time, and why."""
+    one-token decoding) the mode and backend chosen, every valid mode's estimated and measured time,
+    and why."""
     from attnspec.compiler.plan import plan_spec, regime_modes
     from attnspec.spec import load_spec
     from attnspec.spec.ir import iter_blocks
@@ -188,7 +189,7 @@ def explain(
         for regime, B, _ in regimes:
             calibrate_spec(spec, regime=regime, batch=B, length=L, refresh=refresh)
     table = Table(title=escape(f"{spec.name}: plan at L = {L}"))
-    for column in ("layer", "mixer", "regime", "mode", "valid modes: measured / estimated", "why"):
+    for column in ("layer", "mixer", "regime", "mode · backend", "valid modes: measured / estimated", "why"):
         table.add_column(column)
     mixers = [block.mixer for _, block in iter_blocks(spec, expand=True)]
     plans = [(regime, plan_spec(spec, length=L, batch=B, training=training)) for regime, B, training in regimes]
@@ -201,10 +202,14 @@ def explain(
                 shown = _milliseconds(measured) if measured is not None else entry.skipped.get(mode, "-")
                 times.append(f"{mode}: {shown} / {_milliseconds(entry.candidates[mode])}")
             label = f"{regime} B{plan.batch}"
+            chosen = f"{entry.full_mode} · {entry.backend}"
+            if entry.export_backend != entry.backend and regime == "inference":
+                chosen += f"\n(exported: {entry.export_backend})"
             table.add_row(escape(entry.path) if regime == "inference" else "", escape(entry.mixer) if regime ==
-                          "inference" else "", label, entry.full_mode, escape("\n".join(times)), escape(entry.reason))
+                          "inference" else "", label, escape(chosen), escape("\n".join(times)), escape(entry.reason))
         decode = plans[0][1].layers[index].decode_mode
-        table.add_row("", "", "decoding", decode or "-", "recurrent: one step per token" if decode else "-",
+        table.add_row("", "", "decoding", f"{decode} · graph" if decode else "-",
+                      "recurrent: one step per token" if decode else "-",
                       "constant-size state" if decode else "no recurrent form: the whole prefix is needed")
     out.print(table)
     out.print(f"[dim]{escape(TRAINING_COMPILE_REASON)}[/dim]")
@@ -272,7 +277,7 @@ def _print_build_summary(directory: Path, manifest: dict) -> None:
     table.add_column("value")
     table.add_row("parameters", f"{manifest['parameters']:,}")
     for layer in manifest["plan"]["layers"]:
-        table.add_row(escape(layer["path"]), escape(f"{layer['mixer']}: {layer['full_mode']}"
+        table.add_row(escape(layer["path"]), escape(f"{layer['mixer']}: {layer['full_mode']} · {layer['backend']}"
                       + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")))
     verification = manifest["verification"]
     table.add_row("verification", f"{len(verification['rows'])} mode checks, worst rel. diff "

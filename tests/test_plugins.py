@@ -209,3 +209,79 @@ def test_consent_by_flag_and_by_environment(tmp_path):
     assert partial.returncode == 2 and "'hedgehog'" in partial.stderr and "'based_taylor'" not in partial.stderr
     bad = attnspec("--plugin", "os; rm", "check", str(spec), allowed=None)
     assert bad.returncode == 2 and "not a Python module name" in bad.stderr
+
+
+FAMILY_SPEC = """\
+name: ema-family
+plugins: [ema]
+input: {kind: tokens, vocab_size: 64}
+d_model: 32
+max_len: 64
+layers:
+  - mixer: {kind: ema, heads: 2}
+  - mixer: {kind: linear, heads: 2}
+"""
+
+
+@pytest.mark.slow
+def test_a_plugin_family_is_planned_verified_exported_and_decodes_like_a_built_in(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(FAMILY_SPEC)
+    explained = attnspec("explain", str(spec), allowed="ema")
+    assert explained.returncode == 0 and "ema x2" in explained.stdout, explained.stderr
+    assert "quadratic" in explained.stdout and "graph" in explained.stdout
+    built = attnspec("build", str(spec), "-o", str(tmp_path / "build"), allowed="ema")
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert (tmp_path / "build" / "step.pt2").is_file() and (tmp_path / "build" / "model.pt2").is_file()
+    verified = attnspec("verify", str(tmp_path / "build"), allowed="ema")
+    assert verified.returncode == 0 and "blocks[0]" in verified.stdout, verified.stdout  # quadratic vs the recurrence
+    ran = attnspec("run", str(tmp_path / "build"), "--tokens", "1 2 3", "--generate", "4", allowed="ema")
+    assert ran.returncode == 0 and "generated:" in ran.stdout, ran.stderr
+
+
+def test_a_plugin_family_computes_its_reference_and_states_its_facts():
+    result = python("""
+        import torch, ema
+        from attnspec.compiler.plan import Calibration, plan_spec
+        from attnspec.spec import load_spec
+        node = ema.EmaMixer(kind="ema", heads=2, d_qk=8, d_v=8)
+        mixer = ema.EmaModule(node, d_model=16, max_len=64, seed=0).double()
+        x = torch.randn(3, 37, 16, dtype=torch.float64)
+        reference = mixer.out_proj(torch.sigmoid(mixer.ema_gate(x)) * ema.ema_reference(mixer.v_proj(x),
+                                   torch.sigmoid(mixer.rate_logit)))
+        for mode in ("quadratic", "recurrent"):
+            assert (mixer(x, mode) - reference).abs().max() < 1e-12, mode
+        state, steps = mixer.init_state(3, torch.float64), []
+        for t in range(37):
+            y, state = mixer.step(x[:, t], state, torch.full((3,), t))
+            steps.append(y)
+        assert (torch.stack(steps, 1) - reference).abs().max() < 1e-12
+        spec = load_spec({"name": "e", "plugins": ["ema"], "input": {"kind": "tokens", "vocab_size": 8},
+                          "d_model": 16, "max_len": 4096, "layers": [{"mixer": {"kind": "ema"}}]})
+        plan = plan_spec(spec, calibration=Calibration.empty())
+        layer = plan.layers[0]
+        assert layer.full_mode == "quadratic" and layer.backend == "graph" and layer.decode_mode == "recurrent"
+        assert set(layer.candidates) == {"quadratic", "recurrent"}  # both costed; the loop cannot be exported
+        assert "recurrent cannot be exported" in layer.reason
+        print("ok")
+    """, allowed="ema")
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_a_family_must_state_its_costs():
+    result = python("""
+        from typing import Literal
+        from attnspec.errors import SpecError
+        from attnspec.spec.components import register
+        from attnspec.spec.ir import MixerComponent
+
+        class Costless(MixerComponent):
+            kind: Literal["costless"]
+            def modes(self):
+                return ("quadratic",)
+        try:
+            register("mixer", Costless)
+        except SpecError as error:
+            print("refused:", error)
+    """)
+    assert "refused:" in result.stdout and "mode_costs" in result.stdout, result.stderr

@@ -109,7 +109,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 from attnspec.compiler.calibrate import calibrate_spec
 
                 calibration = calibrate_spec(spec, regime="inference", batch=1, length=spec.max_len)
-            plan = plan_spec(spec, for_build=True, calibration=calibration)
+            plan = plan_spec(spec, for_build=True, calibration=calibration, device=device.type)
         with Scratch(output) as scratch:  # nothing is written before this point
             with stage("lower", seconds):
                 model = lower(spec, plan)

@@ -310,8 +310,11 @@ def _check_directory(directory: Path, modes: list[str], device: str) -> dict:
     from attnspec.nn.model import build_model_from_spec
     from attnspec.spec import load_spec
 
-    model = build_model_from_spec(load_spec(directory / "spec.yaml", ()))
-    model.set_modes(modes)
+    from attnspec.compiler.plan import backends_for
+
+    spec = load_spec(directory / "spec.yaml", ())
+    model = build_model_from_spec(spec)
+    model.set_modes(modes, backends_for(spec, modes, device=torch.device(device).type))
     load_weights(model, directory / "model.safetensors")
     return check_model(model.to(device).eval())
 

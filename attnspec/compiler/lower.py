@@ -34,7 +34,7 @@ def lower(spec: Spec, plan: Plan | None = None) -> Model:
     """Build the eager model of ``spec`` and set each mixer's full-sequence mode from ``plan``."""
     plan = plan or plan_spec(spec)
     model = build_model_from_spec(spec)
-    model.set_modes(plan.full_modes)
+    model.set_modes(plan.full_modes, plan.backends)
     model.eval()
     return model
 
@@ -54,7 +54,8 @@ def build_model(spec_or_path: Any, *overrides: str, length: int | None = None, d
     """
     spec = as_spec(spec_or_path, overrides)
     device = resolve_device(device)
-    return lower(spec, plan_spec(spec, length, calibration=device_calibration(device))).to(device)
+    plan = plan_spec(spec, length, calibration=device_calibration(device), device=device.type)
+    return lower(spec, plan).to(device)
 
 
 def count_parameters(spec: Spec) -> int:

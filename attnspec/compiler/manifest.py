@@ -33,6 +33,7 @@ can be named."""
 
 Text = Annotated[str, Field(max_length=4096)]
 Mode = Literal["recurrent", "scan", "chunk", "quadratic"]
+BackendName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 
 
 class _Strict(BaseModel):
@@ -54,12 +55,15 @@ class PlanLayer(_Strict):
     candidates: dict[Text, float]
     measured: dict[Text, float] | None = None
     skipped: dict[Text, Text] = Field(default_factory=dict)
+    backend: BackendName = "graph"
+    export_backend: BackendName = "graph"
 
 
 class PlanRecord(_Strict):
     length: Annotated[int, Field(gt=0, le=limits.MAX_LEN)]
     batch: Annotated[int, Field(gt=0, le=1 << 20)] = 1
     training: bool = False
+    device: Literal["cpu", "cuda"] = "cpu"
     layers: Annotated[list[PlanLayer], Field(max_length=limits.MAX_BLOCKS)]
 
 

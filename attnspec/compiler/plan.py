@@ -1,9 +1,9 @@
-"""Planning: choose per mixer the execution mode for full sequences and for one-token decoding.
+"""Planning: choose per mixer the (mode, backend) for full sequences and the mode for one-token decoding.
 
-The cost model estimates, per mixer and per mode, the multiply-adds, the bytes moved through
-memory and the number of sequential steps, from the sequence length L, the widths (feature
-width m, value width d, head count H) and whether the transition is per channel or complex.
-A mode's estimated time is
+The unit is the mixer *family* (:mod:`attnspec.spec.family`): its IR class states its modes, the
+cost of each (``mode_costs``: multiply-adds, bytes moved through memory and sequential steps at
+length L, from its widths and structure) and the backends of each mode with when they apply
+(``backends``); this module branches on no kind name. A mode's estimated time is
 
     macs / MAC_RATE + bytes / BANDWIDTH + sequential_steps * STEP_OVERHEAD
 
@@ -19,6 +19,11 @@ with rates for a 2-core CPU; ``auto`` takes the cheapest valid mode. Three regim
   run may use the recurrent mode's loop; a compiled one is traced at a fixed length, so may too.
 * decoding: the recurrent step (constant-size state) for mixers that have one; softmax and
   Scatterbrain need the whole prefix, so a model containing them has no decoding step.
+
+The backend of the chosen mode is the family's first that applies on the plan's device to the
+spec's dtype in the regime (``LayerPlan.backend``), and, for the build's exported program, the first
+that can be exported (``LayerPlan.export_backend``): on a CPU the C++ chunk kernel serves eager
+inference and the graph path everything else; on CUDA the Triton kernels serve all three.
 
 Where this machine has a calibration (:class:`Calibration`, measured by
 :mod:`attnspec.compiler.calibrate`) for a mixer's structure, regime and shapes, ``auto`` takes the
@@ -38,34 +43,16 @@ from pathlib import Path
 
 from attnspec.errors import BuildError
 from attnspec.io import VERSION, cache_directory, read_cache_file, write_cache_file
+from attnspec.spec.family import BACKENDS, BANDWIDTH, BYTES, MAC_RATE, STEP_OVERHEAD, Cost  # noqa: F401 (re-exported)
 from attnspec.spec.ir import Spec, iter_blocks
 from attnspec.spec.source import format_path
 
-MAC_RATE = 40e9  # multiply-adds per second a 2-core CPU sustains on these shapes (measured order)
-BANDWIDTH = 10e9  # bytes per second of memory traffic
-STEP_OVERHEAD = 20e-6  # seconds per sequential step (a kernel launch / Python iteration)
 # Eager training pays far more per sequential step: each position of the recurrent loop runs ~15
 # small ops forward and their autograd nodes backward. Measured on the 2-core CPU (per-channel
 # GateLoop, one layer, L = 64..2048): ~0.7 ms per position for forward + backward together.
 TRAINING_STEP_OVERHEAD = 350e-6
-BYTES = 4
 MAX_BYTES = 2 << 30  # a calibration does not run a mode estimated to move more memory than this
 REGIMES = ("inference", "training")
-
-
-@dataclass
-class Cost:
-    """Estimated work of one mixer at one length (all heads, batch 1)."""
-
-    macs: float
-    bytes: float
-    state_bytes: float
-    sequential_steps: int
-    step_overhead: float = STEP_OVERHEAD
-
-    @property
-    def seconds(self) -> float:
-        return self.macs / MAC_RATE + self.bytes / BANDWIDTH + self.sequential_steps * self.step_overhead
 
 
 @dataclass
@@ -84,6 +71,10 @@ class LayerPlan:
     """Measured seconds of the modes this machine's calibration ran (None: not calibrated)."""
     skipped: dict[str, str] = field(default_factory=dict)
     """Modes the calibration did not run, and why."""
+    backend: str = "graph"
+    """What runs ``full_mode`` in the plan's regime on its device (:meth:`MixerComponent.backends`)."""
+    export_backend: str = "graph"
+    """What runs it inside the build's exported program (a backend that can be exported)."""
 
     @property
     def seconds(self) -> float:
@@ -99,58 +90,35 @@ class Plan:
     layers: list[LayerPlan]
     batch: int = 1
     training: bool = False
+    device: str = "cpu"
 
     @property
     def full_modes(self) -> list[str]:
         return [layer.full_mode for layer in self.layers]
 
     @property
+    def backends(self) -> list[str]:
+        return [layer.backend for layer in self.layers]
+
+    @property
     def has_decode(self) -> bool:
         return all(layer.decode_mode is not None for layer in self.layers)
 
     def to_json(self) -> dict:
-        return {"length": self.length, "batch": self.batch, "training": self.training,
+        return {"length": self.length, "batch": self.batch, "training": self.training, "device": self.device,
                 "layers": [asdict(layer) for layer in self.layers]}
 
 
-def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, complex_: bool) -> dict[str, Cost]:
-    """Estimated costs of each mode of (gated) linear attention; see the module docstring."""
-    c = 2 if complex_ else 1  # real and imaginary parts of the state
-    state = H * m * d * c
-    n = -(-L // chunk)
-    levels = max(0, math.ceil(math.log(max(n / 128, 1), 16)))  # grouping levels of the cross-chunk scan (chunk.TOP)
-    intra_decay = L * chunk * (m if per_channel else 1)
-    costs = {
-        "recurrent": Cost(macs=H * L * m * d * 2 * c, bytes=H * L * (2 * m + d) * BYTES + L * state * BYTES,
-                          state_bytes=state * BYTES, sequential_steps=L),
-        "scan": Cost(macs=H * L * m * d * c * (1 + max(1, math.ceil(math.log2(max(L, 2))))),
-                     bytes=H * L * m * d * c * BYTES * (2 + 2 * math.ceil(math.log2(max(L, 2)))),
-                     state_bytes=state * BYTES, sequential_steps=math.ceil(math.log2(max(L, 2)))),
-        # the cross-chunk scan is a recurrence over chunk states: ~2 multiply-adds and ~5 passes per entry
-        "chunk": Cost(macs=H * (L * chunk * (m + d) + 2 * L * m * d * c + intra_decay + 2 * n * m * d * c),
-                      bytes=H * (L * chunk * (1 + (m if per_channel else 0)) + n * m * d * c * 5 + L * (2 * m + 2 * d)) * BYTES,
-                      state_bytes=state * BYTES, sequential_steps=2 * levels + 6),
-        "quadratic": Cost(macs=H * (L * L * (m + d) + (L * L * m if per_channel else 0)),
-                          bytes=H * L * L * (2 + (m if per_channel else 0)) * BYTES,
-                          state_bytes=state * BYTES, sequential_steps=4),
-    }
-    return costs
-
-
-def _softmax_cost(L: int, H: int, dk: int, dv: int) -> Cost:
-    return Cost(macs=H * L * L * (dk + dv) / 2, bytes=H * L * (2 * dk + 2 * dv) * BYTES * 4, state_bytes=0,
-                sequential_steps=4)
-
-
 def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False, batch: int = 1,
-              training: bool = False, calibration: "Calibration | None" = None) -> Plan:
+              training: bool = False, calibration: "Calibration | None" = None, device: str = "cpu") -> Plan:
     """Plan every block of a resolved spec at ``length`` (default ``max_len``).
 
     With ``for_build`` a forced mode that cannot be compiled with a dynamic length is an error.
     ``batch`` and ``training``: the regime of a training run (forward and backward at that batch,
     fixed length, so the recurrent loop qualifies); the default is inference at batch 1.
     ``calibration``: measured times to choose by where they exist (default: this machine's cache,
-    if any; pass ``Calibration.empty()`` to plan from the cost model alone).
+    if any; pass ``Calibration.empty()`` to plan from the cost model alone). ``device``: the device
+    type the model runs on ("cpu" or "cuda"), which decides the backends.
     """
     L = length or spec.max_len
     if L < 1:
@@ -162,9 +130,28 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
     layers = []
     for index, (path, block) in enumerate(iter_blocks(spec, expand=True)):
         entry = calibration.lookup(mixer_signature(spec, block.mixer), regime, batch, L)
-        layers.append(_plan_mixer(block.mixer, f"blocks[{index}] ({format_path(path)})", L, for_build, batch, training,
-                                  entry))
-    return Plan(L, layers, batch, training)
+        layer = _plan_mixer(block.mixer, f"blocks[{index}] ({format_path(path)})", L, for_build, batch, training, entry)
+        layer.backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=spec.dtype,
+                                       training=training)
+        layer.export_backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=spec.dtype,
+                                              training=training, export=True)
+        layers.append(layer)
+    return Plan(L, layers, batch, training, device)
+
+
+def backends_for(spec: Spec, modes: list[str], *, device: str, training: bool = False) -> list[str]:
+    """Each block's backend for its ``modes`` on ``device`` (a build's plan rebuilt on another device)."""
+    return [choose_backend(block.mixer, mode, device=device, dtype=spec.dtype, training=training)
+            for (_, block), mode in zip(iter_blocks(spec, expand=True), modes)]
+
+
+def choose_backend(mixer, mode: str, *, device: str, dtype: str, training: bool, export: bool = False) -> str:
+    """The first of the family's backends for ``mode`` that applies on ``device`` to a ``dtype`` model in
+    the regime (``export``: inside an exported program). The graph path applies everywhere."""
+    for backend in mixer.backends(mode):
+        if backend.applies(device=device, dtype=dtype, training=training, export=export):
+            return backend.name
+    return "graph"
 
 
 def _regime(cost: Cost, batch: int, training: bool) -> Cost:
@@ -178,33 +165,13 @@ def _regime(cost: Cost, batch: int, training: bool) -> Cost:
 def regime_modes(mixer, regime: str) -> tuple[str, ...]:
     """The modes of ``mixer`` valid in ``regime``: inference (a build) excludes the recurrent mode's
     loop over positions for causal mixers, which cannot be exported with a dynamic length."""
-    if mixer.softmax_kernel:
-        return ("quadratic",)
     loops = mixer.causal and regime != "training"
     return tuple(mode for mode in mixer.modes() if mode != "recurrent" or not loops)
 
 
 def estimated_costs(mixer, L: int, batch: int = 1, training: bool = False) -> dict[str, Cost]:
-    """The cost model's estimate of every mode ``mixer`` has, at (batch, L) in the regime."""
-    H = mixer.heads
-    if mixer.softmax_kernel:
-        return {"quadratic": _regime(_softmax_cost(L, H, mixer.d_qk, mixer.d_v), batch, training)}
-    transition = getattr(mixer, "transition", None)
-    per_channel = transition is not None and transition.per_channel
-    complex_ = transition is not None and transition.is_complex
-    d = mixer.d_v + (1 if getattr(mixer, "normalize", True) else 0)
-    m = mixer.feature_width()
-    costs = {mode: cost for mode, cost in linear_costs(L, H, m, d, mixer.chunk_size, per_channel, complex_).items()
-             if mode in mixer.modes()}
-    sparse = mixer.sparse_keys()
-    for cost in costs.values():  # the exact part on a sparse support (Scatterbrain)
-        cost.macs += H * L * sparse * (mixer.d_qk + mixer.d_v + m)
-        cost.bytes += H * L * sparse * (mixer.d_qk + mixer.d_v) * BYTES
-    if not mixer.causal:  # every mode but quadratic computes the linear form q (K^T V): no loop, no scan
-        linear_form = Cost(macs=H * L * m * d * 2, bytes=H * L * (2 * m + 2 * d) * BYTES, state_bytes=0,
-                           sequential_steps=3)
-        costs = {name: (costs[name] if name == "quadratic" else linear_form) for name in costs}
-    return {name: _regime(cost, batch, training) for name, cost in costs.items()}
+    """The family's estimate (``mixer.mode_costs``) of every mode ``mixer`` has, at (batch, L) in the regime."""
+    return {name: _regime(cost, batch, training) for name, cost in mixer.mode_costs(L).items()}
 
 
 def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, training: bool = False,

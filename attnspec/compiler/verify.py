@@ -2,8 +2,8 @@
 
 For each block whose mixer has several modes, the block is switched to each mode in turn (the
 others stay on their reference mode) and the model output is compared with the all-reference
-output. The reference is the recurrent mode where it exists (the defining recurrence),
-otherwise the only mode. Tolerance: 1e-9 relative to the output's largest magnitude, in
+output. The reference is the family's ``reference_mode``: the recurrent mode where it exists
+(the defining recurrence), otherwise the only mode. Tolerance: 1e-9 relative to the output's largest magnitude, in
 float64 (the modes differ only in summation order: ~1e-15 is typical).
 """
 
@@ -45,16 +45,12 @@ class VerifyReport:
                 "rows": [asdict(row) for row in self.rows]}
 
 
-def _reference_mode(mixer) -> str:
-    return "recurrent" if "recurrent" in mixer.modes else mixer.modes[0]
-
-
 def verify_model(model: Model, length: int | None = None, batch: int = 2, seed: int = 0) -> VerifyReport:
     """Compare every valid mode of every block with the reference, in float64, at a short odd length."""
     length = length or max(2, min(model.spec.max_len, 37))
     model64 = copy.deepcopy(model).double().eval()
     inputs = example_input(model64, batch, length, torch.Generator().manual_seed(seed))
-    references = [_reference_mode(block.mixer) for block in model64.blocks]
+    references = [block.mixer.reference_mode for block in model64.blocks]
     model64.set_modes(references)
     rows = []
     with torch.no_grad():

@@ -2,6 +2,7 @@
 
 Every mixer maps ``x`` of shape (B, L, d_model) to (B, L, d_model). ``forward(x, mode=None)``
 runs the whole sequence in ``self.mode`` (set by the compiler's plan) or the given mode.
+``self.backend`` (the plan's too) names what runs the mode where a family has kernels.
 Mixers with a recurrent form (``has_step``) also provide ``init_state(batch)`` and
 ``step(x_t, state, position)`` for one-token decoding, with the state as a tuple of plain
 tensors so the step can be exported.
@@ -50,11 +51,13 @@ class Mixer(nn.Module):
         super().__init__()
         self.kind = node.kind
         self.modes: tuple[str, ...] = node.modes()
+        self.reference_mode = node.reference_mode  # what verification holds the other modes to
         self.has_step = node.has_step
         self.heads, self.d_qk, self.d_v = node.heads, node.d_qk, node.d_v
         self.causal, self.scale, self.max_len = node.causal, node.scale, max_len
         self.chunk_size = node.chunk_size
         self.mode = node.mode if node.mode != "auto" else self.modes[0]
+        self.backend = "graph"  # what runs the mode: the plan's choice (Model.set_modes), the graph path until then
         self.q_proj = nn.Linear(d_model, self.heads * self.d_qk, bias=False)
         self.k_proj = nn.Linear(d_model, self.heads * self.d_qk, bias=False)
         self.v_proj = nn.Linear(d_model, self.heads * self.d_v, bias=False)
@@ -77,6 +80,10 @@ class Mixer(nn.Module):
         if self.has_step:
             return sum(t.numel() for t in self.init_state(1))
         return length * self.heads * (self.d_qk + self.d_v)
+
+    def _backend_for(self, mode: str) -> str:
+        """The plan's backend for the planned mode; any other mode a caller asks for takes the graph path."""
+        return self.backend if mode == self.mode else "graph"
 
     def _checked_mode(self, mode: str | None) -> str:
         """``mode`` (or the planned ``self.mode`` when None), refused unless this mixer has it."""
@@ -170,7 +177,7 @@ class LinearMixer(Mixer):
         q, k, v, decay, log_scale, _ = self._prepare(x)
         q, k, v = _autocast_dtype(q), _autocast_dtype(k), _autocast_dtype(v)
         o = linear_attention(q, k, v, decay, causal=self.causal, normalize=self.normalize, eps=self.eps,
-                             log_scale=log_scale, mode=mode, chunk_size=self.chunk_size,
+                             log_scale=log_scale, mode=mode, chunk_size=self.chunk_size, backend=self._backend_for(mode),
                              max_length=self.max_len if self.causal else None)
         return self._output(o, x)
 

@@ -131,6 +131,10 @@ def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise SpecError(Problem(f"a {slot} component must be a subclass of attnspec.spec.ir.{base.__name__} (it "
                                 f"states the facts every {slot} has), got {shorten(cls)}"))
+    missing = [name for name in getattr(base, "required_overrides", ()) if getattr(cls, name) is getattr(base, name)]
+    if missing:
+        raise SpecError(Problem(f"{shorten(cls)} must state {', '.join(missing)} (every {slot} family does: see "
+                                f"attnspec.spec.ir.{base.__name__} and examples/plugins/ema.py)"))
     kind = kind_of(cls)
     existing = SLOTS[slot].get(kind)
     if existing is cls:

@@ -26,6 +26,8 @@ from pydantic import (
 
 from attnspec.spec import limits
 from attnspec.spec.components import SLOTS, declare, kind_shorthand, slot_fields_of
+from attnspec.spec.family import (GRAPH, NATIVE_CPU, TRITON, Backend, Cost, delta_costs, linear_costs,
+                                  noncausal_linear_cost, softmax_cost)
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
 
 NonNegativeFloat = Annotated[float, Field(ge=0)]
@@ -653,7 +655,15 @@ Mode = Literal["auto", "recurrent", "scan", "chunk", "quadratic"]
 OutputGate = Literal["none", "sigmoid", "swish"]
 
 
-class _MixerBase(Component):
+class MixerComponent(Component):
+    """The base of a mixer *family* (the public base for plugin families): its fields are what every
+    mixer has; its methods are the facts the planner, lowering, verification and decoding read
+    (:mod:`attnspec.spec.family`). A family overrides ``modes``, ``mode_costs`` and, where it has
+    kernels, ``backends``; a decoding step is ``has_step`` here and ``init_state``/``step`` on its
+    implementation (the ``nn.Module`` registered for its kind, or ``implementation = "module:Class"``)."""
+
+    required_overrides: ClassVar[tuple[str, ...]] = ("modes", "mode_costs")
+    """What a plugin family must state itself (:func:`attnspec.spec.components.register` checks)."""
     heads: Count(limits.MAX_HEADS) = 1
     """Number of heads."""
     d_qk: Count(limits.MAX_HEAD_WIDTH) | None = None
@@ -688,6 +698,20 @@ class _MixerBase(Component):
     def mode_problem(self, mode: str) -> str:
         """Why a forced ``mode`` outside :meth:`modes` is impossible, and what to do."""
         return f"a {self.kind} mixer runs in {', '.join(self.modes())}; mode '{mode}' is impossible"
+
+    def mode_costs(self, L: int) -> dict[str, Cost]:
+        """The estimated :class:`~attnspec.spec.family.Cost` of each of :meth:`modes` at length ``L``
+        (batch 1, forward; the planner scales it to the regime). Every family states its own."""
+        raise NotImplementedError(f"the {self.kind} mixer family states no costs (MixerComponent.mode_costs)")
+
+    def backends(self, mode: str) -> tuple[Backend, ...]:
+        """The backends that run ``mode`` for this mixer, in order of preference (the graph path last)."""
+        return (GRAPH,)
+
+    @property
+    def reference_mode(self) -> str:
+        """The mode the others are verified against: the defining recurrence where there is one."""
+        return "recurrent" if "recurrent" in self.modes() else self.modes()[0]
 
     @property
     def has_step(self) -> bool:
@@ -750,6 +774,22 @@ class _MixerBase(Component):
             yield ("conv", *below), message
 
 
+def _linear_family_costs(mixer: MixerComponent, L: int, d: int, transition: TransitionComponent | None
+                         ) -> dict[str, Cost]:
+    """Costs of a mixer computed as gated linear attention of feature width ``mixer.feature_width()``
+    and value width ``d`` (with the normaliser's column), restricted to its modes; non-causal, every
+    mode but quadratic is the linear form q (Kᵀ V)."""
+    m, H = mixer.feature_width(), mixer.heads
+    per_channel = transition is not None and transition.per_channel
+    complex_ = transition is not None and transition.is_complex
+    costs = {mode: cost for mode, cost in linear_costs(L, H, m, d, mixer.chunk_size, per_channel, complex_).items()
+             if mode in mixer.modes()}
+    if not mixer.causal:
+        costs = {mode: (cost if mode == "quadratic" else noncausal_linear_cost(L, H, m, d))
+                 for mode, cost in costs.items()}
+    return costs
+
+
 def _softmax_decay_problems(transition: TransitionComponent) -> Iterator[tuple[tuple, str]]:
     """A decay under softmax is an additive log-bias: it must be real and one per head."""
     if transition.is_complex:
@@ -760,7 +800,7 @@ def _softmax_decay_problems(transition: TransitionComponent) -> Iterator[tuple[t
                                       "must be per head; set `per: head`")
 
 
-class LinearMixer(_MixerBase):
+class LinearMixer(MixerComponent):
     """The gated linear family: q~ = rho(t) phi(q), S_t = diag(a_t) S_(t-1) + k~_t^T v_t, y_t = Re(q~_t S_t)."""
 
     kind: Literal["linear"]
@@ -774,6 +814,17 @@ class LinearMixer(_MixerBase):
 
     def modes(self) -> tuple[str, ...]:
         return ("chunk", "recurrent", "scan", "quadratic") if self.feature_map.finite else ("quadratic",)
+
+    def mode_costs(self, L: int) -> dict[str, Cost]:
+        if self.softmax_kernel:
+            return {"quadratic": softmax_cost(L, self.heads, self.d_qk, self.d_v)}
+        return _linear_family_costs(self, L, self.d_v + (1 if self.normalize else 0), self.transition)
+
+    def backends(self, mode: str) -> tuple[Backend, ...]:
+        # the kernels take no decay or one per head, real or complex (ops.linear.backends)
+        if mode == "chunk" and self.causal and not self.transition.per_channel:
+            return (TRITON, NATIVE_CPU, GRAPH)
+        return (GRAPH,)
 
     def mode_problem(self, mode: str) -> str:
         return (f"{self.feature_map.kind} features (the softmax kernel) have no finite feature expansion, so the "
@@ -822,12 +873,15 @@ class LinearMixer(_MixerBase):
         return ", ".join(parts) + f"] x{self.heads}"
 
 
-class SoftmaxMixer(_MixerBase):
+class SoftmaxMixer(MixerComponent):
     """Softmax attention (quadratic only), optionally with a real decay as an additive log-bias."""
 
     kind: Literal["softmax"]
     transition: Transition = Field(default_factory=lambda: NoTransition(kind="none"))
     """Decay applied as the log-bias sum(log a) between positions (GateLoop sec. 3.4); real only."""
+
+    def mode_costs(self, L: int) -> dict[str, Cost]:
+        return {"quadratic": softmax_cost(L, self.heads, self.d_qk, self.d_v)}
 
     def mode_problem(self, mode: str) -> str:
         return (f"softmax attention has no finite feature expansion, so it can only be computed quadratically; "
@@ -842,7 +896,7 @@ class SoftmaxMixer(_MixerBase):
         yield from _softmax_decay_problems(self.transition)
 
 
-class ScatterbrainMixer(_MixerBase):
+class ScatterbrainMixer(MixerComponent):
     """Scatterbrain: a low-rank estimate of exp(q.k) plus an exact sparse correction on a support."""
 
     kind: Literal["scatterbrain"]
@@ -860,6 +914,15 @@ class ScatterbrainMixer(_MixerBase):
 
     def modes(self) -> tuple[str, ...]:
         return ("chunk", "recurrent", "quadratic")
+
+    def mode_costs(self, L: int) -> dict[str, Cost]:
+        """The low-rank part as normalised linear attention, plus the exact part on the sparse support."""
+        costs = _linear_family_costs(self, L, self.d_v + 1, None)
+        H, m, keys = self.heads, self.feature_width(), self.sparse_keys()
+        for cost in costs.values():
+            cost.macs += H * L * keys * (self.d_qk + self.d_v + m)
+            cost.bytes += H * L * keys * (self.d_qk + self.d_v) * 4
+        return costs
 
     def mode_problem(self, mode: str) -> str:
         return ("scatterbrain's sparse correction is not a linear recurrence, so it has no scan mode; use auto, "
@@ -915,7 +978,7 @@ class ScatterbrainMixer(_MixerBase):
             yield ("sparse", field), f"{split} gives {field} = {expected}, not {value}; remove {field} or the budget"
 
 
-class DeltaMixer(_MixerBase):
+class DeltaMixer(MixerComponent):
     """The delta rule: S_t = (I - beta_t k_t k_tᵀ) diag(a_t) S_(t-1) + beta_t k_t v_tᵀ, o_t = scale q_tᵀ S_t,
     with q and k L2-normalised per head (DeltaNet; Gated DeltaNet with a gate per head; KDA per key channel).
 
@@ -937,6 +1000,9 @@ class DeltaMixer(_MixerBase):
 
     def modes(self) -> tuple[str, ...]:
         return ("chunk", "recurrent", "quadratic")
+
+    def mode_costs(self, L: int) -> dict[str, Cost]:
+        return delta_costs(L, self.heads, self.d_qk, self.d_v, self.chunk_size, self.gate == "channel")
 
     @property
     def has_step(self) -> bool:
@@ -1155,6 +1221,6 @@ rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
 SLOT_BASES = {"feature_map": FeatureMapComponent, "reweighting": ReweightingComponent,
               "transition": TransitionComponent, "lowrank": LowRankComponent, "sparse": SparseComponent,
-              "mixer": _MixerBase, "mlp": ChannelMixerComponent, "norm": NormComponent,
+              "mixer": MixerComponent, "mlp": ChannelMixerComponent, "norm": NormComponent,
               "position": PositionComponent, "conv": ConvComponent}
 """The base class of each slot: its facts, with defaults, that a plugin's component inherits."""

@@ -148,9 +148,10 @@ class Trainer:
             from attnspec.compiler.calibrate import calibrate_spec
 
             calibration = calibrate_spec(spec, regime="training", batch=self.micro, length=config.task.seq_len)
-        self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True, calibration=calibration)
+        self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True, calibration=calibration,
+                              device=self.device.type)
         self.model = build_model_from_spec(spec).to(self.device)
-        self.model.set_modes(self.plan.full_modes)
+        self.model.set_modes(self.plan.full_modes, self.plan.backends)
         self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()})
         self.names = [name for group in self.groups for name in group.names]
         self.optimizer = make_optimizer(self.model, self.groups, lr=config.lr, weight_decay=config.weight_decay,

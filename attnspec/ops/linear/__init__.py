@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from attnspec.ops.linear.checks import _check_inputs, _export_state
+from attnspec.errors import ShapeError
 from attnspec.ops.linear.chunk import (GROUP, TOP, _chunked, _native_chunk_applies, _native_chunked,
                                        _triton_chunk_applies, _triton_chunked, chunk_scan, scan_levels)
 from attnspec.ops.linear.common import (LOG_ZERO, MODES, Decay, PairState, State, _zero_state, accumulation_dtype,
@@ -27,6 +28,9 @@ from attnspec.ops.linear.common import (LOG_ZERO, MODES, Decay, PairState, State
 from attnspec.ops.linear.quadratic import _noncausal, _quadratic
 from attnspec.ops.linear.recurrent import _recurrent, recurrent_step
 from attnspec.ops.linear.scan import _scan_mode, inclusive_scan, scan_steps
+
+BACKEND_NAMES = ("auto", "graph", "native", "triton")
+
 
 def linear_attention(
     q: Tensor,
@@ -44,6 +48,7 @@ def linear_attention(
     return_state: bool = False,
     max_length: int | None = None,
     log_scale: Tensor | None = None,
+    backend: str = "auto",
 ) -> Tensor | tuple[Tensor, State]:
     """Causal or non-causal (gated) linear attention.
 
@@ -77,6 +82,12 @@ def linear_attention(
             features stand for is ``exp(log_scale_i) * q_i . k_j`` (Performer features are stored
             rescaled so they stay finite). It cancels in the normalised output; only the ``eps``
             clamp depends on it, which then acts on the true normaliser.
+        backend: what runs the chunk mode (the plan's choice, :meth:`MixerComponent.backends`):
+            ``"graph"`` (plain torch), ``"native"`` (the C++ CPU kernel: causal float32 CPU inputs
+            with no decay or one per head, no gradient, not under export), ``"triton"`` (CUDA, the
+            same decays), or ``"auto"``: the first of triton, native, graph that applies. A kernel
+            runs only on inputs it takes; others (a model moved to another device or dtype than
+            the plan's, a gradient, an export trace) run the graph path.
 
     Returns:
         ``o`` of shape ``(B, H, L, Dv)`` with the dtype of ``v``; with ``return_state`` also the
@@ -87,8 +98,9 @@ def linear_attention(
     """
     decay, initial = _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state,
                                    return_state, max_length, scale, eps)
+    use_triton, use_native = _chosen_backend(backend, q, k, v, decay, initial, causal, mode)
     out_dtype = v.dtype
-    if not _triton_chunk_applies(q, decay, causal, mode):
+    if not use_triton:
         # Half-precision inputs are computed in float32 on the graph path: every product is exact in
         # float32 and every sum over positions (states, decays, the normaliser) is a float32 sum.
         wide = accumulation_dtype(q.dtype)
@@ -104,11 +116,11 @@ def linear_attention(
         final = initial if initial is not None else _zero_state(q, v, decay is not None and decay.phase is not None)
         out = out[..., :-1] if normalize else out
         return (out, _export_state(final, normalize)) if return_state else out
-    if _triton_chunk_applies(q, decay, causal, mode):
+    if use_triton:
         # the normaliser's division needs its column in float32, the kernel's accumulation dtype
         out, final = _triton_chunked(q, k, v, decay, initial, scale, chunk_size,
                                      out_dtype=accumulation_dtype(q.dtype) if normalize else out_dtype)
-    elif _native_chunk_applies(q, k, v, decay, initial, causal, mode):
+    elif use_native:
         out, final = _native_chunked(q, k, v, decay, initial, scale, chunk_size)
     elif not causal:
         out, final = _noncausal(q * scale, k, v, mode), None
@@ -126,6 +138,21 @@ def linear_attention(
     if not return_state:
         return out
     return out, _export_state(final, normalize)
+
+
+def _chosen_backend(backend: str, q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial, causal: bool,
+                    mode: str) -> tuple[bool, bool]:
+    """(run on Triton, run on the CPU kernel) for ``backend``. A kernel runs only on inputs it takes:
+    the plan chose it for a device, dtype and regime, and a model moved to another device or dtype,
+    asked for a gradient or traced for export runs the graph path (what the plan would choose there)."""
+    if backend not in BACKEND_NAMES:
+        raise ShapeError(f"backend must be one of {', '.join(BACKEND_NAMES)}, got {str(backend)[:40]!r}")
+    if backend == "graph":
+        return False, False
+    triton = backend in ("auto", "triton") and _triton_chunk_applies(q, decay, causal, mode)
+    native = not triton and backend in ("auto", "native") and _native_chunk_applies(q, k, v, decay, initial, causal,
+                                                                                     mode)
+    return triton, native
 
 
 def _is_empty_sequence(q: Tensor) -> bool:

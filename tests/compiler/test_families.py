@@ -1,0 +1,113 @@
+"""The mixer family is the planner's unit: each family's costs and backends, the plan's (mode, backend).
+
+The plan reads ``mode_costs`` and ``backends`` from the family's IR class and branches on no kind
+name; the chosen backend reaches the op (``linear_attention(backend=...)``) through the lowered
+model, and a kernel runs only on inputs it takes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnspec.ops.linear as linear_ops
+from attnspec.compiler import build_model, plan_spec
+from attnspec.compiler.plan import Calibration, backends_for, estimated_costs
+from attnspec.errors import ShapeError
+from attnspec.ops import linear_attention
+from attnspec.ops.linear.backends import native
+from attnspec.spec import loads_spec
+from attnspec.spec.family import delta_costs, linear_costs
+
+GLA = """
+name: gla
+input: {kind: tokens, vocab_size: 32}
+d_model: 32
+max_len: 4096
+dtype: DTYPE
+layers:
+  - mixer: {kind: linear, heads: 2, feature_map: relu, normalize: false, mode: chunk,
+            transition: {kind: data, per: PER, phase: none}}
+"""
+
+
+def _spec(per: str = "head", dtype: str = "float32"):
+    return loads_spec(GLA.replace("PER", per).replace("DTYPE", dtype))
+
+
+@pytest.mark.parametrize("per, dtype, device, training, backend, exported", [
+    ("head", "float32", "cpu", False, "native", "graph"),     # the CPU kernel; exported programs take the graph
+    ("head", "float32", "cpu", True, "graph", "graph"),       # the kernel has no backward
+    ("head", "float64", "cpu", False, "graph", "graph"),      # the kernel is float32 only
+    ("channel", "float32", "cpu", False, "graph", "graph"),   # the kernels take one decay per head
+    ("head", "float32", "cuda", False, "triton", "triton"),   # Triton: forward, backward, export
+    ("head", "float32", "cuda", True, "triton", "triton"),
+    ("channel", "float32", "cuda", True, "graph", "graph"),
+])
+def test_the_plan_chooses_the_backend_by_device_dtype_and_regime(per, dtype, device, training, backend, exported):
+    plan = plan_spec(_spec(per, dtype), 1024, training=training, device=device, calibration=Calibration.empty())
+    layer = plan.layers[0]
+    assert (layer.full_mode, layer.backend, layer.export_backend) == ("chunk", backend, exported)
+    assert plan.to_json()["layers"][0]["backend"] == backend and plan.to_json()["device"] == device
+
+
+def test_a_lowered_model_runs_the_planned_backend(monkeypatch):
+    if not native.available():
+        pytest.skip("the CPU kernel did not build on this machine")
+    calls = []
+    original = linear_ops._native_chunked
+    monkeypatch.setattr(linear_ops, "_native_chunked", lambda *a, **k: calls.append(1) or original(*a, **k))
+    model = build_model(_spec())
+    assert model.blocks[0].mixer.backend == "native"
+    tokens = torch.randint(0, 32, (2, 100))
+    with torch.no_grad():
+        planned = model(tokens)
+    assert calls == [1]
+    model.set_modes(["chunk"])  # no backends: the graph path
+    with torch.no_grad():
+        graph = model(tokens)
+    assert calls == [1] and torch.allclose(planned, graph, atol=1e-5)
+    # a gradient is the training regime, which the kernel does not serve: the graph path runs
+    model.set_modes(["chunk"], ["native"])
+    model(tokens).sum().backward()
+    assert calls == [1]
+
+
+def test_backends_for_replans_a_build_for_another_device():
+    spec = _spec()
+    assert backends_for(spec, ["chunk"], device="cpu") == ["native"]
+    assert backends_for(spec, ["chunk"], device="cuda") == ["triton"]
+    assert backends_for(spec, ["quadratic"], device="cpu") == ["graph"]
+
+
+def test_an_explicit_kernel_runs_only_on_inputs_it_takes_and_a_bad_name_is_refused():
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64) for _ in range(3))
+    reference = linear_attention(q, k, v, mode="chunk", backend="graph")
+    assert torch.equal(linear_attention(q, k, v, mode="chunk", backend="native"), reference)  # float64: graph
+    with pytest.raises(ShapeError, match="backend must be one of"):
+        linear_attention(q, k, v, backend="cuda-magic")
+
+
+def test_each_family_is_costed_by_its_own_cost_function():
+    spec = loads_spec("""
+name: families
+input: {kind: tokens, vocab_size: 32}
+d_model: 64
+max_len: 4096
+layers:
+  - mixer: {kind: delta, heads: 4, gate: channel}
+  - mixer: {kind: linear, heads: 4, feature_map: relu}
+  - mixer: {kind: softmax, heads: 4}
+""")
+    delta, linear, softmax = (block.mixer for block in spec.layers)
+    L = 2048
+    expected = delta_costs(L, 4, 16, 16, 64, per_channel=True)
+    assert {mode: cost.macs for mode, cost in estimated_costs(delta, L).items()} == \
+        {mode: cost.macs for mode, cost in expected.items()}
+    # the delta rule's chunk form costs more than gated linear attention's at the same widths (the UT transform)
+    assert estimated_costs(delta, L)["chunk"].macs > linear_costs(L, 4, 16, 16, 64, True, False)["chunk"].macs
+    assert set(estimated_costs(linear, L)) == {"chunk", "recurrent", "scan", "quadratic"}
+    assert set(estimated_costs(softmax, L)) == {"quadratic"}
+    plan = plan_spec(spec, L, calibration=Calibration.empty())
+    assert [layer.backend for layer in plan.layers] == ["graph", "native", "graph"]
+    assert plan.layers[0].full_mode == "chunk" and plan.layers[2].decode_mode is None

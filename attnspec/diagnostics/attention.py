@@ -40,7 +40,7 @@ def implied_attention(mixer: Any, x: Tensor, mode: str | None = None,
         eye = torch.eye(L, dtype=v.dtype, device=v.device).expand(B, H, L, L)
         return q, k, eye, state
 
-    def keep(o: Tensor, h: Tensor) -> Tensor:
+    def keep(o: Tensor, h: Tensor, v: Tensor | None = None) -> Tensor:
         captured["A"] = o
         return o
 

@@ -72,8 +72,9 @@ def check_decomposable(model: Any) -> None:
             problems.append(f"{where} has an MLP (mlp: none)")
         if not isinstance(block.norm1, torch.nn.Identity):
             problems.append(f"{where} normalises inside the block (norm: none; a final_norm is fine)")
-        if mixer.gate is not None or mixer.norm_weight is not None:
-            problems.append(f"{where}'s mixer has an output gate or group norm (output_gate: none, group_norm: false)")
+        if mixer.gate is not None or mixer.norm_weight is not None or mixer.D is not None:
+            problems.append(f"{where}'s mixer has an output gate, group norm or skip (output_gate: none, "
+                            "group_norm: false, skip: false)")
         if any(stream in mixer.conv.widths for stream in ("x", "v")):
             problems.append(f"{where}'s mixer convolves x or v (no conv on those streams)")
     if problems:

@@ -25,6 +25,8 @@ class Convolutions(nn.Module):
         super().__init__()
         self.widths: dict[str, int] = dict(node.streams())
         self.filters = nn.ParameterDict()
+        self.biases = nn.ParameterDict()
+        self.silu = getattr(node, "activation", "none") == "silu"
         for name, width in self.widths.items():
             if node.kind == "shift":
                 weight = torch.full((channels[name], width), 1.0 / width)
@@ -32,6 +34,8 @@ class Convolutions(nn.Module):
                 bound = width ** -0.5
                 weight = torch.empty(channels[name], width).uniform_(-bound, bound)
             self.filters[name] = nn.Parameter(weight)
+            if getattr(node, "bias", False):  # as Conv1d's default: uniform in +-1/sqrt(fan_in)
+                self.biases[name] = nn.Parameter(torch.empty(channels[name]).uniform_(-width ** -0.5, width ** -0.5))
         self.channels = {name: channels[name] for name in self.widths}
 
     def forward(self, name: str, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
@@ -45,8 +49,10 @@ class Convolutions(nn.Module):
             padded = F.pad(x, (0, 0, width - 1, 0))
         else:
             padded = torch.cat([state.to(x.dtype), x], dim=1)
-        y = F.conv1d(padded.transpose(1, 2), weight.to(x.dtype).unsqueeze(1), groups=weight.shape[0])
-        return y.transpose(1, 2), padded[:, L:]
+        bias = self.biases[name].to(x.dtype) if name in self.biases else None
+        y = F.conv1d(padded.transpose(1, 2), weight.to(x.dtype).unsqueeze(1), bias, groups=weight.shape[0])
+        y = y.transpose(1, 2)
+        return (F.silu(y) if self.silu else y), padded[:, L:]
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
         """Zero decoding state, one (batch, w - 1, C) tensor per stream in ``self.widths`` order."""

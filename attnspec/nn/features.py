@@ -52,6 +52,24 @@ class SoftplusFeatures(IdentityFeatures):
         return F.softplus(x), None
 
 
+@register("feature_map", "silu")
+class SiluFeatures(IdentityFeatures):
+    def forward(self, x, query):
+        return F.silu(x), None
+
+
+@register("feature_map", "l2norm")
+class L2NormFeatures(FeatureMap):
+    """x (or silu(x)) over its L2 norm along the head width (clamped at 1e-6, as F.normalize)."""
+
+    def __init__(self, node, **_):
+        super().__init__()
+        self.silu = node.activation == "silu"
+
+    def forward(self, x, query):
+        return F.normalize(F.silu(x) if self.silu else x, dim=-1, eps=1e-6), None
+
+
 @register("feature_map", "exp")
 class ExpFeatures(IdentityFeatures):
     """The softmax kernel; it has no finite features, so mixers compute it quadratically."""

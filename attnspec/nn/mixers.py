@@ -58,21 +58,24 @@ class Mixer(nn.Module):
         self.chunk_size = node.chunk_size
         self.mode = node.mode if node.mode != "auto" else self.modes[0]
         self.backend = "graph"  # what runs the mode: the plan's choice (Model.set_modes), the graph path until then
-        self.q_proj = nn.Linear(d_model, self.heads * self.d_qk, bias=False)
-        self.k_proj = nn.Linear(d_model, self.heads * self.d_qk, bias=False)
+        self.qk_heads = node.query_key_heads  # heads of distinct q/k: `qk_groups` share them across heads
+        self.q_proj = nn.Linear(d_model, self.qk_heads * self.d_qk, bias=False)
+        self.k_proj = nn.Linear(d_model, self.qk_heads * self.d_qk, bias=False)
         self.v_proj = nn.Linear(d_model, self.heads * self.d_v, bias=False)
         self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=False)
         self.gate = nn.Linear(d_model, self.heads * self.d_v, bias=False) if node.output_gate != "none" else None
         self.gate_kind = node.output_gate
         self.norm_weight = nn.Parameter(torch.ones(self.heads * self.d_v)) if node.group_norm else None
+        self.norm_eps, self.gate_before_norm = node.norm_eps, node.gate_before_norm
+        self.D = nn.Parameter(torch.ones(self.heads)) if node.skip else None  # Mamba2's skip, D v_t
         with torch.no_grad():  # `init_scale` multiplies PyTorch's default initialisation
             for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, self.gate):
                 if projection is not None:
                     projection.weight.mul_(node.init_scale)
         self.position = build_position(node.position, heads=self.heads, d_qk=self.d_qk, d_model=d_model,
                                        max_len=max_len)
-        self.conv = build("conv", node.conv, channels={"x": d_model, "q": self.heads * self.d_qk,
-                                                        "k": self.heads * self.d_qk, "v": self.heads * self.d_v})
+        self.conv = build("conv", node.conv, channels={"x": d_model, "q": self.qk_heads * self.d_qk,
+                                                        "k": self.qk_heads * self.d_qk, "v": self.heads * self.d_v})
 
     def state_size(self, length: int) -> int:
         """Numbers one sequence carries from its past at ``length``: the decoding state of a mixer
@@ -93,9 +96,13 @@ class Mixer(nn.Module):
             raise ShapeError(f"a {self.kind} mixer runs in {', '.join(self.modes)}, not in mode {mode!r}")
         return mode
 
-    def _heads(self, y: Tensor, width: int) -> Tensor:
+    def _heads(self, y: Tensor, width: int, heads: int | None = None) -> Tensor:
+        """(B, L, heads * width) -> (B, H, L, width); q/k of ``qk_heads`` groups are shared by H / groups
+        consecutive heads (head h reads group h // (H / groups), as Mamba2's B and C)."""
         B, L = y.shape[:2]
-        return y.view(B, L, self.heads, width).transpose(1, 2)
+        heads = heads or self.heads
+        y = y.view(B, L, heads, width).transpose(1, 2)
+        return y if heads == self.heads else y.repeat_interleave(self.heads // heads, dim=1)
 
     def _project(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None
                  ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
@@ -108,7 +115,8 @@ class Mixer(nn.Module):
         for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
             streams[name], new_state[name] = self.conv(name, projection(x), past.get(name))
         q, k, v = (_full_precision(streams[name]) for name in ("q", "k", "v"))
-        q, k = self.position.rotate(self._heads(q, self.d_qk), self._heads(k, self.d_qk), offset)
+        q, k = self.position.rotate(self._heads(q, self.d_qk, self.qk_heads), self._heads(k, self.d_qk, self.qk_heads),
+                                    offset)
         return q, k, self._heads(v, self.d_v), tuple(new_state[name] for name in self.conv.widths)
 
     def _decay(self, x: Tensor) -> Decay | None:
@@ -118,25 +126,35 @@ class Mixer(nn.Module):
             return None
         return Decay(_full_precision(decay.log_mag), None if decay.phase is None else _full_precision(decay.phase))
 
-    def _output(self, o: Tensor, x: Tensor) -> Tensor:
-        """Per-head RMS norm, merge heads, output gate, output projection: (B, H, L, Dv) -> (B, L, d_model)."""
-        if self.norm_weight is not None:
-            o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6)
+    def _output(self, o: Tensor, x: Tensor, v: Tensor | None = None) -> Tensor:
+        """The output stages: D skip (needs the values ``v``), per-head RMS norm, merge heads, output gate
+        (or the gate then a norm per q/k group: ``gate_before_norm``), output projection:
+        o, v (B, H, L, Dv), x (B, L, d_model) -> (B, L, d_model)."""
+        if self.D is not None:
+            o = o + self.D.to(o.dtype).view(1, -1, 1, 1) * v
+        normalize_heads = self.norm_weight is not None and not self.gate_before_norm
+        if normalize_heads:
+            o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.norm_eps)
         B, H, L, Dv = o.shape
         o = o.transpose(1, 2).reshape(B, L, H * Dv)
-        if self.norm_weight is not None:
+        if normalize_heads:
             o = o * self.norm_weight
         if self.gate is not None:
             g = self.gate(x)
             o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))
+        if self.gate_before_norm:  # Mamba2: RMSNorm(y silu(z)) over each group of H / qk_groups heads
+            groups = o.view(B, L, self.qk_heads, -1)
+            o = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.norm_eps)).view(B, L, H * Dv)
+            o = o * self.norm_weight
         return self.out_proj(o)
 
-    def _softmax_attention(self, x: Tensor) -> Tensor:
-        """Softmax attention with the mixer's (real, per-head) decay as log-bias: (B, L, d) -> (B, H, L, Dv)."""
+    def _softmax_attention(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Softmax attention with the mixer's (real, per-head) decay as log-bias, and the values:
+        (B, L, d) -> (B, H, L, Dv) twice."""
         q, k, v, _ = self._project(x)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
-        return softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale)
+        return softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale), v
 
     def regularization_loss(self) -> Tensor | None:
         return None
@@ -168,18 +186,22 @@ class LinearMixer(Mixer):
             q, log_scale = q * torch.exp(log_scale).unsqueeze(-1), None
         # cosFormer's positions are 1-based (offset + 1 ..), the position schemes' 0-based
         q, k = self.reweighting(q, k, offset)
+        step = self.transition.input_scale(x)  # Mamba2's Δ_t on what is written: Δ_t k_t v_tᵀ
+        if step is not None:
+            k = k * step.to(k.dtype)
         return q * self.feature_scale, k, v, self._decay(x), log_scale, conv_state
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         mode = self._checked_mode(mode)
         if self.softmax_kernel:
-            return self._output(self._softmax_attention(x), x)
+            o, v = self._softmax_attention(x)
+            return self._output(o, x, v)
         q, k, v, decay, log_scale, _ = self._prepare(x)
         q, k, v = _autocast_dtype(q), _autocast_dtype(k), _autocast_dtype(v)
         o = linear_attention(q, k, v, decay, causal=self.causal, normalize=self.normalize, eps=self.eps,
                              log_scale=log_scale, mode=mode, chunk_size=self.chunk_size, backend=self._backend_for(mode),
                              max_length=self.max_len if self.causal else None)
-        return self._output(o, x)
+        return self._output(o, x, v)
 
     # -- decoding
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
@@ -200,7 +222,7 @@ class LinearMixer(Mixer):
         pair = PairState(state[0], state[1] if pairs > 1 else None)
         o, pair = recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], step_decay, pair, normalize=self.normalize,
                                  eps=self.eps, log_scale=None if log_scale is None else log_scale[:, :, 0])
-        y = self._output(o.unsqueeze(2), x)
+        y = self._output(o.unsqueeze(2), x, v)
         new_state = (pair.re,) if pair.im is None else (pair.re, pair.im)
         return y[:, 0], new_state + conv_state
 
@@ -218,7 +240,8 @@ class SoftmaxMixer(Mixer):
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         self._checked_mode(mode)
-        return self._output(self._softmax_attention(x), x)
+        o, v = self._softmax_attention(x)
+        return self._output(o, x, v)
 
 
 @register("mixer", "scatterbrain")
@@ -241,7 +264,7 @@ class ScatterbrainMixer(Mixer):
         o = scatterbrain_attention(q, k, v, q_features, k_features, self.sparse(q, k), q_log_scale=log_scale,
                                    causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
                                    chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None)
-        return self._output(o, x)
+        return self._output(o, x, v)
 
     def regularization_loss(self) -> Tensor | None:
         return self.features.regularization_loss()
@@ -249,36 +272,26 @@ class ScatterbrainMixer(Mixer):
 
 @register("mixer", "delta")
 class DeltaMixer(Mixer):
-    """The delta rule (DeltaNet, Gated DeltaNet, KDA) on L2-normalised q and k; see the IR's DeltaMixer."""
+    """The delta rule (DeltaNet, Gated DeltaNet, KDA) on unit-norm q and k; see the IR's DeltaMixer."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+        self.features = build("feature_map", node.feature_map, dim=self.d_qk, heads=self.heads, scale=self.scale,
+                              seed=seed)
         self.beta_scale = 2.0 if node.beta == "2sigmoid" else 1.0
         self.beta_proj = nn.Linear(d_model, self.heads, bias=False)
-        self.decay_kind = node.gate  # (Mixer.gate_kind is the output gate's)
-        if node.gate != "none":
-            width = self.heads if node.gate == "head" else self.heads * self.d_qk
-            generator = torch.Generator().manual_seed(seed + 104729)
-            self.a_proj = nn.Linear(d_model, width, bias=False)
-            low, high = node.a_init
-            self.A_log = nn.Parameter(torch.log(torch.empty(width).uniform_(low, high, generator=generator)))
-            low, high = node.dt_init
-            dt = torch.exp(torch.empty(width).uniform_(math.log(low), math.log(high), generator=generator))
-            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
 
     def _inputs(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None):
         """q, k (B, H, L, d_qk) unit-norm, v (B, H, L, d_v), beta (B, H, L), log_a (B, H, L[, d_qk]) or None,
         and the convolutions' new state."""
         q, k, v, conv_state = self._project(x, offset, conv_state)
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        q, k = self.features(q, True)[0], self.features(k, False)[0]
         beta = self.beta_scale * torch.sigmoid(_full_precision(self.beta_proj(x))).transpose(1, 2)
+        decay = self._decay(x)
         log_a = None
-        if self.decay_kind != "none":
-            rate = F.softplus(_full_precision(self.a_proj(x)) + self.dt_bias)  # (B, L, width)
-            log_a = -torch.exp(self.A_log) * rate
-            B, L = x.shape[:2]
-            log_a = log_a.transpose(1, 2) if self.decay_kind == "head" else \
-                log_a.view(B, L, self.heads, self.d_qk).transpose(1, 2)
+        if decay is not None:  # (B, H, L, 1) per head -> (B, H, L); per channel (B, H, L, d_qk)
+            log_a = decay.log_mag if self.transition.per_channel else decay.log_mag[..., 0]
         return q, k, v, beta, log_a, conv_state
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
@@ -286,7 +299,7 @@ class DeltaMixer(Mixer):
         q, k, v, beta, log_a, _ = self._inputs(x)
         o = delta_rule(q, k, v, beta, log_a, mode=mode, scale=self.scale, chunk_size=self.chunk_size,
                        max_length=self.max_len)
-        return self._output(o, x)
+        return self._output(o, x, v)
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
         """Zero state: the delta state (batch, H, d_qk, d_v), then one (batch, w - 1, C) tensor per convolved stream."""
@@ -299,5 +312,5 @@ class DeltaMixer(Mixer):
         q, k, v, beta, log_a, conv_state = self._inputs(x, position, state[1:])
         o, delta_state = delta_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0],
                                     None if log_a is None else log_a[:, :, 0], state[0], scale=self.scale)
-        y = self._output(o.unsqueeze(2), x)
+        y = self._output(o.unsqueeze(2), x, v)
         return y[:, 0], (delta_state,) + conv_state

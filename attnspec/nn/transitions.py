@@ -30,6 +30,10 @@ class Transition(nn.Module):
         super().__init__()
         self.is_complex, self.per_channel = node.is_complex, node.per_channel
 
+    def input_scale(self, x: Tensor) -> Tensor | None:
+        """A factor (B, H, L, 1 or Dk) on what position t writes to the state (Mamba2's Δ_t), or None."""
+        return None
+
 
 @register("transition", "none")
 class NoTransition(Transition):
@@ -114,3 +118,42 @@ class DataTransition(Transition):
         log_mag = F.logsigmoid(gamma) if self.magnitude == "sigmoid" else -torch.exp(gamma)
         phase = None if self.theta is None else self._split(self.theta(x))
         return Decay(log_mag, phase)
+
+
+@register("transition", "mamba")
+class MambaTransition(Transition):
+    """Mamba's gate: ``log a_t = -exp(A_log) softplus(W_Δ x_t + dt_bias)`` per head or key channel.
+
+    A = exp(A_log) starts uniform in ``a_init``, softplus(dt_bias) log-uniform in ``dt_init`` (floored
+    at 1e-4, as Mamba2). ``input_scale(x)`` is the step Δ_t when the node scales the input, else None.
+    """
+
+    def __init__(self, node, *, d_model: int, heads: int, d_qk: int, **_):
+        super().__init__(node)
+        self.heads, self.width = heads, d_qk if self.per_channel else 1
+        count = heads * self.width
+        if node.rank is None:
+            self.dt_proj = nn.Linear(d_model, count, bias=False)
+        else:  # KDA's gate projection: d_model -> rank -> count
+            self.dt_proj = nn.Sequential(nn.Linear(d_model, node.rank, bias=False), nn.Linear(node.rank, count, bias=False))
+        low, high = node.a_init
+        self.A_log = nn.Parameter(torch.log(torch.empty(count).uniform_(low, high)))
+        low, high = node.dt_init
+        dt = torch.exp(torch.empty(count).uniform_(math.log(low), math.log(high))).clamp(min=1e-4)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        self.scales_input = node.scale_input
+
+    def _step(self, x: Tensor) -> Tensor:
+        """Δ_t = softplus(W_Δ x_t + dt_bias): (B, L, d_model) -> (B, H, L, width), in full precision."""
+        B, L = x.shape[:2]
+        wide = torch.promote_types(x.dtype, torch.float32)  # half-precision activations: the gate in float32
+        rate = F.softplus(self.dt_proj(x).to(wide) + self.dt_bias.to(wide))
+        return rate.view(B, L, self.heads, self.width).transpose(1, 2)
+
+    def forward(self, x: Tensor) -> Decay:
+        step = self._step(x)
+        width = self.width
+        return Decay(-torch.exp(self.A_log.to(step.dtype)).view(1, self.heads, 1, width) * step, None)
+
+    def input_scale(self, x: Tensor) -> Tensor | None:
+        return self._step(x) if self.scales_input else None

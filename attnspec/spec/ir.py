@@ -92,6 +92,8 @@ class FeatureMapComponent(Component):
     """phi has a finite feature expansion (False: the softmax kernel, computed quadratically)."""
     consumes_scale: ClassVar[bool] = False
     """The feature map applies the mixer's `scale` (the softmax temperature) itself."""
+    unit_norm: ClassVar[bool] = False
+    """phi(x) has unit L2 norm per head (what the delta rule needs for I - beta k kᵀ to be a contraction)."""
 
     def width(self, n: int) -> int:
         """Feature width for query/key width ``n``."""
@@ -160,6 +162,24 @@ class SoftplusFeatures(FeatureMapComponent):
     """phi(x) = log(1 + e^x), strictly positive."""
 
     kind: Literal["softplus"]
+
+
+class SiluFeatures(FeatureMapComponent):
+    """phi(x) = x sigmoid(x) (SiLU/swish), signed; DeltaNet's q/k activation before the L2 norm."""
+
+    kind: Literal["silu"]
+    non_negative: ClassVar[bool] = False
+
+
+class L2NormFeatures(FeatureMapComponent):
+    """phi(x) = act(x) / |act(x)|, per head (DeltaNet, Gated DeltaNet, KDA: q and k of unit norm), with
+    act the identity or SiLU."""
+
+    kind: Literal["l2norm"]
+    activation: Literal["none", "silu"] = "none"
+    """Applied before the normalisation (FLA's `qk_activation`; a short convolution's SiLU comes before it)."""
+    non_negative: ClassVar[bool] = False
+    unit_norm: ClassVar[bool] = True
 
 
 class ExpFeatures(FeatureMapComponent):
@@ -254,6 +274,8 @@ FeatureMap = declare(
     Elu1Features,
     ReluFeatures,
     SoftplusFeatures,
+    SiluFeatures,
+    L2NormFeatures,
     ExpFeatures,
     PerformerFeatures,
     SoftplusLinearFeatures,
@@ -376,7 +398,40 @@ class DataTransition(TransitionComponent):
         return self.per == "channel"
 
 
-Transition = declare("transition", NoTransition, FixedTransition, DataTransition)
+InitRange = Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)]
+
+
+class MambaTransition(TransitionComponent):
+    """Mamba's gate: a_t = exp(-exp(A_log) Δ_t) with the step Δ_t = softplus(W_Δ x_t + dt_bias), real,
+    per head (Mamba2, Gated DeltaNet) or per key channel (KDA). With `scale_input` the step also
+    scales what is written to the state (Mamba2's Δ_t x_t: k_t is multiplied by Δ_t)."""
+
+    kind: Literal["mamba"]
+    per: Literal["head", "channel"] = "head"
+    """One gate per head, or one per key channel."""
+    a_init: InitRange = Field(default_factory=lambda: [1.0, 16.0])
+    """Range of A = exp(A_log) at initialisation, uniform (Mamba2: [1, 16])."""
+    dt_init: InitRange = Field(default_factory=lambda: [0.001, 0.1])
+    """Range of Δ = softplus(dt_bias) at zero input, log-uniform (Mamba2: [0.001, 0.1], floored at 1e-4)."""
+    rank: Count(limits.MAX_HEAD_WIDTH) | None = None
+    """A low-rank W_Δ = W_up W_down of this inner width (KDA's gate projection); full rank when unset."""
+    scale_input: bool = False
+    """Multiply the written input by Δ_t (Mamba2's discretisation, with the D skip taking x_t unscaled)."""
+
+    @property
+    def per_channel(self) -> bool:
+        return self.per == "channel"
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        for name in ("a_init", "dt_init"):
+            low, high = getattr(self, name)
+            if low > high:
+                yield (name,), f"{name} is a range [low, high]; got low {low} above high {high}"
+        if self.scale_input and self.per_channel:
+            yield ("scale_input",), "scale_input multiplies the input by one Δ_t per head (Mamba2); use `per: head`"
+
+
+Transition = declare("transition", NoTransition, FixedTransition, DataTransition, MambaTransition)
 
 # --------------------------------------------------------------------------- positions
 
@@ -475,6 +530,10 @@ class ShortConv(ConvComponent):
     projections: Annotated[list[Literal["q", "k", "v"]], Field(min_length=1, max_length=3)] = Field(
         default_factory=lambda: ["q", "k", "v"])
     """Which projections are convolved."""
+    activation: Literal["none", "silu"] = "none"
+    """Applied to each convolved stream (Mamba2 and flash-linear-attention's layers: silu)."""
+    bias: bool = False
+    """A learnt bias per channel (Mamba2's conv1d has one)."""
 
     def streams(self) -> dict[str, int]:
         return {name: self.width for name in self.projections}
@@ -690,6 +749,17 @@ class MixerComponent(Component):
     init_scale: Annotated[float, Field(gt=0, le=100)] = 1.0
     """Multiplier on the q/k/v/gate/output projections' initial weights (PyTorch's default
     nn.Linear init, uniform in +-1/sqrt(fan_in)). 1 keeps the default."""
+    qk_groups: Count(limits.MAX_HEADS) | None = None
+    """Queries and keys shared by groups of heads: G groups of heads / G heads each (Mamba2's B and C
+    `n_groups`; multi-value attention). Unset: one per head."""
+    skip: bool = False
+    """Add D ⊙ v_t to the output, a learnt D per head starting at 1 (Mamba2's D skip)."""
+    gate_before_norm: bool = False
+    """Gate then normalise: RMSNorm(y ⊙ silu(W_g x)) over each query/key group's heads (Mamba2's gated
+    norm), rather than per-head RMSNorm(y) then the gate (Gated DeltaNet's). Needs `group_norm: true`
+    and `output_gate: swish`."""
+    norm_eps: Annotated[float, Field(gt=0, le=1)] = 1e-6
+    """Epsilon of the output norm (`group_norm`)."""
 
     def modes(self) -> tuple[str, ...]:
         """The execution modes that compute this mixer, the planner's default first."""
@@ -772,6 +842,25 @@ class MixerComponent(Component):
                 yield ("position",), (f"a {self.kind} mixer has no decay path for {self.position.kind}; use rope")
         for below, message in self.conv.problems():
             yield ("conv", *below), message
+        if self.qk_groups is not None and self.heads % self.qk_groups:
+            yield ("qk_groups",), (f"{self.heads} heads cannot be split into {self.qk_groups} equal groups; use a "
+                                   f"divisor of {self.heads}")
+        if self.gate_before_norm and not (self.group_norm and self.output_gate == "swish"):
+            yield ("gate_before_norm",), ("gate_before_norm orders a gated norm, which needs `group_norm: true` "
+                                          "and `output_gate: swish`")
+        if transition is not None and getattr(transition, "scale_input", False) and not self.scales_input:
+            yield ("transition", "scale_input"), (f"a {self.kind} mixer has no input for Δ_t to scale; remove "
+                                                  "scale_input")
+
+    @property
+    def scales_input(self) -> bool:
+        """Whether the family applies a transition's ``scale_input`` (Δ_t times the written key)."""
+        return False
+
+    @property
+    def query_key_heads(self) -> int:
+        """Heads of distinct queries and keys: ``qk_groups`` where they are shared, else ``heads``."""
+        return self.qk_groups or self.heads
 
 
 def _linear_family_costs(mixer: MixerComponent, L: int, d: int, transition: TransitionComponent | None
@@ -814,6 +903,10 @@ class LinearMixer(MixerComponent):
 
     def modes(self) -> tuple[str, ...]:
         return ("chunk", "recurrent", "scan", "quadratic") if self.feature_map.finite else ("quadratic",)
+
+    @property
+    def scales_input(self) -> bool:
+        return not self.softmax_kernel
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
         if self.softmax_kernel:
@@ -980,29 +1073,26 @@ class ScatterbrainMixer(MixerComponent):
 
 class DeltaMixer(MixerComponent):
     """The delta rule: S_t = (I - beta_t k_t k_tᵀ) diag(a_t) S_(t-1) + beta_t k_t v_tᵀ, o_t = scale q_tᵀ S_t,
-    with q and k L2-normalised per head (DeltaNet; Gated DeltaNet with a gate per head; KDA per key channel).
+    with q and k of unit norm per head (`feature_map: l2norm`).
 
-    beta_t = sigmoid(W_beta x_t) (or 2 sigmoid, eigenvalues of I - beta k kᵀ down to -1: the
-    state-tracking variant). The gate is Mamba's parameterisation, a_t = exp(-exp(A_log) softplus(W_a x_t
-    + dt_bias)), with A uniform in `a_init` and softplus(dt_bias) log-uniform in `dt_init` at initialisation.
-    Gated DeltaNet's output stage is `group_norm: true` with `output_gate: swish` (gated RMSNorm)."""
+    DeltaNet has no transition; Gated DeltaNet a `mamba` transition per head; KDA one per key channel
+    (any real transition works). beta_t = sigmoid(W_beta x_t), or 2 sigmoid (eigenvalues of
+    I - beta k kᵀ down to -1: the state-tracking variant). Gated DeltaNet's output stage is
+    `group_norm: true` with `output_gate: swish` (per-head RMSNorm, then the SiLU gate)."""
 
     kind: Literal["delta"]
-    gate: Literal["none", "head", "channel"] = "none"
-    """The decay a_t: none (DeltaNet), one per head (Gated DeltaNet) or one per key channel (KDA)."""
+    feature_map: FeatureMap = Field(default_factory=lambda: L2NormFeatures(kind="l2norm"))
+    """Applied to q and k per head; it must give unit-norm keys (`l2norm`)."""
+    transition: Transition = Field(default_factory=lambda: NoTransition(kind="none"))
+    """The decay a_t: none (DeltaNet), `mamba` per head (Gated DeltaNet) or per channel (KDA), or any real one."""
     beta: Literal["sigmoid", "2sigmoid"] = "sigmoid"
     """The write strength: sigmoid (in [0, 1]) or 2 sigmoid (in [0, 2], negative eigenvalues)."""
-    a_init: Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)] = Field(default_factory=lambda: [1.0, 16.0])
-    """Range of A = exp(A_log) at initialisation (Mamba2: uniform in [1, 16])."""
-    dt_init: Annotated[list[PositiveFloat], Field(min_length=2, max_length=2)] = Field(
-        default_factory=lambda: [0.001, 0.1])
-    """Range of softplus(dt_bias) at initialisation, log-uniform (Mamba2: [0.001, 0.1])."""
 
     def modes(self) -> tuple[str, ...]:
         return ("chunk", "recurrent", "quadratic")
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
-        return delta_costs(L, self.heads, self.d_qk, self.d_v, self.chunk_size, self.gate == "channel")
+        return delta_costs(L, self.heads, self.d_qk, self.d_v, self.chunk_size, self.transition.per_channel)
 
     @property
     def has_step(self) -> bool:
@@ -1016,13 +1106,20 @@ class DeltaMixer(MixerComponent):
         yield from super().problems(max_len=max_len, d_qk=d_qk)
         if not self.causal:
             yield ("causal",), "the delta rule is a recurrence in position order: it needs `causal: true`"
-        for name in ("a_init", "dt_init"):
-            low, high = getattr(self, name)
-            if low > high:
-                yield (name,), f"{name} is a range [low, high]; got low {low} above high {high}"
+        if not self.feature_map.unit_norm:
+            units = sorted(kind for kind, cls in SLOTS["feature_map"].items() if cls.unit_norm)
+            yield ("feature_map",), (f"the delta rule's I - beta k kᵀ stays a contraction only for unit-norm keys, "
+                                     f"but {self.feature_map.kind} features are not normalised; use "
+                                     f"{' or '.join(units)}")
+        if self.transition.is_complex:
+            yield ("transition",), ("the delta rule's decay must be real; use a real transition (mamba, fixed with "
+                                    "`complex: false`, data with `phase: none`)")
+        for below, message in self.feature_map.problems(d_qk):
+            yield ("feature_map", *below), message
 
     def describe(self) -> str:
-        gate = {"none": "", "head": ", gate per head", "channel": ", gate per channel"}[self.gate]
+        gate = "" if self.transition.is_identity else \
+            f", {self.transition.kind} gate per {'channel' if self.transition.per_channel else 'head'}"
         return f"delta[beta {self.beta}{gate}] x{self.heads}"
 
 
@@ -1215,7 +1312,7 @@ class Spec(Node):
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
 
 
-MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, Residuals, Block, Group, Spec]
+MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, Residuals, Block, Group, Spec]
 """Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
 rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above

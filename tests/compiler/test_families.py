@@ -95,7 +95,7 @@ input: {kind: tokens, vocab_size: 32}
 d_model: 64
 max_len: 4096
 layers:
-  - mixer: {kind: delta, heads: 4, gate: channel}
+  - mixer: {kind: delta, heads: 4, transition: {kind: mamba, per: channel}}
   - mixer: {kind: linear, heads: 4, feature_map: relu}
   - mixer: {kind: softmax, heads: 4}
 """)

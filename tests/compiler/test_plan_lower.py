@@ -97,14 +97,18 @@ def formula_parameters(spec) -> int:
 
 def _mixer_parameters(mixer, d: int) -> int:
     H, dk, dv = mixer.heads, mixer.d_qk, mixer.d_v
-    total = 2 * d * H * dk + 2 * H * dv * d  # q, k, v and output projections
+    G = mixer.qk_groups or H  # heads of distinct queries and keys
+    total = 2 * d * G * dk + 2 * H * dv * d  # q, k, v and output projections
     total += d * H * dv if mixer.output_gate != "none" else 0
     total += H * dv if mixer.group_norm else 0
+    total += H if mixer.skip else 0  # D
     transition = getattr(mixer, "transition", None)
     if transition is not None and transition.kind != "none":
         width = H * (dk if transition.per == "channel" else 1)
         if transition.kind == "fixed":
             total += width * (2 if transition.complex else 1)
+        elif transition.kind == "mamba":  # W_Δ (full or low rank), A_log and dt_bias
+            total += (d * width if transition.rank is None else transition.rank * (d + width)) + 2 * width
         else:
             total += (d * width + width) * (2 if transition.phase != "none" else 1)
     fmap = mixer.feature_map if mixer.kind == "linear" else (
@@ -117,10 +121,8 @@ def _mixer_parameters(mixer, d: int) -> int:
             per_unit = dk * dk * (1 if fmap.kind == "softplus_linear" else 2)
         total += groups * fmap.stack * per_unit
     if mixer.conv.kind == "short":  # a depthwise filter of `width` taps per channel of each convolved stream
-        channels = {"x": d, "q": H * dk, "k": H * dk, "v": H * dv}
-        total += sum(channels[name] for name in mixer.conv.projections) * mixer.conv.width
-    if mixer.kind == "delta":  # W_beta, and the Mamba-style gate: W_a, A_log and dt_bias per gate
+        channels = {"x": d, "q": G * dk, "k": G * dk, "v": H * dv}
+        total += sum(channels[name] for name in mixer.conv.projections) * (mixer.conv.width + mixer.conv.bias)
+    if mixer.kind == "delta":  # W_beta
         total += d * H
-        gates = {"none": 0, "head": H, "channel": H * dk}[mixer.gate]
-        total += d * gates + 2 * gates
     return total

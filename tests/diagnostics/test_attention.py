@@ -34,7 +34,7 @@ def _pre_output(mixer, x):
         captured["v"] = v
         return q, k, v, state
 
-    mixer._project, mixer._output = spy, lambda o, h: captured.setdefault("o", o)
+    mixer._project, mixer._output = spy, lambda o, h, v=None: captured.setdefault("o", o)
     try:
         with torch.no_grad():
             mixer(x)

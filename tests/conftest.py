@@ -9,6 +9,11 @@ from pathlib import Path
 # One Inductor/FX cache for every compiled test in this run (compiles cost 5-25 s each on 2 cores).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "attnspec-inductor-cache"))
 
+# transformers (the reference semantics of released models) builds tiny random models from configs;
+# nothing may reach a model hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
 # A fresh mode calibration for the run: plans do not depend on what this machine measured before.
 os.environ["ATTNSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnspec-calibration-")
 

@@ -93,7 +93,8 @@ class FeatureMapComponent(Component):
     consumes_scale: ClassVar[bool] = False
     """The feature map applies the mixer's `scale` (the softmax temperature) itself."""
     unit_norm: ClassVar[bool] = False
-    """phi(x) has unit L2 norm per head (what the delta rule needs for I - beta k kᵀ to be a contraction)."""
+    """|phi(x)| <= 1 per head, = 1 up to a 1e-6 smoothing (what the delta rule needs for I - beta k kᵀ,
+    beta <= 2, to stay a contraction)."""
 
     def width(self, n: int) -> int:
         """Feature width for query/key width ``n``."""

@@ -207,10 +207,14 @@ def explain(
                 chosen += f"\n(exported: {entry.export_backend})"
             table.add_row(escape(entry.path) if regime == "inference" else "", escape(entry.mixer) if regime ==
                           "inference" else "", label, escape(chosen), escape("\n".join(times)), escape(entry.reason))
-        decode = plans[0][1].layers[index].decode_mode
-        table.add_row("", "", "decoding", f"{decode} · graph" if decode else "-",
-                      "recurrent: one step per token" if decode else "-",
-                      "constant-size state" if decode else "no recurrent form: the whole prefix is needed")
+        decode, cache = plans[0][1].layers[index].decode_mode, plans[0][1].layers[index].decode_cache
+        memory = {"recurrent": "a constant-size state", None: "-",
+                  "cache": f"a key/value cache of {cache or 0:,} positions, allocated once",
+                  "prefix": f"the mixer's inputs, {cache or 0:,} positions, rerun each token"}[decode]
+        why = {"recurrent": "memory constant in the position", "cache": "memory per position, up to the cache",
+               "prefix": "exact, but a full pass per token (the sparse support needs every earlier key)",
+               None: "no decoding step: non-causal"}[decode]
+        table.add_row("", "", "decoding", f"{decode} · graph" if decode else "-", memory, why)
     out.print(table)
     out.print(f"[dim]{escape(TRAINING_COMPILE_REASON)}[/dim]")
     if not any(entry.measured for _, plan in plans for entry in plan.layers):
@@ -278,7 +282,8 @@ def _print_build_summary(directory: Path, manifest: dict) -> None:
     table.add_row("parameters", f"{manifest['parameters']:,}")
     for layer in manifest["plan"]["layers"]:
         table.add_row(escape(layer["path"]), escape(f"{layer['mixer']}: {layer['full_mode']} · {layer['backend']}"
-                      + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")))
+                      + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")
+                      + (f" ({layer['decode_cache']:,} positions)" if layer.get("decode_cache") else "")))
     verification = manifest["verification"]
     table.add_row("verification", f"{len(verification['rows'])} mode checks, worst rel. diff "
                                   f"{verification['worst_rel_diff']:.1e}: {'ok' if verification['ok'] else 'FAILED'}")

@@ -49,7 +49,7 @@ class PlanLayer(_Strict):
     path: Text
     mixer: Text
     full_mode: Mode
-    decode_mode: Mode | None
+    decode_mode: Literal["recurrent", "cache", "prefix"] | None
     cost: dict[Text, float]
     reason: Text
     candidates: dict[Text, float]
@@ -57,6 +57,7 @@ class PlanLayer(_Strict):
     skipped: dict[Text, Text] = Field(default_factory=dict)
     backend: BackendName = "graph"
     export_backend: BackendName = "graph"
+    decode_cache: Annotated[int, Field(gt=0, le=limits.MAX_LEN)] | None = None
 
 
 class PlanRecord(_Strict):

@@ -75,6 +75,9 @@ class LayerPlan:
     """What runs ``full_mode`` in the plan's regime on its device (:meth:`MixerComponent.backends`)."""
     export_backend: str = "graph"
     """What runs it inside the build's exported program (a backend that can be exported)."""
+    decode_cache: int | None = None
+    """Positions the decoding state caches (``decode_mode`` "cache": the window, or ``max_len``); None for
+    a constant-size recurrent state."""
 
     @property
     def seconds(self) -> float:
@@ -131,6 +134,7 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
     for index, (path, block) in enumerate(iter_blocks(spec, expand=True)):
         entry = calibration.lookup(mixer_signature(spec, block.mixer), regime, batch, L)
         layer = _plan_mixer(block.mixer, f"blocks[{index}] ({format_path(path)})", L, for_build, batch, training, entry)
+        layer.decode_cache = block.mixer.cache_capacity(spec.max_len)
         layer.backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=spec.dtype,
                                        training=training)
         layer.export_backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=spec.dtype,
@@ -179,15 +183,16 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, train
     costs = estimated_costs(mixer, L, batch, training)
     valid = regime_modes(mixer, "training" if training else "inference")
     seconds = {name: cost.seconds for name, cost in costs.items()}
-    decode = "recurrent" if mixer.has_step else None
+    decode = mixer.decode_mode
     measured = skipped = None
     if calibrated is not None:
         measured = {mode: t for mode, t in calibrated["seconds"].items() if mode in valid}
         skipped = {mode: why for mode, why in calibrated.get("skipped", {}).items() if mode in valid}
     if mixer.softmax_kernel:
-        reason = ("the softmax kernel has no finite features: quadratic is the only mode; no constant-size decoding "
-                  "state (the whole prefix is needed)")
-        return LayerPlan(path, mixer.describe(), "quadratic", None, costs["quadratic"], reason, seconds, measured)
+        reason = "the softmax kernel has no finite features: quadratic is the only mode"
+        if decode is None:
+            reason += "; no decoding step (non-causal)"
+        return LayerPlan(path, mixer.describe(), "quadratic", decode, costs["quadratic"], reason, seconds, measured)
     if mixer.mode != "auto":
         if for_build and mixer.mode not in valid:
             raise BuildError(f"{path}: mixer.mode 'recurrent' loops over positions in Python, so it cannot be compiled "

@@ -22,7 +22,7 @@ from attnspec.nn.registry import build, register
 from attnspec.ops.delta import delta_rule, delta_step
 from attnspec.ops.linear import Decay, PairState, combine_decays, linear_attention, recurrent_step
 from attnspec.ops.scatterbrain import scatterbrain_attention
-from attnspec.ops.softmax import softmax_attention
+from attnspec.ops.softmax import empty_cache, softmax_attention, softmax_step
 
 
 def _full_precision(t: Tensor) -> Tensor:
@@ -54,14 +54,21 @@ class Mixer(nn.Module):
         self.reference_mode = node.reference_mode  # what verification holds the other modes to
         self.has_step = node.has_step
         self.heads, self.d_qk, self.d_v = node.heads, node.d_qk, node.d_v
-        self.causal, self.scale, self.max_len = node.causal, node.scale, max_len
+        self.causal, self.scale, self.max_len, self.d_model = node.causal, node.scale, max_len, d_model
         self.chunk_size = node.chunk_size
         self.mode = node.mode if node.mode != "auto" else self.modes[0]
         self.backend = "graph"  # what runs the mode: the plan's choice (Model.set_modes), the graph path until then
-        self.qk_heads = node.query_key_heads  # heads of distinct q/k: `qk_groups` share them across heads
-        self.q_proj = nn.Linear(d_model, self.qk_heads * self.d_qk, bias=False)
-        self.k_proj = nn.Linear(d_model, self.qk_heads * self.d_qk, bias=False)
-        self.v_proj = nn.Linear(d_model, self.heads * self.d_v, bias=False)
+        # heads of distinct queries, keys and values: `qk_groups` share q and k, `kv_heads` k and v by groups of heads
+        self.q_heads, self.k_heads, self.v_heads = node.query_heads, node.key_heads, node.value_heads
+        self.qk_heads = node.query_heads  # the groups of the gated norm (`gate_before_norm`)
+        self.q_proj = nn.Linear(d_model, self.q_heads * self.d_qk, bias=False)
+        self.k_proj = nn.Linear(d_model, self.k_heads * self.d_qk, bias=False)
+        self.v_proj = nn.Linear(d_model, self.v_heads * self.d_v, bias=False)
+        # RMSNorm of each q and k head before positions (Qwen3's q_norm/k_norm: one weight shared by the heads)
+        self.qk_norm = nn.ParameterDict({"q": nn.Parameter(torch.ones(self.d_qk)),
+                                         "k": nn.Parameter(torch.ones(self.d_qk))}) if node.qk_norm != "none" else None
+        self.cache_capacity = node.cache_capacity(max_len)  # positions a key/value decoding cache holds, or None
+        self.window = getattr(node, "window", None)  # softmax attention's sliding window
         self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=False)
         self.gate = nn.Linear(d_model, self.heads * self.d_v, bias=False) if node.output_gate != "none" else None
         self.gate_kind = node.output_gate
@@ -74,15 +81,17 @@ class Mixer(nn.Module):
                     projection.weight.mul_(node.init_scale)
         self.position = build_position(node.position, heads=self.heads, d_qk=self.d_qk, d_model=d_model,
                                        max_len=max_len)
-        self.conv = build("conv", node.conv, channels={"x": d_model, "q": self.qk_heads * self.d_qk,
-                                                        "k": self.qk_heads * self.d_qk, "v": self.heads * self.d_v})
+        self.conv = build("conv", node.conv, channels={"x": d_model, "q": self.q_heads * self.d_qk,
+                                                        "k": self.k_heads * self.d_qk, "v": self.v_heads * self.d_v})
 
     def state_size(self, length: int) -> int:
         """Numbers one sequence carries from its past at ``length``: the decoding state of a mixer
-        with a recurrent form, else its key-value cache (``length * heads * (d_qk + d_v)``)."""
-        if self.has_step:
+        with a recurrent form, else the keys and values of the positions it attends to
+        (``min(length, window) * kv_heads * (d_qk + d_v)``)."""
+        if self.has_step and self.cache_capacity is None:
             return sum(t.numel() for t in self.init_state(1))
-        return length * self.heads * (self.d_qk + self.d_v)
+        seen = min(length, self.cache_capacity or length)
+        return seen * (self.k_heads * self.d_qk + self.v_heads * self.d_v)
 
     def _backend_for(self, mode: str) -> str:
         """The plan's backend for the planned mode; any other mode a caller asks for takes the graph path."""
@@ -96,18 +105,26 @@ class Mixer(nn.Module):
             raise ShapeError(f"a {self.kind} mixer runs in {', '.join(self.modes)}, not in mode {mode!r}")
         return mode
 
-    def _heads(self, y: Tensor, width: int, heads: int | None = None) -> Tensor:
-        """(B, L, heads * width) -> (B, H, L, width); q/k of ``qk_heads`` groups are shared by H / groups
-        consecutive heads (head h reads group h // (H / groups), as Mamba2's B and C)."""
+    def _heads(self, y: Tensor, width: int, heads: int | None = None, expand: bool = True) -> Tensor:
+        """(B, L, heads * width) -> (B, heads, L, width), then, with ``expand``, shared heads repeated to
+        (B, H, L, width): a group's head serves H / heads consecutive heads (head h reads group
+        h // (H / heads), as Mamba2's B and C and grouped-query attention's keys and values)."""
         B, L = y.shape[:2]
         heads = heads or self.heads
         y = y.view(B, L, heads, width).transpose(1, 2)
-        return y if heads == self.heads else y.repeat_interleave(self.heads // heads, dim=1)
+        return y if heads == self.heads or not expand else y.repeat_interleave(self.heads // heads, dim=1)
 
-    def _project(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None
-                 ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
-        """q, k (B, H, L, d_qk) rotated at positions offset.., v (B, H, L, d_v), and the convolutions'
-        new state (one tensor per stream; ``conv_state`` continues a sequence, None starts one)."""
+    def _normalized(self, t: Tensor, name: str) -> Tensor:
+        """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps 1e-6)."""
+        if self.qk_norm is None:
+            return t
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * self.qk_norm[name].to(t.dtype)
+
+    def _project(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None,
+                 expand: bool = True) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
+        """q, k (B, H, L, d_qk) normalised (``qk_norm``) and rotated at positions offset.., v (B, H, L, d_v),
+        and the convolutions' new state (one tensor per stream; ``conv_state`` continues a sequence,
+        None starts one). ``expand=False`` leaves shared keys and values at their own head counts."""
         past = dict(zip(self.conv.widths, conv_state)) if conv_state is not None else {}
         new_state = {}
         x, new_state["x"] = self.conv("x", x, past.get("x"))
@@ -115,9 +132,10 @@ class Mixer(nn.Module):
         for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
             streams[name], new_state[name] = self.conv(name, projection(x), past.get(name))
         q, k, v = (_full_precision(streams[name]) for name in ("q", "k", "v"))
-        q, k = self.position.rotate(self._heads(q, self.d_qk, self.qk_heads), self._heads(k, self.d_qk, self.qk_heads),
-                                    offset)
-        return q, k, self._heads(v, self.d_v), tuple(new_state[name] for name in self.conv.widths)
+        q = self._normalized(self._heads(q, self.d_qk, self.q_heads), "q")
+        k = self._normalized(self._heads(k, self.d_qk, self.k_heads, expand), "k")
+        q, k = self.position.rotate(q, k, offset)
+        return q, k, self._heads(v, self.d_v, self.v_heads, expand), tuple(new_state[name] for name in self.conv.widths)
 
     def _decay(self, x: Tensor) -> Decay | None:
         """The transition's decay joined with the position scheme's (ALiBi), in full precision."""
@@ -148,13 +166,56 @@ class Mixer(nn.Module):
             o = o * self.norm_weight
         return self.out_proj(o)
 
+    def _expand(self, t: Tensor) -> Tensor:
+        """Shared heads (B, heads, ...) repeated to (B, H, ...) (see :meth:`_heads`)."""
+        return t if t.shape[1] == self.heads else t.repeat_interleave(self.heads // t.shape[1], dim=1)
+
     def _softmax_attention(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Softmax attention with the mixer's (real, per-head) decay as log-bias, and the values:
-        (B, L, d) -> (B, H, L, Dv) twice."""
-        q, k, v, _ = self._project(x)
+        """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window, and the
+        values: (B, L, d) -> (B, H, L, Dv) twice. Shared keys and values stay shared (GQA)."""
+        q, k, v, _ = self._project(x, expand=False)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
-        return softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale), v
+        o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
+        return o, self._expand(v)
+
+    # -- decoding by recomputing the prefix (causal mixers with neither a recurrent form nor a cache)
+    def _init_prefix(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
+        """The mixer's inputs so far: (batch, max_len, d_model), zeros where nothing is written yet."""
+        return (torch.zeros(batch, self.max_len, self.d_model, dtype=dtype, device=device),)
+
+    def _prefix_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Write ``x_t`` (B, d_model) at ``position`` (B,) and run the planned mode over all max_len inputs:
+        causal, the output there sees the written positions only. Exact, O(a full pass) per token."""
+        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and int(position.max()) >= self.max_len:
+            raise ShapeError(f"decoding keeps max_len = {self.max_len} inputs; position {int(position.max())} is "
+                             "past it (raise max_len)")
+        B = x_t.shape[0]
+        where = position.view(B, 1, 1).expand(B, 1, self.d_model)
+        inputs = state[0].scatter(1, where, x_t.unsqueeze(1).to(state[0].dtype))
+        return self.forward(inputs).gather(1, where)[:, 0], (inputs,)
+
+    # -- decoding through a key/value cache (softmax attention and the exp kernel)
+    def _init_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
+        """Empty cache: keys (batch, kv heads, C, d_qk), values (batch, kv heads, C, d_v), decay bias
+        (batch, H, C), then one (batch, w - 1, C) tensor per convolved stream; C = :attr:`cache_capacity`."""
+        cache = empty_cache(batch, self.heads, self.k_heads, self.v_heads, self.cache_capacity, self.d_qk, self.d_v,
+                            dtype, device)
+        return cache + self.conv.init_state(batch, dtype, device)
+
+    def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""
+        if self.window is None and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) \
+                and int(position.max()) >= self.cache_capacity:
+            raise ShapeError(f"full softmax attention caches max_len = {self.cache_capacity} positions; position "
+                             f"{int(position.max())} is past it (raise max_len, or give the mixer a `window`)")
+        x = x_t.unsqueeze(1)
+        q, k, v, conv_state = self._project(x, position, state[3:], expand=False)
+        decay = self._decay(x)
+        log_a = None if decay is None else decay.log_mag[:, :, 0, 0]
+        o, cache = softmax_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state[:3], position, log_a=log_a, scale=self.scale)
+        y = self._output(o.unsqueeze(2), x, self._expand(v))
+        return y[:, 0], cache + conv_state
 
     def regularization_loss(self) -> Tensor | None:
         return None
@@ -206,7 +267,9 @@ class LinearMixer(Mixer):
     # -- decoding
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
         """Zero state: (S_re,) or (S_re, S_im), each (batch, H, m, Dv [+1]), then one (batch, w - 1, C)
-        tensor per convolved stream."""
+        tensor per convolved stream; exp features (softmax attention) keep a key/value cache instead."""
+        if self.softmax_kernel:
+            return self._init_cache(batch, dtype, device)
         width = self.d_v + (1 if self.normalize else 0)
         zeros = torch.zeros(batch, self.heads, self.state_width, width, dtype=dtype, device=device)
         pair = (zeros, zeros.clone()) if self.transition.is_complex else (zeros,)
@@ -214,6 +277,8 @@ class LinearMixer(Mixer):
 
     def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token: ``x_t`` (B, d_model), ``position`` (B,) 0-based -> (y_t (B, d_model), new state)."""
+        if self.softmax_kernel:
+            return self._cache_step(x_t, state, position)
         x = x_t.unsqueeze(1)
         pairs = 2 if self.transition.is_complex else 1
         q, k, v, decay, log_scale, conv_state = self._prepare(x, position, state[pairs:])
@@ -243,6 +308,14 @@ class SoftmaxMixer(Mixer):
         o, v = self._softmax_attention(x)
         return self._output(o, x, v)
 
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
+        """The key/value cache (:meth:`Mixer._init_cache`)."""
+        return self._init_cache(batch, dtype, device)
+
+    def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""
+        return self._cache_step(x_t, state, position)
+
 
 @register("mixer", "scatterbrain")
 class ScatterbrainMixer(Mixer):
@@ -265,6 +338,14 @@ class ScatterbrainMixer(Mixer):
                                    causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
                                    chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None)
         return self._output(o, x, v)
+
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
+        """The inputs so far (:meth:`Mixer._init_prefix`): the sparse support needs every earlier key."""
+        return self._init_prefix(batch, dtype, device)
+
+    def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One token by recomputing the prefix: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t, new state)."""
+        return self._prefix_step(x_t, state, position)
 
     def regularization_loss(self) -> Tensor | None:
         return self.features.regularization_loss()

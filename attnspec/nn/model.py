@@ -97,9 +97,42 @@ class Model(nn.Module):
 
     @property
     def has_step(self) -> bool:
-        """True for a token LM whose mixers all have a recurrent form (causal, finite features): then
-        one-token decoding works with a fixed-size state."""
+        """True for a token LM whose mixers all decode one token at a time: with a recurrent state, a
+        key/value cache or their inputs so far (every causal mixer does)."""
         return self.token_input and self.head_kind == "lm" and all(block.mixer.has_step for block in self.blocks)
+
+    @property
+    def decode_limit(self) -> int | None:
+        """The most positions one sequence can reach by decoding: ``max_len`` where a full key/value
+        cache, a mixer's cached inputs or a learned position table hold them, else None (unbounded:
+        recurrent states, sliding windows and computed positions)."""
+        bounded = self.spec.position.bounded or any(
+            block.mixer.cache_capacity is not None and block.mixer.window is None for block in self.blocks)
+        return self.spec.max_len if bounded else None
+
+    def generate(self, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, eos: int | None = None) -> Tensor:
+        """Continue the prompts ``tokens`` (B, T) int64 (equal lengths) by up to ``max_new_tokens`` tokens,
+        one decoding step each: greedy at ``temperature=0``, else sampled (``top_k``, ``top_p``), drawn
+        from a generator seeded with ``seed`` if given; rows stop at ``eos`` (and repeat it).
+
+        Returns (B, T + n) int64. Raises ShapeError for a model without a decoding step or a total
+        length past :attr:`decode_limit` (the message names ``max_len``).
+        """
+        from attnspec.nn.generate import decode
+
+        if not self.has_step:
+            raise ShapeError("this model has no decoding step: generation needs a causal token model with an lm head")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ShapeError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        self.check_inputs(tokens)
+        limit = self.decode_limit
+        if limit is not None and tokens.shape[1] + max_new_tokens > limit:
+            raise ShapeError(f"{tokens.shape[1]} prompt tokens + {max_new_tokens} new ones exceed max_len = {limit}, "
+                             "the positions this model's cache (or position table) holds; raise max_len or "
+                             "generate fewer")
+        return decode(self.step, self.init_state(tokens.shape[0]), tokens, max_new_tokens, temperature=temperature,
+                      top_k=top_k, top_p=top_p, seed=seed, eos=eos)
 
     def check_inputs(self, inputs: Tensor, per_position: bool = True) -> None:
         """Refuse inputs the model cannot take, naming the limit (eager calls only: traced code has

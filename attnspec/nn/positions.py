@@ -82,14 +82,22 @@ class SinusoidalPosition(Position):
 
 @register("position", "rope")
 class RotaryPosition(Position):
-    """RoPE (GPT-NeoX layout): channel i pairs with i + d/2 and both turn by t / base^(2i/d)."""
+    """RoPE (GPT-NeoX layout) on the first r = rotary_fraction * d channels: channel i < r/2 pairs with
+    i + r/2 and both turn by t / base^(2i/r); channels from r on pass unrotated (partial RoPE)."""
 
     def __init__(self, node, *, d_qk: int, **_):
         super().__init__()
-        self.base, self.d_qk = node.base, d_qk
+        self.base, self.d_qk, self.rotary = node.base, d_qk, node.rotary_width(d_qk)
 
     def rotate(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
-        L, half = q.shape[2], self.d_qk // 2
+        if self.rotary < self.d_qk:
+            r = self.rotary
+            q_rot, k_rot = self._rotate(q[..., :r], k[..., :r], offset, r)
+            return torch.cat([q_rot, q[..., r:]], -1), torch.cat([k_rot, k[..., r:]], -1)
+        return self._rotate(q, k, offset, self.d_qk)
+
+    def _rotate(self, q: Tensor, k: Tensor, offset: Tensor | int, width: int) -> tuple[Tensor, Tensor]:
+        L, half = q.shape[2], width // 2
         # angles in float64: t * frequency loses digits in float32 at long lengths
         t = positions(L, offset, q.device, torch.float64)
         frequencies = self.base ** (-torch.arange(half, device=q.device, dtype=torch.float64) / half)

@@ -445,6 +445,8 @@ class PositionComponent(Component):
 
     acts_on: ClassVar[Literal["nothing", "embedding", "qk", "decay"]] = "nothing"
     no_weight_decay: ClassVar[bool] = True  # a position table is an embedding
+    bounded: ClassVar[bool] = False
+    """It holds max_len positions (a table), so decoding cannot go past them."""
 
     def problems(self, *, causal: bool, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         """Rule violations of this scheme inside a mixer, as (path below it, message)."""
@@ -463,6 +465,7 @@ class LearnedPosition(PositionComponent):
 
     kind: Literal["learned"]
     acts_on: ClassVar[str] = "embedding"
+    bounded: ClassVar[bool] = True
 
 
 class SinusoidalPosition(PositionComponent):
@@ -479,11 +482,22 @@ class RotaryPosition(PositionComponent):
 
     kind: Literal["rope"]
     base: Annotated[float, Field(gt=1, le=1e9)] = 10000.0
+    """The frequency base (transformers' `rope_theta`)."""
+    rotary_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Rotate only the first fraction of each head's channels, r = fraction * d_qk of them, pairs
+    (i, i + r/2) by t / base^(2i/r) (Qwen3-Next: 0.25); the rest pass unrotated."""
     acts_on: ClassVar[str] = "qk"
 
+    def rotary_width(self, d_qk: int) -> int:
+        """How many channels of a d_qk-wide head are rotated."""
+        return int(d_qk * self.rotary_fraction)
+
     def problems(self, *, causal: bool, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
-        if d_qk is not None and d_qk % 2:
+        if d_qk is not None and self.rotary_fraction == 1 and d_qk % 2:
             yield (), f"rope rotates pairs of query/key channels, so d_qk must be even, got {d_qk}"
+        elif d_qk is not None and (self.rotary_width(d_qk) % 2 or self.rotary_width(d_qk) == 0):
+            yield (), (f"rope rotates pairs of query/key channels, so rotary_fraction * d_qk must be a positive even "
+                       f"number, got {self.rotary_fraction} * {d_qk}")
 
 
 class AlibiPosition(PositionComponent):
@@ -750,6 +764,12 @@ class MixerComponent(Component):
     init_scale: Annotated[float, Field(gt=0, le=100)] = 1.0
     """Multiplier on the q/k/v/gate/output projections' initial weights (PyTorch's default
     nn.Linear init, uniform in +-1/sqrt(fan_in)). 1 keeps the default."""
+    kv_heads: Count(limits.MAX_HEADS) | None = None
+    """Keys and values shared by groups of query heads: grouped-query attention (1: multi-query). Unset:
+    one per head. The decoding cache holds kv_heads heads."""
+    qk_norm: Literal["none", "rmsnorm"] = "none"
+    """RMSNorm of each query and key head (a learnt weight per channel, shared by the heads), before
+    positions and features (Qwen3, OLMo 2)."""
     qk_groups: Count(limits.MAX_HEADS) | None = None
     """Queries and keys shared by groups of heads: G groups of heads / G heads each (Mamba2's B and C
     `n_groups`; multi-value attention). Unset: one per head."""
@@ -786,7 +806,8 @@ class MixerComponent(Component):
 
     @property
     def has_step(self) -> bool:
-        """A recurrent form with a constant-size state (one-token decoding)."""
+        """A one-token decoding step: a recurrent form with a constant-size state, or a key/value cache
+        (:attr:`decode_mode`)."""
         return False
 
     @property
@@ -843,9 +864,14 @@ class MixerComponent(Component):
                 yield ("position",), (f"a {self.kind} mixer has no decay path for {self.position.kind}; use rope")
         for below, message in self.conv.problems():
             yield ("conv", *below), message
-        if self.qk_groups is not None and self.heads % self.qk_groups:
-            yield ("qk_groups",), (f"{self.heads} heads cannot be split into {self.qk_groups} equal groups; use a "
-                                   f"divisor of {self.heads}")
+        for name in ("qk_groups", "kv_heads"):
+            groups = getattr(self, name)
+            if groups is not None and self.heads % groups:
+                yield (name,), (f"{self.heads} heads cannot be split into {groups} equal groups; use a divisor of "
+                                f"{self.heads}")
+        if self.qk_groups is not None and self.kv_heads is not None:
+            yield ("kv_heads",), ("kv_heads shares keys and values, qk_groups queries and keys: a mixer takes one "
+                                  "of them")
         if self.gate_before_norm and not (self.group_norm and self.output_gate == "swish"):
             yield ("gate_before_norm",), ("gate_before_norm orders a gated norm, which needs `group_norm: true` "
                                           "and `output_gate: swish`")
@@ -859,9 +885,30 @@ class MixerComponent(Component):
         return False
 
     @property
-    def query_key_heads(self) -> int:
-        """Heads of distinct queries and keys: ``qk_groups`` where they are shared, else ``heads``."""
+    def query_heads(self) -> int:
+        """Heads of distinct queries: ``qk_groups`` where they are shared, else ``heads``."""
         return self.qk_groups or self.heads
+
+    @property
+    def key_heads(self) -> int:
+        """Heads of distinct keys: ``qk_groups`` or ``kv_heads`` where they are shared, else ``heads``."""
+        return self.qk_groups or self.kv_heads or self.heads
+
+    @property
+    def value_heads(self) -> int:
+        """Heads of distinct values: ``kv_heads`` where they are shared, else ``heads``."""
+        return self.kv_heads or self.heads
+
+    @property
+    def decode_mode(self) -> str | None:
+        """How one token is decoded: ``recurrent`` (a constant-size state), ``cache`` (a key/value cache of
+        :meth:`cache_capacity` positions), ``prefix`` (the inputs so far, the mixer rerun over them) or
+        None (no decoding step)."""
+        return "recurrent" if self.has_step else None
+
+    def cache_capacity(self, max_len: int) -> int | None:
+        """Positions a ``cache`` decoding state holds (None: no cache)."""
+        return None
 
 
 def _linear_family_costs(mixer: MixerComponent, L: int, d: int, transition: TransitionComponent | None
@@ -927,7 +974,14 @@ class LinearMixer(MixerComponent):
 
     @property
     def has_step(self) -> bool:
-        return self.causal and self.feature_map.finite
+        return self.causal  # exp features decode as softmax attention does, through a key/value cache
+
+    @property
+    def decode_mode(self) -> str | None:
+        return None if not self.causal else "recurrent" if self.feature_map.finite else "cache"
+
+    def cache_capacity(self, max_len: int) -> int | None:
+        return max_len if self.causal and not self.feature_map.finite else None
 
     @property
     def softmax_kernel(self) -> bool:
@@ -973,9 +1027,23 @@ class SoftmaxMixer(MixerComponent):
     kind: Literal["softmax"]
     transition: Transition = Field(default_factory=lambda: NoTransition(kind="none"))
     """Decay applied as the log-bias sum(log a) between positions (GateLoop sec. 3.4); real only."""
+    window: Count(limits.MAX_LEN) | None = None
+    """Sliding window: each position attends to the `window` most recent positions, itself included
+    (causal only). Decoding keeps a ring buffer of that many keys and values: constant memory."""
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
         return {"quadratic": softmax_cost(L, self.heads, self.d_qk, self.d_v)}
+
+    @property
+    def has_step(self) -> bool:
+        return self.causal
+
+    @property
+    def decode_mode(self) -> str | None:
+        return "cache" if self.causal else None
+
+    def cache_capacity(self, max_len: int) -> int | None:
+        return min(self.window, max_len) if self.window is not None else max_len
 
     def mode_problem(self, mode: str) -> str:
         return (f"softmax attention has no finite feature expansion, so it can only be computed quadratically; "
@@ -988,6 +1056,16 @@ class SoftmaxMixer(MixerComponent):
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         yield from super().problems(max_len=max_len, d_qk=d_qk)
         yield from _softmax_decay_problems(self.transition)
+        if self.window is not None and not self.causal:
+            yield ("window",), "a sliding window looks back over past positions, so it needs `causal: true`"
+
+    def describe(self) -> str:
+        parts = [f"window {self.window}"] if self.window is not None else []
+        if self.kv_heads is not None:
+            parts.append(f"{self.kv_heads} kv heads")
+        if not self.transition.is_identity:
+            parts.append(f"{self.transition.kind} decay")
+        return f"softmax[{', '.join(parts)}] x{self.heads}" if parts else f"softmax x{self.heads}"
 
 
 class ScatterbrainMixer(MixerComponent):
@@ -1008,6 +1086,19 @@ class ScatterbrainMixer(MixerComponent):
 
     def modes(self) -> tuple[str, ...]:
         return ("chunk", "recurrent", "quadratic")
+
+    @property
+    def has_step(self) -> bool:
+        return self.causal
+
+    @property
+    def decode_mode(self) -> str | None:
+        """``prefix``: the sparse support needs every earlier key, so a step recomputes the mixer over its
+        cached inputs (exact; a full pass per token)."""
+        return "prefix" if self.causal else None
+
+    def cache_capacity(self, max_len: int) -> int | None:
+        return max_len if self.causal else None
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
         """The low-rank part as normalised linear attention, plus the exact part on the sparse support."""

@@ -1,4 +1,5 @@
-"""Softmax attention, causal or not, with an optional additive log-decay bias (GateLoop sec. 3.4)."""
+"""Softmax attention, causal or not, with an optional additive log-decay bias (GateLoop sec. 3.4), a
+sliding window and grouped keys/values (GQA)."""
 
 from __future__ import annotations
 
@@ -31,17 +32,22 @@ def softmax_attention(
     *,
     causal: bool = True,
     scale: float | None = None,
+    window: int | None = None,
 ) -> Tensor:
-    """``softmax(scale * q k^T + bias) v`` with a causal mask and an optional log-decay bias.
+    """``softmax(scale * q k^T + bias) v`` with a causal mask, an optional log-decay bias and window.
 
     Args:
-        q, k: ``(B, H, L, Dk)``, float32, float64, bfloat16 or float16 (SDPA accumulates the softmax
+        q: ``(B, H, L, Dk)``, float32, float64, bfloat16 or float16 (SDPA accumulates the softmax
             of half-precision inputs in float32).
-        v: ``(B, H, L, Dv)``.
+        k: ``(B, H_kv, L, Dk)`` with ``H_kv`` dividing ``H``: query head h reads key head
+            ``h // (H / H_kv)`` (grouped-query attention; ``H_kv = 1``: multi-query).
+        v: ``(B, H_kv, L, Dv)``.
         log_a: ``None`` or a real per-head log-transition ``(B, H, L)`` (``log a_t <= 0``); the
             score of pair (i, j) gets ``sum_{s=j+1..i} log a_s``. Requires ``causal=True``.
         causal: position i attends to j <= i only.
         scale: score multiplier; defaults to ``1/sqrt(Dk)``.
+        window: position i attends to the ``window`` positions i - window + 1 .. i only (a sliding
+            window, causal; composes with ``log_a``). None: every earlier position.
 
     Returns:
         ``(B, H, L, Dv)``. Differentiable on CPU (PyTorch's SDPA math/flash kernels).
@@ -56,9 +62,17 @@ def softmax_attention(
     if scale is not None and not tracing and (isinstance(scale, bool) or not isinstance(scale, (int, float))
                                               or not math.isfinite(scale)):
         raise ShapeError(f"scale must be a finite number, got {scale!r}")
-    if q.dim() != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        raise ShapeError(f"q, k must be (B, H, L, Dk) and v (B, H, L, Dv) with equal B, H, L; got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if (q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[0] != q.shape[0] or k.shape[2:] != q.shape[2:]
+            or v.shape[0] != q.shape[0] or v.shape[2] != q.shape[2] or 0 in (k.shape[1], v.shape[1])
+            or q.shape[1] % k.shape[1] or q.shape[1] % v.shape[1]):
+        raise ShapeError(f"q must be (B, H, L, Dk), k (B, H_kv, L, Dk) and v (B, H_kv, L, Dv) with H_kv dividing H; "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal):
+        raise ShapeError(f"window must be a positive int with causal=True, got {window!r} (causal={causal})")
+    if k.shape[1] != q.shape[1]:  # each key/value head serves H / H_kv consecutive query heads
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    if v.shape[1] != q.shape[1]:
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     if log_a is not None:
         if not causal:
             raise ShapeError("log_a needs causal=True: a decay orders positions")
@@ -66,5 +80,16 @@ def softmax_attention(
             raise ShapeError(f"log_a for softmax attention must be real with shape (B, H, L) = "
                              f"{tuple(q.shape[:3])}, got {tuple(log_a.shape)} {log_a.dtype}")
         bias = decay_bias(log_a.to(accumulation_dtype(q.dtype))).to(q.dtype)
+        if window is not None:
+            bias = bias.masked_fill(~window_mask(q.shape[2], window, q.device), float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    if window is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[2], window, q.device),
+                                              scale=scale)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def window_mask(L: int, window: int, device) -> Tensor:
+    """``(L, L)`` bool: True where query i may attend key j, i.e. ``0 <= i - j < window``."""
+    offset = torch.arange(L, device=device).view(-1, 1) - torch.arange(L, device=device).view(1, -1)
+    return (offset >= 0) & (offset < window)

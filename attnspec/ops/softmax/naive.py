@@ -8,20 +8,27 @@ from torch import Tensor
 
 
 def softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None = None, *, causal: bool = True,
-                      scale: float | None = None) -> Tensor:
+                      scale: float | None = None, window: int | None = None) -> Tensor:
     """``softmax(scale q kᵀ + bias) v`` with ``bias[i, j] = sum_{s=j+1..i} log_a[s]`` (by loops) for j <= i.
 
     Args:
-        q, k: ``(B, H, L, Dk)``; v: ``(B, H, L, Dv)``; log_a: ``(B, H, L)`` or None.
+        q: ``(B, H, L, Dk)``; k: ``(B, H_kv, L, Dk)``; v: ``(B, H_kv, L, Dv)`` (head h reads h // (H / H_kv));
+        log_a: ``(B, H, L)`` or None.
         causal: mask j > i (implied by ``log_a``).
         scale: default ``Dk ** -0.5``.
+        window: also mask j <= i - window.
 
     Returns:
         ``(B, H, L, Dv)``.
     """
-    L = q.shape[2]
+    L, H = q.shape[2], q.shape[1]
+    k = torch.stack([k[:, h * k.shape[1] // H] for h in range(H)], 1)  # the key head each query head reads
+    v = torch.stack([v[:, h * v.shape[1] // H] for h in range(H)], 1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = scale * q @ k.transpose(-1, -2)
+    if window is not None:
+        for i in range(L):
+            scores[:, :, i, : max(0, i - window + 1)] = float("-inf")
     if log_a is not None:
         bias = torch.full_like(scores, float("-inf"))
         for i in range(L):

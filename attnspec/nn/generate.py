@@ -1,0 +1,83 @@
+"""Token generation through a one-token decoding step: greedy, temperature, top-k and top-p sampling.
+
+One loop serves the eager model (``Model.generate``) and an exported ``step.pt2`` program
+(``attnspec run --generate --programs``): both are a ``step(token (B,), *state) -> (logits (B, V),
+*state)``. The prompt is fed position by position through the same step, so a prompt's state is
+exactly what decoding continues from.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from attnspec.errors import ShapeError
+
+Step = Callable[..., Sequence[Tensor]]
+
+
+def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
+    """The next token of each row of ``logits`` (B, V): argmax at temperature 0, else a draw from
+    softmax(logits / temperature) restricted to the ``top_k`` largest and to the smallest set whose
+    probability reaches ``top_p`` (the most likely token always stays). Returns (B,) int64."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        threshold = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if top_p is not None and top_p < 1:
+        ordered, order = torch.sort(logits, dim=-1, descending=True)
+        before = torch.softmax(ordered, dim=-1).cumsum(-1) - torch.softmax(ordered, dim=-1)  # mass before each
+        ordered = ordered.masked_fill(before >= top_p, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, ordered)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Refuse sampling settings that mean nothing, naming the setting."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 100:
+        raise ShapeError(f"temperature must be a number in [0, 100] (0: greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ShapeError(f"top_k must be a positive integer, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ShapeError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+@torch.no_grad()
+def decode(step: Step, state: Sequence[Tensor], tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+           eos: int | None = None) -> Tensor:
+    """Feed the prompts ``tokens`` (B, T) through ``step`` from ``state``, then append up to
+    ``max_new_tokens`` tokens (fewer when every row has produced ``eos``; a finished row repeats it).
+
+    Returns (B, T + n) int64 on the tokens' device. ``seed`` fixes the draws (a generator on that device).
+    """
+    check_sampling(temperature, top_k, top_p)
+    if tokens.dim() != 2 or tokens.shape[1] < 1 or tokens.dtype != torch.int64:
+        raise ShapeError(f"prompts must be an int64 tensor (batch, length >= 1) of equal-length rows, got "
+                         f"{tokens.dtype} {tuple(tokens.shape)}")
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=tokens.device).manual_seed(seed)
+    state = list(state)
+    for t in range(tokens.shape[1]):
+        logits, *state = step(tokens[:, t], *state)
+    out = [tokens]
+    finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    for index in range(max_new_tokens):
+        token = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        if eos is not None:
+            token = torch.where(finished, torch.full_like(token, eos), token)
+            finished = finished | (token == eos)
+        out.append(token.unsqueeze(1))
+        if (eos is not None and bool(finished.all())) or index == max_new_tokens - 1:
+            break
+        logits, *state = step(token, *state)
+    return torch.cat(out, dim=1)
+
+
+__all__ = ["check_sampling", "decode", "sample_next"]

@@ -1,0 +1,118 @@
+"""Every causal token spec decodes: the step (recurrent states, key/value caches, cached inputs) equals the
+full forward pass at every position, greedy generation equals the argmax of the full pass recomputed on
+the growing prefix, and `model.generate` samples reproducibly.
+
+All in float64 at small widths: logits within 1e-10 (the paths differ in summation order only:
+measured ~1e-14). The attention parts (GQA, QK-norm, partial RoPE, the output gate, windows with
+decays and ALiBi) are also checked inside models here; the op itself in tests/ops/test_softmax_cache.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnspec
+from attnspec.errors import ShapeError
+from tests.compiler.conftest import small_overrides
+from tests.conftest import SPECS
+
+def _small(path) -> list[str]:
+    """The compiler tests' small widths, at max_len 64 and in float64."""
+    return small_overrides(path) + ["max_len=64", "dtype=float64"]
+
+
+CAUSAL_LMS = [path for path in SPECS if attnspec.build(path, *_small(path)).has_step]
+
+
+def _step_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    state = model.init_state(tokens.shape[0])
+    out = []
+    for t in range(tokens.shape[1]):
+        logits, *state = model.step(tokens[:, t], *state)
+        out.append(logits)
+    return torch.stack(out, 1)
+
+
+def test_every_shipped_causal_token_spec_decodes():
+    names = {path.stem for path in CAUSAL_LMS}
+    assert {"hybrid", "softmax-transformer", "scatterbrain", "gated-deltanet", "mamba2", "qwen3-next-style",
+            "sliding-window-hybrid"} <= names
+    assert not names & {"ffn-glu", "rank-collapse-san"}  # non-causal or not a token LM
+
+
+@pytest.mark.parametrize("path", CAUSAL_LMS, ids=lambda p: p.stem)
+def test_the_step_equals_the_full_pass_and_greedy_equals_the_growing_prefix(path):
+    torch.manual_seed(0)
+    model = attnspec.build(path, *_small(path))
+    vocab = model.spec.input.vocab_size
+    tokens = torch.randint(0, vocab, (2, 21), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens)
+        assert (_step_logits(model, tokens) - full).abs().max() < 1e-10
+        generated = model.generate(tokens[:, :5], 8, temperature=0)
+        prefix = tokens[:, :5]
+        for _ in range(8):  # the argmax of the full pass on the growing prefix
+            prefix = torch.cat([prefix, model(prefix)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(generated, prefix)
+
+
+ATTENTION = {"name": "attention", "input": {"kind": "tokens", "vocab_size": 50}, "d_model": 32, "max_len": 48,
+             "dtype": "float64", "layers": [{"mixer": {"kind": "softmax", "heads": 4}}]}
+
+
+def _attention(**mixer):
+    return {**ATTENTION, "layers": [{"mixer": {"kind": "softmax", "heads": 4, **mixer}},
+                                    {"mixer": {"kind": "linear", "heads": 2, "transition": "data"}}]}
+
+
+@pytest.mark.parametrize("mixer", [
+    {"kv_heads": 1}, {"kv_heads": 2}, {"kv_heads": 4, "qk_norm": "rmsnorm"},
+    {"position": {"kind": "rope", "rotary_fraction": 0.25, "base": 5000}, "kv_heads": 2, "qk_norm": "rmsnorm",
+     "output_gate": "sigmoid"},
+    {"window": 1}, {"window": 7, "position": "alibi"}, {"window": 100, "transition": {"kind": "data", "phase": "none",
+                                                                                       "per": "head"}},
+    {"window": 5, "conv": {"kind": "short", "width": 3}},
+])
+def test_attention_parts_decode_exactly(mixer):
+    torch.manual_seed(0)
+    model = attnspec.build(_attention(**mixer))
+    tokens = torch.randint(0, 50, (3, 29), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (_step_logits(model, tokens) - model(tokens)).abs().max() < 1e-10
+
+
+def test_a_window_decodes_past_max_len_in_constant_memory_and_a_full_cache_refuses():
+    torch.manual_seed(0)
+    windowed = attnspec.build({**_attention(window=8, position="rope"), "max_len": 16})
+    state = windowed.init_state(1)
+    sizes = [t.numel() for t in state]
+    for t in range(40):  # 2.5x max_len
+        _, *state = windowed.step(torch.tensor([t % 50]), *state)
+    assert [t.numel() for t in state] == sizes and all(torch.isfinite(t).all() for t in state)
+    full = attnspec.build({**_attention(), "max_len": 16})
+    with pytest.raises(ShapeError, match="max_len = 16"):
+        full.generate(torch.zeros(1, 10, dtype=torch.long), 7)
+    state = full.init_state(1)
+    for t in range(16):
+        _, *state = full.step(torch.tensor([1]), *state)
+    with pytest.raises(ShapeError, match="max_len = 16"):
+        full.step(torch.tensor([1]), *state)
+
+
+def test_generate_samples_reproducibly_and_stops_at_eos():
+    torch.manual_seed(0)
+    model = attnspec.build(_attention(kv_heads=2))
+    prompt = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(3))
+    first = model.generate(prompt, 12, temperature=1.5, top_k=10, top_p=0.9, seed=7)
+    assert torch.equal(first, model.generate(prompt, 12, temperature=1.5, top_k=10, top_p=0.9, seed=7))
+    assert first.shape == (2, 16) and torch.equal(first[:, :4], prompt)
+    top1 = model.generate(prompt, 6, temperature=1.0, top_k=1, seed=1)
+    assert torch.equal(top1, model.generate(prompt, 6, temperature=0))  # top_k = 1 is greedy
+    eos = int(model.generate(prompt, 1, temperature=0)[0, -1])
+    stopped = model.generate(prompt, 10, temperature=0, eos=eos)
+    assert stopped.shape[1] < 14 or (stopped[0, 4:] == eos).all()
+    assert (stopped[0, 4:] == eos).all()  # row 0 produced eos first and repeats it
+    for bad, message in (({"temperature": -1}, "temperature"), ({"top_k": 0}, "top_k"), ({"top_p": 1.5}, "top_p")):
+        with pytest.raises(ShapeError, match=message):
+            model.generate(prompt, 2, **bad)

@@ -1,0 +1,113 @@
+"""Softmax attention's sliding window and grouped keys/values, and its decoding step over a key/value cache.
+
+Against the float64 loop reference (ops/softmax/naive.py) at odd sizes, forward and backward; the
+cache step, run position by position, against the full pass (capacity max_len, and ring buffers of a
+window: 1, 7, longer than the sequence); caches poisoned with NaN beyond the written positions; and
+causality (and the window's reach) by autograd. Tolerances: float64 throughout; the modes differ
+only in summation order, so 1e-12 relative to outputs of size ~1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnspec.errors import ShapeError
+from attnspec.ops.softmax import empty_cache, softmax_attention, softmax_step
+from attnspec.ops.softmax.naive import softmax_reference
+
+B, H, DK, DV = 2, 4, 20, 12
+
+
+def _inputs(L: int, kv_heads: int, decay: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, L, DK, dtype=torch.float64, generator=g)
+    k = torch.randn(B, kv_heads, L, DK, dtype=torch.float64, generator=g)
+    v = torch.randn(B, kv_heads, L, DV, dtype=torch.float64, generator=g)
+    log_a = -torch.rand(B, H, L, dtype=torch.float64, generator=g) * 0.5 if decay else None
+    return q, k, v, log_a
+
+
+@pytest.mark.parametrize("window", [None, 1, 7, 100])
+@pytest.mark.parametrize("kv_heads", [1, 2, H])
+@pytest.mark.parametrize("decay", [False, True])
+def test_window_and_grouped_keys_match_the_reference_with_gradients(window, kv_heads, decay):
+    q, k, v, log_a = _inputs(63, kv_heads, decay)
+    leaves = [t.requires_grad_() for t in (q, k, v) + ((log_a,) if decay else ())]
+    out = softmax_attention(q, k, v, log_a, window=window)
+    expected = softmax_reference(q, k, v, log_a, window=window)
+    assert (out - expected).abs().max() < 1e-12
+    probe = torch.randn_like(out)
+    grads = torch.autograd.grad((out * probe).sum(), leaves)
+    expected_grads = torch.autograd.grad((expected * probe).sum(), leaves)
+    for got, want in zip(grads, expected_grads):
+        assert (got - want).abs().max() < 1e-11
+
+
+@pytest.mark.parametrize("window", [None, 1, 7, 100])
+@pytest.mark.parametrize("kv_heads", [1, 2, H])
+@pytest.mark.parametrize("decay", [False, True])
+def test_the_cache_step_equals_the_full_pass_at_every_position(window, kv_heads, decay):
+    L = 45
+    q, k, v, log_a = _inputs(L, kv_heads, decay, seed=1)
+    full = softmax_attention(q, k, v, log_a, window=window)
+    capacity = window if window is not None else 64  # a full cache: max_len >= L
+    cache = empty_cache(B, H, kv_heads, kv_heads, capacity, DK, DV, torch.float64)
+    cache = tuple(torch.full_like(t, float("nan")) for t in cache)  # unwritten slots must never leak
+    for t in range(L):
+        position = torch.full((B,), t, dtype=torch.long)
+        o, cache = softmax_step(q[:, :, t], k[:, :, t], v[:, :, t], cache, position,
+                                log_a=None if log_a is None else log_a[:, :, t])
+        assert torch.isfinite(o).all()
+        assert (o - full[:, :, t]).abs().max() < 1e-12, t
+    assert all(t.shape[2] == capacity for t in cache)  # constant memory: the ring never grows
+
+
+def test_each_sequence_of_a_batch_decodes_at_its_own_position():
+    L = 12
+    q, k, v, _ = _inputs(L, 2, False, seed=2)
+    full = softmax_attention(q, k, v, window=4)
+    cache = empty_cache(B, H, 2, 2, 4, DK, DV, torch.float64)
+    cache = tuple(torch.full_like(t, float("nan")) for t in cache)
+    for t in range(L):
+        position = torch.tensor([t, t])
+        o, cache = softmax_step(q[:, :, t], k[:, :, t], v[:, :, t], cache, position)
+        assert (o - full[:, :, t]).abs().max() < 1e-12
+    lagging = empty_cache(B, H, 2, 2, 4, DK, DV, torch.float64)
+    for t in range(L - 3):  # sequence 1 runs 3 positions ahead of sequence 0 in the same batch
+        index = torch.tensor([t, t + 3])
+        batch = torch.arange(B)
+        o, lagging = softmax_step(q[batch, :, index], k[batch, :, index], v[batch, :, index], lagging, index)
+        assert (o[0] - full[0, :, t]).abs().max() < 1e-12
+        if t >= 3:  # sequence 1 wrote positions 3..t+3; from t = 3 on its window (4 positions) holds only those
+            assert (o[1] - full[1, :, t + 3]).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_causality_and_the_window_s_reach_by_autograd(window):
+    L, i = 30, 17
+    q, k, v, log_a = _inputs(L, 2, True, seed=3)
+    for t in (q, k, v, log_a):
+        t.requires_grad_()
+    out = softmax_attention(q, k, v, log_a, window=window)
+    grads = torch.autograd.grad(out[:, :, i].sum(), (k, v))
+    for grad in grads:
+        reach = grad.abs().sum(dim=(0, 1, 3))  # (L,)
+        assert (reach[i + 1:] == 0).all()  # nothing from the future
+        if window is not None:
+            assert (reach[: i - window + 1] == 0).all() and (reach[i - window + 1: i + 1] > 0).all()
+
+
+def test_bad_windows_and_head_counts_are_shape_errors():
+    q, k, v, _ = _inputs(8, 3, False)
+    with pytest.raises(ShapeError, match="H_kv dividing H"):
+        softmax_attention(q, k, v)
+    q, k, v, _ = _inputs(8, 2, False)
+    for window in (0, -1, 2.5, True):
+        with pytest.raises(ShapeError, match="window must be a positive int"):
+            softmax_attention(q, k, v, window=window)
+    with pytest.raises(ShapeError, match="window must be a positive int with causal=True"):
+        softmax_attention(q, k, v, causal=False, window=4)
+    cache = empty_cache(B, H, 2, 2, 4, DK, DV, torch.float64)
+    with pytest.raises(ShapeError, match="must fit the cache"):
+        softmax_step(q[:, :, 0], k[:, :1, 0], v[:, :, 0], cache, torch.zeros(B, dtype=torch.long))

@@ -354,14 +354,21 @@ def verify(
 def run(
     directory: Path = typer.Argument(..., help="A build directory."),
     tokens: str = typer.Option(..., "--tokens", help='Input token ids, e.g. "1 2 3".'),
-    generate: int = typer.Option(0, "--generate", "-n", help="Greedily generate this many tokens with the decoding step."),
+    generate: int = typer.Option(0, "--generate", "-n", help="Generate this many tokens with the decoding step."),
+    temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature; 0 (the default) is greedy."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Sample among the k most likely tokens only."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Sample among the most likely tokens holding this "
+                                          "probability mass only (nucleus sampling)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the draws (the same seed, the same tokens)."),
     programs: bool = typer.Option(False, "--programs", help="Run the exported programs (model.pt2, step.pt2) rather "
                                   "than the model rebuilt from spec.yaml and model.safetensors (slower to start)."),
 ) -> None:
-    """Predict the next token of a prompt; optionally generate greedily with the constant-size state."""
+    """Predict the next token of a prompt; optionally generate with the decoding step (recurrent states
+    and key/value caches), greedily or by sampling."""
     from attnspec.compiler.runner import run_directory
 
-    result = run_directory(directory, tokens, generate, programs=programs)
+    result = run_directory(directory, tokens, generate, programs=programs, temperature=temperature, top_k=top_k,
+                           top_p=top_p, seed=seed)
     out.print(result, markup=False)
 
 

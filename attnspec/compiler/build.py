@@ -257,6 +257,7 @@ def _manifest(spec, plan, model, parameters, verification, compiled, exported, s
         "compile": compiled,
         "export": exported,
         "has_step": "step.pt2" in files,
+        "decode_limit": model.decode_limit if "step.pt2" in files else None,
         "stage_seconds": seconds,
         "files": files,
     }

@@ -129,6 +129,8 @@ class Manifest(_Strict):
     compile: dict[Text, Any] | None
     export: ExportRecord
     has_step: bool
+    decode_limit: Annotated[int, Field(gt=0, le=limits.MAX_LEN)] | None = None
+    """The most positions a sequence can reach by decoding (``Model.decode_limit``); None: unbounded."""
     stage_seconds: dict[Text, float]
     files: dict[Literal[FILE_NAMES], FileEntry]  # type: ignore[valid-type]
 

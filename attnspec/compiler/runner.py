@@ -1,4 +1,4 @@
-"""``attnspec run``: predict the next token of a prompt, and generate greedily with the decoding step.
+"""``attnspec run``: predict the next token of a prompt, and generate with the decoding step.
 
 By default the model is rebuilt from the directory's spec and weights (:func:`attnspec.compiler.load.load_model`,
 the path ``attnspec.load`` takes): it starts in about two seconds, where loading ``model.pt2``
@@ -17,6 +17,7 @@ import torch
 from attnspec.compiler.manifest import Manifest, read_manifest
 from attnspec.compiler.programs import load_program
 from attnspec.errors import AttnSpecError, BuildError, shorten
+from attnspec.nn.generate import check_sampling
 
 MAX_TOKEN_TEXT = 1 << 20
 MAX_GENERATE = 1 << 16
@@ -42,25 +43,21 @@ def parse_tokens(text: str, vocab_size: int | None = None, max_len: int | None =
     return tokens
 
 
-def _greedy(directory: Path, name: str, step, state: list, prompt: list[int], count: int) -> list[int]:
-    """Feed ``prompt`` through ``step(token (1,), *state) -> (logits (1, vocab), *state)``, then append
-    ``count`` argmax tokens (on the state's device)."""
-    device = state[0].device
-    with torch.no_grad():
-        try:
-            for token in prompt:
-                logits, *state = step(torch.tensor([token], device=device), *state)
-            generated = []
-            for _ in range(count):
-                token = int(logits[0].argmax())
-                generated.append(token)
-                logits, *state = step(torch.tensor([token], device=device), *state)
-        except AttnSpecError:
-            raise
-        except Exception as error:  # noqa: BLE001 - a step that fails on its own state is a damaged build
-            raise BuildError(f"{directory}/{name} failed to decode ({type(error).__name__}: "
-                             f"{shorten(str(error), 160)}); rebuild the directory") from None
-    return generated
+def _generate(directory: Path, name: str, step, state: list, prompt: list[int], count: int, sampling: dict
+              ) -> list[int]:
+    """Feed ``prompt`` through ``step(token (1,), *state) -> (logits (1, vocab), *state)`` and generate
+    ``count`` tokens (:func:`attnspec.nn.generate.decode`, on the state's device)."""
+    from attnspec.nn.generate import decode
+
+    tokens = torch.tensor([prompt], device=state[0].device)
+    try:
+        out = decode(step, state, tokens, count, **sampling)
+    except AttnSpecError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a step that fails on its own state is a damaged build
+        raise BuildError(f"{directory}/{name} failed to decode ({type(error).__name__}: "
+                         f"{shorten(str(error), 160)}); rebuild the directory") from None
+    return out[0, len(prompt):].tolist()
 
 
 class _Runner:
@@ -99,20 +96,23 @@ class _Runner:
                 raise BuildError(f"{self.directory}/model.pt2 failed on the tokens ({type(error).__name__}: "
                                  f"{shorten(str(error), 160)}); rebuild the directory") from None
 
-    def generate(self, prompt: list[int], count: int) -> list[int]:
+    def generate(self, prompt: list[int], count: int, sampling: dict) -> list[int]:
         if self.model is not None:
-            return _greedy(self.directory, "model.safetensors", self.model.step, list(self.model.init_state(1)),
-                           prompt, count)
+            return _generate(self.directory, "model.safetensors", self.model.step, list(self.model.init_state(1)),
+                             prompt, count, sampling)
         signature = self.manifest.export.step.state
         state = [torch.zeros(1, *entry.shape, dtype=getattr(torch, entry.dtype), device=self.device)
                  for entry in signature]
         step = load_program(self.directory / "step.pt2").module()
-        return _greedy(self.directory, "step.pt2", step, state, prompt, count)
+        return _generate(self.directory, "step.pt2", step, state, prompt, count, sampling)
 
 
-def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, programs: bool = False) -> str:
+def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, programs: bool = False,
+                  temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                  seed: int | None = None) -> str:
     """Run the model of ``directory`` on ``tokens`` and report its next-token prediction (or output);
-    with ``generate``, decode greedily with the one-token step. Returns the text to print.
+    with ``generate``, decode that many tokens with the one-token step, greedily (``temperature`` 0)
+    or by sampling (``top_k``, ``top_p``, ``seed``). Returns the text to print.
 
     ``programs``: use the exported programs rather than the model rebuilt from spec and weights
     (module docstring). ``model.pt2`` takes sequences of 2 or more positions (a dynamic length of 1
@@ -128,9 +128,14 @@ def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, prog
     if not 0 <= generate <= MAX_GENERATE:
         raise AttnSpecError(f"--generate must be between 0 and {MAX_GENERATE}, got {generate}")
     prompt = parse_tokens(tokens, manifest.vocab_size, manifest.max_len)
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+    check_sampling(temperature, top_k, top_p)
     if generate and (not manifest.has_step or manifest.export.step is None):
-        raise BuildError(f"{directory} has no decoding step (a mixer without a recurrent form, or not a token LM); "
-                         "generation needs the constant-size decoding state")
+        raise BuildError(f"{directory} has no decoding step (a non-causal mixer, or not a token LM with an lm head)")
+    limit = manifest.decode_limit
+    if generate and limit is not None and len(prompt) + generate > limit:
+        raise AttnSpecError(f"{len(prompt)} prompt tokens + {generate} generated exceed max_len = {limit}, the "
+                            "positions this model's key/value caches (or position table) hold; generate fewer")
     per_position = manifest.head != "classifier"
     if programs and len(prompt) == 1 and not (manifest.causal and per_position):
         raise AttnSpecError(f"{directory} holds a non-causal or classifier model, whose exported program takes at "
@@ -146,5 +151,6 @@ def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, prog
     else:
         lines.append(f"output: hidden states {tuple(output[0, : last + 1].shape)}")
     if generate:
-        lines.append(f"generated: {' '.join(map(str, runner.generate(prompt, generate)))}")
+        lines.append(f"generated: {' '.join(map(str, runner.generate(prompt, generate, sampling)))}")
     return "\n".join(lines)
+

@@ -222,16 +222,18 @@ def _measure_speeds(model, programs: dict, info: dict) -> None:
     inputs = example_input(model, SPEED_BATCH, max(2, min(model.spec.max_len, SPEED_LENGTH)),
                            torch.Generator().manual_seed(2))
     sequence_at = {"batch": int(inputs.shape[0]), "length": int(inputs.shape[1])}
-    decode_at = {"batch": 1, "steps": DECODE_STEPS}
+    # the warm-up step and the timed ones stay within the positions a full cache holds
+    steps = DECODE_STEPS if model.decode_limit is None else max(1, min(DECODE_STEPS, model.decode_limit - 1))
+    decode_at = {"batch": 1, "steps": steps}
     for name, program in programs.items():
         if name.startswith("model"):
             info[name].update(tokens_per_second=sequence_speed(program, inputs), speed_at=sequence_at)
             if name == "model.pt2":
                 info[name]["eager_tokens_per_second"] = sequence_speed(model, inputs)
         else:
-            info[name].update(tokens_per_second=decode_speed(program, model.init_state(1)), speed_at=decode_at)
+            info[name].update(tokens_per_second=decode_speed(program, model.init_state(1), steps), speed_at=decode_at)
             if name == "step.pt2":
-                info[name]["eager_tokens_per_second"] = decode_speed(model.step, model.init_state(1))
+                info[name]["eager_tokens_per_second"] = decode_speed(model.step, model.init_state(1), steps)
 
 
 def _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds, scratch: Path,

@@ -110,4 +110,5 @@ layers:
     assert set(estimated_costs(softmax, L)) == {"quadratic"}
     plan = plan_spec(spec, L, calibration=Calibration.empty())
     assert [layer.backend for layer in plan.layers] == ["graph", "native", "graph"]
-    assert plan.layers[0].full_mode == "chunk" and plan.layers[2].decode_mode is None
+    assert plan.layers[0].full_mode == "chunk" and plan.layers[2].decode_mode == "cache"
+    assert plan.layers[2].decode_cache == 4096 and plan.layers[0].decode_cache is None

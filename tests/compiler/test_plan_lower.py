@@ -57,7 +57,8 @@ def test_plan_chooses_scan_for_tiny_states_and_quadratic_for_softmax():
     plan = plan_spec(as_spec(SPECS[0].parent / "gateloop.yaml"), 1024, calibration=Calibration.empty())
     assert plan.full_modes[0] == "scan"  # d_qk = d_v = 1: scan's per-position states are tiny
     hybrid = plan_spec(as_spec(SPECS[0].parent / "hybrid.yaml"), calibration=Calibration.empty())
-    assert "quadratic" in hybrid.full_modes and not hybrid.has_decode
+    assert "quadratic" in hybrid.full_modes and hybrid.has_decode  # softmax blocks decode through their cache
+    assert {layer.decode_mode for layer in hybrid.layers} == {"recurrent", "cache"}
 
 
 def test_forced_recurrent_is_rejected_for_builds_with_the_reason():
@@ -97,8 +98,11 @@ def formula_parameters(spec) -> int:
 
 def _mixer_parameters(mixer, d: int) -> int:
     H, dk, dv = mixer.heads, mixer.d_qk, mixer.d_v
-    G = mixer.qk_groups or H  # heads of distinct queries and keys
-    total = 2 * d * G * dk + 2 * H * dv * d  # q, k, v and output projections
+    Gq = mixer.qk_groups or H  # heads of distinct queries, keys and values
+    Gk = mixer.qk_groups or mixer.kv_heads or H
+    Gv = mixer.kv_heads or H
+    total = d * (Gq + Gk) * dk + d * Gv * dv + H * dv * d  # q, k, v and output projections
+    total += 2 * dk if mixer.qk_norm != "none" else 0
     total += d * H * dv if mixer.output_gate != "none" else 0
     total += H * dv if mixer.group_norm else 0
     total += H if mixer.skip else 0  # D
@@ -121,7 +125,7 @@ def _mixer_parameters(mixer, d: int) -> int:
             per_unit = dk * dk * (1 if fmap.kind == "softplus_linear" else 2)
         total += groups * fmap.stack * per_unit
     if mixer.conv.kind == "short":  # a depthwise filter of `width` taps per channel of each convolved stream
-        channels = {"x": d, "q": G * dk, "k": G * dk, "v": H * dv}
+        channels = {"x": d, "q": Gq * dk, "k": Gk * dk, "v": Gv * dv}
         total += sum(channels[name] for name in mixer.conv.projections) * (mixer.conv.width + mixer.conv.bias)
     if mixer.kind == "delta":  # W_beta
         total += d * H

@@ -2,8 +2,8 @@
 
 One loop serves the eager model (``Model.generate``) and an exported ``step.pt2`` program
 (``attnspec run --generate --programs``): both are a ``step(token (B,), *state) -> (logits (B, V),
-*state)``. The prompt is fed position by position through the same step, so a prompt's state is
-exactly what decoding continues from.
+*state)``. The prompt goes through the model's ``prefill`` (each mixer in its planned mode) where there
+is one, else position by position through the same step.
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
 @torch.no_grad()
 def decode(step: Step, state: Sequence[Tensor], tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-           eos: int | None = None) -> Tensor:
-    """Feed the prompts ``tokens`` (B, T) through ``step`` from ``state``, then append up to
-    ``max_new_tokens`` tokens (fewer when every row has produced ``eos``; a finished row repeats it).
+           eos: int | None = None, prefill: Callable[[Tensor], Sequence[Tensor]] | None = None) -> Tensor:
+    """Feed the prompts ``tokens`` (B, T) through ``step`` from ``state`` (or, given ``prefill(tokens)
+    -> (logits (B, T, V), *state)``, in one pass), then append up to ``max_new_tokens`` tokens (fewer
+    when every row has produced ``eos``; a finished row repeats it).
 
     Returns (B, T + n) int64 on the tokens' device. ``seed`` fixes the draws (a generator on that device).
     """
@@ -64,8 +65,12 @@ def decode(step: Step, state: Sequence[Tensor], tokens: Tensor, max_new_tokens: 
     if seed is not None:
         generator = torch.Generator(device=tokens.device).manual_seed(seed)
     state = list(state)
-    for t in range(tokens.shape[1]):
-        logits, *state = step(tokens[:, t], *state)
+    if prefill is not None:
+        logits, *state = prefill(tokens)
+        logits = logits[:, -1]
+    else:
+        for t in range(tokens.shape[1]):
+            logits, *state = step(tokens[:, t], *state)
     out = [tokens]
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     for index in range(max_new_tokens):

@@ -179,10 +179,26 @@ class Mixer(nn.Module):
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
         return o, self._expand(v)
 
+    # -- prefill: a prompt in one pass, and the state the step continues from
+    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """x (B, L, d_model) -> (y (B, L, d_model), the decoding state after position L - 1). This default
+        steps through the positions; the families build the state from their full-sequence mode."""
+        state = self.init_state(x.shape[0], x.dtype, x.device)
+        outputs = []
+        for t in range(x.shape[1]):
+            y, state = self.step(x[:, t], state, torch.full((x.shape[0],), t, dtype=torch.long, device=x.device))
+            outputs.append(y)
+        return torch.stack(outputs, 1), state
+
     # -- decoding by recomputing the prefix (causal mixers with neither a recurrent form nor a cache)
     def _init_prefix(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
         """The mixer's inputs so far: (batch, max_len, d_model), zeros where nothing is written yet."""
         return (torch.zeros(batch, self.max_len, self.d_model, dtype=dtype, device=device),)
+
+    def _prefix_prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The planned mode over the prompt; the state holds its inputs."""
+        inputs = torch.zeros(x.shape[0], self.max_len, self.d_model, dtype=x.dtype, device=x.device)
+        return self.forward(x), (torch.cat([x, inputs[:, x.shape[1]:]], dim=1),)
 
     def _prefix_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """Write ``x_t`` (B, d_model) at ``position`` (B,) and run the planned mode over all max_len inputs:
@@ -202,6 +218,26 @@ class Mixer(nn.Module):
         cache = empty_cache(batch, self.heads, self.k_heads, self.v_heads, self.cache_capacity, self.d_qk, self.d_v,
                             dtype, device)
         return cache + self.conv.init_state(batch, dtype, device)
+
+    def _cache_prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Softmax attention over the prompt (planned mode), and the cache of its last C positions: slot
+        p % C holds position p's key and value, and the decay bias sum_{s=p+1..L-1} log a_s (a suffix sum,
+        accurate however long the prompt)."""
+        q, k, v, conv_state = self._project(x, expand=False)
+        decay = self._decay(x)
+        log_a = None if decay is None else decay.log_mag[..., 0]
+        o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
+        keys, values, bias = self._init_cache(x.shape[0], x.dtype, x.device)[:3]
+        L, C = x.shape[1], self.cache_capacity
+        kept = min(L, C)
+        slots = torch.arange(L - kept, L, device=x.device) % C
+        keys = keys.index_copy(2, slots, k[:, :, L - kept:].to(keys.dtype))
+        values = values.index_copy(2, slots, v[:, :, L - kept:].to(values.dtype))
+        if log_a is not None:
+            suffix = torch.flip(torch.cumsum(torch.flip(log_a, [-1]), -1), [-1])  # sum_{s=p..L-1} log a_s
+            after = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], -1)  # sum_{s=p+1..L-1}
+            bias = bias.index_copy(2, slots, after[..., L - kept:].to(bias.dtype))
+        return self._output(o, x, self._expand(v)), (keys, values, bias) + conv_state
 
     def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""
@@ -265,6 +301,20 @@ class LinearMixer(Mixer):
         return self._output(o, x, v)
 
     # -- decoding
+    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The planned mode over the prompt, and its final state in the step's layout."""
+        if self.softmax_kernel:
+            return self._cache_prefill(x)
+        q, k, v, decay, log_scale, conv_state = self._prepare(x)
+        q, k, v = _autocast_dtype(q), _autocast_dtype(k), _autocast_dtype(v)
+        o, final = linear_attention(q, k, v, decay, causal=True, normalize=self.normalize, eps=self.eps,
+                                    log_scale=log_scale, mode=self.mode, chunk_size=self.chunk_size,
+                                    backend=self.backend, max_length=self.max_len, return_state=True)
+        if self.normalize:  # the step keeps the normaliser z as the state's last value column
+            final = torch.cat([final[0], final[1].unsqueeze(-1)], dim=-1)
+        pair = (final.real, final.imag) if final.is_complex() else (final,)
+        return self._output(o, x, v), tuple(t.to(x.dtype) for t in pair) + conv_state
+
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
         """Zero state: (S_re,) or (S_re, S_im), each (batch, H, m, Dv [+1]), then one (batch, w - 1, C)
         tensor per convolved stream; exp features (softmax attention) keep a key/value cache instead."""
@@ -312,6 +362,10 @@ class SoftmaxMixer(Mixer):
         """The key/value cache (:meth:`Mixer._init_cache`)."""
         return self._init_cache(batch, dtype, device)
 
+    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Attention over the prompt and the cache it leaves (:meth:`Mixer._cache_prefill`)."""
+        return self._cache_prefill(x)
+
     def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""
         return self._cache_step(x_t, state, position)
@@ -347,6 +401,10 @@ class ScatterbrainMixer(Mixer):
         """One token by recomputing the prefix: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t, new state)."""
         return self._prefix_step(x_t, state, position)
 
+    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The planned mode over the prompt; the state holds its inputs (:meth:`Mixer._prefix_prefill`)."""
+        return self._prefix_prefill(x)
+
     def regularization_loss(self) -> Tensor | None:
         return self.features.regularization_loss()
 
@@ -381,6 +439,13 @@ class DeltaMixer(Mixer):
         o = delta_rule(q, k, v, beta, log_a, mode=mode, scale=self.scale, chunk_size=self.chunk_size,
                        max_length=self.max_len)
         return self._output(o, x, v)
+
+    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The planned mode over the prompt, and the delta state after it."""
+        q, k, v, beta, log_a, conv_state = self._inputs(x)
+        o, final = delta_rule(q, k, v, beta, log_a, mode=self.mode, scale=self.scale, chunk_size=self.chunk_size,
+                              max_length=self.max_len, return_state=True)
+        return self._output(o, x, v), (final.to(x.dtype),) + conv_state
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
         """Zero state: the delta state (batch, H, d_qk, d_v), then one (batch, w - 1, C) tensor per convolved stream."""

@@ -52,10 +52,18 @@ class Block(nn.Module):
         return x
 
     def step(self, x: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One position: x (B, d_model) and the mixer's state -> (B, d_model) and its new state."""
+        return self._stateful(x, lambda h: self.mixer.step(h, state, position))
+
+    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """A whole prompt: x (B, L, d_model) -> (B, L, d_model) and the mixer's state after it."""
+        return self._stateful(x, self.mixer.prefill)
+
+    def _stateful(self, x: Tensor, mixer_call) -> tuple[Tensor, tuple[Tensor, ...]]:
         box = {}
 
         def mix(h: Tensor) -> Tensor:
-            y, box["state"] = self.mixer.step(h, state, position)
+            y, box["state"] = mixer_call(h)
             return y
 
         x = self._sublayer(x, mix, self.norm1, self.mixer_residual)
@@ -132,7 +140,7 @@ class Model(nn.Module):
                              "the positions this model's cache (or position table) holds; raise max_len or "
                              "generate fewer")
         return decode(self.step, self.init_state(tokens.shape[0]), tokens, max_new_tokens, temperature=temperature,
-                      top_k=top_k, top_p=top_p, seed=seed, eos=eos)
+                      top_k=top_k, top_p=top_p, seed=seed, eos=eos, prefill=self.prefill)
 
     def check_inputs(self, inputs: Tensor, per_position: bool = True) -> None:
         """Refuse inputs the model cannot take, naming the limit (eager calls only: traced code has
@@ -195,6 +203,23 @@ class Model(nn.Module):
     def state_layout(self) -> list[int]:
         """How many tensors each block's mixer state has (the flat state splits by these counts)."""
         return [len(block.mixer.init_state(1)) for block in self.blocks]
+
+    def prefill(self, tokens: Tensor) -> tuple[Tensor, ...]:
+        """A prompt in one pass: ``tokens`` (B, L) -> (logits (B, L, vocab), *state after position L - 1).
+
+        Each mixer runs its planned full-sequence mode and hands over the state its decoding step
+        continues from (recurrent states from the op's final state, caches filled from the keys and
+        values); equal to stepping through the prompt (tests check it).
+        """
+        if not self.has_step:
+            raise ShapeError("this model has no decoding step: prefill needs a causal token model with an lm head")
+        self.check_inputs(tokens)
+        x = self.position.embed(self.embed(tokens))
+        state: list[Tensor] = [torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)]
+        for block in self.blocks:
+            x, block_state = block.prefill(x)
+            state.extend(block_state)
+        return (self._head(self.final_norm(x)), *state)
 
     def step(self, token: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
         """One decoding step: ``token`` (B,) int64 and the flat state -> (logits (B, vocab), *new state).

@@ -57,6 +57,26 @@ def test_the_step_equals_the_full_pass_and_greedy_equals_the_growing_prefix(path
     assert torch.equal(generated, prefix)
 
 
+@pytest.mark.parametrize("path", CAUSAL_LMS, ids=lambda p: p.stem)
+def test_prefill_runs_the_planned_modes_and_leaves_the_state_the_steps_would(path):
+    torch.manual_seed(0)
+    model = attnspec.build(path, *_small(path))
+    tokens = torch.randint(0, model.spec.input.vocab_size, (2, 25), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model(tokens)
+        logits, *prefilled = model.prefill(tokens[:, :17])
+        assert (logits - full[:, :17]).abs().max() < 1e-10
+        stepped = model.init_state(2)
+        for t in range(17):
+            _, *stepped = model.step(tokens[:, t], *stepped)
+        for a, b in zip(prefilled, stepped):
+            assert a.shape == b.shape and a.dtype == b.dtype and (a - b).abs().max() < 1e-10
+        state = prefilled  # decoding continues from the prefilled state exactly
+        for t in range(17, 25):
+            logits, *state = model.step(tokens[:, t], *state)
+            assert (logits - full[:, t]).abs().max() < 1e-10
+
+
 ATTENTION = {"name": "attention", "input": {"kind": "tokens", "vocab_size": 50}, "d_model": 32, "max_len": 48,
              "dtype": "float64", "layers": [{"mixer": {"kind": "softmax", "heads": 4}}]}
 
@@ -79,7 +99,12 @@ def test_attention_parts_decode_exactly(mixer):
     model = attnspec.build(_attention(**mixer))
     tokens = torch.randint(0, 50, (3, 29), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        assert (_step_logits(model, tokens) - model(tokens)).abs().max() < 1e-10
+        full = model(tokens)
+        assert (_step_logits(model, tokens) - full).abs().max() < 1e-10
+        logits, *state = model.prefill(tokens[:, :20])  # a prompt longer than the smaller windows
+        for t in range(20, 29):
+            logits, *state = model.step(tokens[:, t], *state)
+            assert (logits - full[:, t]).abs().max() < 1e-10
 
 
 def test_a_window_decodes_past_max_len_in_constant_memory_and_a_full_cache_refuses():

@@ -70,7 +70,8 @@ def decode(step: Step, state: Sequence[Tensor], tokens: Tensor, max_new_tokens: 
         logits = logits[:, -1]
     else:
         for t in range(tokens.shape[1]):
-            logits, *state = step(tokens[:, t], *state)
+            # contiguous: an AOTInductor package reads its inputs with the strides it was traced with
+            logits, *state = step(tokens[:, t].contiguous(), *state)
     out = [tokens]
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     for index in range(max_new_tokens):

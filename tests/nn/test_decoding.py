@@ -107,6 +107,19 @@ def test_attention_parts_decode_exactly(mixer):
             assert (logits - full[:, t]).abs().max() < 1e-10
 
 
+def test_linear_mixers_share_keys_and_values_too():
+    """kv_heads on the gated linear family: every mode, the step and prefill agree (multi-value attention)."""
+    torch.manual_seed(0)
+    model = attnspec.build({**ATTENTION, "layers": [{"mixer": {"kind": "linear", "heads": 4, "kv_heads": 2,
+                                                               "qk_norm": "rmsnorm", "transition": "data"}}]})
+    tokens = torch.randint(0, 50, (2, 23), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        outputs = [model(tokens, mode) for mode in model.blocks[0].mixer.modes]
+        assert all((out - outputs[0]).abs().max() < 1e-10 for out in outputs)
+        assert (_step_logits(model, tokens) - outputs[0]).abs().max() < 1e-10
+    assert model.blocks[0].mixer.k_proj.weight.shape[0] == 2 * 8  # two key heads of d_qk 8
+
+
 def test_a_window_decodes_past_max_len_in_constant_memory_and_a_full_cache_refuses():
     torch.manual_seed(0)
     windowed = attnspec.build({**_attention(window=8, position="rope"), "max_len": 16})

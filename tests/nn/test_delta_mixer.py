@@ -27,6 +27,7 @@ CHANNEL_GATE = {"kind": "mamba", "per": "channel"}
 @pytest.mark.parametrize("mixer", [{}, {"transition": HEAD_GATE, "group_norm": True, "output_gate": "swish"},
                                    {"transition": CHANNEL_GATE, "beta": "2sigmoid"},
                                    {"transition": {**CHANNEL_GATE, "rank": 5}, "qk_groups": 1, "skip": True},
+                                   {"transition": HEAD_GATE, "kv_heads": 1, "qk_norm": "rmsnorm"},
                                    {"transition": {"kind": "fixed", "init": "lru"}, "position": {"kind": "rope"}},
                                    {"transition": HEAD_GATE, "feature_map": {"kind": "l2norm", "activation": "silu"},
                                     "conv": {"kind": "short", "width": 4, "projections": ["q", "k", "v"],

@@ -17,8 +17,9 @@ with rates for a 2-core CPU; ``auto`` takes the cheapest valid mode. Three regim
   training batches the work, not the number of steps, decides (a per-channel quadratic mode that
   wins at batch 1 materialises B x L x L x m decays and loses). An eager (uncompiled) training
   run may use the recurrent mode's loop; a compiled one is traced at a fixed length, so may too.
-* decoding: the recurrent step (constant-size state) for mixers that have one; softmax and
-  Scatterbrain need the whole prefix, so a model containing them has no decoding step.
+* decoding: the family's ``decode_mode``: the recurrent step (a constant-size state), a key/value
+  cache of ``decode_cache`` positions (softmax attention: ``max_len``, or its window as a ring
+  buffer), or the mixer rerun over its cached inputs (Scatterbrain); non-causal mixers have none.
 
 The backend of the chosen mode is the family's first that applies on the plan's device to the
 spec's dtype in the regime (``LayerPlan.backend``), and, for the build's exported program, the first
@@ -215,7 +216,7 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, train
         if "recurrent" in costs and "recurrent" not in valid:
             reason += "; recurrent cannot be exported with a dynamic length"
     if decode is None:
-        reason += "; no decoding step (" + ("it needs the whole prefix)" if mixer.causal else "non-causal)")
+        reason += "; no decoding step (" + ("the family has none)" if mixer.causal else "non-causal)")
     return LayerPlan(path, mixer.describe(), chosen, decode, costs[chosen], reason, seconds, measured, skipped or {})
 
 

@@ -47,7 +47,7 @@ def _state_at(model, batch: int, position: int) -> list[torch.Tensor]:
 def _tokens_per_second(step, state: list[torch.Tensor], steps: int) -> float:
     token = torch.zeros(state[0].shape[0], dtype=torch.long)
     with torch.no_grad():
-        _, *warm = step(token, *state)
+        step(token, *state)  # warm-up
         start = time.perf_counter()
         current = list(state)
         for _ in range(steps):

@@ -36,7 +36,8 @@ class Estimator:
 
     def __call__(self, spec, config) -> RunEstimate:
         """The estimate for a resolved ``spec`` trained with the :class:`TrainConfig` ``config``."""
-        from attnspec.compiler.plan import MAC_RATE, plan_spec
+        from attnspec.compiler.plan import plan_spec
+        from attnspec.spec.family import MAC_RATE
 
         L = config.task.seq_len
         parameters, dense, model = self._model(spec)

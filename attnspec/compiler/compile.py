@@ -307,10 +307,9 @@ def _die_with_parent() -> None:
 
 def _check_directory(directory: Path, modes: list[str], device: str) -> dict:
     from attnspec.compiler.load import load_weights
+    from attnspec.compiler.plan import backends_for
     from attnspec.nn.model import build_model_from_spec
     from attnspec.spec import load_spec
-
-    from attnspec.compiler.plan import backends_for
 
     spec = load_spec(directory / "spec.yaml", ())
     model = build_model_from_spec(spec)

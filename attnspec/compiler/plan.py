@@ -44,7 +44,7 @@ from pathlib import Path
 
 from attnspec.errors import BuildError
 from attnspec.io import VERSION, cache_directory, read_cache_file, write_cache_file
-from attnspec.spec.family import BACKENDS, BANDWIDTH, BYTES, MAC_RATE, STEP_OVERHEAD, Cost  # noqa: F401 (re-exported)
+from attnspec.spec.family import Cost
 from attnspec.spec.ir import Spec, iter_blocks
 from attnspec.spec.source import format_path
 

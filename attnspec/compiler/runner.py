@@ -153,4 +153,3 @@ def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, prog
     if generate:
         lines.append(f"generated: {' '.join(map(str, runner.generate(prompt, generate, sampling)))}")
     return "\n".join(lines)
-

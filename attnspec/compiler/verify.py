@@ -3,8 +3,8 @@
 For each block whose mixer has several modes, the block is switched to each mode in turn (the
 others stay on their reference mode) and the model output is compared with the all-reference
 output. The reference is the family's ``reference_mode``: the recurrent mode where it exists
-(the defining recurrence), otherwise the only mode. Tolerance: 1e-9 relative to the output's largest magnitude, in
-float64 (the modes differ only in summation order: ~1e-15 is typical).
+(the defining recurrence), otherwise the only mode. Tolerance: 1e-9 relative to the output's
+largest magnitude, in float64 (the modes differ only in summation order: ~1e-15 is typical).
 """
 
 from __future__ import annotations

@@ -60,7 +60,6 @@ class Mixer(nn.Module):
         self.backend = "graph"  # what runs the mode: the plan's choice (Model.set_modes), the graph path until then
         # heads of distinct queries, keys and values: `qk_groups` share q and k, `kv_heads` k and v by groups of heads
         self.q_heads, self.k_heads, self.v_heads = node.query_heads, node.key_heads, node.value_heads
-        self.qk_heads = node.query_heads  # the groups of the gated norm (`gate_before_norm`)
         self.q_proj = nn.Linear(d_model, self.q_heads * self.d_qk, bias=False)
         self.k_proj = nn.Linear(d_model, self.k_heads * self.d_qk, bias=False)
         self.v_proj = nn.Linear(d_model, self.v_heads * self.d_v, bias=False)
@@ -110,9 +109,8 @@ class Mixer(nn.Module):
         (B, H, L, width): a group's head serves H / heads consecutive heads (head h reads group
         h // (H / heads), as Mamba2's B and C and grouped-query attention's keys and values)."""
         B, L = y.shape[:2]
-        heads = heads or self.heads
-        y = y.view(B, L, heads, width).transpose(1, 2)
-        return y if heads == self.heads or not expand else y.repeat_interleave(self.heads // heads, dim=1)
+        y = y.view(B, L, heads or self.heads, width).transpose(1, 2)
+        return self._expand(y) if expand else y
 
     def _normalized(self, t: Tensor, name: str) -> Tensor:
         """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps 1e-6)."""
@@ -161,7 +159,7 @@ class Mixer(nn.Module):
             g = self.gate(x)
             o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))
         if self.gate_before_norm:  # Mamba2: RMSNorm(y silu(z)) over each group of H / qk_groups heads
-            groups = o.view(B, L, self.qk_heads, -1)
+            groups = o.view(B, L, self.q_heads, -1)
             o = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.norm_eps)).view(B, L, H * Dv)
             o = o * self.norm_weight
         return self.out_proj(o)

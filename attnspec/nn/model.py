@@ -120,9 +120,10 @@ class Model(nn.Module):
 
     def generate(self, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos: int | None = None) -> Tensor:
-        """Continue the prompts ``tokens`` (B, T) int64 (equal lengths) by up to ``max_new_tokens`` tokens,
-        one decoding step each: greedy at ``temperature=0``, else sampled (``top_k``, ``top_p``), drawn
-        from a generator seeded with ``seed`` if given; rows stop at ``eos`` (and repeat it).
+        """Continue the prompts ``tokens`` (B, T) int64 (equal lengths) by up to ``max_new_tokens`` tokens:
+        :meth:`prefill` over the prompts, then one decoding step per token; greedy at ``temperature=0``,
+        else sampled (``top_k``, ``top_p``) from a generator seeded with ``seed`` if given; rows stop at
+        ``eos`` (and repeat it).
 
         Returns (B, T + n) int64. Raises ShapeError for a model without a decoding step or a total
         length past :attr:`decode_limit` (the message names ``max_len``).

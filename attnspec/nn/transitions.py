@@ -152,8 +152,7 @@ class MambaTransition(Transition):
 
     def forward(self, x: Tensor) -> Decay:
         step = self._step(x)
-        width = self.width
-        return Decay(-torch.exp(self.A_log.to(step.dtype)).view(1, self.heads, 1, width) * step, None)
+        return Decay(-torch.exp(self.A_log.to(step.dtype)).view(1, self.heads, 1, self.width) * step, None)
 
     def input_scale(self, x: Tensor) -> Tensor | None:
         return self._step(x) if self.scales_input else None

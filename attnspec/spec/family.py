@@ -71,7 +71,6 @@ NATIVE_CPU = Backend("native", devices=("cpu",), dtypes=("float32",), training=F
                      summary="the C++ CPU chunk kernel (no backward; exported programs take the graph path)")
 TRITON = Backend("triton", devices=("cuda",), dtypes=("float32", "bfloat16", "float16"),
                  summary="Triton kernels registered as torch.library.triton_op (inside compiled and exported graphs)")
-BACKENDS = {backend.name: backend for backend in (GRAPH, NATIVE_CPU, TRITON)}
 
 
 def scan_depth(L: int) -> int:
@@ -140,5 +139,5 @@ def delta_costs(L: int, H: int, dk: int, dv: int, chunk: int, per_channel: bool)
     }
 
 
-__all__ = ["BACKENDS", "BANDWIDTH", "BYTES", "Backend", "Cost", "GRAPH", "MAC_RATE", "NATIVE_CPU", "STEP_OVERHEAD",
+__all__ = ["BANDWIDTH", "BYTES", "Backend", "Cost", "GRAPH", "MAC_RATE", "NATIVE_CPU", "STEP_OVERHEAD",
            "TRITON", "delta_costs", "linear_costs", "noncausal_linear_cost", "softmax_cost"]

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnspec.ops.linear.checks import _check_inputs, _export_state
 from attnspec.errors import ShapeError
+from attnspec.ops.linear.checks import _check_inputs, _export_state
 from attnspec.ops.linear.chunk import (GROUP, TOP, _chunked, _native_chunk_applies, _native_chunked,
                                        _triton_chunk_applies, _triton_chunked, chunk_scan, scan_levels)
 from attnspec.ops.linear.common import (LOG_ZERO, MODES, Decay, PairState, State, _zero_state, accumulation_dtype,

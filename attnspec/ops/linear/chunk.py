@@ -36,12 +36,6 @@ from attnspec.ops.linear.common import (LOG_ZERO, Decay, PairState, _add, _at_fi
                                         _rotate, _rotate_state, _segsum, _phase_cumsum, _phase_segsum,
                                         _shift_in, _unpad, batched_matmul, wrap_phase)
 
-def _native_chunk_fits(q: Tensor, decay: Decay | None, causal: bool, mode: str) -> bool:
-    """Whether the CPU kernel takes these inputs at all: the causal chunk mode, float32 on the CPU, no
-    decay or one per head (it may still not run: a gradient or an export trace needs the graph path)."""
-    return (mode == "chunk" and causal and q.device.type == "cpu" and q.dtype == torch.float32
-            and (decay is None or decay.log_mag.shape[-1] == 1))
-
 
 def _native_chunk_applies(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None,
                           causal: bool, mode: str) -> bool:
@@ -51,7 +45,9 @@ def _native_chunk_applies(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, 
     has no backward, so it is used only when no gradient is needed. Exported programs always take the
     graph path, so that they load without attnspec.
     """
-    if not _native_chunk_fits(q, decay, causal, mode):
+    if mode != "chunk" or not causal or q.device.type != "cpu" or q.dtype != torch.float32:
+        return False
+    if decay is not None and decay.log_mag.shape[-1] != 1:
         return False
     if torch.compiler.is_exporting():
         return False

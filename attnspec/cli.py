@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
 
@@ -255,9 +256,19 @@ def build(
     recurrent form) and manifest.json. It is written atomically: a failing stage leaves
     nothing behind.
     """
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from attnspec.compiler.build import build_directory
+
+    with _stage_progress() as on_stage:
+        result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
+                                 force=force, weights=weights, calibrate=not no_calibrate, device=device,
+                                 on_stage=on_stage)
+    _print_build_summary(result.directory, result.manifest)
+
+
+@contextmanager
+def _stage_progress():
+    """A progress display of a build's stages; yields the ``on_stage`` callback that draws it."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out) as progress:
         tasks: dict[str, int] = {}
@@ -268,10 +279,73 @@ def build(
             else:
                 progress.update(tasks[name], completed=1, description=f"{name} ({seconds:.1f}s)")
 
-        result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
-                                 force=force, weights=weights, calibrate=not no_calibrate, device=device,
-                                 on_stage=on_stage)
+        yield on_stage
+
+
+@app.command("import-hf")
+def import_hf(
+    checkpoint: Path = typer.Argument(..., help="A local transformers checkpoint directory: config.json and "
+                                                "safetensors weights (nothing is downloaded, nothing unpickled)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Build directory to create."),
+    spec_file: Optional[Path] = typer.Option(None, "--spec", help="Also write the spec, minimal and readable, to this "
+                                                                  "new file (edit it, then build it with --weights)."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Build for sequences up to this length instead of "
+                                          "the config's max_position_embeddings (key/value caches hold max_len)."),
+    no_calibrate: bool = typer.Option(False, "--no-calibrate", help="Plan from the calibration cache and the cost "
+                                      "model only."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Skip the torch.compile check."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing build directory."),
+) -> None:
+    """Import a transformers model (llama, mistral, qwen2, qwen3, qwen3_next, mamba2) as a build directory.
+
+    The config becomes an attnspec spec and the weights are mapped onto its model, then built
+    like any spec (verified, compiled, exported). Anything attnspec cannot express (a mixture-
+    of-experts MLP, RoPE scaling, an unknown activation) is an error naming the config field
+    and the layers, and nothing is written.
+    """
+    from attnspec.hf.convert import import_hf as run_import
+    from attnspec.io import write_atomic
+    from attnspec.spec.emit import to_yaml
+    from attnspec.spec.validate import validate_data
+
+    if spec_file is not None and os.path.lexists(spec_file):
+        raise AttnSpecError(f"{spec_file} already exists; --spec writes a new file, it never overwrites one")
+    with _stage_progress() as on_stage:
+        result = run_import(checkpoint, output, max_len=max_len, compile_check=not no_compile, force=force,
+                            calibrate=not no_calibrate, on_stage=on_stage)
+    if spec_file is not None:
+        spec = validate_data(result.manifest["spec"])
+        write_atomic(spec_file, to_yaml(spec, header=f"{spec.description}\nWeights: {output}/model.safetensors "
+                                                      f"(attnspec build THIS_FILE -o DIR --weights ...)"))
     _print_build_summary(result.directory, result.manifest)
+
+
+@app.command("export-hf")
+def export_hf(
+    directory: Path = typer.Argument(..., help="A build directory, or a training run directory (its latest "
+                                               "checkpoint)."),
+    output: Path = typer.Option(..., "--output", "-o", help="transformers directory to create."),
+    model_type: Optional[str] = typer.Option(None, "--model-type", help="Insist on this type (llama, mistral, qwen2, "
+                                             "qwen3, qwen3_next, mamba2 or attnspec); default: the native type that "
+                                             "states the spec exactly, else attnspec."),
+) -> None:
+    """Write a model as a transformers directory that AutoModelForCausalLM.from_pretrained loads.
+
+    A spec transformers has a class for is written as that model type (it loads without
+    attnspec); any other causal token spec as the `attnspec` type, which `import attnspec.hf`
+    registers with the Auto classes (generate() runs on attnspec's decoding state).
+    """
+    from attnspec.hf.convert import export_hf as run_export
+
+    written, kind = run_export(directory, output, model_type=model_type)
+    out.print(f"wrote {written} as model type {kind}", markup=False)
+    load = "AutoModelForCausalLM.from_pretrained"
+    if kind == "attnspec":
+        out.print(f"Load it: import attnspec.hf; from transformers import AutoModelForCausalLM; "
+                  f"model = {load}('{written}')", markup=False)
+    else:
+        out.print(f"Load it: from transformers import AutoModelForCausalLM; model = {load}('{written}')",
+                  markup=False)
 
 
 def _print_build_summary(directory: Path, manifest: dict) -> None:

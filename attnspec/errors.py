@@ -71,6 +71,11 @@ class RunError(AttnSpecError):
     (missing, tampered, a link where attnspec writes, a file of someone else's in the way)."""
 
 
+class InteropError(AttnSpecError):
+    """A transformers checkpoint attnspec cannot import, or a model it cannot export (the message names
+    the config field, the layers or the tensor, and what to do)."""
+
+
 class TrainingDiverged(AttnSpecError):
     """Training met a non-finite loss or gradient norm and stopped; the run is recorded as diverged
     (``step``: the optimiser step whose loss or gradient was not finite)."""

@@ -25,10 +25,10 @@ class LayerNorm(nn.LayerNorm):
 class RMSNorm(nn.Module):
     """``x / rms(x) * weight``."""
 
-    def __init__(self, node, *, dim: int, eps: float = 1e-6, **_):
+    def __init__(self, node, *, dim: int, **_):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps = node.eps
 
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
@@ -45,15 +45,15 @@ _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}
 
 @register("mlp", "mlp", "glu")
 class Mlp(nn.Module):
-    """``W2 act(W1 x)``, or with a gate (``glu``) ``W2 (act(W1 x) * W3 x)``; hidden width expansion * d_model."""
+    """``W2 act(W1 x)``, or with a gate (``glu``) ``W2 (act(W1 x) * W3 x)``; hidden width ``hidden`` or expansion * d_model."""
 
     def __init__(self, node, *, d_model: int, **_):
         super().__init__()
-        hidden = node.expansion * d_model
+        hidden = node.hidden or node.expansion * d_model
         self.activation = _ACTIVATIONS[node.activation]
-        self.up = nn.Linear(d_model, hidden)
-        self.gate = nn.Linear(d_model, hidden) if node.gated else None
-        self.down = nn.Linear(hidden, d_model)
+        self.up = nn.Linear(d_model, hidden, bias=node.bias)
+        self.gate = nn.Linear(d_model, hidden, bias=node.bias) if node.gated else None
+        self.down = nn.Linear(hidden, d_model, bias=node.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.activation(self.up(x))

@@ -60,18 +60,20 @@ class Mixer(nn.Module):
         self.backend = "graph"  # what runs the mode: the plan's choice (Model.set_modes), the graph path until then
         # heads of distinct queries, keys and values: `qk_groups` share q and k, `kv_heads` k and v by groups of heads
         self.q_heads, self.k_heads, self.v_heads = node.query_heads, node.key_heads, node.value_heads
-        self.q_proj = nn.Linear(d_model, self.q_heads * self.d_qk, bias=False)
-        self.k_proj = nn.Linear(d_model, self.k_heads * self.d_qk, bias=False)
-        self.v_proj = nn.Linear(d_model, self.v_heads * self.d_v, bias=False)
+        bias = node.qkv_bias
+        self.q_proj = nn.Linear(d_model, self.q_heads * self.d_qk, bias=bias)
+        self.k_proj = nn.Linear(d_model, self.k_heads * self.d_qk, bias=bias)
+        self.v_proj = nn.Linear(d_model, self.v_heads * self.d_v, bias=bias)
         # RMSNorm of each q and k head before positions (Qwen3's q_norm/k_norm: one weight shared by the heads)
         self.qk_norm = nn.ParameterDict({"q": nn.Parameter(torch.ones(self.d_qk)),
                                          "k": nn.Parameter(torch.ones(self.d_qk))}) if node.qk_norm != "none" else None
         self.cache_capacity = node.cache_capacity(max_len)  # positions a key/value decoding cache holds, or None
         self.window = getattr(node, "window", None)  # softmax attention's sliding window
-        self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=False)
-        self.gate = nn.Linear(d_model, self.heads * self.d_v, bias=False) if node.output_gate != "none" else None
+        self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=node.out_bias)
+        self.gate = nn.Linear(d_model, self.heads * self.d_v, bias=bias) if node.output_gate != "none" else None
         self.gate_kind = node.output_gate
-        self.norm_weight = nn.Parameter(torch.ones(self.heads * self.d_v)) if node.group_norm else None
+        norm_width = self.d_v if node.shared_norm_weight else self.heads * self.d_v
+        self.norm_weight = nn.Parameter(torch.ones(norm_width)) if node.group_norm else None
         self.norm_eps, self.gate_before_norm = node.norm_eps, node.gate_before_norm
         self.D = nn.Parameter(torch.ones(self.heads)) if node.skip else None  # Mamba2's skip, D v_t
         with torch.no_grad():  # `init_scale` multiplies PyTorch's default initialisation
@@ -113,10 +115,10 @@ class Mixer(nn.Module):
         return self._expand(y) if expand else y
 
     def _normalized(self, t: Tensor, name: str) -> Tensor:
-        """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps 1e-6)."""
+        """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps ``norm_eps``)."""
         if self.qk_norm is None:
             return t
-        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * self.qk_norm[name].to(t.dtype)
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.qk_norm[name].to(t.dtype)
 
     def _project(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None,
                  expand: bool = True) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
@@ -153,8 +155,8 @@ class Mixer(nn.Module):
             o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.norm_eps)
         B, H, L, Dv = o.shape
         o = o.transpose(1, 2).reshape(B, L, H * Dv)
-        if normalize_heads:
-            o = o * self.norm_weight
+        if normalize_heads:  # a shared weight (Dv,) repeats over the heads
+            o = o * (self.norm_weight if self.norm_weight.shape[0] == H * Dv else self.norm_weight.repeat(H))
         if self.gate is not None:
             g = self.gate(x)
             o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))

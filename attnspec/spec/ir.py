@@ -780,7 +780,15 @@ class MixerComponent(Component):
     norm), rather than per-head RMSNorm(y) then the gate (Gated DeltaNet's). Needs `group_norm: true`
     and `output_gate: swish`."""
     norm_eps: Annotated[float, Field(gt=0, le=1)] = 1e-6
-    """Epsilon of the output norm (`group_norm`)."""
+    """Epsilon of the mixer's RMS norms: the output norm (`group_norm`) and `qk_norm`."""
+    shared_norm_weight: bool = False
+    """The output norm's weight is one vector of d_v shared by the heads (Qwen3-Next's and Kimi's gated
+    norms), rather than one weight per channel of every head. Needs `group_norm: true`, and not
+    `gate_before_norm` (whose groups span several heads)."""
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections and the output gate's (Qwen2; Llama's `attention_bias`)."""
+    out_bias: bool = False
+    """A bias on the output projection (Llama's `attention_bias`)."""
 
     def modes(self) -> tuple[str, ...]:
         """The execution modes that compute this mixer, the planner's default first."""
@@ -875,6 +883,9 @@ class MixerComponent(Component):
         if self.gate_before_norm and not (self.group_norm and self.output_gate == "swish"):
             yield ("gate_before_norm",), ("gate_before_norm orders a gated norm, which needs `group_norm: true` "
                                           "and `output_gate: swish`")
+        if self.shared_norm_weight and (not self.group_norm or self.gate_before_norm):
+            yield ("shared_norm_weight",), ("a shared norm weight is the per-head output norm's: it needs "
+                                            "`group_norm: true` without `gate_before_norm`")
         if transition is not None and getattr(transition, "scale_input", False) and not self.scales_input:
             yield ("transition", "scale_input"), (f"a {self.kind} mixer has no input for Δ_t to scale; remove "
                                                   "scale_input")
@@ -1233,9 +1244,10 @@ class LayerNormNode(NormComponent):
 
 
 class RmsNormNode(NormComponent):
-    """RMSNorm: x / rms(x) * weight."""
+    """RMSNorm: x / sqrt(mean(x^2) + eps) * weight."""
 
     kind: Literal["rmsnorm"]
+    eps: Annotated[float, Field(gt=0, le=1)] = 1e-6
 
 
 class NoNorm(NormComponent):
@@ -1254,7 +1266,12 @@ class ChannelMixerComponent(Component):
 
 class _Feedforward(ChannelMixerComponent):
     expansion: Count(limits.MAX_EXPANSION) = 4
-    """Hidden width = expansion * d_model."""
+    """Hidden width = expansion * d_model (unless `hidden` is given)."""
+    hidden: Count(limits.MAX_EXPANSION * limits.MAX_D_MODEL) | None = None
+    """Hidden width, when it is not a multiple of d_model (Llama's intermediate_size 11008 at d_model
+    4096); it replaces `expansion`."""
+    bias: bool = True
+    """Biases on the projections (Llama-family MLPs have none: `bias: false`)."""
     activation: Literal["gelu", "relu", "silu"] = "gelu"
     gated: ClassVar[bool] = False
     """A third projection multiplies the activation (GLU)."""

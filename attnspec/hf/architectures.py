@@ -1,0 +1,533 @@
+"""Released architectures in attnspec's terms: for each transformers model type, its config as a spec,
+a spec as its config, and the correspondence of their weights.
+
+One :class:`Architecture` per family of model types: the Llama family (``llama``, ``mistral``,
+``qwen2``, ``qwen3``), ``qwen3_next`` (Gated DeltaNet and gated attention) and ``mamba2``. Each says
+
+* :meth:`~Architecture.spec`: the spec data computing what transformers' modelling code computes for
+  a ``config.json``, or an :class:`InteropError` naming the field (and layers) it cannot express;
+* :meth:`~Architecture.config`: the ``config.json`` of a spec, or :class:`NotExpressible`; the caller
+  keeps it only if the config's own spec is the spec again (so "native" is decided by one round trip,
+  not by a second list of conditions);
+* :meth:`~Architecture.links`: which transformers tensor holds which attnspec tensors, as
+  :class:`Link` rows read in both directions.
+
+The tests hold every architecture to transformers' own model, logit for logit (tests/hf/).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnspec.errors import InteropError
+
+_MISSING = object()
+
+
+class NotExpressible(Exception):
+    """A spec that this architecture's config cannot state (the reason is the message)."""
+
+
+class Config:
+    """A ``config.json`` being read: typed, located access to its fields."""
+
+    def __init__(self, data: dict, source: str):
+        self.data, self.source = data, source
+
+    def refuse(self, field: str, message: str, layers: list[int] | None = None) -> InteropError:
+        where = f" (layers {_ranges(layers)})" if layers else ""
+        return InteropError(f"{self.source}: `{field}`{where}: {message}")
+
+    def get(self, field: str, kind: type | tuple = int, default: Any = _MISSING) -> Any:
+        """The field's value, checked to be of ``kind`` (``default`` where absent or null)."""
+        value = self.data.get(field)
+        if value is None:
+            if default is _MISSING:
+                raise self.refuse(field, "missing; a config.json written by transformers has it")
+            return default
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise self.refuse(field, f"expected {names}, got {type(value).__name__}")
+        return value
+
+    def count(self, field: str, default: Any = _MISSING) -> int:
+        value = self.get(field, int, default)
+        if value is not None and value <= 0:
+            raise self.refuse(field, f"must be positive, got {value}")
+        return value
+
+    def number(self, field: str, default: Any = _MISSING) -> float:
+        return float(self.get(field, (int, float), default))
+
+    def layer_types(self, layers: int, default: list[str]) -> list[str]:
+        types = self.get("layer_types", list, default)
+        if len(types) != layers or not all(isinstance(t, str) for t in types):
+            raise self.refuse("layer_types", f"must list a type for each of the {layers} layers")
+        return types
+
+    def rope(self, head_dim: int, default_fraction: float = 1.0) -> dict:
+        """The rotary position node: ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``."""
+        parameters = self.get("rope_parameters", dict, None)
+        if parameters is None:
+            scaling = self.get("rope_scaling", dict, None)
+            if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+                raise self.refuse("rope_scaling", f"{scaling.get('rope_type', scaling.get('type'))!r} RoPE scaling "
+                                  "is not an attnspec position scheme; only the default RoPE imports")
+            parameters = {"rope_theta": self.number("rope_theta", 10000.0),
+                          "partial_rotary_factor": self.number("partial_rotary_factor", default_fraction)}
+        kind = parameters.get("rope_type", "default")
+        if kind != "default":
+            raise self.refuse("rope_parameters.rope_type", f"{kind!r} RoPE scaling is not an attnspec position "
+                              "scheme; only the default RoPE imports")
+        theta = parameters.get("rope_theta", 10000.0)
+        fraction = parameters.get("partial_rotary_factor", self.number("partial_rotary_factor", default_fraction))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (theta, fraction)):
+            raise self.refuse("rope_parameters", "rope_theta and partial_rotary_factor must be positive numbers")
+        node = {"kind": "rope", "base": float(theta)}
+        if fraction != 1.0:
+            node["rotary_fraction"] = float(fraction)
+        return node
+
+    def activation(self, field: str = "hidden_act", allowed: tuple[str, ...] = ("silu", "gelu", "relu")) -> str:
+        value = self.get(field, str, "silu")
+        name = "silu" if value == "swish" else value
+        if name not in allowed:
+            raise self.refuse(field, f"activation {value!r} has no attnspec equivalent; attnspec has "
+                              f"{', '.join(allowed)} here")
+        return name
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    parts, start = [], None
+    for index, n in enumerate(numbers):
+        if start is None:
+            start = n
+        if index + 1 == len(numbers) or numbers[index + 1] != n + 1:
+            parts.append(str(start) if start == n else f"{start}-{n}")
+            start = None
+    return ", ".join(parts)
+
+
+def compress_layers(blocks: list[dict]) -> list[dict]:
+    """A list of blocks as readable layers: the shortest repeating period as a ``repeat`` group, runs of
+    equal blocks inside it as their own groups ([a, a, a, b] * 12 -> repeat 12 of [repeat 3 of a, b])."""
+    n = len(blocks)
+    for period in range(1, n + 1):
+        if n % period == 0 and all(blocks[i] == blocks[i % period] for i in range(n)):
+            break
+    runs: list[dict] = []
+    for block in blocks[:period]:
+        if runs and runs[-1]["layers"][0] == block:
+            runs[-1]["repeat"] += 1
+        else:
+            runs.append({"repeat": 1, "layers": [block]})
+    inner = [run["layers"][0] if run["repeat"] == 1 else run for run in runs]
+    return inner if n == period else [{"repeat": n // period, "layers": inner}]
+
+
+# --------------------------------------------------------------------------- the weight correspondence
+
+
+@dataclass(frozen=True)
+class Link:
+    """One transformers tensor ``theirs`` made of attnspec tensors ``ours``.
+
+    ``theirs`` = the rows of ``ours`` concatenated, interleaved by ``groups`` (group g of each of
+    ``ours`` in turn: transformers' per-key-head packing), minus ``offset`` (Qwen3-Next's norms store
+    weight - 1), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)).
+    """
+
+    theirs: str
+    ours: tuple[str, ...]
+    groups: int = 1
+    offset: float = 0.0
+    conv: bool = False
+
+    def join(self, tensors: list[Tensor]) -> Tensor:
+        """attnspec -> transformers."""
+        parts = [t.chunk(self.groups) for t in tensors]
+        joined = torch.cat([part for group in zip(*parts) for part in group]) - self.offset
+        return joined.unsqueeze(1) if self.conv else joined
+
+    def split(self, tensor: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
+        """transformers -> attnspec, into tensors of ``shapes``."""
+        if self.conv:
+            tensor = tensor.squeeze(1)
+        tensor = tensor + self.offset
+        rows = [shape[0] // self.groups for shape in shapes]
+        grouped = tensor.reshape(self.groups, sum(rows), *tensor.shape[1:])
+        return [part.reshape(shape).contiguous() for part, shape in zip(grouped.split(rows, dim=1), shapes)]
+
+
+def rename(theirs: str, ours: str, offset: float = 0.0) -> Link:
+    return Link(theirs, (ours,), offset=offset)
+
+
+# --------------------------------------------------------------------------- architectures
+
+
+class Architecture:
+    """A family of transformers model types (see the module docstring)."""
+
+    model_types: tuple[str, ...] = ()
+    causal_lm: dict[str, str] = {}
+    """model type -> its causal-LM class, the config's ``architectures`` entry."""
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        raise NotImplementedError
+
+    def config(self, spec, model_type: str) -> dict:
+        raise NotImplementedError
+
+    def links(self, spec) -> list[Link]:
+        raise NotImplementedError
+
+
+def _common(config: Config) -> dict:
+    """Fields every causal LM here shares: vocabulary, width, max_len, dtype."""
+    dtype = config.get("dtype", str, None) or config.get("torch_dtype", str, "float32")
+    return {"input": {"kind": "tokens", "vocab_size": config.count("vocab_size")},
+            "d_model": config.count("hidden_size"),
+            "max_len": config.count("max_position_embeddings", 2048),
+            "dtype": "float64" if dtype == "float64" else "float32"}
+
+
+def _head(config: Config, default_tied: bool) -> dict:
+    return {"kind": "lm", "tied": config.get("tie_word_embeddings", bool, default_tied)}
+
+
+def _glu(config: Config, hidden_field: str = "intermediate_size", bias: bool = False) -> dict:
+    return {"kind": "glu", "hidden": config.count(hidden_field), "activation": config.activation(),
+            "bias": bias}
+
+
+def _rmsnorm(eps: float) -> dict:
+    return {"kind": "rmsnorm", "eps": eps}
+
+
+def _block_prefix(index: int) -> str:
+    return f"blocks.{index}."
+
+
+def _lm_links(spec, embed: str, final_norm: str, offset: float = 0.0) -> list[Link]:
+    links = [rename(embed, "embed.weight"), rename(final_norm, "final_norm.weight", offset)]
+    if not spec.head.tied:
+        links.append(rename("lm_head.weight", "head.weight"))
+    return links
+
+
+def _mlp_links(theirs: str, ours: str, bias: bool) -> list[Link]:
+    """transformers' down(act(gate_proj x) * up_proj x) is attnspec's down(act(up x) * gate x)."""
+    links = []
+    for their_name, our_name in (("gate_proj", "up"), ("up_proj", "gate"), ("down_proj", "down")):
+        links.append(rename(f"{theirs}{their_name}.weight", f"{ours}{our_name}.weight"))
+        if bias:
+            links.append(rename(f"{theirs}{their_name}.bias", f"{ours}{our_name}.bias"))
+    return links
+
+
+def _blocks(spec) -> list:
+    from attnspec.spec.walk import iter_blocks
+
+    return [block for _, block in iter_blocks(spec, expand=True)]
+
+
+class LlamaFamily(Architecture):
+    """Llama-style decoders: RMSNorm, GQA softmax attention with RoPE, a SiLU GLU MLP. Mistral adds a
+    sliding window, Qwen2 q/k/v biases and per-layer windows, Qwen3 QK-norm."""
+
+    model_types = ("llama", "mistral", "qwen2", "qwen3")
+    causal_lm = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, heads = config.count("num_hidden_layers"), config.count("num_attention_heads")
+        d_model = config.count("hidden_size")
+        kv_heads = config.count("num_key_value_heads", heads)
+        head_dim = config.count("head_dim", d_model // heads)
+        if heads % kv_heads:
+            raise config.refuse("num_key_value_heads", f"{heads} heads cannot share {kv_heads} key/value heads "
+                                "equally")
+        eps = config.number("rms_norm_eps", 1e-6)
+        bias = config.get("attention_bias", bool, False)
+        mixer: dict[str, Any] = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
+                                 "qkv_bias": bias or model_type == "qwen2", "out_bias": bias, "norm_eps": eps}
+        if kv_heads != heads:
+            mixer["kv_heads"] = kv_heads
+        if model_type == "qwen3":
+            mixer["qk_norm"] = "rmsnorm"
+        mixer["position"] = config.rope(head_dim)
+        windows = self._windows(config, model_type, layers)
+        mlp = _glu(config, bias=config.get("mlp_bias", bool, False) if model_type == "llama" else False)
+        blocks = [{"mixer": mixer if window is None else {**mixer, "window": window}, "mlp": mlp,
+                   "norm": _rmsnorm(eps)} for window in windows]
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    @staticmethod
+    def _windows(config: Config, model_type: str, layers: int) -> list[int | None]:
+        """Each layer's sliding window (None: full attention), as transformers decides it."""
+        if model_type == "llama":
+            return [None] * layers
+        window = config.count("sliding_window", None)
+        if model_type == "mistral":
+            return [window] * layers
+        if not config.get("use_sliding_window", bool, False):
+            window = None
+        first_windowed = config.get("max_window_layers", int, 28)
+        default = ["sliding_attention" if window is not None and i >= first_windowed else "full_attention"
+                   for i in range(layers)]
+        types = config.layer_types(layers, default)
+        unknown = [i for i, t in enumerate(types) if t not in ("full_attention", "sliding_attention")]
+        if unknown:
+            raise config.refuse("layer_types", f"{types[unknown[0]]!r} is not full_attention or sliding_attention",
+                                unknown)
+        if window is None and "sliding_attention" in types:
+            raise config.refuse("sliding_window", "layer_types names sliding layers but no window is set",
+                                [i for i, t in enumerate(types) if t == "sliding_attention"])
+        return [window if t == "sliding_attention" else None for t in types]
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        first = blocks[0].mixer
+        if first.kind != "softmax" or first.position is None or first.position.kind != "rope":
+            raise NotExpressible("a Llama-family model is softmax attention with RoPE in every block")
+        windows = [getattr(block.mixer, "window", None) for block in blocks]
+        if model_type == "llama" and any(windows):
+            raise NotExpressible("llama has no sliding windows")
+        if model_type == "mistral" and (windows[0] is None or len(set(windows)) != 1):
+            raise NotExpressible("mistral has one sliding window in every layer")
+        if model_type == "qwen3" and first.qk_norm == "none":
+            raise NotExpressible("qwen3 has QK-norm")
+        mlp = blocks[0].mlp
+        config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
+                  "num_hidden_layers": len(blocks), "num_attention_heads": first.heads,
+                  "num_key_value_heads": first.kv_heads or first.heads, "head_dim": first.d_qk,
+                  "hidden_act": mlp.activation, "rms_norm_eps": first.norm_eps,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": first.position.base},
+                  "attention_bias": first.out_bias}
+        if first.position.rotary_fraction != 1.0:
+            config["rope_parameters"]["partial_rotary_factor"] = first.position.rotary_fraction
+        if model_type == "llama":
+            config["mlp_bias"] = mlp.bias
+        elif model_type == "mistral":
+            config["sliding_window"] = windows[0]
+        else:
+            window = next((w for w in windows if w is not None), None)
+            config.update({"use_sliding_window": window is not None, "sliding_window": window,
+                           "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows]})
+            if model_type == "qwen2":
+                config.pop("attention_bias")
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            mixer = block.mixer
+            for name in ("q", "k", "v"):
+                links.append(rename(f"{theirs}self_attn.{name}_proj.weight", f"{ours}mixer.{name}_proj.weight"))
+                if mixer.qkv_bias:
+                    links.append(rename(f"{theirs}self_attn.{name}_proj.bias", f"{ours}mixer.{name}_proj.bias"))
+            links.append(rename(f"{theirs}self_attn.o_proj.weight", f"{ours}mixer.out_proj.weight"))
+            if mixer.out_bias:
+                links.append(rename(f"{theirs}self_attn.o_proj.bias", f"{ours}mixer.out_proj.bias"))
+            if mixer.qk_norm != "none":
+                links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q"),
+                          rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k")]
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
+            links += _mlp_links(f"{theirs}mlp.", f"{ours}mlp.", block.mlp.bias)
+        return links
+
+
+class Qwen3Next(Architecture):
+    """Qwen3-Next: Gated DeltaNet blocks and gated softmax attention blocks (QK-norm, partial RoPE, a
+    sigmoid output gate), dense SiLU GLU MLPs, zero-centred RMSNorms (weight stored as w - 1)."""
+
+    model_types = ("qwen3_next",)
+    causal_lm = {"qwen3_next": "Qwen3NextForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers"), config.count("hidden_size")
+        eps = config.number("rms_norm_eps", 1e-6)
+        experts = config.get("num_experts", int, 512)
+        step = config.count("decoder_sparse_step", 1)
+        dense_only = config.get("mlp_only_layers", list, [])
+        moe = [i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0]
+        if moe:
+            raise config.refuse("num_experts", f"these layers have a mixture-of-experts MLP ({experts} experts), "
+                                "which attnspec has no MLP kind for; only dense Qwen3-Next layers import (set "
+                                "num_experts: 0, or list the layers in mlp_only_layers)", moe)
+        interval = config.count("full_attention_interval", 4)
+        default = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+        types = config.layer_types(layers, default)
+        unknown = [i for i, t in enumerate(types) if t not in ("linear_attention", "full_attention")]
+        if unknown:
+            raise config.refuse("layer_types", f"{types[unknown[0]]!r} is not linear_attention or full_attention",
+                                unknown)
+        act = config.activation(allowed=("silu",))
+        heads = config.count("num_attention_heads")
+        kv_heads, head_dim = config.count("num_key_value_heads", heads), config.count("head_dim", d_model // heads)
+        bias = config.get("attention_bias", bool, False)
+        attention = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qk_norm": "rmsnorm",
+                     "norm_eps": eps, "position": config.rope(head_dim, 0.25), "output_gate": "sigmoid",
+                     "qkv_bias": bias, "out_bias": bias}
+        if kv_heads != heads:
+            attention["kv_heads"] = kv_heads
+        v_heads, k_heads = config.count("linear_num_value_heads"), config.count("linear_num_key_heads")
+        if v_heads % k_heads:
+            raise config.refuse("linear_num_key_heads", f"{v_heads} value heads cannot share {k_heads} key heads "
+                                "equally")
+        delta = {"kind": "delta", "heads": v_heads, "d_qk": config.count("linear_key_head_dim"),
+                 "d_v": config.count("linear_value_head_dim"), "feature_map": "l2norm",
+                 "transition": {"kind": "mamba", "per": "head"},
+                 "conv": {"kind": "short", "width": config.count("linear_conv_kernel_dim", 4),
+                          "projections": ["q", "k", "v"], "activation": act},
+                 "group_norm": True, "shared_norm_weight": True, "output_gate": "swish", "norm_eps": eps}
+        if k_heads != v_heads:
+            delta["qk_groups"] = k_heads
+        mlp = _glu(config)
+        blocks = [{"mixer": delta if t == "linear_attention" else attention, "mlp": mlp, "norm": _rmsnorm(eps)}
+                  for t in types]
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
+        delta = next((b.mixer for b in blocks if b.mixer.kind == "delta"), None)
+        if delta is None or attention is None or attention.position is None:
+            raise NotExpressible("qwen3_next has Gated DeltaNet and rotary softmax attention blocks")
+        mlp = blocks[0].mlp
+        return {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
+                "num_hidden_layers": len(blocks), "num_attention_heads": attention.heads,
+                "num_key_value_heads": attention.kv_heads or attention.heads, "head_dim": attention.d_qk,
+                "hidden_act": mlp.activation, "rms_norm_eps": attention.norm_eps,
+                "attention_bias": attention.qkv_bias,
+                "rope_parameters": {"rope_type": "default", "rope_theta": attention.position.base,
+                                    "partial_rotary_factor": attention.position.rotary_fraction},
+                "linear_num_value_heads": delta.heads, "linear_num_key_heads": delta.qk_groups or delta.heads,
+                "linear_key_head_dim": delta.d_qk, "linear_value_head_dim": delta.d_v,
+                "linear_conv_kernel_dim": delta.conv.width, "num_experts": 0, "mlp_only_layers": [],
+                "layer_types": ["linear_attention" if b.mixer.kind == "delta" else "full_attention" for b in blocks]}
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight", offset=1.0)
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            mixer = block.mixer
+            if mixer.kind == "delta":
+                groups, m = mixer.qk_groups or mixer.heads, f"{theirs}linear_attn."
+                links += [Link(f"{m}in_proj_qkvz.weight", tuple(f"{ours}mixer.{n}.weight" for n in
+                                                                 ("q_proj", "k_proj", "v_proj", "gate")), groups),
+                          Link(f"{m}in_proj_ba.weight", (f"{ours}mixer.beta_proj.weight",
+                                                         f"{ours}mixer.transition.dt_proj.weight"), groups),
+                          Link(f"{m}conv1d.weight", tuple(f"{ours}mixer.conv.filters.{n}" for n in "qkv"), conv=True),
+                          rename(f"{m}dt_bias", f"{ours}mixer.transition.dt_bias"),
+                          rename(f"{m}A_log", f"{ours}mixer.transition.A_log"),
+                          rename(f"{m}norm.weight", f"{ours}mixer.norm_weight"),
+                          rename(f"{m}out_proj.weight", f"{ours}mixer.out_proj.weight")]
+            else:
+                a = f"{theirs}self_attn."
+                # q_proj holds each head's query then its gate: groups of one head
+                links += [Link(f"{a}q_proj.weight", (f"{ours}mixer.q_proj.weight", f"{ours}mixer.gate.weight"),
+                               mixer.heads),
+                          rename(f"{a}k_proj.weight", f"{ours}mixer.k_proj.weight"),
+                          rename(f"{a}v_proj.weight", f"{ours}mixer.v_proj.weight"),
+                          rename(f"{a}o_proj.weight", f"{ours}mixer.out_proj.weight"),
+                          rename(f"{a}q_norm.weight", f"{ours}mixer.qk_norm.q", 1.0),
+                          rename(f"{a}k_norm.weight", f"{ours}mixer.qk_norm.k", 1.0)]
+                if mixer.qkv_bias:
+                    links += [Link(f"{a}q_proj.bias", (f"{ours}mixer.q_proj.bias", f"{ours}mixer.gate.bias"),
+                                   mixer.heads),
+                              rename(f"{a}k_proj.bias", f"{ours}mixer.k_proj.bias"),
+                              rename(f"{a}v_proj.bias", f"{ours}mixer.v_proj.bias"),
+                              rename(f"{a}o_proj.bias", f"{ours}mixer.out_proj.bias")]
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight", 1.0),
+                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight", 1.0)]
+            links += _mlp_links(f"{theirs}mlp.", f"{ours}mlp.", False)
+        return links
+
+
+class Mamba2(Architecture):
+    """Mamba2: RMSNorm, the Mamba2 mixer (no MLP), written as in specs/mamba2.yaml."""
+
+    model_types = ("mamba2",)
+    causal_lm = {"mamba2": "Mamba2ForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers"), config.count("hidden_size")
+        eps = config.number("layer_norm_epsilon", 1e-5)
+        heads, head_dim = config.count("num_heads"), config.count("head_dim")
+        if heads * head_dim != config.count("expand", 2) * d_model:
+            raise config.refuse("num_heads", "num_heads * head_dim must be expand * hidden_size")
+        if config.get("use_bias", bool, False):
+            raise config.refuse("use_bias", "biases on in_proj/out_proj are not imported (released Mamba2 has "
+                                "none); attnspec's Mamba2 has no input bias on Δ's projection")
+        limit = config.get("time_step_limit", list, [0.0, math.inf])
+        if list(limit) != [0.0, math.inf]:
+            raise config.refuse("time_step_limit", f"Δ clamped to {limit} is not an attnspec transition; only "
+                                "the unclamped (0, inf) imports")
+        groups = config.count("n_groups", 8)
+        if heads % groups:
+            raise config.refuse("n_groups", f"{heads} heads cannot be split into {groups} groups")
+        chunk = config.count("chunk_size", 256)
+        mixer = {"kind": "linear", "heads": heads, "d_qk": config.count("state_size"), "d_v": head_dim,
+                 "qk_groups": groups, "feature_map": "identity", "normalize": False, "scale": 1.0,
+                 "transition": {"kind": "mamba", "per": "head", "scale_input": True},
+                 "conv": {"kind": "short", "width": config.count("conv_kernel", 4), "projections": ["q", "k", "v"],
+                          "activation": config.activation(allowed=("silu",)),
+                          "bias": config.get("use_conv_bias", bool, True)},
+                 "skip": True, "group_norm": True, "output_gate": "swish", "gate_before_norm": True, "norm_eps": eps}
+        if chunk & (chunk - 1) == 0 and chunk <= 4096:  # a chunk length changes no result, only speed
+            mixer["chunk_size"] = chunk
+        blocks = [{"mixer": mixer, "mlp": "none", "norm": _rmsnorm(eps)}] * layers
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        mixer = blocks[0].mixer
+        if mixer.kind != "linear" or mixer.heads * mixer.d_v % spec.d_model:
+            raise NotExpressible("mamba2 is linear attention with heads * d_v a multiple of d_model")
+        return {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "num_heads": mixer.heads,
+                "head_dim": mixer.d_v, "expand": mixer.heads * mixer.d_v // spec.d_model, "state_size": mixer.d_qk,
+                "n_groups": mixer.qk_groups or mixer.heads, "conv_kernel": mixer.conv.width,
+                "use_conv_bias": mixer.conv.bias, "use_bias": False, "layer_norm_epsilon": mixer.norm_eps,
+                "chunk_size": mixer.chunk_size, "hidden_act": "silu", "max_position_embeddings": spec.max_len,
+                "residual_in_fp32": spec.dtype == "float32"}
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "backbone.embeddings.weight", "backbone.norm_f.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"backbone.layers.{index}.", _block_prefix(index) + "mixer."
+            m = f"{theirs}mixer."
+            # in_proj rows: z | x | B | C | dt; conv1d channels: x | B | C
+            links += [Link(f"{m}in_proj.weight", tuple(f"{ours}{n}.weight" for n in
+                                                       ("gate", "v_proj", "k_proj", "q_proj", "transition.dt_proj"))),
+                      Link(f"{m}conv1d.weight", tuple(f"{ours}conv.filters.{n}" for n in "vkq"), conv=True),
+                      rename(f"{m}dt_bias", f"{ours}transition.dt_bias"),
+                      rename(f"{m}A_log", f"{ours}transition.A_log"),
+                      rename(f"{m}D", f"{ours}D"),
+                      rename(f"{m}norm.weight", f"{ours}norm_weight"),
+                      rename(f"{m}out_proj.weight", f"{ours}out_proj.weight"),
+                      rename(f"{theirs}norm.weight", _block_prefix(index) + "norm1.weight")]
+            if block.mixer.conv.bias:
+                links.append(Link(f"{m}conv1d.bias", tuple(f"{ours}conv.biases.{n}" for n in "vkq")))
+        return links
+
+
+ARCHITECTURES: dict[str, Architecture] = {}
+for _architecture in (LlamaFamily(), Qwen3Next(), Mamba2()):
+    ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
+EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2")
+"""The native types export-hf tries, most specific first: a Llama-family spec with a window is a
+Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

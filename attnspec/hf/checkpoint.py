@@ -1,0 +1,134 @@
+"""Reading and writing transformers checkpoint directories: ``config.json`` and safetensors.
+
+A checkpoint is the user's data, read as such: ``config.json`` is bounded JSON (transformers writes
+infinities for Mamba2's time-step limit, as ``Infinity`` or ``{"__float__": "Infinity"}``, so they
+are allowed; NaN is not); weights come
+from ``model.safetensors`` or the shards named by ``model.safetensors.index.json``, plain file
+names inside the directory. Pickled weights (``pytorch_model.bin``) are refused, never loaded.
+Links are followed for reading (the Hugging Face cache links snapshot files to blobs); nothing is
+ever written here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from attnspec.errors import InteropError, shorten
+from attnspec.spec import limits
+
+MAX_CONFIG_BYTES = 4 << 20
+MAX_WEIGHT_BYTES = limits.MAX_PARAMETERS * 8
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def _infinity(name: str) -> float:
+    if name in ("Infinity", "-Infinity"):
+        return math.inf if name == "Infinity" else -math.inf
+    raise ValueError(f"{name} is not a number attnspec reads")
+
+
+def _tagged_float(value: dict):
+    """transformers 5 writes infinities as ``{"__float__": "Infinity"}``."""
+    if list(value) == ["__float__"] and isinstance(value["__float__"], str):
+        return _infinity(value["__float__"])
+    return value
+
+
+def _regular_file(path: Path, limit: int, what: str) -> Path:
+    if not path.exists():
+        raise InteropError(f"{path}: missing; {what}")
+    if not path.is_file():
+        raise InteropError(f"{path}: not a regular file")
+    if path.stat().st_size > limit:
+        raise InteropError(f"{path}: larger than {limit:,} bytes")
+    return path
+
+
+def read_json_file(path: Path, what: str) -> dict:
+    """A JSON object from ``path`` (at most 4 MiB), or an InteropError saying what is wrong."""
+    _regular_file(path, MAX_CONFIG_BYTES, what)
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_infinity, object_hook=_tagged_float)
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise InteropError(f"{path}: not valid JSON ({shorten(str(error), 120)})") from None
+    if not isinstance(value, dict):
+        raise InteropError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def read_config(directory: Path) -> dict:
+    """The checkpoint's ``config.json``."""
+    if not directory.is_dir():
+        raise InteropError(f"{directory}: not a directory; give a transformers checkpoint directory (config.json "
+                           "and safetensors weights)")
+    return read_json_file(directory / CONFIG, "a transformers checkpoint directory has one")
+
+
+def weight_files(directory: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (one file, or the shards of an index)."""
+    index = directory / INDEX
+    if index.exists():
+        data = read_json_file(index, "")
+        weight_map = data.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise InteropError(f"{index}: `weight_map` must map tensor names to file names")
+        files = {}
+        for name, file in weight_map.items():
+            if Path(file).name != file or file in ("", ".", ".."):
+                raise InteropError(f"{index}: shard {shorten(file)} is not a plain file name in the directory")
+            files[name] = directory / file
+        return files
+    single = directory / WEIGHTS
+    if not single.exists():
+        pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json") if (directory / name).exists()]
+        hint = (f" It has {pickled[0]}, a pickle, which attnspec never loads: convert it to safetensors "
+                "(transformers' save_pretrained(safe_serialization=True) does)") if pickled else ""
+        raise InteropError(f"{directory}: no {WEIGHTS} or {INDEX}.{hint}")
+    _regular_file(single, MAX_WEIGHT_BYTES, "")
+    try:
+        with safe_open(str(single), framework="pt") as handle:
+            return dict.fromkeys(handle.keys(), single)
+    except (SafetensorError, OSError) as error:
+        raise InteropError(f"{single}: not a valid safetensors file ({shorten(str(error), 120)})") from None
+
+
+def read_tensors(files: dict[str, Path], names: set[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` (floating point, finite) from their files, as ``dtype``."""
+    by_file: dict[Path, list[str]] = {}
+    for name in sorted(names):
+        by_file.setdefault(files[name], []).append(name)
+    tensors = {}
+    for path, wanted in by_file.items():
+        _regular_file(path, MAX_WEIGHT_BYTES, "the index names it")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                present = set(handle.keys())
+                for name in wanted:
+                    if name not in present:
+                        raise InteropError(f"{path}: has no tensor {shorten(name)}, which the index puts there")
+                    tensor = handle.get_tensor(name)
+                    if not tensor.is_floating_point():
+                        raise InteropError(f"{path}: tensor {shorten(name)} is {tensor.dtype}, not floating point")
+                    tensor = tensor.to(dtype)
+                    if not torch.isfinite(tensor).all():
+                        raise InteropError(f"{path}: tensor {shorten(name)} holds NaN or infinite values")
+                    tensors[name] = tensor
+        except (SafetensorError, OSError) as error:
+            raise InteropError(f"{path}: not a valid safetensors file ({shorten(str(error), 120)})") from None
+    return tensors
+
+
+def write_checkpoint(directory: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """``config.json`` and ``model.safetensors`` into ``directory`` (a scratch directory)."""
+    text = json.dumps(config, indent=2, sort_keys=True, allow_nan=True)  # transformers writes Infinity too
+    (directory / CONFIG).write_text(text + "\n")
+    save_file({name: t.detach().contiguous().cpu() for name, t in tensors.items()}, str(directory / WEIGHTS),
+              metadata={"format": "pt"})

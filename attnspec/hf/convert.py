@@ -1,0 +1,242 @@
+"""``attnspec import-hf`` and ``attnspec export-hf``: transformers checkpoints in, trained specs out.
+
+In: a checkpoint's ``config.json`` becomes a spec (:mod:`attnspec.hf.architectures`), its weights are
+mapped tensor by tensor onto the spec's model, and the pair is built like any spec
+(:func:`attnspec.compiler.build.build_directory`: verified, compiled, exported).
+
+Out: a build or run directory becomes a transformers directory, as the native model type when the
+spec is one transformers has (decided by a round trip: the type's config must import as this very
+spec), else as the ``attnspec`` type that :mod:`attnspec.hf.modeling` registers with the Auto classes.
+Either way the output is written into a scratch directory and published by one rename.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from attnspec.errors import AttnSpecError, InteropError, SpecError, shorten
+from attnspec.hf.architectures import ARCHITECTURES, EXPORT_ORDER, Config, NotExpressible
+from attnspec.hf.checkpoint import read_config, read_tensors, weight_files, write_checkpoint
+from attnspec.spec.emit import spec_to_data
+from attnspec.spec.validate import validate_data
+from attnspec.spec.walk import iter_blocks
+
+ATTNSPEC_TYPE = "attnspec"
+IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
+"""Tensors old checkpoints carry that are no weights (recomputed from the config)."""
+DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _name(directory: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", directory.resolve().name).strip("-.") or "imported"
+    return name[:64]
+
+
+def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -> tuple[dict, dict, str]:
+    """The spec data of a transformers checkpoint, its config data and its model type.
+
+    Raises:
+        InteropError: the model type is not supported, or the config asks for something attnspec
+            cannot express (naming the field and the layers), or the spec breaks attnspec's limits.
+    """
+    directory = Path(directory)
+    config = read_config(directory)
+    source = f"{directory}/config.json"
+    model_type = config.get("model_type")
+    if model_type not in ARCHITECTURES:
+        supported = ", ".join(sorted(ARCHITECTURES))
+        raise InteropError(f"{source}: `model_type`: {shorten(model_type)} is not one attnspec imports; supported: "
+                           f"{supported}")
+    architecture = ARCHITECTURES[model_type]
+    data = architecture.spec(Config(config, source), model_type)
+    data = {"name": _name(directory),
+            "description": f"Imported from a transformers {model_type} checkpoint ({directory.resolve().name}).",
+            **data}
+    if max_len is not None:
+        data["max_len"] = max_len
+    try:
+        validate_data(data)
+    except SpecError as error:
+        raise InteropError(f"{source}: the model it describes is not a valid attnspec spec:\n{error}") from None
+    return data, config, model_type
+
+
+def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors as the state dict of ``spec``'s model (float32 or float64 as the spec).
+
+    Raises:
+        InteropError: a tensor is missing, of the wrong size, not finite, or left over (something the
+            spec does not model).
+    """
+    from attnspec.nn.model import Model
+
+    checkpoint = Path(checkpoint)
+    with torch.device("meta"):
+        shapes = {name: t.shape for name, t in Model(spec).state_dict().items()}
+    links = ARCHITECTURES[model_type].links(spec)
+    files = weight_files(checkpoint)
+    wanted = {link.theirs for link in links}
+    missing = sorted(wanted - set(files))
+    if missing:
+        raise InteropError(f"{checkpoint}: the weights lack {shorten(missing[0], 100)} (and {len(missing) - 1} more), "
+                           f"which a {model_type} model of this config has")
+    tied = spec.head.tied and "lm_head.weight" in files
+    extra = sorted(name for name in set(files) - wanted if not IGNORED.match(name) and not (tied and
+                                                                                           name == "lm_head.weight"))
+    if extra:
+        raise InteropError(f"{checkpoint}: tensor {shorten(extra[0], 100)} (and {len(extra) - 1} more) is not part of "
+                           f"the {model_type} model this config describes; attnspec imports nothing it would drop")
+    theirs = read_tensors(files, wanted, DTYPE_NAMES[spec.dtype])
+    ours: dict[str, torch.Tensor] = {}
+    for link in links:
+        tensor, targets = theirs[link.theirs], [shapes[name] for name in link.ours]
+        expected = sum(shape.numel() for shape in targets)
+        if tensor.numel() != expected:
+            raise InteropError(f"{checkpoint}: tensor {link.theirs} has {tensor.numel():,} numbers "
+                               f"{tuple(tensor.shape)}, the config implies {expected:,}")
+        ours.update(zip(link.ours, link.split(tensor, targets)))
+    if set(ours) != set(shapes):  # every tensor of the model comes from the checkpoint: a mapping bug otherwise
+        raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(shapes) - set(ours))[:3]} unset")
+    return ours
+
+
+def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None = None, compile_check: bool = True,
+              force: bool = False, calibrate: bool = True, on_stage=None):
+    """``attnspec import-hf``: a transformers checkpoint as an attnspec build directory.
+
+    Returns the :class:`~attnspec.compiler.build.BuildResult` (its spec data is in ``manifest["spec"]``).
+    Nothing is written when the checkpoint cannot be imported.
+    """
+    from attnspec.compiler.build import build_directory
+
+    data, _, model_type = spec_from_checkpoint(checkpoint, max_len=max_len)
+    weights = convert_weights(validate_data(data), checkpoint, model_type)
+    return build_directory(data, output, weights=weights, compile_check=compile_check, force=force,
+                           calibrate=calibrate, on_stage=on_stage)
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _comparable(spec) -> dict:
+    """What a spec computes, for the round-trip test: its fields but the name, description, seed and
+    the layers' grouping, with every block's mode and chunk size dropped (they choose how, not what)."""
+    data = spec_to_data(spec, minimal=False)
+    for key in ("name", "description", "seed", "layers"):
+        data.pop(key, None)
+
+    def without_modes(value):
+        if isinstance(value, dict):
+            return {k: without_modes(v) for k, v in value.items() if k not in ("mode", "chunk_size")}
+        if isinstance(value, list):
+            return [without_modes(v) for v in value]
+        return value
+
+    data["blocks"] = [without_modes(block.model_dump(mode="json")) for _, block in iter_blocks(spec, expand=True)]
+    return data
+
+
+def native_config(spec, model_type: str) -> dict:
+    """The transformers ``config.json`` of ``spec`` as ``model_type``.
+
+    Raises:
+        NotExpressible: the type cannot state this spec (its config would import as another one).
+    """
+    architecture = ARCHITECTURES[model_type]
+    config = {"model_type": model_type, "architectures": [architecture.causal_lm[model_type]],
+              "vocab_size": spec.input.vocab_size, "max_position_embeddings": spec.max_len,
+              "tie_word_embeddings": spec.head.tied, "dtype": spec.dtype,
+              **architecture.config(spec, model_type)}
+    try:
+        again = validate_data({"name": spec.name, **architecture.spec(Config(config, "config"), model_type)})
+    except AttnSpecError as error:
+        raise NotExpressible(str(error)) from None
+    if _comparable(again) != _comparable(spec):
+        raise NotExpressible(f"a {model_type} config cannot state every field of this spec")
+    return config
+
+
+PLUGINS_REFUSED = ("its spec uses plugins, which a transformers directory cannot carry (loading it would import "
+                   "modules a file names)")
+
+
+def _lm_problem(spec) -> str | None:
+    if spec.input.kind != "tokens" or spec.head.kind != "lm":
+        return "transformers' causal LMs take tokens and predict them: the spec needs token input and an lm head"
+    return PLUGINS_REFUSED if spec.plugins else None
+
+
+def _source_model(directory: Path):
+    """The model of a build directory or of a run directory's latest checkpoint, on the CPU."""
+    from attnspec.compiler.load import load_model, load_weights
+    from attnspec.io import RUN_FILE, latest_checkpoint, read_run
+    from attnspec.nn.model import build_model_from_spec
+
+    if (directory / RUN_FILE).is_file():
+        record = read_run(directory)
+        if record["spec"].get("plugins"):
+            raise InteropError(f"{directory}: {PLUGINS_REFUSED}")
+        model = build_model_from_spec(validate_data(record["spec"]))
+        load_weights(model, latest_checkpoint(directory)[1] / "model.safetensors", fix="the run's checkpoint is damaged")
+        return model.eval()
+    return load_model(directory)
+
+
+def export_hf(directory: Path | str, output: Path | str, *, model_type: str | None = None) -> tuple[Path, str]:
+    """``attnspec export-hf``: a build or run directory as a transformers directory.
+
+    Args:
+        directory: a build directory, or a training run directory (its latest checkpoint).
+        output: the directory to create (it must not exist).
+        model_type: a native type to insist on (an InteropError says why it does not fit); by default
+            the first native type that states the spec exactly, else ``attnspec``.
+
+    Returns:
+        (the output directory, the model type written).
+    """
+    from attnspec.compiler.outdir import Scratch, check_output
+
+    directory, output = Path(directory), Path(output)
+    check_output(output, force=False)
+    model = _source_model(directory)
+    spec = model.spec
+    problem = _lm_problem(spec)
+    if problem:
+        raise InteropError(f"{directory}: {problem}")
+    ours = {name: t.detach().cpu() for name, t in model.state_dict().items()}
+    if model_type is not None and model_type != ATTNSPEC_TYPE and model_type not in ARCHITECTURES:
+        raise InteropError(f"--model-type {shorten(model_type)}: attnspec writes {', '.join(sorted(ARCHITECTURES))} "
+                           f"or {ATTNSPEC_TYPE}")
+    candidates = EXPORT_ORDER if model_type is None else () if model_type == ATTNSPEC_TYPE else (model_type,)
+    config = None
+    for candidate in candidates:
+        try:
+            config = native_config(spec, candidate)
+        except NotExpressible as reason:
+            if model_type is not None:
+                raise InteropError(f"{directory}: its spec is not a {model_type} model ({reason}); export it as "
+                                   f"`--model-type {ATTNSPEC_TYPE}` or leave --model-type out") from None
+            continue
+        model_type = candidate
+        break
+    if config is not None:
+        tensors = {link.theirs: link.join([ours[name] for name in link.ours])
+                   for link in ARCHITECTURES[model_type].links(spec)}
+    else:
+        model_type = ATTNSPEC_TYPE
+        config = attnspec_config(spec, [block.mixer.mode for block in model.blocks])
+        tensors = {f"model.{name}": tensor for name, tensor in ours.items()}
+    with Scratch(output) as scratch:
+        write_checkpoint(scratch.path, config, tensors)
+        scratch.publish(force=False)
+    return output, model_type
+
+
+def attnspec_config(spec, modes: list[str]) -> dict:
+    """The ``config.json`` of the ``attnspec`` model type: the resolved spec and the planned modes."""
+    return {"model_type": ATTNSPEC_TYPE, "architectures": ["AttnspecForCausalLM"],
+            "spec": spec_to_data(spec, minimal=False), "modes": modes, "vocab_size": spec.input.vocab_size,
+            "max_position_embeddings": spec.max_len, "tie_word_embeddings": spec.head.tied, "dtype": spec.dtype}

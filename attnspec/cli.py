@@ -44,6 +44,12 @@ SetOption = typer.Option(
          "the value is read as YAML (3, true, [3, 1], {kind: cos, M: 2048}).",
 )
 
+# The options of every command that builds (build, import-hf)
+NoCalibrateOption = typer.Option(False, "--no-calibrate", help="Plan from the calibration cache and the cost model "
+                                 "only; do not measure missing modes.")
+NoCompileOption = typer.Option(False, "--no-compile", help="Skip the torch.compile check.")
+ForceOption = typer.Option(False, "--force", help="Replace an existing build directory.")
+
 
 @app.callback()
 def _options(
@@ -242,10 +248,9 @@ def build(
     weights: Optional[Path] = typer.Option(None, "--weights", help="Trained weights (safetensors) of the spec's "
                                                                  "model, instead of its random initialisation."),
     aot: bool = typer.Option(False, "--aot", help="Also write AOTInductor packages (model.aoti.pt2, step.aoti.pt2)."),
-    no_calibrate: bool = typer.Option(False, "--no-calibrate", help="Plan from the calibration cache and the cost "
-                                      "model only; do not measure missing modes."),
-    no_compile: bool = typer.Option(False, "--no-compile", help="Skip the torch.compile check."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing build directory."),
+    no_calibrate: bool = NoCalibrateOption,
+    no_compile: bool = NoCompileOption,
+    force: bool = ForceOption,
     device: str = typer.Option("cpu", "--device", help="Build for this device: cpu, cuda or cuda:N. The exported "
                                                        "programs run on it; spec.yaml and the weights load anywhere."),
 ) -> None:
@@ -291,10 +296,9 @@ def import_hf(
                                                                   "new file (edit it, then build it with --weights)."),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Build for sequences up to this length instead of "
                                           "the config's max_position_embeddings (key/value caches hold max_len)."),
-    no_calibrate: bool = typer.Option(False, "--no-calibrate", help="Plan from the calibration cache and the cost "
-                                      "model only."),
-    no_compile: bool = typer.Option(False, "--no-compile", help="Skip the torch.compile check."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing build directory."),
+    no_calibrate: bool = NoCalibrateOption,
+    no_compile: bool = NoCompileOption,
+    force: bool = ForceOption,
 ) -> None:
     """Import a transformers model (llama, mistral, qwen2, qwen3, qwen3_next, mamba2) as a build directory.
 
@@ -444,6 +448,51 @@ def run(
     result = run_directory(directory, tokens, generate, programs=programs, temperature=temperature, top_k=top_k,
                            top_p=top_p, seed=seed)
     out.print(result, markup=False)
+
+
+@app.command("eval")
+def evaluate(
+    directory: Path = typer.Argument(..., help="A build directory, or a training run directory (its latest "
+                                               "checkpoint)."),
+    task: Path = typer.Option(..., "--task", help="A JSON-lines task file: {context, continuation} requests "
+                              "(log-likelihood) or {context, choices, label} questions (accuracy); token ids or "
+                              "text (UTF-8 bytes)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Score a model on a local task file, as lm-evaluation-harness's loglikelihood requests do.
+
+    Reports the mean log-likelihood, perplexity and greedy-match share of continuations, and the
+    accuracy (and per-token accuracy_norm) of multiple-choice questions beside their chance level.
+    """
+    import dataclasses
+    import json
+
+    from rich.progress import Progress
+
+    from attnspec.training.evaluate import evaluate_file
+    from attnspec.training.rundir import load_trained
+
+    model = load_trained(directory)
+    with Progress(console=err, transient=True) as progress:
+        bar = progress.add_task("scoring", total=None)
+        result = evaluate_file(model, task, on_request=lambda done, total: progress.update(bar, completed=done,
+                                                                                             total=total))
+    if json_output:
+        out.print(json.dumps(dataclasses.asdict(result)), markup=False)
+        return
+    table = Table(title=escape(f"{model.spec.name} on {task}"))
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [("requests", f"{result.requests:,}"), ("mean log-likelihood", result.mean_loglikelihood),
+            ("perplexity (continuation tokens)", result.perplexity), ("greedy matches", result.greedy_accuracy),
+            ("questions", f"{result.questions:,}" if result.questions else None), ("accuracy", result.accuracy),
+            ("accuracy_norm (per token)", result.accuracy_norm), ("chance", result.chance)]
+    for name, value in rows:
+        if value is not None:
+            table.add_row(name, value if isinstance(value, str) else f"{value:.4f}")
+    if result.truncated:
+        table.add_row("cut to max_len (context from the left)", f"{result.truncated:,}")
+    out.print(table)
 
 
 @app.command()

@@ -30,7 +30,7 @@ LAYERS = {
     "attnspec.nn": 3,
     "attnspec.compiler": 4,
     "attnspec.training": 5,
-    "attnspec.ablation": 6, "attnspec.diagnostics": 6,
+    "attnspec.ablation": 6, "attnspec.diagnostics": 6, "attnspec.hf": 6,
     "attnspec.cli": 7, "attnspec.sweep_display": 7, "attnspec.__main__": 7,
     "attnspec": 7,  # the facade (attnspec.build, .load, .train, ...): the top, for users
 }

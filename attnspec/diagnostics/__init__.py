@@ -90,8 +90,9 @@ def output_option(files: str) -> Parameter:
     return Parameter("output", Path, f"Directory for {files}.", flags=("--output", "-o"))
 
 
-SUBJECT = Parameter("source", Path, "A spec file, or a run directory (its trained weights and its task's test inputs).",
-                    positional=True, metavar="SPEC_OR_RUN")
+SUBJECT = Parameter("source", Path, "A spec file, a run directory (its trained weights and its task's test inputs), or "
+                    "a build directory (its weights: an imported transformers model, say).",
+                    positional=True, metavar="SPEC_OR_DIR")
 SEED = Parameter("seed", int, "Seed of the random inputs (a spec's).", default=0, minimum=0)
 OVERRIDES = Parameter("overrides", str, "Override one value of the spec, e.g. --set layers[0].mixer.feature_map=relu. "
                       "Repeatable; the value is read as YAML.", default=None, flags=("--set", "-s"), many=True,

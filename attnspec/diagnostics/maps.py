@@ -113,7 +113,7 @@ DIAGNOSTIC = Diagnostic(
     "maps",
     "Every block's attention map on real inputs (cosFormer's Fig. 3) and how close to the diagonal its weight sits: "
     "the mean distance |i - j| and the share within --window positions.",
-    (Parameter("sources", Path, "Spec files, run directories or runs directories (every finished run).",
+    (Parameter("sources", Path, "Spec files, run, runs or build directories (every finished run; an imported model).",
                positional=True, many=True, metavar="SOURCE..."),
      output_option("maps.csv/.png/.svg"),
      Parameter("samples", int, "Input sequences (a run's test inputs).", default=4, minimum=1, maximum=256),

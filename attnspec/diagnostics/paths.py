@@ -255,8 +255,8 @@ def run(source: Path, output: Path, samples: int, subsets: list[int], repeats: i
     from attnspec.diagnostics.subject import load_subject
 
     subject = load_subject(source)
-    if not subject.trained:
-        raise AttnSpecError(f"{source}: path isolation measures a trained model; give a run directory "
+    if not subject.trained or subject.task is None:
+        raise AttnSpecError(f"{source}: path isolation measures a trained model on its task; give a run directory "
                             "(attnspec train / attnspec ablate)")
     inputs, targets = subject.task.batch("test", 0, samples, subject.seed)
     rows = isolate(subject.model(float64=True), inputs, targets, subsets=tuple(subsets or (5, 1000)),

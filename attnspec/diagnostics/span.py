@@ -65,9 +65,9 @@ def diagnose(subjects: list[tuple[str, Any]], *, samples: int = 256, width: int 
     per_label: dict[str, list[list[tuple[int, int]]]] = {}
     edges: list[int] | None = None
     for label, subject in subjects:
-        if not subject.trained:
+        if not subject.trained or subject.task is None:
             raise AttnSpecError(f"{label}: accuracy by span needs a trained run (an `attnspec train` or "
-                                "`attnspec ablate` run directory), not a spec")
+                                "`attnspec ablate` run directory) and its task, not a spec or a build directory")
         inputs, targets = subject.task.batch("test", 0, samples, subject.seed)
         spans = subject.task.answer_spans(inputs)
         if spans is None:

@@ -63,7 +63,8 @@ def random_inputs(spec: Any, samples: int, length: int | None = None, seed: int 
 
 
 def load_subject(source: str | Path, overrides: Iterable[str] = ()) -> Subject:
-    """A spec file, or a run directory written by ``attnspec train`` (then ``overrides`` must be empty).
+    """A spec file, a run directory written by ``attnspec train`` or a build directory (an imported
+    transformers model, say); for the directories ``overrides`` must be empty.
 
     Raises:
         SpecError: the spec is invalid. RunError: the run directory cannot be read.
@@ -75,10 +76,13 @@ def load_subject(source: str | Path, overrides: Iterable[str] = ()) -> Subject:
     from attnspec.training import rundir
 
     path = Path(source)
-    if not (path.is_dir() and (path / rundir.RUN_FILE).is_file()):
+    if not path.is_dir():
         return Subject(as_spec(path, tuple(overrides)))
     if tuple(overrides):
-        raise AttnSpecError("--set changes a spec; a run is diagnosed as it was trained")
+        raise AttnSpecError("--set changes a spec; a run or build directory is diagnosed as it is")
+    if not (path / rundir.RUN_FILE).is_file():  # a build directory: its spec and weights, no task
+        model = rundir.load_trained(path)
+        return Subject(model.spec, {name: tensor.detach() for name, tensor in model.state_dict().items()})
     spec, config = rundir.recorded(path, rundir.read_run(path))
     _, weights_file, _, _ = rundir.load_checkpoint(path, max_step=config.steps)
     try:
@@ -102,8 +106,8 @@ def forward_with_hooks(model: Any, inputs: Tensor, handles: list) -> None:
 
 def load_subjects(sources: Iterable[str | Path]) -> list[tuple[str, Subject]]:
     """Labelled subjects: a runs directory of ``attnspec ablate`` gives each finished run labelled by
-    its variant (and task point when the sweep has several); a run directory is labelled by its
-    name, a spec file by its spec's name.
+    its variant (and task point when the sweep has several); a run or build directory is labelled by
+    its name, a spec file by its spec's name.
 
     Raises:
         RunError: a directory is neither a run nor a runs directory, or cannot be read.
@@ -126,14 +130,14 @@ def load_subjects(sources: Iterable[str | Path]) -> list[tuple[str, Subject]]:
                 if len(points) > 1:
                     label += f" · {run['task']} {params_text(run['task_params'])}".rstrip()
                 found.append((label, load_subject(runsdir.run_directory(path, run["key"]))))
-        elif (path / rundir.RUN_FILE).is_file():
+        elif (path / rundir.RUN_FILE).is_file() or (path / "manifest.json").is_file():  # a run or a build
             found.append((path.name, load_subject(path)))
         elif path.is_file():
             subject = load_subject(path)
             found.append((subject.spec.name, subject))
         else:
-            raise rundir.RunError(f"{path}: neither a spec file, a run directory (attnspec train) nor a runs "
-                                  "directory (attnspec ablate)")
+            raise rundir.RunError(f"{path}: neither a spec file, a run directory (attnspec train), a runs "
+                                  "directory (attnspec ablate) nor a build directory")
     if not found:
         raise rundir.RunError("no finished runs in " + ", ".join(str(s) for s in sources))
     return found

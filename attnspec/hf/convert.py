@@ -169,21 +169,6 @@ def _lm_problem(spec) -> str | None:
     return PLUGINS_REFUSED if spec.plugins else None
 
 
-def _source_model(directory: Path):
-    """The model of a build directory or of a run directory's latest checkpoint, on the CPU."""
-    from attnspec.compiler.load import load_model, load_weights
-    from attnspec.io import RUN_FILE, latest_checkpoint, read_run
-    from attnspec.nn.model import build_model_from_spec
-
-    if (directory / RUN_FILE).is_file():
-        record = read_run(directory)
-        if record["spec"].get("plugins"):
-            raise InteropError(f"{directory}: {PLUGINS_REFUSED}")
-        model = build_model_from_spec(validate_data(record["spec"]))
-        load_weights(model, latest_checkpoint(directory)[1] / "model.safetensors", fix="the run's checkpoint is damaged")
-        return model.eval()
-    return load_model(directory)
-
 
 def export_hf(directory: Path | str, output: Path | str, *, model_type: str | None = None) -> tuple[Path, str]:
     """``attnspec export-hf``: a build or run directory as a transformers directory.
@@ -198,10 +183,11 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
         (the output directory, the model type written).
     """
     from attnspec.compiler.outdir import Scratch, check_output
+    from attnspec.training.rundir import load_trained
 
     directory, output = Path(directory), Path(output)
     check_output(output, force=False)
-    model = _source_model(directory)
+    model = load_trained(directory)
     spec = model.spec
     problem = _lm_problem(spec)
     if problem:

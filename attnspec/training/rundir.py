@@ -214,3 +214,23 @@ def _check_moments(name: str, entry: dict[str, torch.Tensor], parameter: torch.T
 __all__ = ["FORMAT", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "STATUSES", "MAX_STEP", "is_step", "read_run",
            "read_json", "recorded", "create", "discard_unstarted", "append_metrics", "truncate_metrics",
            "save_checkpoint", "load_checkpoint", "restore_optimizer", "RunError"]
+
+
+def load_trained(directory: Path | str):
+    """The model of a training run directory (its latest checkpoint's weights) or of a build directory,
+    on the CPU, in eval mode: what ``attnspec eval`` and ``attnspec export-hf`` read.
+
+    Raises:
+        RunError / BuildError: the directory is neither, or its files do not match its spec.
+    """
+    from attnspec.compiler.load import load_model, load_weights
+    from attnspec.nn.model import build_model_from_spec
+
+    directory = Path(directory)
+    if not (directory / RUN_FILE).is_file():
+        return load_model(directory)
+    spec, config = recorded(directory, read_run(directory))
+    _, checkpoint, _ = latest_checkpoint(directory, max_step=config.steps)
+    model = build_model_from_spec(spec)
+    load_weights(model, checkpoint / "model.safetensors", fix="the run's checkpoint does not match its spec")
+    return model.eval()

@@ -30,10 +30,15 @@ def test_parameter_count_of_trainable_kernels_and_gates():
                   "linear(heads=2, feature_map=identity, normalize=false, transition=data(per=channel))",
                   "linear(heads=2, feature_map=identity, normalize=false, transition=fixed(complex=true, per=channel))",
                   "scatterbrain(lowrank(linear(feature_map=oglu)) + sparse(local(window=4)), heads=2)",
-                  "softmax(heads=4, transition=data(phase=none, per=head))"]:
-        spec = loads_spec(base + f"layers {{ block {{ mixer = {mixer} mlp = glu }} }}\nhead = lm(tied=true)", "attn")
-        model = build_model(spec)
-        assert sum(p.numel() for p in model.parameters()) == count_parameters(spec) == formula_parameters(spec), mixer
+                  "softmax(heads=4, transition=data(phase=none, per=head))",
+                  "softmax(heads=4, kv_heads=2, qkv_bias=true, out_bias=true, output_gate=sigmoid)",
+                  "delta(heads=2, group_norm=true, shared_norm_weight=true, output_gate=swish)"]:
+        for mlp in ("glu", "glu(hidden=40, bias=false)"):
+            spec = loads_spec(base + f"layers {{ block {{ mixer = {mixer} mlp = {mlp} }} }}\nhead = lm(tied=true)",
+                              "attn")
+            model = build_model(spec)
+            assert sum(p.numel() for p in model.parameters()) == count_parameters(spec) == formula_parameters(spec), \
+                (mixer, mlp)
 
 
 def test_rebuilding_gives_the_same_function():
@@ -85,8 +90,8 @@ def formula_parameters(spec) -> int:
         total += _mixer_parameters(block.mixer, d)
         total += norm[block.norm.kind]
         if block.mlp.kind != "none":
-            hidden = block.mlp.expansion * d
-            total += (d * hidden + hidden) * (2 if block.mlp.kind == "glu" else 1) + hidden * d + d
+            hidden, bias = block.mlp.hidden or block.mlp.expansion * d, block.mlp.bias
+            total += (d * hidden + hidden * bias) * (2 if block.mlp.kind == "glu" else 1) + hidden * d + d * bias
             total += norm[block.norm.kind]
     total += norm[spec.final_norm.kind]
     if spec.head.kind == "lm" and not spec.head.tied:
@@ -103,8 +108,9 @@ def _mixer_parameters(mixer, d: int) -> int:
     Gv = mixer.kv_heads or H
     total = d * (Gq + Gk) * dk + d * Gv * dv + H * dv * d  # q, k, v and output projections
     total += 2 * dk if mixer.qk_norm != "none" else 0
-    total += d * H * dv if mixer.output_gate != "none" else 0
-    total += H * dv if mixer.group_norm else 0
+    total += ((Gq + Gk) * dk + Gv * dv) * mixer.qkv_bias + d * mixer.out_bias
+    total += (d + mixer.qkv_bias) * H * dv if mixer.output_gate != "none" else 0  # the gate's bias goes with q/k/v's
+    total += (dv if mixer.shared_norm_weight else H * dv) if mixer.group_norm else 0
     total += H if mixer.skip else 0  # D
     transition = getattr(mixer, "transition", None)
     if transition is not None and transition.kind != "none":

@@ -28,7 +28,7 @@ def _spec(chunk_size: int = 16) -> dict:
     mixer = {"kind": "delta", "heads": V_HEADS, "d_qk": DK, "d_v": DV, "qk_groups": K_HEADS, "chunk_size": chunk_size,
              "feature_map": "l2norm", "transition": {"kind": "mamba", "per": "head"},
              "conv": {"kind": "short", "width": 4, "projections": ["q", "k", "v"], "activation": "silu"},
-             "group_norm": True, "output_gate": "swish", "norm_eps": 1e-6}
+             "group_norm": True, "shared_norm_weight": True, "output_gate": "swish", "norm_eps": 1e-6}
     return {"name": "gdn", "input": {"kind": "tokens", "vocab_size": 32}, "d_model": D_MODEL, "max_len": 256,
             "layers": [{"mixer": mixer, "norm": "rmsnorm"}]}
 
@@ -52,7 +52,7 @@ def _transformers_layer(mixer) -> Qwen3NextGatedDeltaNet:
         layer.conv1d.weight.copy_(torch.cat([filters["q"], filters["k"], filters["v"]]).unsqueeze(1))
         layer.dt_bias.copy_(mixer.transition.dt_bias)
         layer.A_log.copy_(mixer.transition.A_log)
-        layer.norm.weight.copy_(mixer.norm_weight[:DV])  # one weight shared by the heads (attnspec's is tiled)
+        layer.norm.weight.copy_(mixer.norm_weight)  # one weight shared by the heads, as attnspec's
         layer.out_proj.weight.copy_(mixer.out_proj.weight)
     return layer.eval()
 
@@ -63,6 +63,6 @@ def test_the_delta_mixer_computes_qwen3_next_gated_deltanet(length, chunk_size):
     model = attnspec.build(_spec(chunk_size))
     mixer = model.blocks[0].mixer
     with torch.no_grad():
-        mixer.norm_weight.copy_(torch.linspace(0.5, 1.5, DV).repeat(V_HEADS))  # shared by the heads, not all ones
+        mixer.norm_weight.copy_(torch.linspace(0.5, 1.5, DV))  # not all ones
     reference = _transformers_layer(mixer)
     assert_every_mode_matches(mixer, reference, length, D_MODEL)

@@ -28,7 +28,7 @@ def _spec(chunk_size: int) -> dict:
     mixer = {"kind": "delta", "heads": HEADS, "d_qk": HEAD_DIM, "d_v": HEAD_DIM, "chunk_size": chunk_size,
              "feature_map": "l2norm", "transition": {"kind": "mamba", "per": "channel", "rank": HEAD_DIM},
              "conv": {"kind": "short", "width": 4, "projections": ["q", "k", "v"], "activation": "silu"},
-             "group_norm": True, "output_gate": "sigmoid", "norm_eps": 1e-5}
+             "group_norm": True, "shared_norm_weight": True, "output_gate": "sigmoid", "norm_eps": 1e-5}
     return {"name": "kda", "input": {"kind": "tokens", "vocab_size": 32}, "d_model": D_MODEL, "max_len": 256,
             "layers": [{"mixer": mixer}]}
 
@@ -52,7 +52,7 @@ def _kimi_layer(mixer) -> KimiLinearDeltaAttention:
         # attnspec's full-rank gate W = g_b g_a: take g_a orthonormal rows, g_b = W g_aᵀ
         layer.g_a_proj.weight.copy_(gate_rank.T)
         layer.g_b_proj.weight.copy_(mixer.gate.weight @ gate_rank)
-        layer.o_norm.weight.copy_(mixer.norm_weight[:HEAD_DIM])
+        layer.o_norm.weight.copy_(mixer.norm_weight)
         layer.o_proj.weight.copy_(mixer.out_proj.weight)
     return layer.eval()
 
@@ -63,11 +63,11 @@ def test_the_kda_spec_computes_kimi_linear_delta_attention(length, chunk_size):
     model = attnspec.build(_spec(chunk_size))
     mixer = model.blocks[0].mixer
     with torch.no_grad():
-        # Kimi has one A per head and one norm weight shared by the heads: make attnspec's the same, and
+        # Kimi has one A per head: make attnspec's the same (its norm weight is shared like Kimi's), and
         # attnspec's full-rank output gate rank HEAD_DIM so a low-rank copy is exact
         per_head = mixer.transition.A_log.view(HEADS, HEAD_DIM)[:, :1].expand(HEADS, HEAD_DIM).reshape(-1).clone()
         mixer.transition.A_log.copy_(per_head)
-        mixer.norm_weight.copy_(torch.linspace(0.5, 1.5, HEAD_DIM).repeat(HEADS))
+        mixer.norm_weight.copy_(torch.linspace(0.5, 1.5, HEAD_DIM))
         gate_rank = torch.linalg.qr(torch.randn(D_MODEL, HEAD_DIM, generator=torch.Generator().manual_seed(5)))[0]
         mixer.gate.weight.copy_(mixer.gate.weight @ gate_rank @ gate_rank.T)
     reference = _kimi_layer(mixer)

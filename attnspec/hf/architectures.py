@@ -404,8 +404,9 @@ class Qwen3Next(Architecture):
         blocks = _blocks(spec)
         attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
         delta = next((b.mixer for b in blocks if b.mixer.kind == "delta"), None)
-        if delta is None or attention is None or attention.position is None:
-            raise NotExpressible("qwen3_next has Gated DeltaNet and rotary softmax attention blocks")
+        if delta is None or attention is None or getattr(attention.position, "kind", None) != "rope" \
+                or delta.conv.kind != "short":
+            raise NotExpressible("qwen3_next has convolved Gated DeltaNet and rotary softmax attention blocks")
         mlp = blocks[0].mlp
         return {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
                 "num_hidden_layers": len(blocks), "num_attention_heads": attention.heads,
@@ -496,8 +497,8 @@ class Mamba2(Architecture):
     def config(self, spec, model_type: str) -> dict:
         blocks = _blocks(spec)
         mixer = blocks[0].mixer
-        if mixer.kind != "linear" or mixer.heads * mixer.d_v % spec.d_model:
-            raise NotExpressible("mamba2 is linear attention with heads * d_v a multiple of d_model")
+        if mixer.kind != "linear" or mixer.conv.kind != "short" or mixer.heads * mixer.d_v % spec.d_model:
+            raise NotExpressible("mamba2 is convolved linear attention with heads * d_v a multiple of d_model")
         return {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "num_heads": mixer.heads,
                 "head_dim": mixer.d_v, "expand": mixer.heads * mixer.d_v // spec.d_model, "state_size": mixer.d_qk,
                 "n_groups": mixer.qk_groups or mixer.heads, "conv_kernel": mixer.conv.width,

@@ -146,10 +146,13 @@ def native_config(spec, model_type: str) -> dict:
         NotExpressible: the type cannot state this spec (its config would import as another one).
     """
     architecture = ARCHITECTURES[model_type]
+    try:  # a draft the round trip below confirms; a spec of another shape lacks what it reads
+        drafted = architecture.config(spec, model_type)
+    except AttributeError as error:
+        raise NotExpressible(f"the spec has no {error.name!r} where a {model_type} model has one") from None
     config = {"model_type": model_type, "architectures": [architecture.causal_lm[model_type]],
               "vocab_size": spec.input.vocab_size, "max_position_embeddings": spec.max_len,
-              "tie_word_embeddings": spec.head.tied, "dtype": spec.dtype,
-              **architecture.config(spec, model_type)}
+              "tie_word_embeddings": spec.head.tied, "dtype": spec.dtype, **drafted}
     try:
         again = validate_data({"name": spec.name, **architecture.spec(Config(config, "config"), model_type)})
     except AttnSpecError as error:

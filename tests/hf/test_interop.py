@@ -177,16 +177,18 @@ def test_import_then_export_returns_the_native_model(checkpoints, tmp_path, mode
         assert _relative(loaded(tokens).logits, reference(tokens).logits) < 1e-6
 
 
-def _attnspec_only_model():
-    """A hybrid transformers has no class for: Gated DeltaNet, then sliding-window softmax attention."""
-    spec = attnspec.load_spec("specs/sliding-window-hybrid.yaml").model_dump(mode="json")
+def _attnspec_only_model(name: str = "sliding-window-hybrid"):
+    """A shipped spec transformers has no class for (by default Mamba2 and sliding-window attention)."""
+    spec = attnspec.load_spec(f"specs/{name}.yaml").model_dump(mode="json")
     spec.update(max_len=64, input={"kind": "tokens", "vocab_size": VOCAB})
     torch.manual_seed(0)
     return attnspec.build(spec).eval()
 
 
-def test_a_spec_transformers_lacks_exports_as_the_attnspec_type_and_generates_alike(tmp_path):
-    model = _attnspec_only_model()
+@pytest.mark.parametrize("name", ["sliding-window-hybrid", "performer", "gateloop"])
+def test_a_spec_transformers_lacks_exports_as_the_attnspec_type_and_generates_alike(tmp_path, name):
+    """Hybrid caches, Performer's random-feature buffers and GateLoop's complex state all survive the trip."""
+    model = _attnspec_only_model(name)
     attnspec.save(model, tmp_path / "build", compile_check=False)
     output, model_type = export_hf(tmp_path / "build", tmp_path / "hf")
     assert model_type == "attnspec"

@@ -23,7 +23,7 @@ import math
 import statistics
 from pathlib import Path
 
-from attnspec.ablation.results import Report, ResultRow, collect, lr_table, run_counts, summary_rows
+from attnspec.ablation.results import NOISE, Report, ResultRow, collect, lr_table, run_counts, summary_rows
 from attnspec.ablation.runsdir import params_text
 from attnspec.io import ensure_directory, write_atomic
 
@@ -44,10 +44,11 @@ def _results_csv(report: Report, path: Path) -> None:
     from attnspec.figures import write_csv
 
     params = list(dict.fromkeys(k for row in report.results for k in row.task_params))
-    write_csv(path, ["variant", "task", *params, "metric", "mean", "std", "worst", "best", "seeds", "best_lr",
-                     "parameters", "state_size", "tokens_per_s", "runs"],
+    write_csv(path, ["variant", "task", *params, "metric", "mean", "std", "worst", "best", "chance", "learned", "seeds",
+                     "best_lr", "parameters", "state_size", "tokens_per_s", "runs"],
               [[row.variant, row.task, *(row.task_params.get(k, "") for k in params), report.metric, row.mean,
-                row.std, row.worst, row.best, row.seeds, row.lr, row.parameters, row.state_size, row.tokens_per_s, " ".join(row.runs)]
+                row.std, row.worst, row.best, row.chance, "" if row.learned is None else row.learned, row.seeds, row.lr,
+                row.parameters, row.state_size, row.tokens_per_s, " ".join(row.runs)]
                for row in report.results])
 
 
@@ -81,7 +82,9 @@ def results_markdown(report: Report) -> str:
     counts = run_counts(report)
     parts = [f"# Sweep `{report.sweep.get('name')}`", "",
              f"{report.metric} on the test set at the end of training; mean ± std over seeds at each variant's best "
-             f"learning rate (marked * below; a diverged run is never chosen). Runs: {counts['done']} done, "
+             f"learning rate (marked * below; a diverged run is never chosen). `chance` is the accuracy of answering "
+             "without the skill (the most common answer, or a task's trivial strategy such as MQAR's 1/pairs); a mean "
+             f"below chance + max({NOISE}, 2 std) is marked *not learned*. Runs: {counts['done']} done, "
              f"{counts['diverged']} diverged, {counts['failed']} failed, {counts['unfinished']} not finished. Run "
              "directories are listed in results.csv.", "",
              _markdown_table(*summary_rows(report)), "", "## By learning rate", "", _markdown_table(*lr_table(report))]
@@ -142,6 +145,11 @@ def _difficulty_plot(plt, report: Report, task: str, axis: str, rows: list[Resul
             if points:
                 xs, ys, errors = zip(*points)
                 panel.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=variant, color=colors[variant])
+        chance = sorted({(row.task_params.get(axis), row.chance) for row in rows if row.chance is not None
+                         and json.dumps({k: v for k, v in row.task_params.items() if k != axis}, sort_keys=True) == other})
+        if chance:
+            xs, ys = zip(*chance)
+            panel.plot(xs, ys, linestyle="--", color="0.45", linewidth=1.0, label="chance")
         title = params_text(json.loads(other))
         panel.set_title(f"{task} {title}".strip(), fontsize=9)
         values = sorted({row.task_params.get(axis) for row in rows if isinstance(row.task_params.get(axis), (int, float))})

@@ -23,6 +23,9 @@ from attnspec.io import MAX_JSON_BYTES, json_lines
 
 HIGHER_IS_BETTER = {"accuracy": True, "perplexity": False, "loss": False}
 MAX_CURVE_POINTS = 400
+NOISE = 0.03
+"""Accuracy within this of chance (or within two seed standard deviations, if more) is "not learned":
+about two standard errors of a test set of 512 answers at accuracy 0.5."""
 
 
 @dataclass
@@ -68,6 +71,15 @@ class ResultRow:
     runs: list[str]
     by_lr: dict[float, tuple[float | None, int]]
     """lr -> (mean over finished seeds, finished seeds)."""
+    chance: float | None = None
+    """The task point's chance accuracy (:meth:`~attnspec.training.tasks.base.Task.chance`), if any."""
+
+    @property
+    def learned(self) -> bool | None:
+        """False when the mean is within noise of chance: below chance + max(NOISE, 2 seed stds)."""
+        if self.chance is None or self.mean is None:
+            return None
+        return self.mean > self.chance + max(NOISE, 2 * (self.std or 0.0))
 
 
 @dataclass
@@ -94,7 +106,7 @@ class Report:
 
 def collect(directory: str | Path) -> Report:
     """Read a runs directory into a :class:`Report` (raises RunError if it is not one)."""
-    from attnspec.ablation.sweep import Sweep, difficulty_axis
+    from attnspec.ablation.sweep import LoadedSweep, Sweep, difficulty_axis
     from attnspec.spec.source import Position, SourceMap
     from attnspec.spec.validate import validate_model
 
@@ -107,7 +119,25 @@ def collect(directory: str | Path) -> Report:
     runs = [_run_row(directory, run, metric) for run in record["runs"]]
     difficulty = {entry.name or entry.task.kind: difficulty_axis(entry) for entry in sweep.tasks}
     machine = record.get("machine") if isinstance(record.get("machine"), dict) else {}
-    return Report(directory, record["sweep"], metric, runs, _results(runs, metric), difficulty, machine)
+    results = _results(runs, metric)
+    if metric == "accuracy":
+        chances = _chances(LoadedSweep(sweep, None, where))
+        for row in results:
+            row.chance = chances.get((row.task, json.dumps(row.task_params, sort_keys=True)))
+    return Report(directory, record["sweep"], metric, runs, results, difficulty, machine)
+
+
+def _chances(loaded) -> dict[tuple[str, str], float | None]:
+    """(task name, task point as JSON) -> the point's chance accuracy on the sweep's test set."""
+    from attnspec.ablation.sweep import task_points
+
+    sweep = loaded.sweep
+    examples = sweep.train.model_dump(by_alias=True).get("test_examples") or 512
+    chances = {}
+    for index, name, params, data in task_points(loaded):
+        task = type(sweep.tasks[index].task).model_validate(data)
+        chances[(name, json.dumps(params, sort_keys=True))] = task.chance(sweep.seeds[0], examples)
+    return chances
 
 
 # --------------------------------------------------------------------------- collecting
@@ -203,14 +233,15 @@ def format_value(value: float | None, std: float | None = None, metric: str = "a
 def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """The headline table (header, rows): variant, task, task point, metric at best lr, lr, seeds,
     parameters, state size, tokens/s. The CLI prints it; results.md and report.html contain it."""
-    header = ["variant", "task", "point", f"{report.metric} (mean ± std)", "worst / best seed", "best lr", "seeds",
-              "parameters", "state size", "tokens/s"]
+    header = ["variant", "task", "point", f"{report.metric} (mean ± std)", "chance", "worst / best seed", "best lr",
+              "seeds", "parameters", "state size", "tokens/s"]
     rows = []
     for row in report.results:
         spread = f"{format_value(row.worst, None, report.metric)} / {format_value(row.best, None, report.metric)}" \
             if row.seeds > 1 else "—"
-        rows.append([row.variant, row.task, params_text(row.task_params), format_value(row.mean, row.std, report.metric),
-                     spread, f"{row.lr:g}" if row.lr is not None else "—", str(row.seeds),
+        value = format_value(row.mean, row.std, report.metric) + (" not learned" if row.learned is False else "")
+        rows.append([row.variant, row.task, params_text(row.task_params), value,
+                     format_value(row.chance, None, report.metric), spread, f"{row.lr:g}" if row.lr is not None else "—", str(row.seeds),
                      f"{row.parameters:,}" if row.parameters is not None else "—",
                      f"{row.state_size:,}" if row.state_size is not None else "—",
                      f"{row.tokens_per_s:,.0f}" if row.tokens_per_s is not None else "—"])

@@ -232,7 +232,7 @@ def expand(loaded: LoadedSweep, variants: list[Variant] | None = None) -> list[P
     sweep, smap = loaded.sweep, loaded.smap
     check_run_count(loaded)
     variants = resolve_variants(loaded) if variants is None else variants
-    points = _task_points(loaded)
+    points = task_points(loaded)
     budget = sweep.train.model_dump(by_alias=True, exclude_unset=True)
     runs, problems = [], []
     for variant in variants:
@@ -290,7 +290,7 @@ def difficulty_axis(task: TaskSweep) -> str | None:
 # --------------------------------------------------------------------------- helpers
 
 
-def _task_points(loaded: LoadedSweep) -> list[tuple[int, str, dict, dict]]:
+def task_points(loaded: LoadedSweep) -> list[tuple[int, str, dict, dict]]:
     """(task index, name, grid values, task data) for every point of every task's grid."""
     points = []
     problems = []

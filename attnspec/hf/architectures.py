@@ -200,7 +200,8 @@ def _common(config: Config) -> dict:
 
 
 def _head(config: Config, default_tied: bool) -> dict:
-    return {"kind": "lm", "tied": config.get("tie_word_embeddings", bool, default_tied)}
+    """transformers' LM heads multiply by nothing, tied or not."""
+    return {"kind": "lm", "tied": config.get("tie_word_embeddings", bool, default_tied), "scale": 1.0}
 
 
 def _glu(config: Config, hidden_field: str = "intermediate_size", bias: bool = False) -> dict:

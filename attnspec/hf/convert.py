@@ -122,10 +122,11 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
 
 
 def _comparable(spec) -> dict:
-    """What a spec computes, for the round-trip test: its fields but the name, description, seed and
-    the layers' grouping, with every block's mode and chunk size dropped (they choose how, not what)."""
+    """What a spec computes, for the round-trip test: its fields but the name, description, seed,
+    initialisation and the layers' grouping, with every block's mode and chunk size dropped (they
+    choose how or where training starts, not what is computed)."""
     data = spec_to_data(spec, minimal=False)
-    for key in ("name", "description", "seed", "layers"):
+    for key in ("name", "description", "seed", "init", "layers"):
         data.pop(key, None)
 
     def without_modes(value):

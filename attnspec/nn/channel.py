@@ -55,6 +55,10 @@ class Mlp(nn.Module):
         self.gate = nn.Linear(d_model, hidden, bias=node.bias) if node.gated else None
         self.down = nn.Linear(hidden, d_model, bias=node.bias)
 
+    def projections(self) -> list[nn.Linear]:
+        """Its linear maps (``down`` writes into the residual stream)."""
+        return [p for p in (self.up, self.gate, self.down) if p is not None]
+
     def forward(self, x: Tensor) -> Tensor:
         h = self.activation(self.up(x))
         if self.gate is not None:

@@ -76,6 +76,7 @@ class Mixer(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(norm_width)) if node.group_norm else None
         self.norm_eps, self.gate_before_norm = node.norm_eps, node.gate_before_norm
         self.D = nn.Parameter(torch.ones(self.heads)) if node.skip else None  # Mamba2's skip, D v_t
+        self.init_scale = node.init_scale
         with torch.no_grad():  # `init_scale` multiplies PyTorch's default initialisation
             for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, self.gate):
                 if projection is not None:
@@ -84,6 +85,12 @@ class Mixer(nn.Module):
                                        max_len=max_len)
         self.conv = build("conv", node.conv, channels={"x": d_model, "q": self.q_heads * self.d_qk,
                                                         "k": self.k_heads * self.d_qk, "v": self.v_heads * self.d_v})
+
+    def projections(self) -> list[nn.Linear]:
+        """The linear maps from and to the model width (the spec's ``init.projection_std`` draws them);
+        ``out_proj`` writes into the residual stream."""
+        found = [self.q_proj, self.k_proj, self.v_proj, self.gate, getattr(self, "beta_proj", None), self.out_proj]
+        return [projection for projection in found if projection is not None]
 
     def state_size(self, length: int) -> int:
         """Numbers one sequence carries from its past at ``length``: the decoding state of a mixer

@@ -6,6 +6,8 @@ Readable top to bottom: ``Model.forward`` is the whole computation.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -102,6 +104,8 @@ class Model(nn.Module):
             self.head = nn.Linear(d, head.classes)
         else:
             self.head = None
+        self.head_scale = (head.scale or head.default_scale(d, spec.version)) if head.kind == "lm" else 1.0
+        initialise(self, spec.init)
 
     @property
     def has_step(self) -> bool:
@@ -181,7 +185,8 @@ class Model(nn.Module):
 
     def _head(self, x: Tensor) -> Tensor:
         if self.head_kind == "lm":
-            return x @ self.embed.weight.T if self.head is None else self.head(x)
+            logits = x @ self.embed.weight.T if self.head is None else self.head(x)
+            return logits if self.head_scale == 1.0 else logits * self.head_scale
         if self.head_kind == "classifier":
             pooled = x.mean(dim=1) if self.pooling == "mean" else x[:, -1]
             return self.head(pooled)
@@ -250,6 +255,27 @@ class Model(nn.Module):
         for index, (block, mode) in enumerate(zip(self.blocks, modes)):
             block.mixer.mode = mode
             block.mixer.backend = backends[index] if backends is not None else "graph"
+
+
+def initialise(model: Model, init) -> None:
+    """Redraw the initial weights the spec's ``init`` asks for (:class:`~attnspec.spec.ir.Init`); at its
+    defaults nothing is drawn again, so PyTorch's own initialisation stands."""
+    if model.token_input and init.embedding_std != 1.0:
+        nn.init.normal_(model.embed.weight, 0.0, init.embedding_std)
+    shrink = 1.0 / math.sqrt(2 * len(model.blocks)) if init.residual_scaling else 1.0
+    for block in model.blocks:
+        mixer_scale = block.mixer.init_scale
+        for projection, scale in [*((p, mixer_scale) for p in block.mixer.projections()),
+                                  *((p, 1.0) for p in (block.mlp.projections() if block.mlp is not None else ()))]:
+            if init.projection_std is not None:
+                nn.init.normal_(projection.weight, 0.0, init.projection_std * scale)
+                if projection.bias is not None:
+                    nn.init.zeros_(projection.bias)
+        if shrink != 1.0:
+            with torch.no_grad():
+                block.mixer.out_proj.weight.mul_(shrink)
+                if block.mlp is not None:
+                    block.mlp.down.weight.mul_(shrink)
 
 
 def redraw_random_features(model: nn.Module, step: int) -> int:

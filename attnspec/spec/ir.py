@@ -1375,6 +1375,15 @@ class LmHead(Node):
     kind: Literal["lm"]
     tied: bool = False
     """Share the weights with the token embedding."""
+    scale: Annotated[float, Field(gt=0, le=100)] | None = None
+    """Multiplier on the logits. Unset: 1 / d_model for a tied head (muP's output multiplier), 1 for
+    an untied one. A tied head reads the token embedding, N(0, 1) by default (`init.embedding_std`),
+    so without it the first logits have std ~sqrt(d_model) and the first loss is ~60 at d_model 128
+    rather than ln(vocab) (README "Initialisation"); `scale: 1` is the behaviour before this field."""
+
+    def default_scale(self, d_model: int, version: int = 2) -> float:
+        """The scale an unset ``scale`` resolves to (always 1 in a version-1 spec)."""
+        return 1.0 / d_model if self.tied and version >= 2 else 1.0
 
 
 class ClassifierHead(Node):
@@ -1395,11 +1404,27 @@ class NoHead(Node):
 Head = fixed_union(LmHead, ClassifierHead, NoHead)
 
 
+class Init(Node):
+    """Where training starts (DESIGN sec. 6: initialisation is spec data, so it is ablated like any
+    field). The function a model can compute does not depend on these, only its starting weights."""
+
+    embedding_std: Annotated[float, Field(gt=0, le=10)] = 1.0
+    """The token embedding is N(0, std^2): 1 is PyTorch's nn.Embedding default, 0.02 nanoGPT's."""
+    projection_std: Annotated[float, Field(gt=0, le=10)] | None = None
+    """N(0, std^2) for the projections of every block (a mixer's q, k, v, output gate, beta and output
+    projections; the MLP's), biases zero, times the mixer's `init_scale`. Unset: PyTorch's default
+    nn.Linear initialisation, uniform in +-1/sqrt(fan_in) (nanoGPT: 0.02)."""
+    residual_scaling: bool = False
+    """Divide the initial weights of the projections that write into the residual stream (each
+    mixer's output projection, each MLP's down projection) by sqrt(2 * blocks), as GPT-2 does."""
+
+
 class Spec(Node):
     """A model: input, a stack of mixer blocks, a final norm and a head."""
 
-    version: Literal[1] = 1
-    """Spec format version."""
+    version: Literal[1, 2] = 2
+    """Spec format version. In version 1 (every resolved spec written before initialisation became
+    spec data) an unset LM head `scale` means 1; from version 2 it means the head's default."""
     plugins: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=64)] = Field(default_factory=list)
     """Python modules defining components this spec uses (e.g. `[my_lab.features]`), imported before
     the spec is validated; installed plugins (entry-point group `attnspec.components`) need not be listed."""
@@ -1419,6 +1444,8 @@ class Spec(Node):
     layers: Annotated[list[Layer], Field(min_length=1, max_length=limits.MAX_BLOCKS)]
     final_norm: Norm = Field(default_factory=lambda: LayerNormNode(kind="layernorm"))
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
+    init: Init = Field(default_factory=Init)
+    """The initial weights' distributions (README "Initialisation")."""
 
 
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, Residuals, Block, Group, Spec]

@@ -11,11 +11,15 @@ from attnspec.spec.ir import Block, Group, Spec
 
 def resolve(spec: Spec) -> Spec:
     """Return ``spec`` with d_qk, d_v, scale, each mixer's parts (``resolved_parts``) and
-    its position scheme (``resolved_position``: the model's, unless it names its own) resolved.
+    its position scheme (``resolved_position``: the model's, unless it names its own) resolved, and
+    the LM head's logit scale.
 
     Assumes :func:`attnspec.spec.rules.check_rules` found nothing.
     """
-    return spec.model_copy(update={"layers": [_resolve_layer(spec, item) for item in spec.layers]})
+    update = {"layers": [_resolve_layer(spec, item) for item in spec.layers]}
+    if spec.head.kind == "lm" and spec.head.scale is None:
+        update["head"] = spec.head.model_copy(update={"scale": spec.head.default_scale(spec.d_model, spec.version)})
+    return spec.model_copy(update=update)
 
 
 def _resolve_layer(spec: Spec, item: Block | Group) -> Block | Group:

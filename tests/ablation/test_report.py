@@ -37,6 +37,30 @@ def test_the_best_learning_rate_is_chosen_on_the_mean_over_seeds():
     assert spread.std == pytest.approx(statistics.stdev([0.2, 0.4, 0.9]))
 
 
+def test_a_result_within_noise_of_chance_is_not_learned():
+    def row(values, chance):
+        (result,) = _results([_row("a", 1e-3, seed, value) for seed, value in enumerate(values)], "accuracy")
+        result.chance = chance
+        return result
+
+    assert row([0.26, 0.27], 0.25).learned is False  # within NOISE (0.03) of 1/4
+    assert row([0.30, 0.31], 0.25).learned is True
+    assert row([0.20, 0.60], 0.25).learned is False  # above chance by less than two seed stds
+    assert row([0.99, 1.0], None).learned is None  # no chance level: no verdict
+
+
+def test_chance_is_the_majority_answer_or_the_tasks_trivial_strategy():
+    from attnspec.training.config import load_config
+
+    mqar = load_config(task="mqar", task_overrides=["seq_len=64", "vocab_size=128", "num_kv_pairs=8"]).task
+    assert mqar.chance(0, 64) == 1 / 8  # any value of the context, above the majority value's share
+    hull = load_config(task="convex_hull", task_overrides=["seq_len=10", "grid=16", "spread=12"]).task
+    inputs, targets = hull.batch("test", 0, 100, 0)
+    answers = targets[targets >= 0]
+    assert hull.chance(0, 100) == pytest.approx(float((answers == answers.mode().values).float().mean()))
+    assert load_config(task="python_source", task_overrides=["seq_len=16"]).task.chance() is None  # perplexity
+
+
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory) -> Path:
     """A toy sweep over two difficulties, two seeds and two learning rates, run and reported."""
@@ -62,7 +86,8 @@ def test_report_files_link_every_number_to_its_runs(reported: Path):
         assert int(row["parameters"]) > 0 and int(row["state_size"]) > 0 and float(row["tokens_per_s"]) > 0
     assert len(list(csv.DictReader((out / "runs.csv").open()))) == 16
     markdown = (out / "results.md").read_text()
-    assert "| variant | task | point | accuracy (mean ± std) |" in markdown and "## By learning rate" in markdown
+    assert "| variant | task | point | accuracy (mean ± std) | chance |" in markdown and "## By learning rate" in markdown
+    assert {float(row["chance"]) for row in rows} == {1.0, 0.5}  # 1 / num_kv_pairs at 1 and 2 pairs
     assert "torch " in markdown and "attnspec " in markdown
 
 

@@ -70,6 +70,25 @@ class Task(Node):
         """``size`` fresh examples of ``split`` from the generator of (seed, split, step); see :meth:`batch`."""
         raise NotImplementedError
 
+    def chance(self, seed: int = 0, examples: int = 256) -> float | None:
+        """The accuracy of answering without the question: the most common answer's share of the test
+        set (``examples`` of them, ``seed``'s), or the task's own trivial baseline
+        (:meth:`trivial_accuracy`) where higher. None for perplexity. Reports label a result within
+        noise of it "not learned"."""
+        if self.metric != "accuracy":
+            return None
+        answers = self.batch("test", 0, examples, seed)[1]
+        answers = answers[answers != IGNORE]
+        if answers.numel() == 0:
+            return None
+        majority = float(answers.bincount().max()) / answers.numel()
+        return max(majority, self.trivial_accuracy() or 0.0)
+
+    def trivial_accuracy(self) -> float | None:
+        """The accuracy of a strategy that needs none of the skill the task measures (MQAR: any value
+        of the context), where a task has one beyond the majority answer."""
+        return None
+
     def answer_spans(self, inputs: Tensor) -> Tensor | None:
         """How far back each answer of ``inputs`` (B, L) reaches, (B, L) positions, for tasks where
         that is the difficulty (``attnspec diagnose span``); None where a task does not say."""

@@ -262,20 +262,22 @@ def initialise(model: Model, init) -> None:
     defaults nothing is drawn again, so PyTorch's own initialisation stands."""
     if model.token_input and init.embedding_std != 1.0:
         nn.init.normal_(model.embed.weight, 0.0, init.embedding_std)
-    shrink = 1.0 / math.sqrt(2 * len(model.blocks)) if init.residual_scaling else 1.0
     for block in model.blocks:
-        mixer_scale = block.mixer.init_scale
-        for projection, scale in [*((p, mixer_scale) for p in block.mixer.projections()),
-                                  *((p, 1.0) for p in (block.mlp.projections() if block.mlp is not None else ()))]:
-            if init.projection_std is not None:
-                nn.init.normal_(projection.weight, 0.0, init.projection_std * scale)
-                if projection.bias is not None:
-                    nn.init.zeros_(projection.bias)
-        if shrink != 1.0:
+        if init.projection_std is not None:
+            _draw_normal(block.mixer.projections(), init.projection_std * block.mixer.init_scale)
+            _draw_normal(block.mlp.projections() if block.mlp is not None else [], init.projection_std)
+        if init.residual_scaling:  # GPT-2: the residual stream's variance stays O(1) over 2 * blocks sums
+            writers = [block.mixer.out_proj] + ([block.mlp.down] if block.mlp is not None else [])
             with torch.no_grad():
-                block.mixer.out_proj.weight.mul_(shrink)
-                if block.mlp is not None:
-                    block.mlp.down.weight.mul_(shrink)
+                for projection in writers:
+                    projection.weight.mul_(1.0 / math.sqrt(2 * len(model.blocks)))
+
+
+def _draw_normal(projections: list[nn.Linear], std: float) -> None:
+    for projection in projections:
+        nn.init.normal_(projection.weight, 0.0, std)
+        if projection.bias is not None:
+            nn.init.zeros_(projection.bias)
 
 
 def redraw_random_features(model: nn.Module, step: int) -> int:

@@ -173,7 +173,6 @@ def _lm_problem(spec) -> str | None:
     return PLUGINS_REFUSED if spec.plugins else None
 
 
-
 def export_hf(directory: Path | str, output: Path | str, *, model_type: str | None = None) -> tuple[Path, str]:
     """``attnspec export-hf``: a build or run directory as a transformers directory.
 

@@ -110,7 +110,9 @@ def _plots(report: Report, out: Path) -> list[str]:
 
     plt = pyplot()
     names = []
-    colors = {variant: plt.get_cmap("tab10")(i % 10) for i, variant in enumerate(report.variants)}
+    palette = "tab10" if len(report.variants) <= 10 else "tab20"  # no two variants share a colour up to 20
+    size = 10 if palette == "tab10" else 20
+    colors = {variant: plt.get_cmap(palette)(i % size) for i, variant in enumerate(report.variants)}
     for task in report.tasks:
         rows = [row for row in report.results if row.task == task]
         axis = report.difficulty.get(task)
@@ -136,7 +138,7 @@ def _slug(text: str) -> str:
 def _difficulty_plot(plt, report: Report, task: str, axis: str, rows: list[ResultRow], colors, out: Path) -> str:
     """The metric against the difficulty axis, one line per variant, a panel per value of the other axes."""
     others = sorted({json.dumps({k: v for k, v in row.task_params.items() if k != axis}, sort_keys=True) for row in rows})
-    figure, panels = plt.subplots(1, len(others), figsize=(4.2 * len(others) + 1, 3.6), squeeze=False)
+    figure, panels = plt.subplots(1, len(others), figsize=(4.2 * len(others) + 2.5, 3.6), squeeze=False)
     for panel, other in zip(panels[0], others):
         for variant in report.variants:
             points = sorted((row.task_params.get(axis), row.mean, row.std or 0.0) for row in rows
@@ -160,7 +162,7 @@ def _difficulty_plot(plt, report: Report, task: str, axis: str, rows: list[Resul
         if report.metric == "perplexity":
             panel.set_yscale("log")
         panel.grid(alpha=0.3)
-    panels[0][-1].legend(fontsize=8)
+    panels[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside, not over, the lines
     return _save(plt, figure, out, f"{_slug(task)}-{report.metric}-vs-{_slug(axis)}")
 
 

@@ -21,6 +21,7 @@ from attnspec.errors import AttnSpecError, InteropError, SpecError, shorten
 from attnspec.hf.architectures import ARCHITECTURES, EXPORT_ORDER, Config, NotExpressible
 from attnspec.hf.checkpoint import read_config, read_tensors, weight_files, write_checkpoint
 from attnspec.spec.emit import spec_to_data
+from attnspec.spec.ir import Spec
 from attnspec.spec.validate import validate_data
 from attnspec.spec.walk import iter_blocks
 
@@ -35,8 +36,8 @@ def _name(directory: Path) -> str:
     return name[:64]
 
 
-def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -> tuple[dict, dict, str]:
-    """The spec data of a transformers checkpoint, its config data and its model type.
+def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -> tuple[dict, Spec, str]:
+    """The spec of a transformers checkpoint, as data and validated, and its model type.
 
     Raises:
         InteropError: the model type is not supported, or the config asks for something attnspec
@@ -58,10 +59,10 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -
     if max_len is not None:
         data["max_len"] = max_len
     try:
-        validate_data(data)
+        spec = validate_data(data)
     except SpecError as error:
         raise InteropError(f"{source}: the model it describes is not a valid attnspec spec:\n{error}") from None
-    return data, config, model_type
+    return data, spec, model_type
 
 
 def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, torch.Tensor]:
@@ -112,8 +113,8 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
     """
     from attnspec.compiler.build import build_directory
 
-    data, _, model_type = spec_from_checkpoint(checkpoint, max_len=max_len)
-    weights = convert_weights(validate_data(data), checkpoint, model_type)
+    data, spec, model_type = spec_from_checkpoint(checkpoint, max_len=max_len)
+    weights = convert_weights(spec, checkpoint, model_type)
     return build_directory(data, output, weights=weights, compile_check=compile_check, force=force,
                            calibrate=calibrate, on_stage=on_stage)
 

@@ -34,7 +34,6 @@ from attnspec.cli import app
 from attnspec.errors import InteropError
 from attnspec.hf.convert import convert_weights, export_hf, spec_from_checkpoint
 from attnspec.nn.model import build_model_from_spec
-from attnspec.spec.validate import validate_data
 from tests.test_cli import attnspec as attnspec_cli
 
 VOCAB, LENGTH, NEW_TOKENS = 97, 21, 4
@@ -100,8 +99,7 @@ def checkpoints(tmp_path_factory):
 
 
 def _imported(directory, model_type):
-    data, _, _ = spec_from_checkpoint(directory)
-    spec = validate_data(data)
+    spec = spec_from_checkpoint(directory)[1]
     model = build_model_from_spec(spec)
     model.load_state_dict(convert_weights(spec, directory, model_type))
     return model.eval()
@@ -274,7 +272,7 @@ def test_pickled_weights_are_never_loaded(checkpoints, tmp_path):
     directory = tmp_path / "checkpoint"
     shutil.copytree(checkpoints["llama"][1], directory)
     (directory / "model.safetensors").rename(directory / "pytorch_model.bin")
-    spec = validate_data(spec_from_checkpoint(directory)[0])
+    spec = spec_from_checkpoint(directory)[1]
     with pytest.raises(InteropError, match="pickle"):
         convert_weights(spec, directory, "llama")
 
@@ -286,7 +284,7 @@ def test_weights_that_do_not_fit_the_config_are_refused_by_name(checkpoints, tmp
 
     directory = tmp_path / "checkpoint"
     shutil.copytree(checkpoints["qwen3"][1], directory)
-    spec = validate_data(spec_from_checkpoint(directory)[0])
+    spec = spec_from_checkpoint(directory)[1]
     tensors = load_file(directory / "model.safetensors")
     for change, match in [(lambda t: t.pop("model.layers.1.self_attn.k_norm.weight"), "lack"),
                           (lambda t: t.update(extra=torch.zeros(2)), "extra"),
@@ -332,7 +330,7 @@ def test_a_hostile_checkpoint_directory_is_refused_without_reading_outside_it(ch
 
     directory = tmp_path / "checkpoint"
     shutil.copytree(checkpoints["llama"][1], directory)
-    spec = validate_data(spec_from_checkpoint(directory)[0])
+    spec = spec_from_checkpoint(directory)[1]
     (directory / "model.safetensors").rename(tmp_path / "elsewhere.safetensors")
     index = {"weight_map": {"model.norm.weight": "../elsewhere.safetensors"}}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))

@@ -32,6 +32,22 @@ def pyplot() -> Any:
     return plt
 
 
+def log_scale(panel: Any, axis: str = "y", base: float = 10) -> None:
+    """Put ``panel``'s ``axis`` ("x" or "y") on a log scale whose tick labels are plain text ("0.3", "10",
+    "1e-16"): matplotlib labels log ticks with mathtext, which :func:`pyplot` turns off, so its own
+    labels would print as ``$\\mathdefault{10^{0}}$``."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):  # LogFormatter picks which ticks to label; this, how
+            return f"{x:g}".replace("e-0", "e-").replace("e+0", "e").replace("e+", "e")
+
+    scale_axis = panel.xaxis if axis == "x" else panel.yaxis
+    (panel.set_xscale if axis == "x" else panel.set_yscale)("log", base=base)
+    scale_axis.set_major_formatter(PlainLogFormatter(base))
+    scale_axis.set_minor_formatter(PlainLogFormatter(base, labelOnlyBase=False))
+
+
 def save_figure(figure: Any, directory: Path, stem: str) -> list[Path]:
     """Write ``figure`` as ``stem.png`` and ``stem.svg`` in ``directory`` (tight layout), atomically and
     never through a link, close it and return the two paths."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from attnspec.ablation.results import NOISE, Report, ResultRow, collect, lr_table, run_counts, summary_rows
 from attnspec.ablation.runsdir import params_text
+from attnspec.figures import log_scale
 from attnspec.io import ensure_directory, write_atomic
 
 
@@ -124,6 +125,11 @@ def _plots(report: Report, out: Path) -> list[str]:
     return names
 
 
+def _legend_beside(panel) -> None:
+    """The variants' legend to the right of the last panel, never over its lines or points."""
+    panel.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+
+
 def _save(plt, figure, out: Path, name: str) -> str:
     from attnspec.figures import save_figure
 
@@ -160,9 +166,9 @@ def _difficulty_plot(plt, report: Report, task: str, axis: str, rows: list[Resul
         panel.set_xlabel(axis)
         panel.set_ylabel(report.metric)
         if report.metric == "perplexity":
-            panel.set_yscale("log")
+            log_scale(panel, "y")
         panel.grid(alpha=0.3)
-    panels[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside, not over, the lines
+    _legend_beside(panels[0][-1])
     return _save(plt, figure, out, f"{_slug(task)}-{report.metric}-vs-{_slug(axis)}")
 
 
@@ -188,11 +194,11 @@ def _curves_plot(plt, report: Report, task: str, colors, out: Path) -> str:
         panel.set_title(f"{task} {params_text(json.loads(point))}".strip(), fontsize=9)
         panel.set_xlabel("step")
         panel.set_ylabel("training loss")
-        panel.set_yscale("log")
+        log_scale(panel, "y")
         panel.grid(alpha=0.3)
     for index in range(len(points), panels.size):
         panels[index // columns][index % columns].axis("off")
-    panels[0][0].legend(fontsize=8)
+    _legend_beside(panels[0][-1])
     return _save(plt, figure, out, f"{_slug(task)}-training-curves")
 
 
@@ -200,7 +206,7 @@ def _scatter_plot(plt, report: Report, attribute: str, label: str, colors, out: 
     """The metric against state size or parameters: a point per (variant, task point), labelled with
     the task point's difficulty value."""
     tasks = report.tasks
-    figure, panels = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks) + 1, 3.6), squeeze=False)
+    figure, panels = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks) + 2.4, 3.6), squeeze=False)
     for panel, task in zip(panels[0], tasks):
         axis = report.difficulty.get(task)
         for variant in report.variants:
@@ -212,12 +218,12 @@ def _scatter_plot(plt, report: Report, attribute: str, label: str, colors, out: 
                 panel.scatter(xs, ys, label=variant, color=colors[variant], s=24)
                 for x, y, text in zip(xs, ys, labels):  # which task point each dot is
                     panel.annotate(str(text), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6)
-        panel.set_xscale("log")
+        log_scale(panel, "x")
         panel.set_title(task, fontsize=9)
         panel.set_xlabel(label)
         panel.set_ylabel(report.metric)
         panel.grid(alpha=0.3)
-    panels[0][-1].legend(fontsize=8)
+    _legend_beside(panels[0][-1])
     return _save(plt, figure, out, f"{report.metric}-vs-{attribute.replace('_', '-')}")
 
 

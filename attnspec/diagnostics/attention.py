@@ -115,7 +115,7 @@ def approximation_sweep(mixers: dict[str, Any], *, length: int, sharpness: list[
 
 def write(rows: list[ApproximationRow], out: Path, title: str) -> list[Path]:
     """``attention_error.csv`` and the error-against-entropy plot (PNG, SVG) in ``out``."""
-    from attnspec.figures import pyplot, save_figure, write_csv
+    from attnspec.figures import log_scale, pyplot, save_figure, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
     table = write_csv(out / "attention_error.csv", ["mixer", "sharpness", "entropy", "relative_error_mean",
@@ -129,7 +129,7 @@ def write(rows: list[ApproximationRow], out: Path, title: str) -> list[Path]:
                        yerr=[r.relative_error_std for r in mine], marker="o", capsize=3, label=name)
     panel.set_xlabel("mean row entropy of exact attention (nats)")
     panel.set_ylabel("||A - softmax||_F / ||softmax||_F")
-    panel.set_yscale("log")
+    log_scale(panel, "y")
     panel.grid(alpha=0.3)
     panel.legend(fontsize=8)
     panel.set_title(title, fontsize=10)

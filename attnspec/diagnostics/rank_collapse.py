@@ -130,7 +130,7 @@ def _copy_matching(model: Any, weights: dict[str, Tensor]) -> None:
 
 def write(rows: list[RankCollapseRow], out: Path, title: str) -> list[Path]:
     """``rank_collapse.csv`` and the plot (PNG and SVG) in ``out``; returns the files written."""
-    from attnspec.figures import pyplot, save_figure, write_csv
+    from attnspec.figures import log_scale, pyplot, save_figure, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
     table = write_csv(out / "rank_collapse.csv",
@@ -149,7 +149,7 @@ def write(rows: list[RankCollapseRow], out: Path, title: str) -> list[Path]:
             panel.plot(layers, means, marker="o", label=variant)
             panel.fill_between(layers, [max(m - s, 1e-30) for m, s in zip(means, stds)],
                                [m + s for m, s in zip(means, stds)], alpha=0.2)
-        panel.set_yscale("log")
+        log_scale(panel, "y")
         panel.set_xlabel("layer (0: the blocks' input)")
         panel.set_ylabel(f"relative residual ({label})")
         panel.grid(alpha=0.3)

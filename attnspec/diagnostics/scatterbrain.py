@@ -154,7 +154,7 @@ def trained_sets(model: Any, inputs: Tensor) -> list[tuple[str, Tensor, Tensor]]
 def write(rows: list[StudyRow], out: Path, title: str) -> list[Path]:
     """``scatterbrain.csv`` and two plots (PNG, SVG): error against budget per source, and error
     against entropy at each budget."""
-    from attnspec.figures import pyplot, save_figure, write_csv
+    from attnspec.figures import log_scale, pyplot, save_figure, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
     table = write_csv(out / "scatterbrain.csv", ["method", "budget", "source", "entropy", "relative_error_mean",
@@ -166,7 +166,7 @@ def write(rows: list[StudyRow], out: Path, title: str) -> list[Path]:
     by_budget = _panels(plt, rows, sources, lambda r: r.source, lambda r: r.budget,
                         lambda source: f"{source} (H = {entropy[source]:.2f})", "budget", title)
     for panel in by_budget.axes:
-        panel.set_xscale("log", base=2)
+        log_scale(panel, "x", base=2)
     by_entropy = _panels(plt, rows, sorted({r.budget for r in rows}), lambda r: r.budget, lambda r: r.entropy,
                          lambda budget: f"budget 1/{round(1 / budget)}", "entropy of exact attention (nats)", title)
     return [table, *save_figure(by_budget, out, "scatterbrain_budget"),
@@ -182,7 +182,7 @@ def _panels(plt, rows: list[StudyRow], groups: list, group_of, x_of, name_of, x_
             mine = sorted((r for r in rows if group_of(r) == group and r.method == name), key=x_of)
             panel.plot([x_of(r) for r in mine], [r.error_mean for r in mine], marker="o", markersize=3, label=name)
         panel.set_title(name_of(group), fontsize=8)
-        panel.set_yscale("log")
+        log_scale(panel, "y")
         panel.set_xlabel(x_label)
         panel.grid(alpha=0.3)
     panels[0][0].set_ylabel("||A - softmax||_F / ||softmax||_F")

@@ -91,6 +91,24 @@ def test_report_files_link_every_number_to_its_runs(reported: Path):
     assert "torch " in markdown and "attnspec " in markdown
 
 
+def test_log_axes_label_their_ticks_as_plain_numbers():
+    """Text is drawn literally (mathtext off, so a variant named `$x$` stays `$x$`); matplotlib's own
+    log tick labels are mathtext, which would print as `$\\mathdefault{10^{0}}$` on every log axis."""
+    from attnspec.figures import log_scale, pyplot
+
+    plt = pyplot()
+    figure, panel = plt.subplots()
+    panel.plot([0, 1, 2], [0.3, 1.0, 60.0])
+    panel.set_xlim(1, 1024)
+    log_scale(panel, "y")
+    log_scale(panel, "x", base=2)
+    figure.canvas.draw()
+    labels = [label.get_text() for axis in (panel.xaxis, panel.yaxis)
+              for label in (*axis.get_ticklabels(), *axis.get_ticklabels(minor=True))]
+    plt.close(figure)
+    assert {"0.1", "1", "10", "100", "4", "256"} <= set(labels) and not any("$" in label for label in labels)
+
+
 @pytest.mark.slow
 def test_plots_are_png_and_svg_and_the_html_embeds_every_one(reported: Path):
     plots = reported / "report" / "plots"
@@ -99,6 +117,7 @@ def test_plots_are_png_and_svg_and_the_html_embeds_every_one(reported: Path):
     assert {"mqar-accuracy-vs-num_kv_pairs", "mqar-training-curves", "accuracy-vs-state-size",
             "accuracy-vs-parameters"} <= set(names)
     assert all((plots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in names)
+    assert not any("mathdefault" in (plots / f"{name}.svg").read_text() for name in names)  # ticks read as numbers
     text = (reported / "report" / "report.html").read_text()
     assert text.startswith("<!DOCTYPE html>") and "<script" not in text and "http" not in text.split("<body>")[1]
     root = ElementTree.fromstring(text.split("\n", 1)[1])  # well-formed (as XML) after the doctype

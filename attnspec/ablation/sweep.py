@@ -32,7 +32,9 @@ from attnspec.spec.validate import validate_data, validate_model
 from attnspec.training.config import TrainConfig
 from attnspec.training.tasks import TaskUnion
 
-FORMAT = 1
+KEY_FORMAT = 2
+"""Version of :func:`run_key`'s input. 2: values at their defaults left out (1 hashed every field, so
+each release that added a spec or training field with a default gave every existing run a new key)."""
 MAX_RUNS = 10_000
 """A sweep expanding to more runs than this is refused (raise ``max_runs`` up to this)."""
 _Name = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.+\-]+$")]
@@ -248,10 +250,11 @@ def expand(loaded: LoadedSweep, variants: list[Variant] | None = None) -> list[P
                 except SpecError as error:
                     problems.extend(_prefixed(error, f"variant {variant.name}, task {task_name} {task_params}"))
                     break
-                resolved_spec = spec_to_data(spec, minimal=False)
+                resolved_spec, spec_identity = spec_to_data(spec, minimal=False), spec_to_data(spec, minimal=True)
                 for lr in sweep.lr:
                     config_data = {**config.model_dump(by_alias=True), "lr": lr}
-                    runs.append(PlannedRun(run_key(resolved_spec, config_data), variant.name, variant.params,
+                    config_identity = {**config.model_dump(by_alias=True, exclude_defaults=True), "lr": lr}
+                    runs.append(PlannedRun(run_key(spec_identity, config_identity), variant.name, variant.params,
                                            task_name, task_params, seed, lr, spec, resolved_spec, config_data))
     if problems:
         raise SpecError(problems)
@@ -276,8 +279,12 @@ def check_run_count(loaded: LoadedSweep) -> None:
 
 
 def run_key(spec_data: dict, config_data: dict) -> str:
-    """The run's identity: a hash of its resolved spec and training configuration (16 hex digits)."""
-    text = json.dumps({"format": FORMAT, "spec": spec_data, "config": config_data}, sort_keys=True,
+    """The run's identity: a hash of its resolved spec and training configuration, each as data with the
+    values at their defaults left out (16 hex digits). Equal keys are the same computation; a release
+    that adds a field whose default keeps the old behaviour leaves every key, and so every finished
+    run of a sweep directory, as it was. (A default that changes behaviour comes with a new spec
+    `version`, which the resolved spec then records.)"""
+    text = json.dumps({"format": KEY_FORMAT, "spec": spec_data, "config": config_data}, sort_keys=True,
                       separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

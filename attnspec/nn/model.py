@@ -260,12 +260,13 @@ class Model(nn.Module):
 def initialise(model: Model, init) -> None:
     """Redraw the initial weights the spec's ``init`` asks for (:class:`~attnspec.spec.ir.Init`); at its
     defaults nothing is drawn again, so PyTorch's own initialisation stands."""
-    if model.token_input and init.embedding_std != 1.0:
-        nn.init.normal_(model.embed.weight, 0.0, init.embedding_std)
+    if model.token_input and (init.embedding_std != 1.0 or init.distribution != "normal"):
+        _draw(model.embed.weight, init.embedding_std, init.distribution)
     for block in model.blocks:
         if init.projection_std is not None:
-            _draw_normal(block.mixer.projections(), init.projection_std * block.mixer.init_scale)
-            _draw_normal(block.mlp.projections() if block.mlp is not None else [], init.projection_std)
+            _draw_projections(block.mixer.projections(), init.projection_std * block.mixer.init_scale, init.distribution)
+            _draw_projections(block.mlp.projections() if block.mlp is not None else [], init.projection_std,
+                              init.distribution)
         if init.residual_scaling:  # GPT-2: the residual stream's variance stays O(1) over 2 * blocks sums
             writers = [block.mixer.out_proj] + ([block.mlp.down] if block.mlp is not None else [])
             with torch.no_grad():
@@ -273,9 +274,21 @@ def initialise(model: Model, init) -> None:
                     projection.weight.mul_(1.0 / math.sqrt(2 * len(model.blocks)))
 
 
-def _draw_normal(projections: list[nn.Linear], std: float) -> None:
+def _draw(weight: torch.Tensor, std: float, distribution: str) -> None:
+    """Fill ``weight`` from ``distribution`` at ``std`` (the parameter of the normal ones, the exact std
+    of the uniform one)."""
+    if distribution == "normal":
+        nn.init.normal_(weight, 0.0, std)
+    elif distribution == "truncated_normal":
+        nn.init.trunc_normal_(weight, 0.0, std, -3.0 * std, 3.0 * std)
+    else:
+        bound = math.sqrt(3.0) * std
+        nn.init.uniform_(weight, -bound, bound)
+
+
+def _draw_projections(projections: list[nn.Linear], std: float, distribution: str) -> None:
     for projection in projections:
-        nn.init.normal_(projection.weight, 0.0, std)
+        _draw(projection.weight, std, distribution)
         if projection.bias is not None:
             nn.init.zeros_(projection.bias)
 

@@ -1408,12 +1408,17 @@ class Init(Node):
     """Where training starts (DESIGN sec. 6: initialisation is spec data, so it is ablated like any
     field). The function a model can compute does not depend on these, only its starting weights."""
 
+    distribution: Literal["normal", "truncated_normal", "uniform"] = "normal"
+    """How every weight this section draws is drawn, at the std its field names: `normal`;
+    `truncated_normal`, N(0, std^2) cut at +-3 std (OLMo's; its std is 0.986 of the field's);
+    `uniform`, U(-sqrt(3) std, sqrt(3) std) (exactly that std; PyTorch's nn.Linear shape)."""
     embedding_std: Annotated[float, Field(gt=0, le=10)] = 1.0
-    """The token embedding is N(0, std^2): 1 is PyTorch's nn.Embedding default, 0.02 nanoGPT's."""
+    """The token embedding is drawn with this std (`distribution`): 1 is PyTorch's nn.Embedding
+    default (normal), 0.02 nanoGPT's."""
     projection_std: Annotated[float, Field(gt=0, le=10)] | None = None
-    """N(0, std^2) for the projections of every block (a mixer's q, k, v, output gate, beta and output
-    projections; the MLP's), biases zero, times the mixer's `init_scale`. Unset: PyTorch's default
-    nn.Linear initialisation, uniform in +-1/sqrt(fan_in) (nanoGPT: 0.02)."""
+    """The std of the projections of every block (a mixer's q, k, v, output gate, beta and output
+    projections; the MLP's), drawn per `distribution`, biases zero, times the mixer's `init_scale`.
+    Unset: PyTorch's default nn.Linear initialisation, uniform in +-1/sqrt(fan_in) (nanoGPT: 0.02)."""
     residual_scaling: bool = False
     """Divide the initial weights of the projections that write into the residual stream (each
     mixer's output projection, each MLP's down projection) by sqrt(2 * blocks), as GPT-2 does."""

@@ -44,6 +44,16 @@ def test_expansion_is_variants_x_points_x_seeds_x_lrs_with_content_keys():
     assert first.config_data["lr"] == first.lr and first.config_data["task"]["num_kv_pairs"] == 1
 
 
+def test_run_keys_are_stable_across_releases():
+    """A run's key names its directory, so a changed key orphans every finished run of every user's
+    sweep directory (`attnspec ablate` would train them all again). Keys hash the resolved spec and
+    training configuration without the values at their defaults: adding a field whose default keeps
+    the old behaviour changes nothing here. If this fails, either a default leaked into the key (fix
+    that) or the computation of a run really changed (then bump KEY_FORMAT and say so); editing
+    specs/softmax-transformer.yaml or the toy sweep changes these keys legitimately."""
+    assert [run.key for run in expand(load_sweep(sweep()))] == ["9b762c98d87b5cad", "7e0b05ca2080e8db"]
+
+
 def test_each_variant_lists_exactly_the_fields_it_changes():
     loaded = load_sweep(sweep(variants={"base": {}, "heads": {"blocks[*].mixer.heads": 4},
                                         "same": {"blocks[*].mixer.heads": 2}}))

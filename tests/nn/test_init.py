@@ -28,6 +28,26 @@ def test_the_embedding_and_projections_take_the_stds_the_spec_names():
             assert projection.bias is None or not projection.bias.any()
 
 
+@pytest.mark.parametrize("distribution, bound", [("truncated_normal", 3.0), ("uniform", math.sqrt(3.0))])
+def test_the_distribution_draws_the_embedding_and_projections_within_its_bound(distribution, bound):
+    """Each distribution at its std: the std matches (truncated at 3 std keeps 0.986 of it) and no
+    weight lies beyond the distribution's bound (a normal of 19,200 draws would pass 3 std ~50 times)."""
+    model = attnspec.build(SPEC, *SMALL, f"init.distribution={distribution}", "init.embedding_std=0.05",
+                           "init.projection_std=0.03")
+    shrink = 0.986 if distribution == "truncated_normal" else 1.0
+    assert _std(model.embed.weight) == pytest.approx(0.05 * shrink, rel=0.05)
+    assert float(model.embed.weight.abs().max()) <= bound * 0.05 + 1e-7
+    for projection in (*model.blocks[0].mixer.projections(), *model.blocks[0].mlp.projections()):
+        assert _std(projection.weight) == pytest.approx(0.03 * shrink, rel=0.1)
+        assert float(projection.weight.abs().max()) <= bound * 0.03 + 1e-7
+
+
+def test_a_distribution_alone_redraws_the_embedding_at_std_1():
+    model = attnspec.build(SPEC, *SMALL, "init.distribution=uniform")
+    assert float(model.embed.weight.abs().max()) <= math.sqrt(3.0) + 1e-6
+    assert _std(model.embed.weight) == pytest.approx(1.0, rel=0.05)
+
+
 def test_residual_scaling_shrinks_what_writes_into_the_residual_stream():
     plain = attnspec.build(SPEC, *SMALL, "init.projection_std=0.02")
     scaled = attnspec.build(SPEC, *SMALL, "init.projection_std=0.02", "init.residual_scaling=true")

@@ -250,7 +250,9 @@ def expand(loaded: LoadedSweep, variants: list[Variant] | None = None) -> list[P
                 except SpecError as error:
                     problems.extend(_prefixed(error, f"variant {variant.name}, task {task_name} {task_params}"))
                     break
-                resolved_spec, spec_identity = spec_to_data(spec, minimal=False), spec_to_data(spec, minimal=True)
+                resolved_spec = spec_to_data(spec, minimal=False)
+                # the version always: a new version is a new default, which minimal data would drop
+                spec_identity = {**spec_to_data(spec, minimal=True), "version": spec.version}
                 for lr in sweep.lr:
                     config_data = {**config.model_dump(by_alias=True), "lr": lr}
                     config_identity = {**config.model_dump(by_alias=True, exclude_defaults=True), "lr": lr}

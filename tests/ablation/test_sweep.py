@@ -51,7 +51,7 @@ def test_run_keys_are_stable_across_releases():
     the old behaviour changes nothing here. If this fails, either a default leaked into the key (fix
     that) or the computation of a run really changed (then bump KEY_FORMAT and say so); editing
     specs/softmax-transformer.yaml or the toy sweep changes these keys legitimately."""
-    assert [run.key for run in expand(load_sweep(sweep()))] == ["9b762c98d87b5cad", "7e0b05ca2080e8db"]
+    assert [run.key for run in expand(load_sweep(sweep()))] == ["4c7b878cd5f81adf", "9a061c60afe2c792"]
 
 
 def test_each_variant_lists_exactly_the_fields_it_changes():

@@ -27,6 +27,7 @@ from attnspec.diagnostics import SEED, Diagnostic, Parameter, Result, Table, out
 from attnspec.diagnostics.attention import (approximation_error, exact_attention, implied_attention, row_entropy,
                                             synthetic_qk)
 from attnspec.diagnostics.subject import mixer_inputs
+from attnspec.figures import log_scale
 
 RATIOS: tuple[tuple[int, int], ...] = ((7, 1), (3, 1), (1, 1), (1, 3), (1, 7))
 """Sparse:low-rank splits the study sweeps, from mostly sparse to mostly low-rank."""
@@ -154,7 +155,7 @@ def trained_sets(model: Any, inputs: Tensor) -> list[tuple[str, Tensor, Tensor]]
 def write(rows: list[StudyRow], out: Path, title: str) -> list[Path]:
     """``scatterbrain.csv`` and two plots (PNG, SVG): error against budget per source, and error
     against entropy at each budget."""
-    from attnspec.figures import log_scale, pyplot, save_figure, write_csv
+    from attnspec.figures import pyplot, save_figure, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
     table = write_csv(out / "scatterbrain.csv", ["method", "budget", "source", "entropy", "relative_error_mean",

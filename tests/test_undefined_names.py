@@ -1,0 +1,40 @@
+"""No module uses a name it never defines or imports.
+
+A name missing from a function that only a slow path runs (a plot helper reached from one CLI command)
+raises NameError at a user's first run of that path; pyflakes reads every module and finds it without
+running anything. Only undefined names fail here: unused imports and the like are style, not bugs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ROOT
+
+pyflakes_api = pytest.importorskip("pyflakes.api", reason="pyflakes is a dev dependency")
+from pyflakes import messages  # noqa: E402  (after the importorskip)
+from pyflakes.reporter import Reporter  # noqa: E402
+
+BUGS = (messages.UndefinedName, messages.UndefinedLocal, messages.UndefinedExport)
+
+
+class _Collect(Reporter):
+    def __init__(self):
+        self.found: list[str] = []
+
+    def flake(self, message):
+        if isinstance(message, BUGS):
+            self.found.append(str(message))
+
+    def unexpectedError(self, filename, message):
+        self.found.append(f"{filename}: {message}")
+
+    def syntaxError(self, filename, message, lineno, offset, text):
+        self.found.append(f"{filename}:{lineno}: {message}")
+
+
+@pytest.mark.parametrize("package", ["attnspec", "benchmarks", "tests"])
+def test_no_undefined_names(package):
+    reporter = _Collect()
+    pyflakes_api.checkRecursive([str(ROOT / package)], reporter)
+    assert reporter.found == []

@@ -8,12 +8,11 @@ running anything. Only undefined names fail here: unused imports and the like ar
 from __future__ import annotations
 
 import pytest
-
-from tests.conftest import ROOT
-
 from pyflakes import api as pyflakes_api  # a dev dependency: missing, this module fails, never skips
 from pyflakes import messages
 from pyflakes.reporter import Reporter
+
+from tests.conftest import ROOT
 
 BUGS = (messages.UndefinedName, messages.UndefinedLocal, messages.UndefinedExport)
 
@@ -35,6 +34,7 @@ class _Collect(Reporter):
 
 @pytest.mark.parametrize("package", ["attnspec", "benchmarks", "tests"])
 def test_no_undefined_names(package):
+    assert (ROOT / package).is_dir(), package  # a wrong path would check nothing and pass
     reporter = _Collect()
     pyflakes_api.checkRecursive([str(ROOT / package)], reporter)
     assert reporter.found == []

@@ -12,6 +12,7 @@ give it explicitly, and the last tests check that nothing is imported without it
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -184,19 +185,44 @@ def test_a_spec_imports_no_module_the_user_did_not_allow(tmp_path, module, effec
     assert not marker.exists()
 
 
-def test_a_received_folder_on_the_readme_pythonpath_runs_nothing_on_check(tmp_path):
-    """With the README's `PYTHONPATH=examples/plugins`, a received folder's examples/plugins/based_taylor.py
-    ran on `check`: now it is imported only when the user names it."""
+@pytest.mark.parametrize("route", ["readme-recipe", "empty-entry", "working-directory"])
+def test_consent_binds_to_a_file_not_a_name(tmp_path, route):
+    """Consent to `based_taylor` let a received folder's own based_taylor.py run, through the README's
+    relative `PYTHONPATH=examples/plugins`, an empty PYTHONPATH entry, or `python -m attnspec` in a
+    folder holding the module. A consented name is now imported only from a place the user chose."""
     received = tmp_path / "received"
-    (received / "examples" / "plugins").mkdir(parents=True)
+    folder = received / "examples" / "plugins" if route == "readme-recipe" else received
+    folder.mkdir(parents=True)
     marker = tmp_path / "RAN"
-    (received / "examples" / "plugins" / "based_taylor.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-    (received / "spec.yaml").write_text(SPEC)
-    env = {**_environment("", None), "PYTHONPATH": "examples/plugins"}
+    (folder / "based_taylor.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (received / "spec.yaml").write_text(SPEC.replace("[based_taylor, hedgehog]", "[based_taylor]"))
+    path = {"readme-recipe": "examples/plugins", "empty-entry": os.pathsep + str(ROOT),
+            "working-directory": str(ROOT)}[route]
+    env = {**_environment("", "based_taylor"), "PYTHONPATH": path}
     result = subprocess.run([sys.executable, "-m", "attnspec", "check", "spec.yaml"], capture_output=True, text=True,
                             cwd=received, env=env, timeout=120)
-    assert result.returncode == 2 and "have not allowed" in result.stderr, result.stderr
+    assert result.returncode == 2 and "spec.yaml:2:" in result.stderr, result.stderr
+    assert "never from where it happens to run" in result.stderr and "Traceback" not in result.stderr
     assert not marker.exists()
+
+
+def test_a_child_process_imports_only_the_file_its_parent_approved(tmp_path):
+    """The compile check and sweep workers inherit consent; they refuse a plugin whose file or
+    content differs from what the parent imported (a file swapped in between)."""
+    import hashlib
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    origin = PLUGINS / "based_taylor.py"
+    good = json.dumps({"based_taylor": [str(origin.resolve()), hashlib.sha256(origin.read_bytes()).hexdigest()]})
+    env = {**_environment("", ALLOWED), "ATTNSPEC_PLUGIN_FILES": good}
+    ok = subprocess.run([sys.executable, "-m", "attnspec", "check", str(spec)], capture_output=True, text=True,
+                        cwd=ROOT, env=env, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    env["ATTNSPEC_PLUGIN_FILES"] = json.dumps({"based_taylor": [str(origin.resolve()), "0" * 64]})
+    changed = subprocess.run([sys.executable, "-m", "attnspec", "check", str(spec)], capture_output=True, text=True,
+                             cwd=ROOT, env=env, timeout=120)
+    assert changed.returncode == 2 and "parent process approved" in changed.stderr, changed.stderr
 
 
 def test_consent_by_flag_and_by_environment(tmp_path):

@@ -16,11 +16,15 @@ see the new kind exactly like a built-in one.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.machinery
+import json
 import os
 import re
 import sys
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Callable, Union
 
 from pydantic import BaseModel, BeforeValidator, Discriminator, Field, Tag
@@ -41,6 +45,9 @@ ENTRY_POINT_GROUP = "attnspec.components"
 PLUGIN_ENV = "ATTNSPEC_PLUGINS"
 """The environment variable naming the plugin modules the user allows (comma-separated); child
 processes of attnspec inherit it, so a sweep's workers allow what the sweep's user allowed."""
+PLUGIN_FILES_ENV = "ATTNSPEC_PLUGIN_FILES"
+"""Set by attnspec for its child processes: the file and sha256 of each plugin the parent imported, so
+a child imports the very file the user's consent covered (JSON, name -> [path, sha256])."""
 _allowed: set[str] = set()
 """Modules the user named (``--plugin``, :func:`allow_plugins`) or installed as entry points."""
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -166,9 +173,10 @@ def allow_plugins(names: Any) -> None:
 
     A spec, sweep or build directory is data someone else may have written, so its ``plugins:``
     list is a request, not a command: :func:`import_plugins` imports only modules allowed here, in
-    ``$ATTNSPEC_PLUGINS``, or declared by an installed package's entry point. The names are also
-    written to ``$ATTNSPEC_PLUGINS`` so attnspec's child processes (compile check, sweep workers,
-    torchrun ranks) allow the same.
+    ``$ATTNSPEC_PLUGINS``, or declared by an installed package's entry point, and only from the file
+    that name resolves to through the places *you* put on the path (:func:`locate_plugin`). The names
+    are also written to ``$ATTNSPEC_PLUGINS`` so attnspec's child processes (compile check, sweep
+    workers, torchrun ranks) allow the same.
 
     Raises:
         SpecError: a name is not a Python module name.
@@ -191,9 +199,107 @@ def is_allowed(name: str) -> bool:
     return name in sys.modules or name in _allowed or name in _from_environment()
 
 
+class PluginRefused(Exception):
+    """A consented plugin name that resolves to no file attnspec may import (the message says why)."""
+
+
+def _places_of_chance() -> set[str]:
+    """The ``sys.path`` entries that depend on where attnspec happens to run, not on the user's choice:
+    the working directory Python puts first (``python -m``, ``-c``; not under ``-P``), and the empty and
+    relative ``PYTHONPATH`` entries (Python turns them into absolute paths under the working directory
+    at start-up, so they cannot be told apart in ``sys.path`` itself). A received folder holding a file
+    of a consented name must not be imported because the user ran attnspec inside it."""
+    cwd = os.getcwd()
+    chance = {"", "."}
+    if sys.path and not sys.flags.safe_path and os.path.realpath(sys.path[0] or ".") == os.path.realpath(cwd):
+        chance.add(sys.path[0])
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if not os.path.isabs(entry):
+            chance.add(os.path.normpath(os.path.join(cwd, entry)))
+    return chance
+
+
+def _trusted_path() -> list[str]:
+    chance = _places_of_chance()
+    return [entry for entry in sys.path if entry not in chance and os.path.isabs(entry)]
+
+
+def locate_plugin(name: str) -> Path:
+    """The file the plugin module ``name`` would be imported from, found without running anything
+    (no parent package's ``__init__`` is executed): through ``sys.path`` less the places of chance
+    (:func:`_places_of_chance`).
+
+    Raises:
+        PluginRefused: the name resolves only through the working directory or a relative or empty
+            ``PYTHONPATH`` entry, or nowhere, or to something that is not a Python source file.
+    """
+    def find(path: list[str]):
+        search: list[str] | None = path
+        found = None
+        for part in name.split("."):
+            found = importlib.machinery.PathFinder.find_spec(part, search)
+            if found is None:
+                return None
+            search = list(found.submodule_search_locations or [])
+        return found
+
+    found = find(_trusted_path())
+    if found is None:
+        anywhere = find([os.path.abspath(entry or ".") for entry in sys.path])
+        if anywhere is not None:
+            raise PluginRefused(f"{name!r} is found only at {anywhere.origin}, through the working directory or a "
+                                "relative or empty PYTHONPATH entry; attnspec imports a plugin only from a place you "
+                                "chose, never from where it happens to run (a received folder may hold a file of "
+                                "that name). Put the plugin's folder on PYTHONPATH as an absolute path (export "
+                                "PYTHONPATH=$PWD/examples/plugins) or install it")
+        raise PluginRefused(f"cannot import plugin {name!r}: no such module; is it installed, or on PYTHONPATH (as an absolute path)?")
+    origin = found.origin
+    if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
+        raise PluginRefused(f"plugin {name!r} resolves to {shorten(origin)}, not a Python source file; attnspec "
+                            "imports plugins from .py files only")
+    return Path(origin).resolve()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _approved() -> dict[str, list[str]]:
+    """name -> [file, sha256] the parent attnspec process imported (children import the same file only)."""
+    try:
+        value = json.loads(os.environ.get(PLUGIN_FILES_ENV, "{}"))
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _import_plugin(name: str) -> None:
+    """Import the consented plugin ``name`` from the file :func:`locate_plugin` finds, and record that
+    file and its sha256 for child processes, which refuse any other file or content."""
+    origin = locate_plugin(name)
+    digest = _sha256(origin)
+    approved = _approved()
+    if name in approved and approved[name] != [str(origin), digest]:
+        raise PluginRefused(f"plugin {name!r} is now {origin} (sha256 {digest[:12]}...), not the file attnspec's "
+                            f"parent process approved ({shorten(approved[name][0], 120)}); refusing to import "
+                            "another file or a changed one")
+    saved = sys.path[:]
+    sys.path[:] = _trusted_path()  # the import system looks where locate_plugin looked, nowhere else
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
+    loaded = getattr(module, "__file__", None)
+    if loaded is None or Path(loaded).resolve() != origin:
+        raise PluginRefused(f"plugin {name!r} was imported from {shorten(loaded, 120)}, not {origin}")
+    os.environ[PLUGIN_FILES_ENV] = json.dumps({**approved, name: [str(origin), digest]})
+
+
 def import_plugins(names: Any, where: Callable[[tuple], Any]) -> None:
     """Import the modules a spec's ``plugins:`` lists, so their components are registered; only those
-    the user allowed (:func:`allow_plugins`): a module the user did not name is never imported.
+    the user allowed (:func:`allow_plugins`), each from the file its name resolves to through the
+    places the user chose (:func:`locate_plugin`): a module the user did not name, or one found only
+    through the working directory, is never imported.
 
     ``where(path)`` gives the source position of ``plugins[i]`` for error messages. Raises a
     located SpecError for anything but a list of allowed, importable module names.
@@ -211,8 +317,12 @@ def import_plugins(names: Any, where: Callable[[tuple], Any]) -> None:
                                 "attnspec imports only plugins you name, since a module runs code when imported. If "
                                 f"you trust it, run `attnspec --plugin {name} ...`, set {PLUGIN_ENV}={name}, or install "
                                 f"it with an entry point in the group {ENTRY_POINT_GROUP!r}", (index,), where)
+        if name in sys.modules:
+            continue  # imported already (by the user's code, an entry point or an earlier spec): nothing runs
         try:
-            importlib.import_module(name)
+            _import_plugin(name)
+        except PluginRefused as error:
+            raise _plugin_error(str(error), (index,), where) from None
         except SpecError as error:  # a plugin registering a bad component: located at the plugin
             raise _plugin_error(f"plugin {name!r} failed: {error.problems[0].message}", (index,), where) from None
         except Exception as error:  # noqa: BLE001 - any failure of the user's module is theirs to fix
@@ -250,5 +360,5 @@ def _plugin_error(message: str, index: tuple, where: Callable[[tuple], Any]) -> 
 
 
 __all__ = ["SLOTS", "register", "component", "declare", "union", "kind_of", "import_plugins", "load_entry_points",
-           "allow_plugins", "is_allowed", "PLUGIN_ENV",
+           "allow_plugins", "is_allowed", "locate_plugin", "PLUGIN_ENV",
            "ENTRY_POINT_GROUP"]

@@ -171,36 +171,86 @@ def is_safe_guard(text: object) -> bool:
 def is_safe_expression(text: object) -> bool:
     """Whether ``text`` is a symbolic integer expression as torch prints them (``Mul(Integer(64),
     Symbol('s71', positive=True, integer=True))``, ``s0 + 128``): symbols, integers, + - * // **,
-    the shape functions torch defines and Symbol's assumptions, nothing else, within the size limits."""
+    the shape functions torch defines and Symbol's assumptions, nothing else, within the size limits;
+    and every power a symbol to a small literal exponent (``Pow(Symbol('s71', ...), Integer(2))``,
+    ``s0**2``), so that sympy never computes a huge number (``Pow(Integer(10), Integer(10**10))``
+    passed the token grammar and spun in ``sympify``)."""
     def allowed(match: re.Match) -> bool:
         word = match.group("word")
         return word is None or word in _EXPRESSION_WORDS or bool(_SYMBOL.fullmatch(word))
 
-    return _tokens_all(text, _EXPRESSION_TOKEN, allowed)
+    tokens = _tokens(text, _EXPRESSION_TOKEN, allowed)
+    return tokens is not None and _powers_bounded(tokens)
+
+
+MAX_EXPONENT = 16
+"""The largest exponent of a power in a program's symbolic sizes (torch writes squares)."""
+
+
+def _powers_bounded(tokens: list[str]) -> bool:
+    """Whether every ``Pow(base, exponent)`` and ``base**exponent`` in ``tokens`` raises a symbol
+    (``Symbol(...)`` or ``s0``) to an integer literal of at most :data:`MAX_EXPONENT`."""
+    def literal(start: int, end: int) -> bool:  # `2`, `Integer(2)`, `(2)`: tokens[start:end]
+        inner = [t for t in tokens[start:end] if t not in ("Integer", "(", ")")]
+        return len(inner) == 1 and inner[0].isdigit() and int(inner[0]) <= MAX_EXPONENT
+
+    def argument_end(start: int) -> int:  # the index of the `,` or `)` closing the argument at `start`
+        depth = 0
+        for index in range(start, len(tokens)):
+            if tokens[index] == "(":
+                depth += 1
+            elif tokens[index] in (")", ",") and depth == 0:
+                return index
+            elif tokens[index] == ")":
+                depth -= 1
+        return len(tokens)
+
+    def symbol(start: int, end: int) -> bool:
+        return (end - start == 1 and bool(_SYMBOL.fullmatch(tokens[start]))) or \
+            (end > start and tokens[start] == "Symbol" and "(" not in tokens[start + 2: end - 1])
+
+    for index, token in enumerate(tokens):
+        if token == "Pow":
+            comma = argument_end(index + 2)
+            close = argument_end(comma + 1)
+            if tokens[index + 1: index + 2] != ["("] or tokens[comma: comma + 1] != [","] or \
+                    not symbol(index + 2, comma) or not literal(comma + 1, close):
+                return False
+        elif token == "**":
+            exponent_end = index + 2 if tokens[index + 1: index + 2] != ["("] else argument_end(index + 2) + 1
+            if index == 0 or not _SYMBOL.fullmatch(tokens[index - 1]) or not literal(index + 1, exponent_end):
+                return False
+    return True
 
 
 def _tokens_all(text: object, token: re.Pattern, allowed) -> bool:
-    """Whether ``text`` (a string within MAX_EXPRESSION) is a sequence of ``token`` matches that
-    ``allowed`` accepts, with balanced parentheses nested at most MAX_EXPRESSION_DEPTH deep."""
+    return _tokens(text, token, allowed) is not None
+
+
+def _tokens(text: object, token: re.Pattern, allowed) -> list[str] | None:
+    """The tokens of ``text`` (a string within MAX_EXPRESSION) if it is a sequence of ``token``
+    matches that ``allowed`` accepts, with balanced parentheses nested at most MAX_EXPRESSION_DEPTH
+    deep; else None."""
     if not isinstance(text, str) or len(text) > MAX_EXPRESSION:
-        return False
-    position, depth = 0, 0
+        return None
+    position, depth, tokens = 0, 0, []
     while position < len(text):
         match = token.match(text, position)
         if match is None or match.end() == position:
-            return text[position:].strip() == ""
+            return tokens if text[position:].strip() == "" and depth == 0 else None
         position = match.end()
         if not allowed(match):
-            return False
+            return None
+        tokens.append(match.group().strip())
         if match.group("op") == "(":
             depth += 1
             if depth > MAX_EXPRESSION_DEPTH:
-                return False
+                return None
         elif match.group("op") == ")":
             depth -= 1
             if depth < 0:
-                return False
-    return depth == 0
+                return None
+    return tokens if depth == 0 else None
 
 
 def load_program(path: Path | str):

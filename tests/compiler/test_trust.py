@@ -205,6 +205,20 @@ def poison_expression(marker: Path):
     return edit_graph(change)
 
 
+def huge_power(graph: dict) -> None:
+    """Allowed tokens only, but sympy computes 10**(10**10): ``run --programs`` spun in sympify."""
+    stack = [graph]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if "expr_str" in value:
+                value["expr_str"] = "Pow(Integer(10), Integer(10000000000))"
+                return
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
 def poison_target(target: str):
     def change(graph: dict) -> None:
         node = next(n for n in graph["graph_module"]["graph"]["nodes"] if n["target"].startswith("torch.ops.aten"))
@@ -280,6 +294,7 @@ def cases(marker: Path):
             "data/constants/opaque_obj_0": pickled(marker)}), True, "run"),
         ("programs-swapped", swap("model.pt2", "step.pt2"), True, "run"),
         ("program-expression-runs-python", poison_expression(marker), True, "run"),
+        ("program-expression-huge-power", edit_graph(huge_power), True, "run"),
         ("program-guard-code", edit_graph(lambda g: g.update(guards_code=[_shell(marker)])), True, "run"),
         ("step-guard-code", edit_graph(lambda g: g.update(guards_code=[_shell(marker)]), "step.pt2"), True, "run"),
         ("program-calls-torch-load", poison_target("torch.serialization.load"), True, "run"),
@@ -351,8 +366,13 @@ def test_the_expression_grammar_admits_what_torch_writes_and_nothing_else():
                  "FloorDiv(Add(Symbol('s71', integer=True), Integer(127)), Integer(64))", "s0 + 128", "Max(1, s0*2)",
                  "Add(Mul(Integer(-1), Symbol('s71')), Integer(3))"]:
         assert is_safe_expression(text), text
+    for text in ["Pow(Symbol('s71', positive=True, integer=True), Integer(2))", "s0**2"]:  # torch's squares
+        assert is_safe_expression(text), text
     for text in ["__import__('os')", "s0.__class__", "Symbol('x').subs", "eval('1')", "lambda: 0", "s0[0]",
-                 "Symbol('s0'); 1", "(" * 100 + "s0" + ")" * 100, "Integer(1)(", 3, None, "open"]:
+                 "Symbol('s0'); 1", "(" * 100 + "s0" + ")" * 100, "Integer(1)(", 3, None, "open",
+                 # allowed tokens, unbounded arithmetic: sympy would compute these numbers
+                 "Pow(Integer(10), Integer(10000000000))", "10**10000000000", "s0**100", "(s0 + 1)**2",
+                 "Pow(Pow(Symbol('s0'), Integer(16)), Integer(16))", "Pow(Symbol('s0'), Symbol('s1'))"]:
         assert not is_safe_expression(text), text
     assert is_safe_guard("L['token'].size()[0] == L['state'][0].size()[0]")
     assert is_safe_guard("(L['a'].size()[1] + 1) // 2 >= 3 and L['b'].stride()[0] == 1")

@@ -24,9 +24,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnspec.errors import InteropError
+from attnspec.errors import InteropError, shorten
+from attnspec.spec import limits
 
 _MISSING = object()
+MAX_COUNT = 1 << 40
+"""Any count a config states (sizes, heads, ...) before the spec's own limits check it further."""
 
 
 class NotExpressible(Exception):
@@ -56,14 +59,33 @@ class Config:
             raise self.refuse(field, f"expected {names}, got {type(value).__name__}")
         return value
 
-    def count(self, field: str, default: Any = _MISSING) -> int:
+    def count(self, field: str, default: Any = _MISSING, limit: int = MAX_COUNT) -> int:
+        """A positive integer field of at most ``limit`` (checked before anything is built from it:
+        ``num_hidden_layers: 10**9`` must not become a list of a billion layers)."""
         value = self.get(field, int, default)
         if value is not None and value <= 0:
-            raise self.refuse(field, f"must be positive, got {value}")
+            raise self.refuse(field, f"must be positive, got {shorten(value)}")
+        if value is not None and value > limit:
+            raise self.refuse(field, f"{shorten(value)} is over attnspec's limit of {limit:,}")
         return value
 
     def number(self, field: str, default: Any = _MISSING) -> float:
-        return float(self.get(field, (int, float), default))
+        """A finite real field (an integer of 400 digits is no float)."""
+        value = self.get(field, (int, float), default)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise self.refuse(field, f"must be a finite number, got {shorten(value)}")
+        return number
+
+    def layer_list(self, field: str, layers: int) -> set[int]:
+        """A list of layer indices (Qwen3-Next's ``mlp_only_layers``), as a set; at most ``layers`` long."""
+        values = self.get(field, list, [])
+        if len(values) > layers or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise self.refuse(field, f"must list at most {layers} layer indices (integers)")
+        return set(values)
 
     def layer_types(self, layers: int, default: list[str]) -> list[str]:
         types = self.get("layer_types", list, default)
@@ -249,7 +271,7 @@ class LlamaFamily(Architecture):
                  "qwen3": "Qwen3ForCausalLM"}
 
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, heads = config.count("num_hidden_layers"), config.count("num_attention_heads")
+        layers, heads = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("num_attention_heads")
         d_model = config.count("hidden_size")
         kv_heads = config.count("num_key_value_heads", heads)
         head_dim = config.count("head_dim", d_model // heads)
@@ -357,11 +379,11 @@ class Qwen3Next(Architecture):
     causal_lm = {"qwen3_next": "Qwen3NextForCausalLM"}
 
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, d_model = config.count("num_hidden_layers"), config.count("hidden_size")
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
         eps = config.number("rms_norm_eps", 1e-6)
         experts = config.get("num_experts", int, 512)
         step = config.count("decoder_sparse_step", 1)
-        dense_only = config.get("mlp_only_layers", list, [])
+        dense_only = config.layer_list("mlp_only_layers", layers)
         moe = [i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0]
         if moe:
             raise config.refuse("num_experts", f"these layers have a mixture-of-experts MLP ({experts} experts), "
@@ -466,7 +488,7 @@ class Mamba2(Architecture):
     causal_lm = {"mamba2": "Mamba2ForCausalLM"}
 
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, d_model = config.count("num_hidden_layers"), config.count("hidden_size")
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
         eps = config.number("layer_norm_epsilon", 1e-5)
         heads, head_dim = config.count("num_heads"), config.count("head_dim")
         if heads * head_dim != config.count("expand", 2) * d_model:

@@ -47,7 +47,7 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -
     config = read_config(directory)
     source = f"{directory}/config.json"
     model_type = config.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise InteropError(f"{source}: `model_type`: {shorten(model_type)} is not one attnspec imports; supported: "
                            f"{supported}")
@@ -94,10 +94,10 @@ def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, 
     ours: dict[str, torch.Tensor] = {}
     for link in links:
         tensor, targets = theirs[link.theirs], [shapes[name] for name in link.ours]
-        expected = sum(shape.numel() for shape in targets)
-        if tensor.numel() != expected:
-            raise InteropError(f"{checkpoint}: tensor {link.theirs} has {tensor.numel():,} numbers "
-                               f"{tuple(tensor.shape)}, the config implies {expected:,}")
+        expected = link.join([torch.empty(shape, device="meta") for shape in targets]).shape
+        if tensor.shape != expected:
+            raise InteropError(f"{checkpoint}: tensor {link.theirs} is {tuple(tensor.shape)}, the config implies "
+                               f"{tuple(expected)}")
         ours.update(zip(link.ours, link.split(tensor, targets)))
     if set(ours) != set(shapes):  # every tensor of the model comes from the checkpoint: a mapping bug otherwise
         raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(shapes) - set(ours))[:3]} unset")

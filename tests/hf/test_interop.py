@@ -252,6 +252,12 @@ def test_a_mixture_of_experts_layer_is_a_located_refusal_and_nothing_is_written(
     ({"hidden_act": "gelu_pytorch_tanh"}, ["hidden_act", "gelu_pytorch_tanh"]),
     ({"num_key_value_heads": 3}, ["num_key_value_heads"]),
     ({"num_attention_heads": "four"}, ["num_attention_heads", "expected int"]),
+    # the audit's crashes: each now a refusal naming the field, before anything is built from it
+    ({"model_type": ["llama"]}, ["model_type", "supported"]),
+    ({"model_type": {"llama": 1}}, ["model_type", "supported"]),
+    ({"rms_norm_eps": 10 ** 400}, ["rms_norm_eps", "finite"]),
+    ({"num_hidden_layers": 10 ** 19}, ["num_hidden_layers", "limit of 256"]),
+    ({"num_hidden_layers": 10 ** 9}, ["num_hidden_layers", "limit of 256"]),
 ])
 def test_a_config_attnspec_cannot_express_is_refused_by_field(checkpoints, tmp_path, change, words):
     import json
@@ -264,6 +270,19 @@ def test_a_config_attnspec_cannot_express_is_refused_by_field(checkpoints, tmp_p
     with pytest.raises(InteropError) as caught:
         spec_from_checkpoint(directory)
     assert all(word in str(caught.value) for word in words), str(caught.value)
+
+
+def test_qwen3_next_layer_lists_are_bounded(checkpoints, tmp_path):
+    """`mlp_only_layers` of 300,000 entries (within the 4 MiB config limit) was checked in quadratic time."""
+    import json
+    import shutil
+
+    directory = tmp_path / "checkpoint"
+    shutil.copytree(checkpoints["qwen3_next"][1], directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "mlp_only_layers": list(range(300_000))}))
+    with pytest.raises(InteropError, match="mlp_only_layers"):
+        spec_from_checkpoint(directory)
 
 
 def test_pickled_weights_are_never_loaded(checkpoints, tmp_path):
@@ -288,7 +307,10 @@ def test_weights_that_do_not_fit_the_config_are_refused_by_name(checkpoints, tmp
     tensors = load_file(directory / "model.safetensors")
     for change, match in [(lambda t: t.pop("model.layers.1.self_attn.k_norm.weight"), "lack"),
                           (lambda t: t.update(extra=torch.zeros(2)), "extra"),
-                          (lambda t: t.update({"model.norm.weight": torch.zeros(5)}), "model.norm.weight")]:
+                          (lambda t: t.update({"model.norm.weight": torch.zeros(5)}), "model.norm.weight"),
+                          # the right number of elements in another shape: Link.split crashed on it
+                          (lambda t: t.update({"model.embed_tokens.weight":
+                                               t["model.embed_tokens.weight"].reshape(32, -1)}), r"\(32, 97\)")]:
         changed = dict(tensors)
         change(changed)
         save_file(changed, directory / "model.safetensors")

@@ -492,6 +492,8 @@ def evaluate(
             table.add_row(name, value if isinstance(value, str) else f"{value:.4f}")
     if result.truncated:
         table.add_row("cut to max_len (context from the left)", f"{result.truncated:,}")
+    if result.continuation_tokens_cut:
+        table.add_row("continuation tokens cut (not scored)", f"{result.continuation_tokens_cut:,}")
     out.print(table)
 
 

@@ -101,3 +101,33 @@ def test_the_cli_scores_a_run_directory_and_prints_json(tmp_path):
     assert scores["requests"] == 1 and scores["mean_loglikelihood"] < 0
     bad = attnspec_cli("eval", str(tmp_path / "run"), "--task", str(tmp_path / "missing.jsonl"))
     assert bad.returncode == 2 and "missing.jsonl" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_continuation_longer_than_max_len_is_scored_over_the_tokens_scored(build, tmp_path):
+    """The audit's case: perplexity divided a cut continuation's log-likelihood by its full length
+    (4.55 reported, 20.7 over the tokens scored)."""
+    model = load_trained(build)
+    continuation = [(7 * i) % 300 for i in range(30)]  # max_len 24: its first 6 tokens cannot be scored
+    _write(tmp_path / "task.jsonl", [{"context": [1, 2], "continuation": continuation}])
+    result = evaluate_file(model, tmp_path / "task.jsonl")
+    sequence = ([1, 2] + continuation)[-25:]
+    with torch.no_grad():
+        logits = load_trained(build).double()(torch.tensor([sequence[:-1]]))[0]
+    total = float(torch.log_softmax(logits, -1)[torch.arange(24), torch.tensor(sequence[1:])].sum())
+    assert result.truncated == 1 and result.continuation_tokens_cut == 6
+    assert result.perplexity == pytest.approx(math.exp(-total / 24), rel=1e-5)
+
+
+def test_task_lines_end_at_newline_only_and_are_bounded_before_parsing(build, tmp_path):
+    model = load_trained(build)
+    # U+2028, U+2029 and U+0085 are valid inside JSON strings: not line ends
+    (tmp_path / "task.jsonl").write_text(json.dumps({"context": "a\u2028b\u2029c\u0085d", "continuation": "e"},
+                                                    ensure_ascii=False) + "\n", encoding="utf-8")
+    assert evaluate_file(model, tmp_path / "task.jsonl").requests == 1
+    # a question of a million choices was turned into objects before the request limit (4.5 GB)
+    (tmp_path / "task.jsonl").write_text('{"context": [1], "label": 0, "choices": [' + "[1]," * 10 ** 6 + "[2]]}\n")
+    with pytest.raises(TaskError, match="task.jsonl:1: more than 4,096 lists"):
+        evaluate_file(model, tmp_path / "task.jsonl")
+    (tmp_path / "task.jsonl").write_text('{"context": [' + "1," * (5 << 20) + '1], "continuation": [2]}\n')
+    with pytest.raises(TaskError, match="task.jsonl:1: the line is longer than"):
+        evaluate_file(model, tmp_path / "task.jsonl")

@@ -289,6 +289,29 @@ def test_an_unreadable_entry_of_a_bytes_corpus_is_a_located_error(tmp_path, monk
     assert not (tmp_path / "run").exists()
 
 
+def test_a_corpus_entry_whose_status_cannot_be_read_is_a_located_error(tmp_path, monkeypatch):
+    """`--task bytes` over /proc/1 raised PermissionError from `is_file` (an entry whose status a user
+    may not read, as /proc/1/cwd); here lstat fails as it would there."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("hello world " * 50)
+    hidden = corpus / "cwd"
+    hidden.write_text("x")
+    real = Path.lstat
+
+    def lstat(self):
+        if self == hidden:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "lstat", lstat)
+    with pytest.raises(AttnSpecError, match="cwd: cannot be read"):
+        attnspec.train(SPEC, overrides=[*TINY[:3], "input.vocab_size=256", "position=learned"], task="bytes",
+                       task_overrides=[f"path={corpus}", "seq_len=8"], output=tmp_path / "run", steps=2,
+                       batch_size=2, test_examples=2)
+    assert not (tmp_path / "run").exists()
+
+
 # ----------------------------------------------------------------------------- caches
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -67,14 +68,29 @@ def _size(file: Path) -> int:
         raise TaskError(f"{file}: cannot be read ({error.strerror})") from None
 
 
+def _lstat(path: Path) -> os.stat_result | None:
+    """``path``'s own status (a link is not followed); None where it does not exist; a TaskError where
+    it cannot be read (``/proc/1/cwd`` raised PermissionError from ``is_file``)."""
+    try:
+        return path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise TaskError(f"{path}: cannot be read ({error.strerror}); fix its permissions or move it out of the "
+                        "data directory") from None
+
+
 def _regular_files(root: Path) -> list[Path]:
     """The regular files at ``root`` (a file, or a directory walked in sorted order, no symlinks)."""
-    if root.is_symlink():
-        raise TaskError(f"{root}: is a symbolic link; give the file or directory itself")
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
+    status = _lstat(root)
+    if status is None:
         raise TaskError(f"{root}: no such file or directory")
+    if stat.S_ISLNK(status.st_mode):
+        raise TaskError(f"{root}: is a symbolic link; give the file or directory itself")
+    if stat.S_ISREG(status.st_mode):
+        return [root]
+    if not stat.S_ISDIR(status.st_mode):
+        raise TaskError(f"{root}: not a regular file or a directory")
     files = []
 
     def refuse(error: OSError) -> None:  # an unreadable folder is an error, not a silently smaller corpus
@@ -85,7 +101,8 @@ def _regular_files(root: Path) -> list[Path]:
         subdirs.sort()
         for name in sorted(names):
             path = Path(directory) / name
-            if path.is_file() and not path.is_symlink() and not name.startswith("."):
+            status = _lstat(path)
+            if status is not None and stat.S_ISREG(status.st_mode) and not name.startswith("."):
                 files.append(path)
     if not files:
         raise TaskError(f"{root}: holds no files")

@@ -25,13 +25,12 @@ from attnspec.compiler.export import (DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, d
                                       export_model, export_step, sequence_speed, state_signature)
 from attnspec.compiler.load import load_weights
 from attnspec.compiler.device import device_calibration, resolve_device
-from attnspec.compiler.lower import count_parameters, lower
+from attnspec.compiler.lower import check_model_size, lower
 from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
 from attnspec.compiler.outdir import Scratch, check_output
 from attnspec.compiler.plan import plan_spec
 from attnspec.compiler.verify import verify_model
 from attnspec.errors import AttnSpecError, BuildError
-from attnspec.spec import limits
 from attnspec.spec.emit import spec_to_data, to_yaml
 from attnspec.spec.ir import iter_blocks
 from attnspec.spec.load import load_data
@@ -98,10 +97,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             data, smap = load_data(spec_path, overrides)
         with stage("validate", seconds):
             spec = validate_data(data, smap)
-            expected = count_parameters(spec)
-            if expected > limits.MAX_PARAMETERS:
-                raise BuildError(f"the spec implies {expected:,} parameters, over the limit of "
-                                 f"{limits.MAX_PARAMETERS:,}; make the model smaller")
+            expected = check_model_size(spec)
         with stage("plan", seconds):
             calibration = device_calibration(device)
             auto = any(block.mixer.mode == "auto" for _, block in iter_blocks(spec, expand=True))

@@ -18,6 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from attnspec.compiler.device import resolve_device
+from attnspec.compiler.lower import check_model_size
 from attnspec.compiler.manifest import Manifest, read_manifest
 from attnspec.compiler.plan import backends_for
 from attnspec.errors import AttnSpecError, BuildError, shorten
@@ -81,6 +82,18 @@ def check_plugins(directory: Path, names: object) -> None:
                              "plugin or put it on PYTHONPATH from elsewhere")
 
 
+def check_decoding_fields(directory: Path, manifest: Manifest, model: Model) -> None:
+    """Refuse a manifest whose ``decode_limit`` or step state signature is not what its spec's
+    ``model`` has: readers derive both from the spec, and a disagreement means the manifest was edited."""
+    state = [(shape, str(dtype).replace("torch.", "")) for shape, dtype in model.state_signature()]
+    recorded = [(tuple(entry.shape), entry.dtype) for entry in manifest.export.step.state] \
+        if manifest.export.step is not None else state
+    limit = model.decode_limit if model.has_step else None
+    if manifest.decode_limit != limit or recorded != state:
+        raise BuildError(f"{directory}/manifest.json: its decode_limit or decoding state does not match its spec "
+                         "(the manifest was edited); rebuild the directory")
+
+
 def load_model(directory: Path | str, manifest: Manifest | None = None, device=None) -> Model:
     """Rebuild the eager model of a build directory (spec.yaml + model.safetensors).
 
@@ -106,7 +119,12 @@ def load_model(directory: Path | str, manifest: Manifest | None = None, device=N
     except AttnSpecError as error:
         raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 300)}); rebuild "
                          "the directory") from None
+    try:
+        check_model_size(spec)  # on the meta device, before anything the spec asks for is allocated
+    except BuildError as error:
+        raise BuildError(f"{directory}/manifest.json: {error}") from None
     model = build_model_from_spec(spec)
+    check_decoding_fields(directory, manifest, model)
     modes = [layer.full_mode for layer in manifest.plan.layers]
     fits = len(modes) == len(model.blocks) and all(mode in b.mixer.modes for mode, b in zip(modes, model.blocks))
     if not fits:

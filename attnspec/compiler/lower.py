@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
+from attnspec.errors import BuildError, ShapeError
 from attnspec.nn.model import Model, build_model_from_spec
+from attnspec.spec import limits
 from attnspec.spec.load import load_spec
 from attnspec.spec.ir import Spec
 from attnspec.compiler.device import device_calibration, resolve_device
@@ -66,3 +68,23 @@ def count_parameters(spec: Spec) -> int:
     with torch.device("meta"):
         model = Model(spec)
     return sum(parameter.numel() for parameter in model.parameters())
+
+
+def check_model_size(spec: Spec) -> int:
+    """The parameter count of ``spec``'s model, after checking it and one sequence's decoding state
+    against attnspec's limits on the meta device (nothing allocated).
+
+    Raises:
+        BuildError: over ``MAX_PARAMETERS`` or ``MAX_DECODE_STATE_BYTES``, saying what to make smaller.
+    """
+    with torch.device("meta"):
+        model = Model(spec)
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    if parameters > limits.MAX_PARAMETERS:
+        raise BuildError(f"the spec implies {parameters:,} parameters, over the limit of {limits.MAX_PARAMETERS:,}; "
+                         "make the model smaller")
+    try:
+        model.check_decode_state(1)
+    except ShapeError as error:
+        raise BuildError(str(error)) from None
+    return parameters

@@ -60,11 +60,36 @@ def _generate(directory: Path, name: str, step, state: list, prompt: list[int], 
     return out[0, len(prompt):].tolist()
 
 
+def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, list[tuple[tuple[int, ...], str]]]:
+    """(decode limit, the step's state as (shape without the batch, dtype) per tensor) derived from the
+    spec the manifest carries, on the meta device (nothing allocated), never trusted from the manifest's
+    own fields: a manifest whose ``decode_limit`` or state signature disagrees with its spec is refused,
+    and so is a spec whose decoding state of one sequence is over ``MAX_DECODE_STATE_BYTES``."""
+    from attnspec.compiler.load import check_decoding_fields, check_plugins
+    from attnspec.nn.model import Model
+    from attnspec.spec.validate import validate_data
+
+    check_plugins(directory, manifest.spec.get("plugins"))
+    try:
+        spec = validate_data(manifest.spec)
+    except AttnSpecError as error:
+        raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 300)}); rebuild "
+                         "the directory") from None
+    with torch.device("meta"):
+        model = Model(spec)
+    model.check_decode_state(1)
+    limit = model.decode_limit if model.has_step else None
+    state = [(shape, str(dtype).replace("torch.", "")) for shape, dtype in model.state_signature()]
+    check_decoding_fields(directory, manifest, model)
+    return limit, state
+
+
 class _Runner:
     """The model of a build directory as two calls: the full sequence and the one-token step."""
 
-    def __init__(self, directory: Path, manifest: Manifest, programs: bool):
-        self.directory, self.manifest, self.programs = directory, manifest, programs
+    def __init__(self, directory: Path, manifest: Manifest, programs: bool,
+                 state: list[tuple[tuple[int, ...], str]]):
+        self.directory, self.manifest, self.programs, self.state = directory, manifest, programs, state
         # the exported programs run on the device they were built for; the rebuilt model on the CPU
         self.device = torch.device("cpu")
         if programs and manifest.device != "cpu":
@@ -100,9 +125,7 @@ class _Runner:
         if self.model is not None:
             return _generate(self.directory, "model.safetensors", self.model.step, list(self.model.init_state(1)),
                              prompt, count, sampling)
-        signature = self.manifest.export.step.state
-        state = [torch.zeros(1, *entry.shape, dtype=getattr(torch, entry.dtype), device=self.device)
-                 for entry in signature]
+        state = [torch.zeros(1, *shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in self.state]
         step = load_program(self.directory / "step.pt2").module()
         return _generate(self.directory, "step.pt2", step, state, prompt, count, sampling)
 
@@ -132,7 +155,7 @@ def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, prog
     check_sampling(temperature, top_k, top_p)
     if generate and (not manifest.has_step or manifest.export.step is None):
         raise BuildError(f"{directory} has no decoding step (a non-causal mixer, or not a token LM with an lm head)")
-    limit = manifest.decode_limit
+    limit, state = decoding_facts(directory, manifest)
     if generate and limit is not None and len(prompt) + generate > limit:
         raise AttnSpecError(f"{len(prompt)} prompt tokens + {generate} generated exceed max_len = {limit}, the "
                             "positions this model's key/value caches (or position table) hold; generate fewer")
@@ -140,7 +163,7 @@ def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, prog
     if programs and len(prompt) == 1 and not (manifest.causal and per_position):
         raise AttnSpecError(f"{directory} holds a non-causal or classifier model, whose exported program takes at "
                             "least 2 tokens; give a longer prompt")
-    runner = _Runner(directory, manifest, programs)
+    runner = _Runner(directory, manifest, programs, state)
     output = runner.sequence(prompt)
     last = len(prompt) - 1
     lines = [f"input: {' '.join(map(str, prompt))}"]

@@ -19,6 +19,7 @@ import attnspec.nn.reweightings  # noqa: F401  (registers the re-weightings)
 import attnspec.nn.supports  # noqa: F401  (registers the sparse supports)
 import attnspec.nn.transitions  # noqa: F401  (registers the transitions)
 from attnspec.errors import ShapeError
+from attnspec.spec import limits
 from attnspec.nn.channel import Mlp  # noqa: F401  (part of the nn API)
 from attnspec.nn.features import PerformerFeatures
 from attnspec.nn.positions import Position, build_position
@@ -193,13 +194,45 @@ class Model(nn.Module):
         return x
 
     def init_state(self, batch: int) -> tuple[Tensor, ...]:
-        """The decoding state: (position (B,) int64, then every mixer's state tensors in order)."""
+        """The decoding state: (position (B,) int64, then every mixer's state tensors in order).
+
+        Raises ShapeError, before allocating, where it would exceed ``MAX_DECODE_STATE_BYTES``."""
+        self.check_decode_state(batch)
+        return self._init_state(batch, self.embed.weight.device)
+
+    def _init_state(self, batch: int, device) -> tuple[Tensor, ...]:
         dtype = self.embed.weight.dtype
-        device = self.embed.weight.device
         tensors = [torch.zeros(batch, dtype=torch.long, device=device)]
         for block in self.blocks:
             tensors.extend(block.mixer.init_state(batch, dtype, device))
         return tuple(tensors)
+
+    def state_signature(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """(shape without the batch, dtype) of every tensor of :meth:`init_state`, found on the meta
+        device: nothing is allocated. Empty for a model without a decoding step."""
+        if not self.has_step:
+            return []
+        return [(tuple(t.shape[1:]), t.dtype) for t in self._init_state(1, torch.device("meta"))]
+
+    def decode_state_bytes(self) -> int:
+        """Bytes of one sequence's decoding state at its capacity (key/value caches of ``max_len`` or
+        the window, recurrent states)."""
+        return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                   for shape, dtype in self.state_signature())
+
+    def check_decode_state(self, batch: int) -> None:
+        """Refuse a decoding state of ``batch`` rows over ``limits.MAX_DECODE_STATE_BYTES``, naming what
+        to lower (eager calls only: a traced program's state is its caller's)."""
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ShapeError(f"the batch must be a positive integer, got {batch!r}")
+        per_row = self.decode_state_bytes()
+        if batch * per_row > limits.MAX_DECODE_STATE_BYTES:
+            raise ShapeError(f"the decoding state of {batch} sequence(s) is {batch * per_row / 2 ** 30:,.1f} GiB "
+                             f"({per_row / 2 ** 30:,.2f} GiB each: caches of max_len = {self.spec.max_len} or the "
+                             f"window, and recurrent states), over the limit of "
+                             f"{limits.MAX_DECODE_STATE_BYTES / 2 ** 30:,.0f} GiB; lower max_len or the batch")
 
     def state_size(self, length: int) -> int:
         """Numbers one sequence carries from its past at ``length``, over every block (Zoology's
@@ -208,7 +241,8 @@ class Model(nn.Module):
 
     def state_layout(self) -> list[int]:
         """How many tensors each block's mixer state has (the flat state splits by these counts)."""
-        return [len(block.mixer.init_state(1)) for block in self.blocks]
+        meta = torch.device("meta")
+        return [len(block.mixer.init_state(1, self.embed.weight.dtype, meta)) for block in self.blocks]
 
     def prefill(self, tokens: Tensor) -> tuple[Tensor, ...]:
         """A prompt in one pass: ``tokens`` (B, L) -> (logits (B, L, vocab), *state after position L - 1).
@@ -220,6 +254,7 @@ class Model(nn.Module):
         if not self.has_step:
             raise ShapeError("this model has no decoding step: prefill needs a causal token model with an lm head")
         self.check_inputs(tokens)
+        self.check_decode_state(tokens.shape[0])
         x = self.position.embed(self.embed(tokens))
         state: list[Tensor] = [torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)]
         for block in self.blocks:
@@ -234,6 +269,7 @@ class Model(nn.Module):
         """
         self.check_inputs(token, per_position=False)
         position, rest = state[0], list(state[1:])
+        self._check_position(position)
         x = self.position.embed(self.embed(token).unsqueeze(1), position).squeeze(1)
         new_state: list[Tensor] = [position + 1]
         for block, count in zip(self.blocks, self.state_layout()):
@@ -241,6 +277,20 @@ class Model(nn.Module):
             x, block_state = block.step(x, block_state, position)
             new_state.extend(block_state)
         return (self._head(self.final_norm(x)), *new_state)
+
+    def _check_position(self, position: Tensor) -> None:
+        """Refuse a step at a position past :attr:`decode_limit` (a full cache would wrap into a silent
+        sliding window, a position table would be read out of range): a ShapeError in eager code, and
+        in an exported step a data-dependent assertion that raises when the program runs."""
+        limit = self.decode_limit
+        if limit is None:
+            return
+        message = (f"decoding past max_len = {limit}: this model's key/value caches (or position table) hold "
+                   f"{limit} positions; raise max_len, or give attention a window")
+        if torch.compiler.is_exporting():
+            torch._assert_async((position < limit).all(), message)
+        elif not torch.compiler.is_compiling() and position.numel() and int(position.max()) >= limit:
+            raise ShapeError(f"{message} (position {int(position.max())})")
 
     def regularization_loss(self) -> Tensor:
         """Sum of the orthogonality regularisers of the trainable kernels (add it to the training loss)."""

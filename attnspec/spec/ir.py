@@ -1054,7 +1054,9 @@ class SoftmaxMixer(MixerComponent):
         return "cache" if self.causal else None
 
     def cache_capacity(self, max_len: int) -> int | None:
-        return min(self.window, max_len) if self.window is not None else max_len
+        # A window's ring holds the whole window even when it is longer than max_len: decoding goes
+        # on past max_len (a window is unbounded), and every position within the window is read then.
+        return self.window if self.window is not None else max_len
 
     def mode_problem(self, mode: str) -> str:
         return (f"softmax attention has no finite feature expansion, so it can only be computed quadratically; "

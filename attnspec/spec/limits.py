@@ -65,6 +65,11 @@ MAX_RATIO = 1000
 """Each side of Scatterbrain's `ratio`."""
 MAX_PARAMETERS = 1 << 32
 """Parameters of one model (16 GiB of float32 weights), checked before anything is allocated."""
+MAX_DECODE_STATE_BYTES = 1 << 34
+"""Bytes of the decoding state one generation allocates, all its rows together (16 GiB, as the
+parameters): recurrent states and key/value caches at their capacity (``max_len`` or the window).
+Checked per sequence when a model is built or loaded, and for the batch before any state is
+allocated (``generate``, ``prefill``, ``init_state``, ``attnspec run``, ``from_pretrained``)."""
 
 TABLE: list[tuple[str, str, int]] = [
     ("spec file, spec text or --set value", "bytes", MAX_SPEC_BYTES),
@@ -94,5 +99,6 @@ TABLE: list[tuple[str, str, int]] = [
     ("redraw_interval", "steps", MAX_STEPS),
     ("each side of a Scatterbrain ratio", "", MAX_RATIO),
     ("parameters of a model", "", MAX_PARAMETERS),
+    ("decoding state of one generation (every row, at capacity)", "bytes", MAX_DECODE_STATE_BYTES),
 ]
 """(what, unit, limit) rows for the README's table and the generated reference."""

@@ -233,8 +233,8 @@ def nan_weight(tensors):
 def cases(marker: Path):
     """(id, mutation, recompute hashes, who must refuse it).
 
-    "both": every reader; "run": the programs, which only ``run --programs`` reads; "load": the spec
-    the manifest carries, the weights and the plan's modes, which ``attnspec.load`` and a plain
+    "both": every reader; "run": the programs and the manifest's decoding fields, which only ``run
+    --programs`` reads; "load": the weights and the plan's modes, which ``attnspec.load`` and a plain
     ``run`` read and ``run --programs`` never does (it runs the intact programs). ``spec.yaml`` is
     for people and rebuilds: nothing loads it, and a changed one
     fails its hash ("wrong-hash").
@@ -277,9 +277,14 @@ def cases(marker: Path):
         ("weights-extra", weights_edit(lambda t: t.update({"extra": torch.zeros(2)})), True, "load"),
         ("weights-missing-tensor", weights_edit(lambda t: t.pop("embed.weight")), True, "load"),
         ("weights-symlink", symlink_to_copy("model.safetensors"), False, "both"),
-        ("spec-other", other_spec, True, "load"),
+        # `run --programs` derives the decode limit and the step's state from the spec, never from the
+        # manifest's own fields, so it reads the spec too
+        ("spec-other", other_spec, True, "both"),
         ("spec-invalid", edit_manifest(lambda m: {**m, "spec": {**m["spec"], "layers": [{"mixer": "rleu"}]}}),
-         False, "load"),
+         False, "both"),
+        ("decode-limit-edited", edit_manifest(lambda m: {**m, "decode_limit": 4}), False, "both"),
+        ("state-signature-edited", edit_manifest(lambda m: {**m, "export": {**m["export"], "step.pt2": {
+            "state": [{"shape": [1 << 20, 1 << 20], "dtype": "float32"}]}}}), False, "both"),
         ("spec-not-a-mapping", edit_manifest(lambda m: {**m, "spec": ["name", "t"]}), False, "both"),
         ("spec-fifo", fifo("spec.yaml"), False, "both"),
         ("program-garbage", write("model.pt2", b"PK\x03\x04 not a zip"), True, "run"),

@@ -138,6 +138,61 @@ def test_a_window_decodes_past_max_len_in_constant_memory_and_a_full_cache_refus
         full.step(torch.tensor([1]), *state)
 
 
+def test_a_window_longer_than_max_len_decodes_past_max_len_exactly():
+    """A window of 24 over max_len 16 decoded wrongly from position 16 (its ring held 16 slots): the
+    ring now holds the whole window, and decoding past max_len equals the full pass of a longer model."""
+    torch.manual_seed(0)
+    spec = {**ATTENTION, "max_len": 16, "layers": [{"mixer": {"kind": "softmax", "heads": 4, "window": 24,
+                                                              "position": "rope"}}]}
+    model = attnspec.build(spec)
+    longer = attnspec.build({**spec, "max_len": 64})
+    longer.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 50, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = longer(tokens)
+        logits, *state = model.prefill(tokens[:, :10])
+        for t in range(10, 40):
+            logits, *state = model.step(tokens[:, t], *state)
+            assert (logits - full[:, t]).abs().max() < 1e-10
+
+
+def test_an_exported_step_past_its_decode_limit_raises(tmp_path):
+    """step.pt2 driven past decode_limit wrapped its full cache into a silent sliding window; the
+    limit is now a data-dependent assertion inside the program (run through torch.export.load)."""
+    from attnspec.compiler.export import export_step
+
+    model = attnspec.build({**ATTENTION, "max_len": 8, "dtype": "float32"}).eval()
+    export_step(model, tmp_path / "step.pt2")
+    step = torch.export.load(str(tmp_path / "step.pt2")).module()
+    state = list(model.init_state(2))
+    for t in range(8):
+        _, *state = step(torch.tensor([1, 2]), *state)
+    with pytest.raises(RuntimeError, match="decoding past max_len = 8"):
+        step(torch.tensor([1, 2]), *state)
+    with pytest.raises(ShapeError, match="decoding past max_len = 8"):  # the eager step says the same
+        model.step(torch.tensor([1, 2]), *state)
+
+
+def test_decoding_state_is_bounded_before_it_is_allocated():
+    """A spec within every other limit (256 softmax blocks, max_len 2**20) made generate allocate
+    128 GiB of caches: the state of a generation is checked against MAX_DECODE_STATE_BYTES first."""
+    from attnspec.compiler.lower import check_model_size
+    from attnspec.errors import BuildError
+    from attnspec.spec import validate_data
+
+    big = {**ATTENTION, "max_len": 1 << 20, "dtype": "float32",
+           "layers": [{"repeat": 256, "layers": [{"mixer": {"kind": "softmax", "heads": 4}}]}]}
+    with pytest.raises(BuildError, match="decoding state of 1 sequence"):
+        check_model_size(validate_data(big))
+    model = attnspec.build({**ATTENTION, "max_len": 1 << 20})  # 0.5 GiB per sequence: 64 rows are 32 GiB
+    for call in (lambda: model.init_state(64), lambda: model.generate(torch.zeros(64, 2, dtype=torch.long), 1),
+                 lambda: model.prefill(torch.zeros(64, 2, dtype=torch.long))):
+        with pytest.raises(ShapeError, match="lower max_len or the batch"):
+            call()
+    # keys and values (4 heads of 8), the decay bias per head, and the position counter
+    assert model.decode_state_bytes() == 2 * 4 * 8 * (1 << 20) * 8 + 4 * (1 << 20) * 8 + 8
+
+
 def test_generate_samples_reproducibly_and_stops_at_eos():
     torch.manual_seed(0)
     model = attnspec.build(_attention(kv_heads=2))

@@ -152,7 +152,7 @@ def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, prog
         raise AttnSpecError(f"--generate must be between 0 and {MAX_GENERATE}, got {generate}")
     prompt = parse_tokens(tokens, manifest.vocab_size, manifest.max_len)
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
-    check_sampling(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p, seed)
     if generate and (not manifest.has_step or manifest.export.step is None):
         raise BuildError(f"{directory} has no decoding step (a non-causal mixer, or not a token LM with an lm head)")
     limit, state = decoding_facts(directory, manifest)

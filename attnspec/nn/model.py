@@ -18,7 +18,7 @@ import attnspec.nn.mixers  # noqa: F401  (registers the mixers)
 import attnspec.nn.reweightings  # noqa: F401  (registers the re-weightings)
 import attnspec.nn.supports  # noqa: F401  (registers the sparse supports)
 import attnspec.nn.transitions  # noqa: F401  (registers the transitions)
-from attnspec.errors import ShapeError
+from attnspec.errors import ShapeError, shorten
 from attnspec.spec import limits
 from attnspec.nn.channel import Mlp  # noqa: F401  (part of the nn API)
 from attnspec.nn.features import PerformerFeatures
@@ -133,12 +133,13 @@ class Model(nn.Module):
         Returns (B, T + n) int64. Raises ShapeError for a model without a decoding step or a total
         length past :attr:`decode_limit` (the message names ``max_len``).
         """
-        from attnspec.nn.generate import decode
+        from attnspec.nn.generate import check_sampling, decode
 
         if not self.has_step:
             raise ShapeError("this model has no decoding step: generation needs a causal token model with an lm head")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ShapeError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+            raise ShapeError(f"max_new_tokens must be a non-negative integer, got {shorten(max_new_tokens)}")
+        check_sampling(temperature, top_k, top_p, seed, eos, self.spec.input.vocab_size)
         self.check_inputs(tokens)
         limit = self.decode_limit
         if limit is not None and tokens.shape[1] + max_new_tokens > limit:

@@ -138,6 +138,24 @@ def test_a_window_decodes_past_max_len_in_constant_memory_and_a_full_cache_refus
         full.step(torch.tensor([1]), *state)
 
 
+@pytest.mark.parametrize("sampling", [{"temperature": 1e-45}, {"temperature": 5e-324}, {"top_p": 1e-300},
+                                      {"temperature": 1e-45, "top_p": 1e-300, "top_k": 3}])
+def test_extreme_sampling_settings_are_greedy_not_a_crash(sampling):
+    """A temperature of 1e-45 made inf - inf logits, top_p 1e-300 dropped every token: both crashed in
+    multinomial. Both are the limit of sampling, which is greedy decoding."""
+    torch.manual_seed(0)
+    model = attnspec.build(_attention(kv_heads=2))
+    prompt = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(model.generate(prompt, 5, seed=1, **sampling), model.generate(prompt, 5, temperature=0))
+
+
+def test_an_empty_batch_is_refused_by_name():
+    model = attnspec.build(_attention())
+    for prompt in (torch.zeros(0, 4, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long)):
+        with pytest.raises(ShapeError, match="batch|length"):
+            model.generate(prompt, 2)
+
+
 def test_a_window_longer_than_max_len_decodes_past_max_len_exactly():
     """A window of 24 over max_len 16 decoded wrongly from position 16 (its ring held 16 slots): the
     ring now holds the whole window, and decoding past max_len equals the full pass of a longer model."""
@@ -207,6 +225,9 @@ def test_generate_samples_reproducibly_and_stops_at_eos():
     assert (stopped[0, 4:] == eos).all()  # row 0 produced eos first and repeats it
     # generation stops before its 10 tokens exactly when row 1 also produced eos among its first 9
     assert (stopped.shape[1] < 14) == bool((stopped[1, 4:13] == eos).any())
-    for bad, message in (({"temperature": -1}, "temperature"), ({"top_k": 0}, "top_k"), ({"top_p": 1.5}, "top_p")):
+    for bad, message in (({"temperature": -1}, "temperature"), ({"top_k": 0}, "top_k"), ({"top_p": 1.5}, "top_p"),
+                         ({"seed": 2 ** 64}, "seed"), ({"seed": "x"}, "seed"), ({"seed": -1}, "seed"),
+                         ({"eos": 10 ** 30}, "eos"), ({"eos": 50}, "eos"), ({"eos": "a"}, "eos"),
+                         ({"temperature": float("nan")}, "temperature"), ({"top_p": 0.0}, "top_p")):
         with pytest.raises(ShapeError, match=message):
             model.generate(prompt, 2, **bad)

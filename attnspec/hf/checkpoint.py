@@ -42,7 +42,7 @@ def _tagged_float(value: dict):
     return value
 
 
-def _regular_file(path: Path, limit: int, what: str) -> Path:
+def regular_file(path: Path, limit: int, what: str) -> Path:
     if not path.exists():
         raise InteropError(f"{path}: missing; {what}")
     if not path.is_file():
@@ -54,7 +54,7 @@ def _regular_file(path: Path, limit: int, what: str) -> Path:
 
 def read_json_file(path: Path, what: str) -> dict:
     """A JSON object from ``path`` (at most 4 MiB), or an InteropError saying what is wrong."""
-    _regular_file(path, MAX_CONFIG_BYTES, what)
+    regular_file(path, MAX_CONFIG_BYTES, what)
     try:
         value = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_infinity, object_hook=_tagged_float)
     except (ValueError, UnicodeDecodeError, RecursionError) as error:
@@ -92,7 +92,7 @@ def weight_files(directory: Path) -> dict[str, Path]:
         hint = (f" It has {pickled[0]}, a pickle, which attnspec never loads: convert it to safetensors "
                 "(transformers' save_pretrained(safe_serialization=True) does)") if pickled else ""
         raise InteropError(f"{directory}: no {WEIGHTS} or {INDEX}.{hint}")
-    _regular_file(single, MAX_WEIGHT_BYTES, "")
+    regular_file(single, MAX_WEIGHT_BYTES, "")
     try:
         with safe_open(str(single), framework="pt") as handle:
             return dict.fromkeys(handle.keys(), single)
@@ -107,7 +107,7 @@ def read_tensors(files: dict[str, Path], names: set[str], dtype: torch.dtype) ->
         by_file.setdefault(files[name], []).append(name)
     tensors = {}
     for path, wanted in by_file.items():
-        _regular_file(path, MAX_WEIGHT_BYTES, "the index names it")
+        regular_file(path, MAX_WEIGHT_BYTES, "the index names it")
         try:
             with safe_open(str(path), framework="pt") as handle:
                 present = set(handle.keys())

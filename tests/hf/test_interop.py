@@ -201,6 +201,70 @@ def test_a_spec_transformers_lacks_exports_as_the_attnspec_type_and_generates_al
     assert torch.equal(sampled[:, :7], prompt)
 
 
+def test_attnspec_type_generate_prefills_once_and_steps_once_per_token(tmp_path):
+    """transformers 5.24 hands the cache back as `cache`; reading only `past_key_values` re-ran the whole
+    sequence for every token (quadratic), and a recurrent model stopped at max_len. One prefill, then
+    one step per new token; GateLoop (recurrent, max_len 16) generates past max_len as attnspec does."""
+    spec = attnspec.load_spec("specs/gateloop.yaml").model_dump(mode="json")
+    spec.update(max_len=16, d_model=16, input={"kind": "tokens", "vocab_size": VOCAB})
+    torch.manual_seed(0)
+    model = attnspec.build(spec).eval()
+    attnspec.save(model, tmp_path / "build", compile_check=False)
+    export_hf(tmp_path / "build", tmp_path / "hf")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    calls = {"prefill": 0, "step": 0}
+    for name in calls:
+        original = getattr(loaded.model, name)
+
+        def counted(*args, _name=name, _original=original):
+            calls[_name] += 1
+            return _original(*args)
+        setattr(loaded.model, name, counted)
+    prompt = _tokens(length=7)
+    with torch.no_grad():
+        greedy = loaded.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False,
+                                 pad_token_id=0)
+    assert calls == {"prefill": 1, "step": 19}
+    assert greedy.shape == (2, 27) and torch.equal(greedy, model.generate(prompt, 20, temperature=0.0))
+
+
+def test_an_attnspec_type_directory_with_wrong_weights_is_refused_before_loading(tmp_path):
+    """from_pretrained left a missing tensor as uninitialised memory (other logits at every load) and
+    accepted NaN and integer weights; a 1 KB config of 4.2e9 parameters allocated 16.8 GB."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    attnspec.save(_attnspec_only_model("gateloop"), tmp_path / "build", compile_check=False)
+    export_hf(tmp_path / "build", tmp_path / "hf")
+    tensors = load_file(tmp_path / "hf" / "model.safetensors")
+    name = "model.embed.weight"
+    for change, words in [(lambda t: t.pop(name), "missing"), (lambda t: t.update(extra=torch.zeros(2)), "unexpected"),
+                          (lambda t: t.update({name: t[name].long()}), "I64"),
+                          (lambda t: t.update({name: t[name][:3]}), name),
+                          (lambda t: t[name].__setitem__((0, 0), float("nan")), "NaN")]:
+        directory = tmp_path / "changed"
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.copytree(tmp_path / "hf", directory)
+        changed = {k: v.clone() for k, v in tensors.items()}
+        change(changed)
+        save_file(changed, directory / "model.safetensors")
+        with pytest.raises(InteropError) as caught:
+            AutoModelForCausalLM.from_pretrained(directory)
+        assert words in str(caught.value), str(caught.value)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["spec"].update(d_model=8192, layers=[{"repeat": 64, "layers": [{"mixer": {"kind": "softmax",
+                                                                                      "heads": 64}}]}])
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InteropError, match="over the limit"):
+        AutoModelForCausalLM.from_pretrained(directory)
+    from attnspec.hf import AttnspecForCausalLM  # (the Auto class asks the hub for a config first)
+
+    with pytest.raises(InteropError, match="not a local directory"):
+        AttnspecForCausalLM.from_pretrained(tmp_path / "missing")
+
+
 def test_an_imported_llama_built_as_attnspec_exports_as_llama(checkpoints, tmp_path):
     """Without transformers' class names in the spec, the round trip picks the type: a Llama-family spec
     without windows, QK-norm or q/k/v-only biases is a Llama."""

@@ -29,7 +29,7 @@ from attnspec.compiler.lower import check_model_size, lower
 from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
 from attnspec.compiler.outdir import Scratch, check_output
 from attnspec.compiler.plan import plan_spec
-from attnspec.compiler.verify import verify_model
+from attnspec.compiler.verify import non_finite_problem, verify_model
 from attnspec.errors import AttnSpecError, BuildError
 from attnspec.spec.emit import spec_to_data, to_yaml
 from attnspec.spec.ir import iter_blocks
@@ -128,6 +128,9 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 if background is not None:
                     stage.started("compile")
                 with stage("verify", seconds):
+                    problem = non_finite_problem(model)
+                    if problem is not None:
+                        raise BuildError(problem)
                     verification = verify_model(model)
                     if not verification.ok:
                         worst = max(verification.rows, key=lambda row: row.rel_diff)

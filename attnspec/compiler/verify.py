@@ -70,6 +70,36 @@ def verify_model(model: Model, length: int | None = None, batch: int = 2, seed: 
     return VerifyReport(rows)
 
 
+def non_finite_problem(model: Model, length: int | None = None, seed: int = 0) -> str | None:
+    """Why ``model`` (at its own dtype) is not usable, or None: a parameter or buffer holding NaN or
+    infinite values (``a_init: [1e-308]`` is 0 in float32, whose log is -inf), or the first block whose
+    output on an example input is not finite (``scale: 1e308`` overflows float32, though the float64
+    verification passes: NaN compared with NaN proves nothing)."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return (f"the model's tensor {name} holds NaN or infinite values at {model.spec.dtype}; check the "
+                    "initialisation fields of that part of the spec")
+    length = length or max(2, min(model.spec.max_len, 37))
+    inputs = example_input(model, 2, length, torch.Generator().manual_seed(seed))
+    first: list[int] = []
+    hooks = [block.register_forward_hook(
+        lambda module, args, output, index=index: first.append(index)
+        if not first and not bool(torch.isfinite(output).all()) else None)
+        for index, block in enumerate(model.blocks)]
+    try:
+        with torch.no_grad():
+            output = model(inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if first:
+        return (f"blocks[{first[0]}] computes NaN or infinite values at {model.spec.dtype} on an example input; "
+                "check its mixer's scale, gate and initialisation fields")
+    if not bool(torch.isfinite(output).all()):
+        return f"the model's output is NaN or infinite at {model.spec.dtype}; check the head's scale"
+    return None
+
+
 def verify_target(target: Path | str, overrides=()) -> VerifyReport:
     """``attnspec verify SPEC|DIR``: build (or load) the model and verify its modes."""
     target = Path(target)

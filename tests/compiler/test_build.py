@@ -159,6 +159,21 @@ def test_failing_build_leaves_nothing_behind(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("override, words", [
+    ("layers[0].layers[0].mixer.scale=1e308", ["blocks[0]", "NaN or infinite", "float32"]),
+    ("layers[0].layers[0].mixer.transition={kind: mamba, per: head, a_init: [1e-308, 1e-308]}",
+     ["transition.A_log", "NaN or infinite"]),
+])
+def test_a_model_that_is_not_finite_at_its_dtype_does_not_build(tmp_path, override, words):
+    """Both built "successfully" (the float64 verification compares NaN with NaN, or is finite where
+    float32 overflows) into a directory every `run` refused."""
+    with pytest.raises(BuildError) as caught:
+        build_directory(SPECS[0].parent / "gateloop.yaml", tmp_path / "out", overrides=[override, "max_len=32"],
+                        compile_check=False, calibrate=False)
+    assert all(word in str(caught.value) for word in words), str(caught.value)
+    assert os.listdir(tmp_path) == []
+
+
 def test_existing_directory_needs_force_and_force_replaces_only_builds(tmp_path):
     target = tmp_path / "out"
     target.mkdir()

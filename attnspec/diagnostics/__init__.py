@@ -90,6 +90,38 @@ def output_option(files: str) -> Parameter:
     return Parameter("output", Path, f"Directory for {files}.", flags=("--output", "-o"))
 
 
+OUTPUT_MARK = ".attnspec-diagnostics"
+"""The empty file that marks a directory ``attnspec diagnose`` writes into (so it may write there again)."""
+
+
+def output_directory(path: Path) -> Path:
+    """The ``--output`` directory, ready for a diagnostic's files: created if missing, or an empty
+    directory, or one a diagnostic wrote before (it holds :data:`OUTPUT_MARK`); never a link. A
+    directory of the user's files is refused, so ``diagnose maps -o mine`` cannot replace their
+    ``mine/maps.csv`` (the rule of build and report directories: attnspec replaces only what it wrote).
+
+    Raises:
+        RunError: the directory holds other files, or is a link or not a directory.
+    """
+    import os
+
+    from attnspec.errors import RunError
+    from attnspec.io import ensure_directory, write_atomic
+
+    ensure_directory(path)
+    mark = path / OUTPUT_MARK
+    if not mark.is_file():
+        try:
+            entries = os.listdir(path)
+        except OSError as error:
+            raise RunError(f"{path}: cannot be read ({error.strerror})") from None
+        if entries:
+            raise RunError(f"{path}: holds files that attnspec diagnose did not write; a diagnostic writes only into "
+                           "a new or empty directory, or one it wrote before. Choose another --output")
+        write_atomic(mark, "")
+    return path
+
+
 SUBJECT = Parameter("source", Path, "A spec file, a run directory (its trained weights and its task's test inputs), or "
                     "a build directory (its weights: an imported transformers model, say).",
                     positional=True, metavar="SPEC_OR_DIR")
@@ -109,5 +141,5 @@ def diagnostics() -> dict[str, Diagnostic]:
     return dict(sorted(found.items()))
 
 
-__all__ = ["Diagnostic", "Parameter", "Table", "Result", "diagnostics", "output_option", "SUBJECT", "SEED", "OVERRIDES",
+__all__ = ["Diagnostic", "Parameter", "Table", "Result", "diagnostics", "output_option", "output_directory", "SUBJECT", "SEED", "OVERRIDES",
            "REQUIRED"]

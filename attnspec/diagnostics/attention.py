@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnspec.diagnostics import OVERRIDES, SEED, Diagnostic, Parameter, Result, Table, output_option
+from attnspec.diagnostics import OVERRIDES, SEED, Diagnostic, Parameter, Result, Table, output_option, output_directory
 import torch
 from torch import Tensor
 
@@ -117,7 +117,7 @@ def write(rows: list[ApproximationRow], out: Path, title: str) -> list[Path]:
     """``attention_error.csv`` and the error-against-entropy plot (PNG, SVG) in ``out``."""
     from attnspec.figures import log_scale, pyplot, save_figure, write_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    output_directory(out)
     table = write_csv(out / "attention_error.csv", ["mixer", "sharpness", "entropy", "relative_error_mean",
                                                      "relative_error_std"],
                       [[r.mixer, r.sharpness, r.entropy, r.relative_error_mean, r.relative_error_std] for r in rows])

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnspec.diagnostics import OVERRIDES, SEED, SUBJECT, Diagnostic, Parameter, Result, Table, output_option
+from attnspec.diagnostics import (OVERRIDES, SEED, SUBJECT, Diagnostic, Parameter, Result, Table, output_option,
+                                      output_directory)
 from attnspec.diagnostics.subject import forward_with_hooks
 
 QUANTILES = (0.05, 0.5, 0.95)
@@ -82,7 +83,7 @@ def write(rows: list[GateRow], captured: dict, inputs: Tensor, marked_token: int
     for the first sample, the mean |a| over channels at each position with the marked tokens shown."""
     from attnspec.figures import pyplot, save_figure, write_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    output_directory(out)
     table = write_csv(out / "gates.csv", ["layer", "positions", "count", "magnitude_mean", "magnitude_p05",
                                           "magnitude_p50", "magnitude_p95", "phase_abs_mean"],
                       [[row.layer, row.positions, row.count, row.magnitude_mean, *row.magnitude_quantiles,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnspec.diagnostics import SEED, Diagnostic, Parameter, Result, Table, output_option
+from attnspec.diagnostics import SEED, Diagnostic, Parameter, Result, Table, output_option, output_directory
 from attnspec.diagnostics.attention import implied_attention
 from attnspec.diagnostics.subject import mixer_inputs
 
@@ -70,7 +70,7 @@ def write(rows: list[MapRow], maps: dict[str, list[Tensor]], out: Path, window: 
     a map scaled to its largest weight; PNG, SVG)."""
     from attnspec.figures import pyplot, save_figure, write_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    output_directory(out)
     table = write_csv(out / "maps.csv", ["label", "layer", "head", "mean_distance", f"share_within_{window}"],
                       [[r.label, r.layer, r.head, r.mean_distance, r.near_diagonal] for r in rows])
     plt = pyplot()

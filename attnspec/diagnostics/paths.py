@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnspec.diagnostics import Diagnostic, Parameter, Result, Table, output_option
+from attnspec.diagnostics import Diagnostic, Parameter, Result, Table, output_option, output_directory
 from attnspec.diagnostics.attention import implied_attention
 from attnspec.diagnostics.subject import block_inputs
 from attnspec.errors import AttnSpecError
@@ -223,7 +223,7 @@ def write(rows: list[PathRow], out: Path, title: str) -> list[Path]:
     """``paths.csv`` and the accuracy-by-path-length plot (PNG, SVG) in ``out``."""
     from attnspec.figures import pyplot, save_figure, write_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    output_directory(out)
     names = {-1: "full model", -2: "majority answer"}
     table = write_csv(out / "paths.csv", ["path_length", "paths", "subset", "summed", "accuracy_mean",
                                            "accuracy_std"],

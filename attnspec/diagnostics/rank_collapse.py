@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnspec.diagnostics import OVERRIDES, SEED, SUBJECT, Diagnostic, Parameter, Result, Table, output_option
+from attnspec.diagnostics import (OVERRIDES, SEED, SUBJECT, Diagnostic, Parameter, Result, Table, output_option,
+                                      output_directory)
 from attnspec.diagnostics.subject import forward_with_hooks, random_inputs
 
 VARIANTS: dict[str, list[str]] = {
@@ -132,7 +133,7 @@ def write(rows: list[RankCollapseRow], out: Path, title: str) -> list[Path]:
     """``rank_collapse.csv`` and the plot (PNG and SVG) in ``out``; returns the files written."""
     from attnspec.figures import log_scale, pyplot, save_figure, write_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    output_directory(out)
     table = write_csv(out / "rank_collapse.csv",
                       ["variant", "layer", "relative_residual_l1inf_mean", "relative_residual_l1inf_std",
                        "relative_residual_fro_mean", "relative_residual_fro_std"],

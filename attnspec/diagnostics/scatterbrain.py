@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnspec.diagnostics import SEED, Diagnostic, Parameter, Result, Table, output_option
+from attnspec.diagnostics import SEED, Diagnostic, Parameter, Result, Table, output_option, output_directory
 from attnspec.diagnostics.attention import (approximation_error, exact_attention, implied_attention, row_entropy,
                                             synthetic_qk)
 from attnspec.diagnostics.subject import mixer_inputs
@@ -157,7 +157,7 @@ def write(rows: list[StudyRow], out: Path, title: str) -> list[Path]:
     against entropy at each budget."""
     from attnspec.figures import pyplot, save_figure, write_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    output_directory(out)
     table = write_csv(out / "scatterbrain.csv", ["method", "budget", "source", "entropy", "relative_error_mean",
                                                   "relative_error_std"],
                       [[r.method, r.budget, r.source, r.entropy, r.error_mean, r.error_std] for r in rows])

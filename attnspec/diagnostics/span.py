@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnspec.diagnostics import Diagnostic, Parameter, Result, Table, output_option
+from attnspec.diagnostics import Diagnostic, Parameter, Result, Table, output_option, output_directory
 from attnspec.errors import AttnSpecError
 
 
@@ -92,7 +92,7 @@ def write(rows: list[SpanRow], out: Path, title: str) -> list[Path]:
     """``span.csv`` and the accuracy-against-span plot (PNG, SVG) in ``out``."""
     from attnspec.figures import pyplot, save_figure, write_csv
 
-    out.mkdir(parents=True, exist_ok=True)
+    output_directory(out)
     table = write_csv(out / "span.csv", ["label", "span_low", "span_high", "answers", "runs", "accuracy_mean",
                                          "accuracy_std"],
                       [[r.label, r.low, r.high, r.answers, r.runs, r.accuracy_mean, r.accuracy_std] for r in rows])

@@ -55,7 +55,7 @@ def test_a_memory_horizon_run_marks_its_reset_token(tmp_path: Path):
                              "--samples", "4"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "marked" in result.stdout
-    assert {p.name for p in (tmp_path / "g").iterdir()} == {"gates.csv", "gates.png", "gates.svg"}
+    assert {p.name for p in (tmp_path / "g").iterdir()} == {"gates.csv", "gates.png", "gates.svg", ".attnspec-diagnostics"}
     lines = (tmp_path / "g" / "gates.csv").read_text().splitlines()
     assert lines[0].startswith("layer,positions,count") and any(",marked,12," in line for line in lines)
 

@@ -43,4 +43,15 @@ def test_cos_reweighting_concentrates_attention_near_the_diagonal(tmp_path: Path
     # mean distance falls from ~L/4 (uniform causal rows) by about 12%; trained maps sharpen far more
     assert distance["relu-none"] == pytest.approx(64 / 4, rel=0.1)
     assert distance["relu-cos"] < 0.92 * distance["relu-none"] and share["relu-cos"] > share["relu-none"]
-    assert {p.name for p in (tmp_path / "m").iterdir()} == {"maps.csv", "maps.png", "maps.svg"}
+    assert {p.name for p in (tmp_path / "m").iterdir()} == {"maps.csv", "maps.png", "maps.svg", ".attnspec-diagnostics"}
+    # again into the directory it wrote: allowed. Into a directory of the user's files: refused, untouched
+    again = subprocess.run([sys.executable, "-m", "attnspec", "diagnose", "maps", str(variants["cos"]), "-o",
+                            str(tmp_path / "m"), "--samples", "2"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "maps.csv").write_text("my data\n")
+    refused = subprocess.run([sys.executable, "-m", "attnspec", "diagnose", "maps", str(variants["cos"]), "-o",
+                              str(mine), "--samples", "2"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "did not write" in refused.stderr and "Traceback" not in refused.stderr
+    assert (mine / "maps.csv").read_text() == "my data\n" and [p.name for p in mine.iterdir()] == ["maps.csv"]

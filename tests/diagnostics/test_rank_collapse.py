@@ -76,7 +76,7 @@ def test_a_trained_run_is_diagnosed_with_its_weights_and_its_task(tmp_path: Path
                              str(tmp_path / "out"), "--samples", "4"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"rank_collapse.csv", "rank_collapse.png",
-                                                              "rank_collapse.svg"}
+                                                              "rank_collapse.svg", ".attnspec-diagnostics"}
     result = subprocess.run([sys.executable, "-m", "attnspec", "diagnose", "rank-collapse", str(run), "-o",
                              str(tmp_path / "x"), "--set", "d_model=8"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "x").exists()

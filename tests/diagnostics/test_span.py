@@ -64,7 +64,7 @@ def test_span_command_groups_a_sweep_by_variant(tmp_path: Path):
     lines = (tmp_path / "s" / "span.csv").read_text().splitlines()
     assert lines[0] == "label,span_low,span_high,answers,runs,accuracy_mean,accuracy_std"
     assert {line.split(",")[0] for line in lines[1:]} == {"data", "fixed"}
-    assert {p.name for p in (tmp_path / "s").iterdir()} == {"span.csv", "span.png", "span.svg"}
+    assert {p.name for p in (tmp_path / "s").iterdir()} == {"span.csv", "span.png", "span.svg", ".attnspec-diagnostics"}
     refused = subprocess.run([sys.executable, "-m", "attnspec", "diagnose", "span", str(tmp_path),
                               "-o", str(tmp_path / "t")], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "neither a spec file, a run directory" in refused.stderr

@@ -314,6 +314,8 @@ def import_hf(
 
     if spec_file is not None and os.path.lexists(spec_file):
         raise AttnSpecError(f"{spec_file} already exists; --spec writes a new file, it never overwrites one")
+    if spec_file is not None and not spec_file.parent.is_dir():  # checked before the import's minutes of work
+        raise AttnSpecError(f"--spec {spec_file}: the folder {spec_file.parent} does not exist; create it first")
     with _stage_progress() as on_stage:
         result = run_import(checkpoint, output, max_len=max_len, compile_check=not no_compile, force=force,
                             calibrate=not no_calibrate, on_stage=on_stage)
@@ -332,6 +334,8 @@ def export_hf(
     model_type: Optional[str] = typer.Option(None, "--model-type", help="Insist on this type (llama, mistral, qwen2, "
                                              "qwen3, qwen3_next, mamba2 or attnspec); default: the native type that "
                                              "states the spec exactly, else attnspec."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing directory that export-hf wrote (nothing "
+                               "else)."),
 ) -> None:
     """Write a model as a transformers directory that AutoModelForCausalLM.from_pretrained loads.
 
@@ -341,7 +345,7 @@ def export_hf(
     """
     from attnspec.hf.convert import export_hf as run_export
 
-    written, kind = run_export(directory, output, model_type=model_type)
+    written, kind = run_export(directory, output, model_type=model_type, force=force)
     out.print(f"wrote {written} as model type {kind}", markup=False)
     load = "AutoModelForCausalLM.from_pretrained"
     if kind == "attnspec":

@@ -119,6 +119,18 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     write_with(path, write)
 
 
+def save_tensors(path: Path, tensors: dict, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` with the file mode of every other file attnspec writes (0644 less
+    the umask; safetensors creates its files 0600, which made ``model.safetensors`` the one file of a
+    build or export directory that its other readers could not open)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o644 & ~umask)
+
+
 def write_with(path: Path, writer) -> None:
     """Atomically write ``path`` by calling ``writer(temporary_path)`` (also for libraries that write a
     file themselves: matplotlib, safetensors), then renaming; the link rules of :func:`write_atomic`."""

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from safetensors.torch import save_file
 
-from attnspec.io import VERSION
+from attnspec.io import VERSION, save_tensors
 from attnspec.compiler.compile import BackgroundCheck, check_key, passed_before, remember_pass
 from attnspec.compiler.export import (DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, example_input,
                                       export_model, export_step, sequence_speed, state_signature)
@@ -117,7 +116,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                     raise BuildError(f"internal: built {parameters} parameters, the spec implies {expected}")
                 header = f"resolved spec of {spec.name}, built by attnspec {VERSION}"
                 (scratch.path / "spec.yaml").write_text(to_yaml(spec, minimal=False, header=header))
-                save_file(_weights(model), str(scratch.path / "model.safetensors"))
+                save_tensors(scratch.path / "model.safetensors", _weights(model))
                 model.to(device)
             # A structure whose check passed before on this machine (the same spec but for its name and
             # seed, the same modes and versions) compiles to the same graphs: its check is reused.

@@ -27,7 +27,9 @@ import re
 import shutil
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from attnspec.compiler.manifest import FILE_NAMES, MANIFEST, parse_manifest
 from attnspec.errors import BuildError
@@ -69,15 +71,28 @@ def replaceable_problem(output: Path) -> str | None:
     return None
 
 
-def check_output(output: Path, force: bool) -> None:
-    """Refuse an output that exists (without ``force``) or that is not an attnspec build (with it)."""
+@dataclass(frozen=True)
+class OutputKind:
+    """What an atomically published directory holds: its ``files`` (the only names a leftover scratch
+    directory may hold to be removed) and why ``--force`` may not replace an existing one."""
+
+    what: str
+    files: frozenset[str]
+    replaceable_problem: Callable[[Path], "str | None"]
+
+
+BUILD = OutputKind("build directory", BUILD_FILES, replaceable_problem)
+
+
+def check_output(output: Path, force: bool, kind: OutputKind = BUILD) -> None:
+    """Refuse an output that exists (without ``force``) or that is not one attnspec wrote (with it)."""
     if not os.path.lexists(output):
         return
     if not force:
-        raise BuildError(f"{output} already exists; pass --force to replace a build directory, or choose another -o")
-    problem = replaceable_problem(output)
+        raise BuildError(f"{output} already exists; pass --force to replace a {kind.what}, or choose another -o")
+    problem = kind.replaceable_problem(output)
     if problem:
-        raise BuildError(f"{output} exists and --force replaces only a build directory written by attnspec: "
+        raise BuildError(f"{output} exists and --force replaces only a {kind.what} written by attnspec: "
                          f"{problem}. Nothing was changed; choose another -o")
 
 
@@ -88,8 +103,8 @@ class Scratch:
     parent directory it created; :meth:`publish` moves the finished build into place.
     """
 
-    def __init__(self, output: Path):
-        self.output = output
+    def __init__(self, output: Path, kind: OutputKind = BUILD):
+        self.output, self.kind = output, kind
         self.created_parents: list[Path] = []
         self.path: Path | None = None
         self.lock: int | None = None
@@ -105,7 +120,7 @@ class Scratch:
             for folder in reversed(missing):
                 folder.mkdir()
                 self.created_parents.append(folder)
-            remove_leftovers(self.output)
+            remove_leftovers(self.output, self.kind.files)
             self.path = Path(tempfile.mkdtemp(prefix=f".{self.output.name}.tmp-", dir=parent))
         except OSError as error:
             self._remove_parents()
@@ -125,7 +140,7 @@ class Scratch:
                 if not force:
                     raise BuildError(f"{self.output} appeared while this build ran (another build?); it was left as "
                                      "it is and this build discarded; pass --force to replace a build directory")
-                check_output(self.output, force)  # again: it may have changed while the build ran
+                check_output(self.output, force, self.kind)  # again: it may have changed while the build ran
                 self._exchange()
             else:
                 self._move_into_place()
@@ -179,12 +194,13 @@ def _lock(path: Path) -> int:
     return descriptor
 
 
-def remove_leftovers(output: Path) -> list[Path]:
-    """Remove scratch and moved-aside directories of dead builds of ``output``; returns what was removed.
+def remove_leftovers(output: Path, files: frozenset[str] = BUILD_FILES) -> list[Path]:
+    """Remove scratch and moved-aside directories of dead builds (or exports) of ``output``; returns
+    what was removed.
 
     A leftover is removed only if it matches the names builds use, is a real directory, holds only
-    files a build writes, and its lock can be taken (no live build owns it). A moved-aside old build
-    whose output is missing is put back instead.
+    ``files`` (what a build, or an export, writes), and its lock can be taken (no live build owns it).
+    A moved-aside old build whose output is missing is put back instead.
     """
     parent = output.parent
     pattern = re.compile(rf"\.{re.escape(output.name)}\.(tmp-[A-Za-z0-9_]{{8}}|old-[0-9]+)")
@@ -198,7 +214,7 @@ def remove_leftovers(output: Path) -> list[Path]:
             continue
         path = parent / name
         try:
-            if not stat.S_ISDIR(os.lstat(path).st_mode) or not set(os.listdir(path)) <= BUILD_FILES:
+            if not stat.S_ISDIR(os.lstat(path).st_mode) or not set(os.listdir(path)) <= files:
                 continue
             descriptor = _lock(path)
         except OSError:  # locked by a live build, or gone
@@ -214,4 +230,4 @@ def remove_leftovers(output: Path) -> list[Path]:
     return removed
 
 
-__all__ = ["Scratch", "check_output", "remove_leftovers", "replaceable_problem"]
+__all__ = ["BUILD", "OutputKind", "Scratch", "check_output", "remove_leftovers", "replaceable_problem"]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from attnspec.errors import InteropError, shorten
+from attnspec.io import save_tensors
 from attnspec.spec import limits
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -69,6 +69,12 @@ def read_config(directory: Path) -> dict:
     if not directory.is_dir():
         raise InteropError(f"{directory}: not a directory; give a transformers checkpoint directory (config.json "
                            "and safetensors weights)")
+    try:
+        str(directory.resolve()).encode("utf-8")
+    except UnicodeEncodeError:  # Python keeps undecodable bytes as surrogates, which safetensors refuses
+        shown = str(directory).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        raise InteropError(f"{shown}: the path is not UTF-8 text, and safetensors opens only UTF-8 paths; rename "
+                           "the folder") from None
     return read_json_file(directory / CONFIG, "a transformers checkpoint directory has one")
 
 
@@ -130,5 +136,5 @@ def write_checkpoint(directory: Path, config: dict, tensors: dict[str, torch.Ten
     """``config.json`` and ``model.safetensors`` into ``directory`` (a scratch directory)."""
     text = json.dumps(config, indent=2, sort_keys=True, allow_nan=True)  # transformers writes Infinity too
     (directory / CONFIG).write_text(text + "\n")
-    save_file({name: t.detach().contiguous().cpu() for name, t in tensors.items()}, str(directory / WEIGHTS),
-              metadata={"format": "pt"})
+    save_tensors(directory / WEIGHTS, {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
+                 metadata={"format": "pt"})

@@ -12,14 +12,17 @@ Either way the output is written into a scratch directory and published by one r
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import torch
 
+from attnspec.compiler.outdir import OutputKind, Scratch, check_output
 from attnspec.errors import AttnSpecError, InteropError, SpecError, shorten
 from attnspec.hf.architectures import ARCHITECTURES, EXPORT_ORDER, Config, NotExpressible
-from attnspec.hf.checkpoint import read_config, read_tensors, weight_files, write_checkpoint
+from attnspec.hf.checkpoint import CONFIG, WEIGHTS, read_config, read_tensors, weight_files, write_checkpoint
+from attnspec.spec import limits
 from attnspec.spec.emit import spec_to_data
 from attnspec.spec.ir import Spec
 from attnspec.spec.validate import validate_data
@@ -36,6 +39,11 @@ def _name(directory: Path) -> str:
     return name[:64]
 
 
+def _printable(name: str) -> str:
+    """A file name as text: bytes that are not UTF-8 (Python keeps them as surrogates) become U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -> tuple[dict, Spec, str]:
     """The spec of a transformers checkpoint, as data and validated, and its model type.
 
@@ -44,6 +52,10 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -
             cannot express (naming the field and the layers), or the spec breaks attnspec's limits.
     """
     directory = Path(directory)
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)
+                                or not 2 <= max_len <= limits.MAX_LEN):
+        raise InteropError(f"--max-len must be a whole number from 2 to {limits.MAX_LEN:,} (the longest sequence the "
+                           f"model takes and its caches hold), got {shorten(max_len)}")
     config = read_config(directory)
     source = f"{directory}/config.json"
     model_type = config.get("model_type")
@@ -54,7 +66,8 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -
     architecture = ARCHITECTURES[model_type]
     data = architecture.spec(Config(config, source), model_type)
     data = {"name": _name(directory),
-            "description": f"Imported from a transformers {model_type} checkpoint ({directory.resolve().name}).",
+            "description": f"Imported from a transformers {model_type} checkpoint "
+                           f"({_printable(directory.resolve().name)}).",
             **data}
     if max_len is not None:
         data["max_len"] = max_len
@@ -174,7 +187,31 @@ def _lm_problem(spec) -> str | None:
     return PLUGINS_REFUSED if spec.plugins else None
 
 
-def export_hf(directory: Path | str, output: Path | str, *, model_type: str | None = None) -> tuple[Path, str]:
+def _export_problem(output: Path) -> str | None:
+    """Why ``--force`` may not replace ``output``: it must be a directory export-hf wrote (only its
+    config.json and model.safetensors, the config naming a model type attnspec writes)."""
+    from attnspec.hf.checkpoint import read_json_file
+
+    if output.is_symlink() or not output.is_dir():
+        return "it is a symbolic link" if output.is_symlink() else "it is not a directory"
+    foreign = sorted(set(os.listdir(output)) - EXPORT_FILES)
+    if foreign:
+        return f"it holds files export-hf does not write ({', '.join(foreign[:5])})"
+    try:
+        written = read_json_file(output / CONFIG, "").get("model_type")
+    except InteropError:
+        return "its config.json is not one export-hf wrote"
+    if written != ATTNSPEC_TYPE and written not in ARCHITECTURES:
+        return f"its config.json names the model type {shorten(written)}, which export-hf does not write"
+    return None
+
+
+EXPORT_FILES = frozenset({CONFIG, WEIGHTS})
+EXPORT = OutputKind("directory written by export-hf", EXPORT_FILES, _export_problem)
+
+
+def export_hf(directory: Path | str, output: Path | str, *, model_type: str | None = None,
+              force: bool = False) -> tuple[Path, str]:
     """``attnspec export-hf``: a build or run directory as a transformers directory.
 
     Args:
@@ -182,24 +219,24 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
         output: the directory to create (it must not exist).
         model_type: a native type to insist on (an InteropError says why it does not fit); by default
             the first native type that states the spec exactly, else ``attnspec``.
+        force: replace an existing directory that export-hf wrote (nothing else), atomically.
 
     Returns:
         (the output directory, the model type written).
     """
-    from attnspec.compiler.outdir import Scratch, check_output
     from attnspec.training.rundir import load_trained
 
     directory, output = Path(directory), Path(output)
-    check_output(output, force=False)
+    check_output(output, force, EXPORT)
+    if model_type is not None and model_type != ATTNSPEC_TYPE and model_type not in ARCHITECTURES:
+        raise InteropError(f"--model-type {shorten(model_type)}: attnspec writes {', '.join(sorted(ARCHITECTURES))} "
+                           f"or {ATTNSPEC_TYPE}")
     model = load_trained(directory)
     spec = model.spec
     problem = _lm_problem(spec)
     if problem:
         raise InteropError(f"{directory}: {problem}")
     ours = {name: t.detach().cpu() for name, t in model.state_dict().items()}
-    if model_type is not None and model_type != ATTNSPEC_TYPE and model_type not in ARCHITECTURES:
-        raise InteropError(f"--model-type {shorten(model_type)}: attnspec writes {', '.join(sorted(ARCHITECTURES))} "
-                           f"or {ATTNSPEC_TYPE}")
     candidates = EXPORT_ORDER if model_type is None else () if model_type == ATTNSPEC_TYPE else (model_type,)
     config = None
     for candidate in candidates:
@@ -219,9 +256,9 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
         model_type = ATTNSPEC_TYPE
         config = attnspec_config(spec, [block.mixer.mode for block in model.blocks])
         tensors = {f"model.{name}": tensor for name, tensor in ours.items()}
-    with Scratch(output) as scratch:
+    with Scratch(output, EXPORT) as scratch:
         write_checkpoint(scratch.path, config, tensors)
-        scratch.publish(force=False)
+        scratch.publish(force)
     return output, model_type
 
 

@@ -27,13 +27,14 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from attnspec.errors import RunError
 # The read side of the format (what `attnspec build RUN_DIR` needs too) is in attnspec.io, the lowest layer.
 from attnspec.io import (CHECKPOINT_FILES, CHECKPOINT_NAMES, CHECKPOINT_POINTER, MAX_JSON_BYTES, MAX_STEP, RUN_FILE,
                          RUN_FORMAT as FORMAT, STATUSES, check_directory, ensure_directory, is_step, json_lines,
-                         latest_checkpoint, open_append, owns_tree, read_json, read_run, remove_tree, write_atomic)
+                         latest_checkpoint, open_append, owns_tree, read_json, read_run, remove_tree, save_tensors,
+                         write_atomic)
 
 KEEP_CHECKPOINTS = 2
 
@@ -138,8 +139,8 @@ def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, optimize
     try:
         tmp.mkdir()
         weights = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
-        save_file(weights, str(tmp / "model.safetensors"))
-        save_file(_optimizer_tensors(optimizer, names), str(tmp / "optimizer.safetensors"))
+        save_tensors(tmp / "model.safetensors", weights)
+        save_tensors(tmp / "optimizer.safetensors", _optimizer_tensors(optimizer, names))
         (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
     except OSError as error:
         raise RunError(f"{tmp}: cannot write the checkpoint ({error.strerror})") from None

@@ -427,3 +427,51 @@ def test_a_hostile_checkpoint_directory_is_refused_without_reading_outside_it(ch
         (directory / "config.json").write_text(text)
         with pytest.raises(InteropError, match=match):
             spec_from_checkpoint(directory)
+
+
+def test_export_hf_force_replaces_only_its_own_output_and_cleans_leftovers(checkpoints, tmp_path):
+    """export-hf said "pass --force" but had none; a killed export's .OUT.tmp-* stayed forever; its
+    model.safetensors was 0600 beside 0644 files."""
+    import os
+    import stat
+
+    build = tmp_path / "b"
+    assert attnspec_cli("import-hf", str(checkpoints["llama"][1]), "-o", str(build), "--no-compile",
+                        "--no-calibrate").returncode == 0
+    out = tmp_path / "hf"
+    leftover = tmp_path / ".hf.tmp-abcd1234"  # a killed export's scratch directory
+    leftover.mkdir()
+    (leftover / "config.json").write_text("{}")
+    assert attnspec_cli("export-hf", str(build), "-o", str(out)).returncode == 0
+    assert not leftover.exists()
+    modes = {stat.S_IMODE(os.stat(path).st_mode) for path in [*out.iterdir(), *build.iterdir()]}
+    assert modes == {0o644}, modes
+    again = attnspec_cli("export-hf", str(build), "-o", str(out))
+    assert again.returncode == 2 and "--force" in again.stderr
+    assert attnspec_cli("export-hf", str(build), "-o", str(out), "--force").returncode == 0
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    refused = attnspec_cli("export-hf", str(build), "-o", str(mine), "--force")
+    assert refused.returncode == 2 and "notes.txt" in refused.stderr and (mine / "notes.txt").read_text() == "mine"
+
+
+def test_import_hf_options_are_checked_before_any_work(checkpoints, tmp_path):
+    import os
+
+    directory = checkpoints["llama"][1]
+    for args, words in [(["--max-len", "0"], "--max-len must be"), (["--max-len", "1"], "--max-len must be"),
+                        (["--spec", str(tmp_path / "nodir" / "x.yaml")], "does not exist")]:
+        result = attnspec_cli("import-hf", str(directory), "-o", str(tmp_path / "out"), *args)
+        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert not (tmp_path / "out").exists()
+    # a folder name that is not UTF-8 was refused with a pydantic message; safetensors cannot open such a
+    # path, so it is refused plainly, naming the path
+    odd = os.path.join(os.fsencode(tmp_path), b"ck\xff")
+    import shutil
+
+    shutil.copytree(directory, os.fsdecode(odd))
+    result = attnspec_cli("import-hf", os.fsdecode(odd), "-o", str(tmp_path / "odd-out"), "--no-compile",
+                          "--no-calibrate")
+    assert result.returncode == 2 and "not UTF-8 text" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "odd-out").exists()

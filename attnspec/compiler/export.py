@@ -66,7 +66,8 @@ def export_step(model: Model, path: Path) -> torch.export.ExportedProgram:
 
 def state_signature(model: Model) -> list[dict]:
     """Shapes (without the batch dimension) and dtypes of the decoding state, for loaders without attnspec."""
-    return [{"shape": list(shape), "dtype": str(dtype).replace("torch.", "")} for shape, dtype in model.state_signature()]
+    return [{"shape": list(shape), "dtype": str(dtype).replace("torch.", "")}
+            for shape, dtype in model.state_signature()]
 
 
 SPEED_BATCH = 1

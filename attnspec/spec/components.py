@@ -252,7 +252,8 @@ def locate_plugin(name: str) -> Path:
                                 "chose, never from where it happens to run (a received folder may hold a file of "
                                 "that name). Put the plugin's folder on PYTHONPATH as an absolute path (export "
                                 "PYTHONPATH=$PWD/examples/plugins) or install it")
-        raise PluginRefused(f"cannot import plugin {name!r}: no such module; is it installed, or on PYTHONPATH (as an absolute path)?")
+        raise PluginRefused(f"cannot import plugin {name!r}: no such module; is it installed, or on PYTHONPATH (as an "
+                            "absolute path)?")
     origin = found.origin
     if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
         raise PluginRefused(f"plugin {name!r} resolves to {shorten(origin)}, not a Python source file; attnspec "

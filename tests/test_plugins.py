@@ -158,7 +158,11 @@ def test_a_build_directory_never_supplies_plugin_code(tmp_path):
     manifest = json.loads((directory / "manifest.json").read_text())
     manifest["spec"]["plugins"] = ["evil_plugin"]
     (directory / "manifest.json").write_text(json.dumps(manifest))
-    result = attnspec("verify", ".", cwd=directory)  # `python -m` puts the working directory on sys.path
+    # `python -m` puts the working directory on sys.path: never searched for plugins, even consented ones
+    result = attnspec("verify", ".", cwd=directory, allowed=ALLOWED + ",evil_plugin")
+    assert result.returncode == 2 and "never from where it happens to run" in result.stderr, result.stderr
+    # the directory on an absolute PYTHONPATH entry, the plugin consented: a build directory's own file still never runs
+    result = attnspec("verify", str(directory), extra_path=str(directory), allowed=ALLOWED + ",evil_plugin")
     assert result.returncode == 2 and "never supplies code" in result.stderr, result.stderr
     assert not marker.exists()
 

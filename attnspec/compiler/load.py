@@ -10,7 +10,6 @@ modes of the manifest's plan; nothing is planned again.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
@@ -62,21 +61,20 @@ def check_plugins(directory: Path, names: object) -> None:
 
     A build directory's spec may list plugin modules; they are imported to rebuild the model, which
     is what the user installed, never code the directory brought along (a ``plugin.py`` beside the
-    manifest, found through a working directory on ``sys.path``). Only top-level names are located
-    (locating ``a.b`` would already run ``a/__init__.py``).
+    manifest on an absolute ``PYTHONPATH`` entry; the working directory is never searched, see
+    :func:`~attnspec.spec.components.locate_plugin`, which finds the file without running anything).
     """
+    from attnspec.spec.components import PluginRefused, locate_plugin
+
     if not isinstance(names, list):
         return
     inside = directory.resolve()
     for name in names:
-        top = str(name).split(".")[0]
         try:
-            found = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
+            origin = locate_plugin(str(name))
+        except (PluginRefused, ImportError, ValueError):
             continue  # validation reports it, located
-        places = [found.origin] if found and found.origin else []
-        places += list(found.submodule_search_locations or []) if found else []
-        if any(Path(place).resolve().is_relative_to(inside) for place in places if place):
+        if origin.is_relative_to(inside):
             raise BuildError(f"{directory}: its spec names the plugin {shorten(str(name))}, which would be imported "
                              "from inside the build directory; a build directory never supplies code. Install the "
                              "plugin or put it on PYTHONPATH from elsewhere")

@@ -75,10 +75,20 @@ def non_finite_problem(model: Model, length: int | None = None, seed: int = 0) -
     infinite values (``a_init: [1e-308]`` is 0 in float32, whose log is -inf), or the first block whose
     output on an example input is not finite (``scale: 1e308`` overflows float32, though the float64
     verification passes: NaN compared with NaN proves nothing)."""
+    from attnspec.spec.source import format_path
+    from attnspec.spec.walk import iter_blocks
+
+    paths = [format_path(path) for path, _ in iter_blocks(model.spec, expand=True)]
+
+    def where(index: int) -> str:  # the block as explain labels it, and where the spec writes it
+        return f"blocks[{index}] (the spec's {paths[index]})"
+
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return (f"the model's tensor {name} holds NaN or infinite values at {model.spec.dtype}; check the "
-                    "initialisation fields of that part of the spec")
+            parts = name.split(".")
+            owner = f" of {where(int(parts[1]))}" if parts[0] == "blocks" else ""
+            return (f"the model's tensor {name}{owner} holds NaN or infinite values at {model.spec.dtype}; check "
+                    "the initialisation fields of that part of the spec")
     length = length or max(2, min(model.spec.max_len, 37))
     inputs = example_input(model, 2, length, torch.Generator().manual_seed(seed))
     first: list[int] = []
@@ -93,7 +103,7 @@ def non_finite_problem(model: Model, length: int | None = None, seed: int = 0) -
         for hook in hooks:
             hook.remove()
     if first:
-        return (f"blocks[{first[0]}] computes NaN or infinite values at {model.spec.dtype} on an example input; "
+        return (f"{where(first[0])} computes NaN or infinite values at {model.spec.dtype} on an example input; "
                 "check its mixer's scale, gate and initialisation fields")
     if not bool(torch.isfinite(output).all()):
         return f"the model's output is NaN or infinite at {model.spec.dtype}; check the head's scale"

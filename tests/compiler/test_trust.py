@@ -189,34 +189,29 @@ def _shell(marker: Path) -> str:
     return f"__import__('os').system('touch {marker}')"
 
 
-def poison_expression(marker: Path):
-    """The audit's finding: sympy.sympify evaluates every ``expr_str`` as Python."""
+def first_expression(text: str):
+    """A graph change: the first symbolic size (``expr_str``) becomes ``text``."""
     def change(graph: dict) -> None:
         stack = [graph]
         while stack:
             value = stack.pop()
             if isinstance(value, dict):
                 if "expr_str" in value:
-                    value["expr_str"] = _shell(marker)
+                    value["expr_str"] = text
                     return
                 stack.extend(value.values())
             elif isinstance(value, list):
                 stack.extend(value)
-    return edit_graph(change)
+    return change
 
 
-def huge_power(graph: dict) -> None:
-    """Allowed tokens only, but sympy computes 10**(10**10): ``run --programs`` spun in sympify."""
-    stack = [graph]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            if "expr_str" in value:
-                value["expr_str"] = "Pow(Integer(10), Integer(10000000000))"
-                return
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
+def poison_expression(marker: Path):
+    """The audit's finding: sympy.sympify evaluates every ``expr_str`` as Python."""
+    return edit_graph(first_expression(_shell(marker)))
+
+
+huge_power = first_expression("Pow(Integer(10), Integer(10000000000))")
+"""Allowed tokens only, but sympy computes 10**(10**10): ``run --programs`` spun in sympify."""
 
 
 def poison_target(target: str):

@@ -266,46 +266,26 @@ def test_a_token_above_the_vocabulary_at_the_first_batch_leaves_nothing_behind(t
     assert not (tmp_path / "run").exists()
 
 
-def test_an_unreadable_entry_of_a_bytes_corpus_is_a_located_error(tmp_path, monkeypatch):
-    """Finding 13: `--task bytes` on a directory with an unreadable entry crashed. (The tests run as
-    root, whom permissions do not stop, so the read fails as it would for a user without access.)"""
+@pytest.mark.parametrize("failing, name", [("read_bytes", "b.txt"), ("lstat", "cwd")])
+def test_an_unreadable_entry_of_a_bytes_corpus_is_a_located_error(tmp_path, monkeypatch, failing, name):
+    """Finding 13: `--task bytes` on a directory with an unreadable entry crashed; and over /proc/1,
+    `is_file` raised PermissionError on an entry whose very status a user may not read (/proc/1/cwd).
+    (The tests run as root, whom permissions do not stop, so the call fails as it would for a user
+    without access.)"""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("hello world " * 50)
-    secret = corpus / "b.txt"
+    secret = corpus / name
     secret.write_text("secret " * 50)
-    real = Path.read_bytes
+    real = getattr(Path, failing)
 
-    def read_bytes(self):
+    def refuse(self):
         if self == secret:
             raise PermissionError(13, "Permission denied", str(self))
         return real(self)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
-    with pytest.raises(AttnSpecError, match="b.txt: cannot be read"):
-        attnspec.train(SPEC, overrides=[*TINY[:3], "input.vocab_size=256", "position=learned"], task="bytes",
-                       task_overrides=[f"path={corpus}", "seq_len=8"], output=tmp_path / "run", steps=2,
-                       batch_size=2, test_examples=2)
-    assert not (tmp_path / "run").exists()
-
-
-def test_a_corpus_entry_whose_status_cannot_be_read_is_a_located_error(tmp_path, monkeypatch):
-    """`--task bytes` over /proc/1 raised PermissionError from `is_file` (an entry whose status a user
-    may not read, as /proc/1/cwd); here lstat fails as it would there."""
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "a.txt").write_text("hello world " * 50)
-    hidden = corpus / "cwd"
-    hidden.write_text("x")
-    real = Path.lstat
-
-    def lstat(self):
-        if self == hidden:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
-
-    monkeypatch.setattr(Path, "lstat", lstat)
-    with pytest.raises(AttnSpecError, match="cwd: cannot be read"):
+    monkeypatch.setattr(Path, failing, refuse)
+    with pytest.raises(AttnSpecError, match=f"{name}: cannot be read"):
         attnspec.train(SPEC, overrides=[*TINY[:3], "input.vocab_size=256", "position=learned"], task="bytes",
                        task_overrides=[f"path={corpus}", "seq_len=8"], output=tmp_path / "run", steps=2,
                        batch_size=2, test_examples=2)

@@ -573,7 +573,8 @@ def ablate(
                                                                        "resume)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate every run and list them with estimates; run "
                                                           "nothing."),
-    backend: str = typer.Option("local", "--backend", help="local (worker processes) or ray."),
+    runner: str = typer.Option("local", "--runner", "--backend", help="Where runs execute: local (worker processes) "
+                               "or ray (--backend is the old name)."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS, or a "
                                                                   "local Ray instance)."),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Local worker processes (default: "
@@ -588,17 +589,17 @@ def ablate(
     Run again to take up an interrupted sweep or to add variants: only unfinished runs run.
     """
     from attnspec.ablation.ablate import ablate as run_sweep, plan_sweep
-    from attnspec.ablation.backends import sizing
+    from attnspec.ablation.runners import sizing
     from attnspec.sweep_display import SweepProgress, print_plan
 
     plan = plan_sweep(file, output)
     if dry_run:
-        print_plan(out, plan, sizing(len(plan.todo), workers, threads)[0] if backend == "local" else 1)
+        print_plan(out, plan, sizing(len(plan.todo), workers, threads)[0] if runner == "local" else 1)
         return
     if output is None:
         raise AttnSpecError("give a runs directory with -o RUNS_DIR (or --dry-run to only check the sweep)")
     with SweepProgress(out) as progress:
-        outcome = run_sweep(plan, output, backend=backend, workers=workers, threads=threads, address=address,
+        outcome = run_sweep(plan, output, runner=runner, workers=workers, threads=threads, address=address,
                             on_event=progress.update)
     _print_report(output)
     out.print(f"{outcome.ran} run(s) in {outcome.seconds:.0f} s, {outcome.skipped} already done, "
@@ -708,8 +709,6 @@ app.add_typer(diagnose_app, name="diagnose")
 
 def _launch_torchrun(nproc: int) -> None:
     """Re-run this command under torchrun with ``nproc`` processes (the --nproc flag removed)."""
-    import subprocess
-
     args, skip = [], False
     for arg in sys.argv[1:]:
         if skip:
@@ -718,12 +717,17 @@ def _launch_torchrun(nproc: int) -> None:
             skip = True
         elif not arg.startswith("--nproc="):
             args.append(arg)
-    from attnspec.io import child_environment
+    from attnspec.io import start_python
 
-    # -P and PYTHONSAFEPATH (inherited by the ranks torchrun starts): no module from the working directory
-    command = [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "attnspec", *args]
-    code = subprocess.call(command, env=child_environment())
+    # PYTHONSAFEPATH (inherited by the ranks torchrun starts): no module from the working directory there either
+    process = start_python("torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "attnspec",
+                           *args)
+    try:
+        code = process.wait()
+    except BaseException:  # Ctrl-C: the ranks go with it, as subprocess.call did
+        process.kill()
+        process.wait()
+        raise
     if code:
         raise typer.Exit(code)
 

@@ -27,8 +27,10 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any, IO
+from typing import IO, Any, Callable
 
 from attnspec.errors import RunError, shorten
 
@@ -49,8 +51,25 @@ def child_environment(**extra: str) -> dict[str, str]:
     """The environment of every Python child process attnspec starts (compile check, sweep workers,
     torchrun ranks, Ray tasks): this one's, with ``PYTHONSAFEPATH=1`` so the child's ``sys.path``
     never holds the working directory (a received folder's ``yaml.py`` must not shadow a library),
-    plus ``extra``. Children are also started with ``python -P``, which means the same."""
+    plus ``extra``. It carries the user's plugin consent (``ATTNSPEC_PLUGINS``) and the files this
+    process imported for it (``ATTNSPEC_PLUGIN_FILES``), which the child imports and no other."""
     return {**os.environ, "PYTHONSAFEPATH": "1", **extra}
+
+
+def start_python(module: str, *args: str, env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
+    """Start ``python -P -m module *args``, the one way attnspec launches a Python child (compile check,
+    sweep workers, torchrun): ``-P`` and :func:`child_environment` (plus ``env``) keep the working
+    directory off its ``sys.path`` and hand it the user's consent; on Linux the child is killed when
+    this process dies, even by SIGKILL, so a killed build or sweep leaves nothing running.
+    ``popen``: the rest of ``subprocess.Popen``'s arguments (pipes, files)."""
+    def die_with_parent() -> None:  # in the child, before exec
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return subprocess.Popen([sys.executable, "-P", "-m", module, *args], env=child_environment(**(env or {})),
+                            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None, **popen)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -220,24 +239,95 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """The JSON value in ``path`` (a regular file, not a link, at most ``max_bytes``), or a RunError
-    saying what is wrong: missing, too large, not UTF-8, not JSON, NaN/Infinity, nested too deep."""
+def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES, *, follow_links: bool = False,
+              parse_constant: Callable[[str], Any] = _refuse_constant,
+              object_hook: Callable[[dict], Any] | None = None) -> Any:
+    """The JSON value in ``path``, read as untrusted data: the one bounded JSON reader of attnspec (run
+    and runs directories, caches, manifests, transformers checkpoints). A regular file (a link is
+    refused unless ``follow_links``: the Hugging Face cache links snapshot files to blobs) of at most
+    ``max_bytes``, UTF-8, nested no deeper than Python's recursion allows, NaN and Infinity refused
+    unless ``parse_constant`` reads them; ``object_hook`` as ``json.loads``'s.
+
+    Raises:
+        RunError: saying what is wrong (missing, a link, not a file, too large, not UTF-8, not JSON,
+            a constant, nested too deep); callers translate it into their own error class.
+    """
     info = _lstat(path)
+    if info is not None and follow_links and stat.S_ISLNK(info.st_mode):
+        try:
+            info = os.stat(path)
+        except OSError as error:
+            raise RunError(f"{path}: a link that cannot be followed ({error.strerror})") from None
     if info is None:
         raise RunError(f"{path}: missing")
     if not stat.S_ISREG(info.st_mode):
-        raise RunError(f"{path}: not a regular file (a link or a directory); attnspec reads only its own files")
+        kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        raise RunError(f"{path}: {kind}; attnspec reads only regular files here")
     if info.st_size > max_bytes:
         raise RunError(f"{path}: larger than {max_bytes:,} bytes")
     try:
-        return json.loads(path.read_bytes().decode("utf-8"), parse_constant=_refuse_constant)
+        return json.loads(path.read_bytes().decode("utf-8"), parse_constant=parse_constant, object_hook=object_hook)
     except RecursionError:
-        raise RunError(f"{path}: nested too deeply to be a file attnspec wrote") from None
+        raise RunError(f"{path}: nested too deeply to be a file attnspec reads") from None
     except (ValueError, UnicodeDecodeError) as error:
         raise RunError(f"{path}: not valid JSON ({shorten(str(error), 120)})") from None
     except OSError as error:
         raise RunError(f"{path}: cannot read ({error.strerror})") from None
+
+
+MAX_SAFETENSORS_HEADER = 100 << 20
+"""The JSON header of a safetensors file (safetensors' own limit)."""
+SAFETENSORS_DTYPES = frozenset({"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64", "F16", "BF16", "F32",
+                                "F64", "F8_E4M3", "F8_E5M2"})
+
+
+def read_safetensors_header(path: Path, *, follow_links: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The tensors a safetensors file declares, as name -> (shape, dtype name), read from its header
+    alone (nothing is allocated for the data): the 8-byte header length, then the header through
+    :func:`read_json`'s rules, every entry checked to lie within the file. ``__metadata__`` is skipped.
+
+    Raises:
+        RunError: the file is missing, a link (unless ``follow_links``), or its header is not a valid
+            safetensors header for its size.
+    """
+    try:
+        info = os.stat(path) if follow_links else os.lstat(path)
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing") from None
+    except OSError as error:
+        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise RunError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            if not 2 <= length <= min(MAX_SAFETENSORS_HEADER, info.st_size - 8):
+                raise RunError(f"{path}: not a safetensors file (its header length is {length:,} bytes)")
+            raw = handle.read(length)
+        header = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except RecursionError:
+        raise RunError(f"{path}: its safetensors header is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise RunError(f"{path}: its safetensors header is not valid JSON ({shorten(str(error), 120)})") from None
+    except OSError as error:
+        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    if not isinstance(header, dict):
+        raise RunError(f"{path}: its safetensors header is not a table of tensors")
+    data_bytes = info.st_size - 8 - length
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        ok = isinstance(entry, dict) and entry.get("dtype") in SAFETENSORS_DTYPES
+        shape, offsets = (entry.get("shape"), entry.get("data_offsets")) if ok else (None, None)
+        ok = ok and isinstance(shape, list) and len(shape) <= 16 and all(type(n) is int and n >= 0 for n in shape)
+        ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets) \
+            and 0 <= offsets[0] <= offsets[1] <= data_bytes
+        if not ok:
+            raise RunError(f"{path}: its safetensors header entry {shorten(name)} is not a tensor within the file")
+        tensors[name] = (tuple(shape), entry["dtype"])
+    return tensors
 
 
 def json_lines(text: str) -> list[dict]:
@@ -344,7 +434,8 @@ def latest_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, P
     return step, where, state
 
 
-__all__ = ["cache_directory", "child_environment", "check_directory", "ensure_directory", "write_atomic", "write_with", "open_append",
-           "open_append_binary", "open_lock", "owns_tree", "remove_tree", "read_json", "json_lines",
-           "MAX_JSON_BYTES", "VERSION", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "read_run",
-           "latest_checkpoint", "is_step", "read_cache_file", "write_cache_file"]
+__all__ = ["cache_directory", "child_environment", "start_python", "check_directory", "ensure_directory",
+           "write_atomic", "write_with", "save_tensors", "open_append", "open_append_binary", "open_lock", "owns_tree",
+           "remove_tree", "read_json", "read_safetensors_header", "json_lines", "MAX_JSON_BYTES", "VERSION",
+           "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "read_run", "latest_checkpoint", "is_step",
+           "read_cache_file", "write_cache_file"]

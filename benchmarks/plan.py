@@ -26,7 +26,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from attnspec.compiler.calibrate import check_plan  # noqa: E402
-from attnspec.compiler.plan import Calibration  # noqa: E402
+from attnspec.compiler.calibration import Calibration  # noqa: E402
 from attnspec.spec import load_spec  # noqa: E402
 
 

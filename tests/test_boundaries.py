@@ -93,6 +93,45 @@ def test_imports_go_down_the_layers():
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
 
 
+def test_no_module_imports_itself_through_others():
+    """No import cycles between attnspec's modules (lazy imports count): one job per module, each
+    readable on its own. Tarjan's strongly connected components of the import graph."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "attnspec").rglob("*.py")):
+        module = _module_name(path)
+        graph[module] = {target for target, _ in _imports(path, module) if target != module}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in graph:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(cycle) for cycle in cycles)
+
+
 def test_every_allowed_exception_is_still_needed():
     found = {(module, target) for path in (ROOT / "attnspec").rglob("*.py")
              for module in [_module_name(path)] for target, _ in _imports(path, module)}

@@ -272,7 +272,8 @@ def test_a_plugin_family_is_planned_verified_exported_and_decodes_like_a_built_i
 def test_a_plugin_family_computes_its_reference_and_states_its_facts():
     result = python("""
         import torch, ema
-        from attnspec.compiler.plan import Calibration, plan_spec
+        from attnspec.compiler.calibration import Calibration
+        from attnspec.compiler.plan import plan_spec
         from attnspec.spec import load_spec
         node = ema.EmaMixer(kind="ema", heads=2, d_qk=8, d_v=8)
         mixer = ema.EmaModule(node, d_model=16, max_len=64, seed=0).double()

@@ -3,7 +3,7 @@
 :func:`plan_sweep` does everything that needs no training: it validates every variant and task point
 (:mod:`attnspec.ablation.sweep`), estimates each run (:mod:`attnspec.ablation.estimate`) and, given a
 runs directory, says which runs are done, resumable or new. ``--dry-run`` prints that plan.
-:func:`ablate` then runs the runs that are not done on a backend (:mod:`attnspec.ablation.backends`),
+:func:`ablate` then runs the runs that are not done on a runner (:mod:`attnspec.ablation.runners`),
 records each outcome in the runs directory (:mod:`attnspec.ablation.runsdir`) and writes the report.
 A failing run does not stop the sweep: its error is recorded and the others go on.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnspec.ablation import runsdir
-from attnspec.ablation.backends import EventCallback, make_backend
+from attnspec.ablation.runners import EventCallback, make_runner
 from attnspec.ablation.estimate import Estimator, RunEstimate
 from attnspec.ablation.sweep import LoadedSweep, PlannedRun, Variant, expand, load_sweep, resolve_variants
 
@@ -86,7 +86,7 @@ def plan_sweep(source: str | Path | dict, output: str | Path | None = None) -> S
     return SweepPlan(loaded, variants, runs, estimates, states)
 
 
-def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend: str = "local",
+def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, runner: str = "local",
            workers: int | None = None, threads: int | None = None, address: str | None = None,
            on_event: EventCallback | None = None, report: bool = True) -> SweepOutcome:
     """Run every run of a sweep that is not done yet into the runs directory ``output``.
@@ -95,7 +95,7 @@ def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend
         source: the sweep file, its data, or a :class:`SweepPlan` from :func:`plan_sweep`.
         output: the runs directory (created, or taken up again: finished runs are skipped and
             interrupted ones resume from their last checkpoint).
-        backend: ``local`` (worker processes) or ``ray`` (tasks on the Ray cluster at ``address``).
+        runner: ``local`` (worker processes) or ``ray`` (tasks on the Ray cluster at ``address``).
         workers, threads: local worker processes and intra-op threads per run (default: workers x
             threads = this machine's cores).
         on_event: receives ``sweep_start``, ``run_start``, ``run_progress``, ``run_end`` and
@@ -111,7 +111,7 @@ def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend
     plan.states = {run.key: runsdir.state(output, run.key) for run in plan.runs} \
         if (output / runsdir.SWEEP_FILE).is_file() else {}  # what is done in *this* directory, now
     todo = plan.todo
-    chosen = make_backend(backend, len(todo), workers, threads, address)  # a bad backend writes nothing
+    chosen = make_runner(runner, len(todo), workers, threads, address)  # a bad runner writes nothing
     sweep_data = plan.loaded.sweep.model_dump(mode="json", by_alias=True)
     runsdir.prepare(output, sweep_data, plan.loaded.text,
                     [{**run.to_json(), "estimate": plan.estimates[run.key].to_json()} for run in plan.runs])
@@ -120,7 +120,7 @@ def ablate(source: str | Path | dict | SweepPlan, output: str | Path, *, backend
     jobs = [{"key": run.key, "label": run.label, "spec": run.spec_data, "config": run.config_data,
              "steps": run.config_data["steps"]} for run in todo]
     send({"event": "sweep_start", "runs": len(plan.unique_runs), "todo": [job["key"] for job in jobs],
-          "labels": labels, "steps": {job["key"]: job["steps"] for job in jobs}, "backend": chosen.name,
+          "labels": labels, "steps": {job["key"]: job["steps"] for job in jobs}, "runner": chosen.name,
           "workers": getattr(chosen, "workers", None), "threads": chosen.threads,
           "estimates": {key: plan.estimates[key].seconds for key in labels}})
     ends: dict[str, list[dict]] = {"failed": [], "diverged": [], "busy": []}

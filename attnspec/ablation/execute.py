@@ -1,11 +1,11 @@
-"""Executing one run of a sweep, in whatever process a backend gives it (a local worker, a Ray task).
+"""Executing one run of a sweep, in whatever process a runner gives it (a local worker, a Ray task).
 
 :func:`execute` trains the run into ``RUNS_DIR/runs/KEY``: it skips a finished run, resumes one with
 a checkpoint, restarts one killed before its first checkpoint, and holds ``locks/KEY.lock`` while it
 trains so that two sweeps never train the same run. Errors the user can fix (``AttnSpecError``) come
-back as a failed outcome; anything else propagates, and the backend records it.
+back as a failed outcome; anything else propagates, and the runner records it.
 
-``python -m attnspec.ablation.execute`` is the local backend's worker: it reads one job as JSON on
+``python -m attnspec.ablation.execute`` is the local runner's worker: it reads one job as JSON on
 stdin, writes progress as JSON lines on stdout and ends with the outcome line.
 """
 

@@ -8,7 +8,7 @@ Layout (JSON written atomically; nothing pickled)::
       sweep.yaml          the sweep file as given
       runs/KEY/           one `attnspec train` run directory per run (see attnspec.training.rundir)
       failures/KEY.json   the error of a run that failed (removed when it later succeeds)
-      logs/KEY.log        what a run's process printed (local backend)
+      logs/KEY.log        what a run's process printed (local runner)
       locks/KEY.lock      held (flock) by the process training KEY, so two sweeps never train one run
       events.jsonl        one line per run started, resumed, finished or failed, with times
       report/             results.csv, results.md, report.html, plots/ (attnspec.ablation.report)

@@ -11,7 +11,7 @@ from typing import Any
 
 # Imported on first use: loading a build directory needs neither the spec front-ends nor the
 # build machinery (rich, torch.compile, export), and `import attnspec.compiler.manifest` stays light.
-_LAZY = {"build_model": "lower", "count_parameters": "lower", "plan_spec": "plan", "load_model": "load",
+_LAZY = {"build_model": "lower", "count_parameters": "sizes", "plan_spec": "plan", "load_model": "load",
          "build_directory": "build"}
 
 

@@ -19,12 +19,15 @@ from typing import Callable, Iterator
 import torch
 
 from attnspec.io import VERSION, save_tensors
-from attnspec.compiler.compile import BackgroundCheck, check_key, passed_before, remember_pass
-from attnspec.compiler.export import (DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, example_input,
-                                      export_model, export_step, sequence_speed, state_signature)
+from attnspec.compiler.compile import BackgroundCheck
+from attnspec.compiler.compile_cache import check_key, passed_before, remember_pass
+from attnspec.compiler.export import export_model, export_step, state_signature
+from attnspec.compiler.speed import DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, sequence_speed
+from attnspec.compiler.tracing import example_input
 from attnspec.compiler.load import load_weights
 from attnspec.compiler.device import device_calibration, resolve_device
-from attnspec.compiler.lower import check_model_size, lower
+from attnspec.compiler.lower import lower
+from attnspec.compiler.sizes import check_model_size
 from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
 from attnspec.compiler.outdir import Scratch, check_output
 from attnspec.compiler.plan import plan_spec

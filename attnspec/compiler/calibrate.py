@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnspec.compiler.plan import (Calibration, MAX_BYTES, estimated_costs, mixer_signature, regime_modes)
+from attnspec.compiler.calibration import Calibration, mixer_signature
+from attnspec.compiler.plan import MAX_BYTES, estimated_costs, regime_modes
 from attnspec.ops.linear.backends import native
 from attnspec.spec.ir import Spec, iter_blocks
 

@@ -4,18 +4,15 @@
 recompile budget (``isolate_recompiles`` where torch has it, otherwise a dynamo reset), and
 hitting the recompile limit is an error rather than a silent fall-back to eager. Checks compile
 regionally (one compiled graph per distinct block structure); a build runs its check in a child
-process beside the export (:class:`BackgroundCheck`).
+process beside the export (:class:`BackgroundCheck`), and remembers a passed one
+(:mod:`attnspec.compiler.compile_cache`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import inspect
 import json
-import os
-import stat
 import subprocess
 import sys
 import tempfile
@@ -26,23 +23,9 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from attnspec.compiler.tracing import example_input, size_oblivious
 from attnspec.errors import BuildError
-from attnspec.io import VERSION, child_environment
-
-
-def size_oblivious():
-    """Trace sizes without special-casing 0 and 1 (``backed_size_oblivious``).
-
-    The chunked kernel reshapes L into (chunks, chunk_size); when an example has exactly one
-    chunk, ordinary tracing specialises on "chunks == 1" (size-1 dimensions have arbitrary
-    strides) and the program would not be dynamic in L.
-    """
-    try:
-        import torch.fx.experimental._config as shape_config
-
-        return shape_config.patch(backed_size_oblivious=True)
-    except (ImportError, AttributeError, KeyError):  # older torch: best effort
-        return contextlib.nullcontext()
+from attnspec.io import start_python
 
 
 def _compile_options(limit: int = 8) -> dict:
@@ -142,8 +125,6 @@ def check_model(model: nn.Module) -> dict:
     ``torch.export`` refuses to keep if any code specialises on it), and the test suite checks
     ``torch.compile(dynamic=True)`` across lengths without recompiles for each mode's code path.
     """
-    from attnspec.compiler.export import example_input
-
     inputs = [example_input(model, 2, min(45, model.spec.max_len), torch.Generator().manual_seed(0))]
     tight = model.embed.weight.dtype == torch.float64
     return check_compiled(model, inputs, atol=1e-9 if tight else 1e-4, rtol=1e-7 if tight else 1e-4, dynamic=False)
@@ -161,12 +142,9 @@ class BackgroundCheck:
 
     def __init__(self, directory: Path, modes: list[str], device: torch.device | str = "cpu"):
         self.log = tempfile.TemporaryFile()
-        # -P: the working directory is not put on sys.path, so no `attnspec` folder there is imported
-        command = [sys.executable, "-P", "-m", "attnspec.compiler.compile", str(directory), json.dumps(modes),
-                   str(device)]
         self.start = time.perf_counter()
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=child_environment(),
-                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self.process = start_python("attnspec.compiler.compile", str(directory), json.dumps(modes), str(device),
+                                    stdout=self.log, stderr=subprocess.STDOUT)
 
     def __enter__(self) -> "BackgroundCheck":
         return self
@@ -194,115 +172,6 @@ class BackgroundCheck:
             raise BuildError(report["error"])
         tail = "\n".join(output[-15:])
         raise BuildError(f"the compile check's process failed (exit {code}):\n{tail}")
-
-
-CHECKS_FILE = "compile-checks.json"
-
-
-def check_key(spec_data: dict, modes: list[str], device: str = "cpu") -> str:
-    """What a build's compile check depends on: the resolved spec without its name and seed (which
-    change only values), the plan's modes, the device type (another device compiles other code) and
-    the attnspec and torch versions."""
-    import hashlib
-
-    data = {key: value for key, value in spec_data.items() if key not in ("name", "seed")}
-    versions = [VERSION, torch.__version__]
-    text = json.dumps([data, modes, *versions] if device == "cpu" else [data, modes, device, *versions], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-# A reused check skips a compile, so the cache entry must prove that this user's attnspec ran it: each
-# entry is signed with an HMAC under a key only this user can read (created on first use, mode 0600).
-# A received, copied or hand-edited compile-checks.json has no valid signature, and is ignored.
-SECRET_FILE = "compile-checks.key"
-
-
-def passed_before(key: str) -> dict | None:
-    """The report of a check that passed for the same structure (:func:`check_key`) on this machine, if
-    the cache holds one signed by this user's key with a well-formed report; else None (check again)."""
-    entry = _read_checks().get(key)
-    secret = _secret(create=False)
-    if not isinstance(entry, dict) or secret is None:
-        return None
-    report, proof = entry.get("report"), entry.get("proof")
-    if not (_valid_report(report) and isinstance(proof, str)
-            and hmac.compare_digest(proof, _sign(secret, key, report))):
-        return None
-    return report
-
-
-def remember_pass(key: str, report: dict) -> None:
-    """Record a passed check, signed, in the cache (merged with what other processes wrote, replaced atomically)."""
-    from attnspec.io import write_cache_file
-
-    secret = _secret(create=True)
-    if secret is None or not _valid_report(report):
-        return
-    checks = _read_checks()
-    checks[key] = {"report": report, "proof": _sign(secret, key, report)}
-    write_cache_file(_checks_path(), "checks", checks)
-
-
-def _valid_report(report: object) -> bool:
-    """A report as :func:`check_compiled` returns it, small enough for the manifest."""
-    if not isinstance(report, dict) or set(report) != {"lengths", "max_abs_diff", "graphs", "dynamic"}:
-        return False
-    lengths, diff, graphs = report["lengths"], report["max_abs_diff"], report["graphs"]
-    return (isinstance(lengths, list) and 0 < len(lengths) <= 16
-            and all(type(n) is int and 0 < n <= 1 << 20 for n in lengths)
-            and type(diff) in (int, float) and 0 <= diff < 1 and type(graphs) is int and 0 <= graphs <= 1 << 16
-            and type(report["dynamic"]) is bool)
-
-
-def _sign(secret: bytes, key: str, report: dict) -> str:
-    return hmac.new(secret, json.dumps([key, report], sort_keys=True).encode(), hashlib.sha256).hexdigest()
-
-
-def _secret(create: bool) -> bytes | None:
-    """This user's signing key for compile checks (32 random bytes, a regular file of this user's that
-    nobody else can read), created if ``create``; None when there is none or it is not trustworthy."""
-    from attnspec.io import cache_directory
-
-    path = cache_directory() / SECRET_FILE
-    if create and not path.exists() and not path.is_symlink():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(os.urandom(32))
-        except OSError:
-            return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            return None
-        secret = handle.read(64)
-    return secret if len(secret) == 32 else None
-
-
-def _checks_path() -> Path:
-    from attnspec.io import cache_directory
-
-    return cache_directory() / CHECKS_FILE
-
-
-def _read_checks() -> dict[str, dict]:
-    from attnspec.io import read_cache_file
-
-    return {k: v for k, v in read_cache_file(_checks_path(), "checks").items() if isinstance(v, dict)}
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to kill it when the build process dies (even by SIGKILL),
-    so that a killed build leaves no compiler running."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _check_directory(directory: Path, modes: list[str], device: str) -> dict:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from attnspec.compiler.plan import Calibration
+from attnspec.compiler.calibration import Calibration
 from attnspec.errors import BuildError
 
 

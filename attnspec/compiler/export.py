@@ -5,15 +5,13 @@ The exported programs load with ``torch.export.load`` and run without attnspec i
 
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.export import Dim
 
-from attnspec.compiler.compile import size_oblivious
+from attnspec.compiler.tracing import example_input, size_oblivious
 from attnspec.nn.model import Model
 
 
@@ -26,17 +24,6 @@ class DecodeStep(nn.Module):
 
     def forward(self, token: torch.Tensor, *state: torch.Tensor):
         return self.model.step(token, *state)
-
-
-def example_input(model: Model, batch: int, length: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Random tokens (B, L) or features (B, L, dim) for ``model``, on its device (drawn on the CPU, so a
-    seeded generator gives the same numbers on every device)."""
-    spec = model.spec
-    device = model.embed.weight.device
-    if spec.input.kind == "tokens":
-        return torch.randint(0, spec.input.vocab_size, (batch, length), generator=generator).to(device)
-    dtype = model.embed.weight.dtype
-    return torch.randn(batch, length, spec.input.dim, generator=generator, dtype=dtype).to(device)
 
 
 def export_model(model: Model, path: Path) -> torch.export.ExportedProgram:
@@ -68,45 +55,3 @@ def state_signature(model: Model) -> list[dict]:
     """Shapes (without the batch dimension) and dtypes of the decoding state, for loaders without attnspec."""
     return [{"shape": list(shape), "dtype": str(dtype).replace("torch.", "")}
             for shape, dtype in model.state_signature()]
-
-
-SPEED_BATCH = 1
-SPEED_LENGTH = 256
-SPEED_SECONDS = 0.5  # timed calls stop after this long (at least one after the warm-up)
-DECODE_STEPS = 32
-
-
-def sequence_speed(call, inputs: torch.Tensor, repeats: int = 3) -> float:
-    """Tokens per second of ``call(inputs)`` (B, L, ...) without gradients: median of up to
-    ``repeats`` timed calls within ``SPEED_SECONDS``, after one warm-up call."""
-    times = []
-    with torch.no_grad():
-        call(inputs)
-        while len(times) < repeats and sum(times) < SPEED_SECONDS:
-            _synchronize(inputs)
-            start = time.perf_counter()
-            call(inputs)
-            _synchronize(inputs)
-            times.append(time.perf_counter() - start)
-    return inputs.shape[0] * inputs.shape[1] / statistics.median(times)
-
-
-def decode_speed(step, state: tuple[torch.Tensor, ...], steps: int = DECODE_STEPS) -> float:
-    """Tokens per second of ``step(token, *state) -> (logits, *state)`` at the state's batch, over
-    ``steps`` steps after one warm-up step."""
-    batch = state[0].shape[0]
-    token = torch.zeros(batch, dtype=torch.long, device=state[0].device)
-    with torch.no_grad():
-        _, *state = step(token, *state)
-        _synchronize(token)
-        start = time.perf_counter()
-        for _ in range(steps):
-            _, *state = step(token, *state)
-        _synchronize(token)
-    return batch * steps / (time.perf_counter() - start)
-
-
-def _synchronize(tensor: torch.Tensor) -> None:
-    """Wait for ``tensor``'s device: CUDA calls return before their kernels finish."""
-    if tensor.device.type == "cuda":
-        torch.cuda.synchronize(tensor.device)

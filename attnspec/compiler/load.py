@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from attnspec.compiler.device import resolve_device
-from attnspec.compiler.lower import check_model_size
+from attnspec.compiler.sizes import check_model_size
 from attnspec.compiler.manifest import Manifest, read_manifest
 from attnspec.compiler.plan import backends_for
 from attnspec.errors import AttnSpecError, BuildError, shorten

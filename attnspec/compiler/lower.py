@@ -1,18 +1,11 @@
-"""Lowering: a resolved spec becomes an ``attnspec.nn`` model with its plan's modes set.
-
-Also the parameter count of a spec, from its model built on the meta device.
-"""
+"""Lowering: a resolved spec becomes an ``attnspec.nn`` model with its plan's modes set."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from attnspec.errors import BuildError, ShapeError
 from attnspec.nn.model import Model, build_model_from_spec
-from attnspec.spec import limits
 from attnspec.spec.load import load_spec
 from attnspec.spec.ir import Spec
 from attnspec.compiler.device import device_calibration, resolve_device
@@ -58,33 +51,3 @@ def build_model(spec_or_path: Any, *overrides: str, length: int | None = None, d
     device = resolve_device(device)
     plan = plan_spec(spec, length, calibration=device_calibration(device), device=device.type)
     return lower(spec, plan).to(device)
-
-
-def count_parameters(spec: Spec) -> int:
-    """The number of trainable parameters of the model of ``spec``, from the lowered model built on
-    the meta device: no memory is allocated, so the count is safe before the limit check
-    (an 89-billion-parameter spec is counted in under a second), and no formula can drift from
-    what the modules really hold (tests keep a hand-written formula as an oracle)."""
-    with torch.device("meta"):
-        model = Model(spec)
-    return sum(parameter.numel() for parameter in model.parameters())
-
-
-def check_model_size(spec: Spec) -> int:
-    """The parameter count of ``spec``'s model, after checking it and one sequence's decoding state
-    against attnspec's limits on the meta device (nothing allocated).
-
-    Raises:
-        BuildError: over ``MAX_PARAMETERS`` or ``MAX_DECODE_STATE_BYTES``, saying what to make smaller.
-    """
-    with torch.device("meta"):
-        model = Model(spec)
-    parameters = sum(parameter.numel() for parameter in model.parameters())
-    if parameters > limits.MAX_PARAMETERS:
-        raise BuildError(f"the spec implies {parameters:,} parameters, over the limit of {limits.MAX_PARAMETERS:,}; "
-                         "make the model smaller")
-    try:
-        model.check_decode_state(1)
-    except ShapeError as error:
-        raise BuildError(str(error)) from None
-    return parameters

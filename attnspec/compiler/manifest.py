@@ -11,7 +11,6 @@ authenticity: whoever can write the directory can rewrite the manifest too (READ
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from attnspec.errors import BuildError, shorten
+from attnspec.errors import BuildError, RunError, shorten
+from attnspec.io import read_json
 from attnspec.spec import limits
 
 FORMAT = 2
@@ -167,13 +167,11 @@ def parse_manifest(directory: Path) -> Manifest:
     if not os.path.lexists(path):
         raise BuildError(f"{directory} is not a build directory (no {MANIFEST}); build one with "
                          "`attnspec build SPEC -o DIR`")
-    info = regular_file(path, "rebuild the directory")
-    if info.st_size > MAX_MANIFEST_BYTES:
-        raise BuildError(f"{path} is {info.st_size:,} bytes, over the {MAX_MANIFEST_BYTES:,} a manifest may have")
+    regular_file(path, "rebuild the directory")
     try:
-        data = json.loads(path.read_bytes(), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise BuildError(f"{path} is not valid JSON ({shorten(str(error), 120)}); rebuild the directory") from None
+        data = read_json(path, MAX_MANIFEST_BYTES)
+    except RunError as error:
+        raise BuildError(f"{error}; rebuild the directory") from None
     if isinstance(data, dict) and data.get("format") != FORMAT and isinstance(data.get("format"), int):
         raise BuildError(f"{path} has format {data['format']}; this attnspec reads format {FORMAT}: rebuild the "
                          "directory with `attnspec build`")
@@ -205,10 +203,6 @@ def read_manifest(directory: Path | str, check_files: bool = True) -> Manifest:
                 raise BuildError(f"{path} does not match the sha256 and size recorded in manifest.json (the build "
                                  "directory was modified or corrupted); rebuild it with `attnspec build`")
     return manifest
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 __all__ = ["Manifest", "FORMAT", "MANIFEST", "FILE_NAMES", "read_manifest", "parse_manifest", "sha256",

@@ -4,7 +4,7 @@ By default the model is rebuilt from the directory's spec and weights (:func:`at
 the path ``attnspec.load`` takes): it starts in about two seconds, where loading ``model.pt2``
 (a graph dynamic in the length) takes from one to over ten. ``--programs`` runs the exported programs
 instead (``model.pt2``, ``step.pt2``), as a user without attnspec would, loaded through
-:func:`~attnspec.compiler.programs.load_program` (no pickle). The build checked that both compute
+:func:`~attnspec.compiler.archive.load_program` (no pickle). The build checked that both compute
 the same function.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from attnspec.compiler.manifest import Manifest, read_manifest
-from attnspec.compiler.programs import load_program
+from attnspec.compiler.archive import load_program
 from attnspec.errors import AttnSpecError, BuildError, shorten
 from attnspec.nn.generate import check_sampling
 

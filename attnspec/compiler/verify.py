@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from attnspec.compiler.export import example_input
+from attnspec.compiler.tracing import example_input
 from attnspec.nn.model import Model
 
 TOLERANCE = 1e-9

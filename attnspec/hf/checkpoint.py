@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from attnspec.errors import InteropError, shorten
-from attnspec.io import save_tensors
+from attnspec.errors import InteropError, RunError, shorten
+from attnspec.io import read_json, read_safetensors_header, save_tensors
 from attnspec.spec import limits
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -53,12 +53,14 @@ def regular_file(path: Path, limit: int, what: str) -> Path:
 
 
 def read_json_file(path: Path, what: str) -> dict:
-    """A JSON object from ``path`` (at most 4 MiB), or an InteropError saying what is wrong."""
+    """A JSON object from ``path`` (at most 4 MiB, links followed; :func:`attnspec.io.read_json`), or
+    an InteropError saying what is wrong (``what``: what to do about a missing file)."""
     regular_file(path, MAX_CONFIG_BYTES, what)
     try:
-        value = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_infinity, object_hook=_tagged_float)
-    except (ValueError, UnicodeDecodeError, RecursionError) as error:
-        raise InteropError(f"{path}: not valid JSON ({shorten(str(error), 120)})") from None
+        value = read_json(path, MAX_CONFIG_BYTES, follow_links=True, parse_constant=_infinity,
+                          object_hook=_tagged_float)
+    except RunError as error:
+        raise InteropError(str(error)) from None
     if not isinstance(value, dict):
         raise InteropError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value
@@ -100,10 +102,9 @@ def weight_files(directory: Path) -> dict[str, Path]:
         raise InteropError(f"{directory}: no {WEIGHTS} or {INDEX}.{hint}")
     regular_file(single, MAX_WEIGHT_BYTES, "")
     try:
-        with safe_open(str(single), framework="pt") as handle:
-            return dict.fromkeys(handle.keys(), single)
-    except (SafetensorError, OSError) as error:
-        raise InteropError(f"{single}: not a valid safetensors file ({shorten(str(error), 120)})") from None
+        return dict.fromkeys(read_safetensors_header(single, follow_links=True), single)
+    except RunError as error:
+        raise InteropError(str(error)) from None
 
 
 def read_tensors(files: dict[str, Path], names: set[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:

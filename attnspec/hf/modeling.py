@@ -20,7 +20,7 @@ from torch import Tensor
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from attnspec.errors import AttnSpecError, InteropError, shorten
+from attnspec.errors import AttnSpecError, InteropError, RunError, shorten
 
 
 class AttnspecConfig(PreTrainedConfig):
@@ -63,10 +63,9 @@ def check_directory(directory: Path) -> None:
     Raises:
         InteropError: naming the file, the field or the tensor.
     """
-    from safetensors import SafetensorError, safe_open
-
-    from attnspec.compiler.lower import check_model_size
+    from attnspec.compiler.sizes import check_model_size
     from attnspec.hf.checkpoint import CONFIG, MAX_WEIGHT_BYTES, WEIGHTS, read_json_file, regular_file
+    from attnspec.io import read_safetensors_header
     from attnspec.nn.model import Model
 
     if not directory.is_dir():
@@ -82,11 +81,9 @@ def check_directory(directory: Path) -> None:
         expected = {f"model.{name}": t for name, t in Model(spec).state_dict().items()}
     weights = regular_file(directory / WEIGHTS, MAX_WEIGHT_BYTES, "export-hf writes one")
     try:
-        with safe_open(str(weights), framework="pt") as handle:
-            found = {name: (tuple(handle.get_slice(name).get_shape()), handle.get_slice(name).get_dtype())
-                     for name in handle.keys()}
-    except (SafetensorError, OSError) as error:
-        raise InteropError(f"{weights}: not a valid safetensors file ({shorten(str(error), 120)})") from None
+        found = read_safetensors_header(weights, follow_links=True)
+    except RunError as error:
+        raise InteropError(str(error)) from None
     missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
     if missing or extra:
         raise InteropError(f"{weights} does not fit its spec's model: missing {[shorten(n) for n in missing[:3]]}"
@@ -129,7 +126,7 @@ class AttnspecForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: AttnspecConfig):
         super().__init__(config)
-        from attnspec.compiler.lower import check_model_size
+        from attnspec.compiler.sizes import check_model_size
         from attnspec.compiler.plan import backends_for
         from attnspec.nn.model import build_model_from_spec
 

@@ -36,7 +36,9 @@ SLOTS: dict[str, dict[str, type]] = {}
 DEFAULT_KINDS: dict[str, str] = {}
 """slot -> the kind a mapping without ``kind`` means (``mlp: {expansion: 2}`` is an ``mlp``)."""
 BASES: dict[str, type] = {}
-"""slot -> base class, for slots declared outside the spec IR (tasks); the IR's are ``ir.SLOT_BASES``."""
+"""slot -> base class: the facts, with defaults, that every component of the slot (a plugin's too) inherits."""
+_MODELS: list[type] = []
+"""Every model whose fields hold components, leaves first: the order :func:`register` rebuilds them in."""
 _FIELDS: list[tuple[type, str, str]] = []
 """(IR model, field name, slot) for every field whose type is a slot union."""
 _DECLARED: list[tuple[Any, str]] = []
@@ -105,8 +107,11 @@ def slot_of(annotation: Any) -> str | None:
 def slot_fields_of(models: list[type], namespace: dict[str, Any]) -> None:
     """Record (:func:`slot_field`) every field of ``models`` annotated with a slot's union, as the class
     bodies write it (``feature_map: FeatureMap``, ``position: Position | None``, inherited fields
-    too), the union's name looked up in ``namespace`` (the defining module's globals)."""
+    too), the union's name looked up in ``namespace`` (the defining module's globals). ``models``
+    come leaves first: a plugin's kind rebuilds them in this order."""
     for model in models:
+        if model not in _MODELS:
+            _MODELS.append(model)
         annotations = {}
         for cls in reversed(model.__mro__):
             annotations.update(cls.__dict__.get("__annotations__", {}))
@@ -130,11 +135,9 @@ def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
     """
     from pydantic.fields import FieldInfo
 
-    from attnspec.spec import ir
-
     if slot not in SLOTS:
         raise SpecError(Problem(f"no component slot {shorten(slot)}; slots are {', '.join(SLOTS)}"))
-    base = BASES.get(slot) or ir.SLOT_BASES[slot]
+    base = BASES[slot]
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise SpecError(Problem(f"a {slot} component must be a subclass of attnspec.spec.ir.{base.__name__} (it "
                                 f"states the facts every {slot} has), got {shorten(cls)}"))
@@ -157,8 +160,8 @@ def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
             model.model_fields[name] = FieldInfo.from_annotated_attribute(
                 union(slot), Field(default_factory=old.default_factory, description=old.description)
                 if old.default_factory is not None else Field(description=old.description))
-    others = [model for model, _, _ in _FIELDS if model not in ir.MODELS]  # outside the spec (training configs)
-    for model in [*ir.MODELS, *dict.fromkeys(others)]:  # leaves first, so every parent embeds the rebuilt children
+    others = [model for model, _, _ in _FIELDS if model not in _MODELS]  # outside the spec (training configs)
+    for model in [*_MODELS, *dict.fromkeys(others)]:  # leaves first, so every parent embeds the rebuilt children
         model.model_rebuild(force=True)
     return cls
 

@@ -283,6 +283,7 @@ FeatureMap = declare(
     GluFeatures,
     OgluFeatures,
     AogluFeatures,
+    base=FeatureMapComponent,
 )
 
 # --------------------------------------------------------------------------- re-weighting
@@ -312,7 +313,7 @@ class CosReweighting(ReweightingComponent):
                            f"|i-j| > M; set M >= {max_len}")
 
 
-Reweighting = declare("reweighting", NoReweighting, CosReweighting)
+Reweighting = declare("reweighting", NoReweighting, CosReweighting, base=ReweightingComponent)
 
 # --------------------------------------------------------------------------- state transitions
 
@@ -432,7 +433,8 @@ class MambaTransition(TransitionComponent):
             yield ("scale_input",), "scale_input multiplies the input by one Δ_t per head (Mamba2); use `per: head`"
 
 
-Transition = declare("transition", NoTransition, FixedTransition, DataTransition, MambaTransition)
+Transition = declare("transition", NoTransition, FixedTransition, DataTransition, MambaTransition,
+                     base=TransitionComponent)
 
 # --------------------------------------------------------------------------- positions
 
@@ -512,7 +514,8 @@ class AlibiPosition(PositionComponent):
             yield (), "alibi is a decay over past positions, so it needs `causal: true`; use rope for non-causal"
 
 
-Position = declare("position", NoPosition, LearnedPosition, SinusoidalPosition, RotaryPosition, AlibiPosition)
+Position = declare("position", NoPosition, LearnedPosition, SinusoidalPosition, RotaryPosition, AlibiPosition,
+                   base=PositionComponent)
 
 # --------------------------------------------------------------------------- short convolutions
 
@@ -569,7 +572,7 @@ class TokenShift(ConvComponent):
         return {"x": 2}
 
 
-Conv = declare("conv", NoConv, ShortConv, TokenShift)
+Conv = declare("conv", NoConv, ShortConv, TokenShift, base=ConvComponent)
 
 # --------------------------------------------------------------------------- scatterbrain parts
 
@@ -621,7 +624,7 @@ class LinearLowRank(LowRankComponent):
                                      "normaliser must stay positive); use elu1, relu, softplus or performer")
 
 
-LowRank = declare("lowrank", PerformerLowRank, LinearLowRank)
+LowRank = declare("lowrank", PerformerLowRank, LinearLowRank, base=LowRankComponent)
 
 
 class SparseComponent(Component):
@@ -721,7 +724,7 @@ class TopkSupport(SparseComponent):
     default_size: ClassVar[int] = 32
 
 
-SparseSupport = declare("sparse", LshSupport, LocalSupport, BlockSupport, TopkSupport)
+SparseSupport = declare("sparse", LshSupport, LocalSupport, BlockSupport, TopkSupport, base=SparseComponent)
 
 # --------------------------------------------------------------------------- mixers
 
@@ -1228,7 +1231,7 @@ class DeltaMixer(MixerComponent):
         return f"delta[beta {self.beta}{gate}] x{self.heads}"
 
 
-Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer)
+Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, base=MixerComponent)
 
 # --------------------------------------------------------------------------- blocks and model
 
@@ -1259,7 +1262,7 @@ class NoNorm(NormComponent):
     is_identity: ClassVar[bool] = True
 
 
-Norm = declare("norm", LayerNormNode, RmsNormNode, NoNorm)
+Norm = declare("norm", LayerNormNode, RmsNormNode, NoNorm, base=NormComponent)
 
 
 class ChannelMixerComponent(Component):
@@ -1300,7 +1303,7 @@ class NoMlp(ChannelMixerComponent):
     is_identity: ClassVar[bool] = True
 
 
-ChannelMixer = declare("mlp", Mlp, GluMlp, NoMlp, default="mlp")
+ChannelMixer = declare("mlp", Mlp, GluMlp, NoMlp, default="mlp", base=ChannelMixerComponent)
 
 
 class Residuals(Node):
@@ -1459,8 +1462,3 @@ MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixe
 """Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
 rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
-SLOT_BASES = {"feature_map": FeatureMapComponent, "reweighting": ReweightingComponent,
-              "transition": TransitionComponent, "lowrank": LowRankComponent, "sparse": SparseComponent,
-              "mixer": MixerComponent, "mlp": ChannelMixerComponent, "norm": NormComponent,
-              "position": PositionComponent, "conv": ConvComponent}
-"""The base class of each slot: its facts, with defaults, that a plugin's component inherits."""

@@ -28,7 +28,7 @@ def _results(directory: Path) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
-    """The toy sweep, run once with the local backend (2 workers x 1 thread)."""
+    """The toy sweep, run once with the local runner (2 workers x 1 thread)."""
     directory = tmp_path_factory.mktemp("sweep") / "runs"
     outcome = ablate(sweep(), directory, workers=2, threads=1)
     assert outcome.ran == 2 and not outcome.failed
@@ -138,21 +138,21 @@ def _checkpoint_step(directory: Path, key: str) -> int:
         return 0
 
 
-def test_ray_backend_gives_the_local_backend_s_results(finished: Path, tmp_path: Path):
-    pytest.importorskip("ray", reason="the Ray backend is the optional extra attnspec[ray]")
-    outcome = ablate(sweep(), tmp_path / "ray", backend="ray", threads=1)
+def test_ray_runner_gives_the_local_runner_s_results(finished: Path, tmp_path: Path):
+    pytest.importorskip("ray", reason="the Ray runner is the optional extra attnspec[ray]")
+    outcome = ablate(sweep(), tmp_path / "ray", runner="ray", threads=1)
     assert outcome.ran == 2 and not outcome.failed
     local = {key: value for key, value in _results(finished).items() if key in _results(tmp_path / "ray")}
     assert _results(tmp_path / "ray") == local and len(local) == 2
 
 
 def test_a_worker_that_crashes_fails_its_run_with_the_reason_from_its_log(tmp_path: Path):
-    from attnspec.ablation.backends import LocalBackend
+    from attnspec.ablation.runners import LocalRunner
 
     for sub in ("logs", "locks", "runs"):
         (tmp_path / sub).mkdir()
     job = {"key": "0123456789abcdef", "label": "broken", "spec": 5, "config": {}, "steps": 1}  # not a spec: a bug path
     events = []
-    LocalBackend(1, 1).run(tmp_path, [job], events.append)
+    LocalRunner(1, 1).run(tmp_path, [job], events.append)
     (end,) = [event for event in events if event["event"] == "run_end"]
     assert end["status"] == "failed" and "exited with status" in end["error"] and end["log"]

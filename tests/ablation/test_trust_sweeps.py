@@ -244,12 +244,12 @@ def test_torchrun_ranks_never_import_from_the_working_directory(tmp_path):
 
 @pytest.mark.slow
 def test_ray_tasks_never_import_from_the_working_directory(tmp_path):
-    pytest.importorskip("ray", reason="the Ray backend is the optional extra attnspec[ray]")
+    pytest.importorskip("ray", reason="the Ray runner is the optional extra attnspec[ray]")
     work, marker = tmp_path / "work", tmp_path / "IMPORTED"
     work.mkdir()
     path = write_sweep(tmp_path / "sweep.yaml", **ONE_RUN, train={"steps": 2, "eval_every": 0})
     code = ("import sys; sys.path.remove(''); from attnspec.ablation.ablate import ablate; "
-            f"o = ablate({str(path)!r}, {str(tmp_path / 'runs')!r}, backend='ray', threads=1, report=False); "
+            f"o = ablate({str(path)!r}, {str(tmp_path / 'runs')!r}, runner='ray', threads=1, report=False); "
             "print(len(o.failed), o.ran)")
     (work / "safetensors.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise ImportError('shadowed')\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=work,

@@ -14,7 +14,7 @@ import torch
 import attnspec
 from attnspec.compiler.build import build_directory
 from attnspec.compiler.compile import check_compiled
-from attnspec.compiler.export import example_input
+from attnspec.compiler.tracing import example_input
 from attnspec.errors import BuildError, SpecError
 from tests.conftest import ROOT, SPECS
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from attnspec.compiler.calibrate import check_plan
-from attnspec.compiler.plan import Calibration, calibration_path, mixer_signature, plan_spec
+from attnspec.compiler.calibration import Calibration, calibration_path, mixer_signature
+from attnspec.compiler.plan import plan_spec
 from attnspec.spec.walk import iter_blocks
 from attnspec.compiler.lower import as_spec
 from tests.conftest import SPECS

@@ -12,7 +12,8 @@ import torch
 
 import attnspec.ops.linear as linear_ops
 from attnspec.compiler import build_model, plan_spec
-from attnspec.compiler.plan import Calibration, backends_for, estimated_costs
+from attnspec.compiler.calibration import Calibration
+from attnspec.compiler.plan import backends_for, estimated_costs
 from attnspec.errors import ShapeError
 from attnspec.ops import linear_attention
 from attnspec.ops.linear.backends import native

@@ -7,7 +7,7 @@ import torch
 
 from attnspec.compiler import build_model, count_parameters, plan_spec
 from attnspec.compiler.lower import as_spec
-from attnspec.compiler.plan import Calibration
+from attnspec.compiler.calibration import Calibration
 from attnspec.errors import BuildError
 from attnspec.spec import loads_spec
 from tests.compiler.conftest import small_overrides

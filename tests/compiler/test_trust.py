@@ -360,7 +360,7 @@ def test_the_expression_payload_would_run_under_plain_torch_export_load(base, tm
 
 
 def test_the_expression_grammar_admits_what_torch_writes_and_nothing_else():
-    from attnspec.compiler.programs import is_safe_expression, is_safe_guard
+    from attnspec.compiler.archive import is_safe_expression, is_safe_guard
 
     for text in ["Symbol('s71', positive=True, integer=True)", "Mul(Integer(128), Symbol('s71', positive=True))",
                  "FloorDiv(Add(Symbol('s71', integer=True), Integer(127)), Integer(64))", "s0 + 128", "Max(1, s0*2)",

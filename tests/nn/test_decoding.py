@@ -194,7 +194,7 @@ def test_an_exported_step_past_its_decode_limit_raises(tmp_path):
 def test_decoding_state_is_bounded_before_it_is_allocated():
     """A spec within every other limit (256 softmax blocks, max_len 2**20) made generate allocate
     128 GiB of caches: the state of a generation is checked against MAX_DECODE_STATE_BYTES first."""
-    from attnspec.compiler.lower import check_model_size
+    from attnspec.compiler.sizes import check_model_size
     from attnspec.errors import BuildError
     from attnspec.spec import validate_data
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import attnspec
-from attnspec.compiler.export import example_input
+from attnspec.compiler.tracing import example_input
 from tests.compiler.conftest import small_overrides
 from tests.conftest import DEVICES, SPECS
 

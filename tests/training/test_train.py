@@ -100,7 +100,7 @@ def test_trained_model_exports_and_the_exported_program_predicts_like_it(tmp_pat
         assert torch.equal(tensor, loaded.state_dict()[name]), name
     task = run.config.task
     inputs, targets = task.batch("test", 0, 4, run.config.seed)
-    from attnspec.compiler.programs import load_program
+    from attnspec.compiler.archive import load_program
 
     program = load_program(tmp_path / "build" / "model.pt2")
     with torch.no_grad():

@@ -316,7 +316,7 @@ def test_a_calibration_file_that_is_a_directory_or_an_unwritable_cache_does_not_
 
 def test_a_long_skipped_reason_in_the_calibration_is_ignored(tmp_path, monkeypatch):
     """Finding 14: a reason over 4,096 characters made a manifest that failed its own schema on every load."""
-    from attnspec.compiler.plan import Calibration, calibration_path, machine_key, mixer_signature
+    from attnspec.compiler.calibration import Calibration, calibration_path, machine_key, mixer_signature
     from attnspec.spec import load_spec
     from attnspec.spec.ir import iter_blocks
 
@@ -338,7 +338,7 @@ def test_a_long_skipped_reason_in_the_calibration_is_ignored(tmp_path, monkeypat
 def test_a_poisoned_compile_check_cache_is_not_reused(tmp_path, monkeypatch):
     """Finding 9: a crafted compile-checks.json made `build` report a compile check that never ran;
     a malformed entry crashed the build after publishing."""
-    from attnspec.compiler import compile as compile_check
+    from attnspec.compiler import compile as compile_check, compile_cache
     from attnspec.compiler.build import build_directory
     from attnspec.spec import load_spec, spec_to_data
 
@@ -355,8 +355,8 @@ def test_a_poisoned_compile_check_cache_is_not_reused(tmp_path, monkeypatch):
         from attnspec.compiler.plan import plan_spec
 
         plan_modes = plan_modes or plan_spec(spec, for_build=True).full_modes  # softmax: one mode, quadratic
-        key = compile_check.check_key(spec_to_data(spec, minimal=False), plan_modes)
-        path = tmp_path / "cache" / compile_check.CHECKS_FILE
+        key = compile_cache.check_key(spec_to_data(spec, minimal=False), plan_modes)
+        path = tmp_path / "cache" / compile_cache.CHECKS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"format": 1, "checks": {key: entry}}))
 

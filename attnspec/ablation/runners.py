@@ -1,15 +1,15 @@
 """Where a sweep's runs execute: local worker processes (the default) or tasks on a Ray cluster.
 
-A backend takes jobs (``{"key", "label", "spec", "config", "steps"}``) and calls ``on_event`` with
+A runner takes jobs (``{"key", "label", "spec", "config", "steps"}``) and calls ``on_event`` with
 ``run_start``, ``run_progress`` (``record``: the trainer's start, step or evaluation record) and
-``run_end`` (the outcome) events as they happen; both backends execute a job
+``run_end`` (the outcome) events as they happen; both runners execute a job
 with the same function (:func:`attnspec.ablation.execute.execute`), so they give the same results.
 
-- :class:`LocalBackend`: one worker process per running run (``python -m attnspec.ablation.execute``),
+- :class:`LocalRunner`: one worker process per running run (``python -m attnspec.ablation.execute``),
   ``workers`` at a time, each with ``threads`` intra-op threads (workers x threads = cores by
   default). A process per run means a crash, a kill or an out-of-memory in one run fails that run
   only, and a killed sweep takes its workers with it.
-- :class:`RayBackend`: each job is a Ray task (``num_cpus = threads``) on the cluster at
+- :class:`RayRunner`: each job is a Ray task (``num_cpus = threads``) on the cluster at
   ``address`` (or a local Ray instance); progress comes back through a small Ray actor. The runs
   directory must be reachable from every node (a shared file system).
 """
@@ -21,14 +21,13 @@ import os
 import selectors
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections import deque
 from pathlib import Path
 from typing import Callable
 
 from attnspec.errors import AttnSpecError
-from attnspec.io import child_environment, open_append_binary
+from attnspec.io import open_append_binary, start_python
 
 EventCallback = Callable[[dict], None]
 LOG_TAIL = 4000
@@ -52,7 +51,7 @@ def sizing(runs: int, workers: int | None, threads: int | None) -> tuple[int, in
     return workers, threads
 
 
-class LocalBackend:
+class LocalRunner:
     """Runs jobs in worker processes on this machine."""
 
     name = "local"
@@ -95,12 +94,9 @@ class _Worker:
         self.job = job
         self.log_path = runs_dir / "logs" / f"{job['key']}.log"
         self.log = open_append_binary(self.log_path)
-        env = child_environment(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
-        # -P: the working directory is not on the worker's sys.path (a `./yaml.py` must not be imported)
-        self.process = subprocess.Popen([sys.executable, "-P", "-m", "attnspec.ablation.execute"],
-                                        stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self.log, env=env,
-                                        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        self.process = start_python("attnspec.ablation.execute", env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=self.log)
         request = {"runs_dir": str(runs_dir), "threads": threads,
                    "job": {k: job[k] for k in ("key", "spec", "config")}}
         try:
@@ -148,16 +144,7 @@ class _Worker:
                 "log": tail}
 
 
-def _die_with_parent() -> None:
-    """In a worker, before it starts (Linux): the kernel kills it when the sweep's process dies, so a
-    killed sweep leaves no orphan training behind."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-class RayBackend:
+class RayRunner:
     """Runs jobs as Ray tasks (``pip install 'attnspec[ray]'``)."""
 
     name = "ray"
@@ -166,7 +153,7 @@ class RayBackend:
         try:
             import ray  # noqa: F401 - only to say how to install it
         except ImportError:
-            raise AttnSpecError("--backend ray needs Ray: pip install 'attnspec[ray]'") from None
+            raise AttnSpecError("--runner ray needs Ray: pip install 'attnspec[ray]'") from None
         self.threads, self.address = threads, address
 
     def run(self, runs_dir: Path, jobs: list[dict], on_event: EventCallback) -> None:
@@ -241,15 +228,15 @@ def _ray_execute(runs_dir: str, job: dict, threads: int, mailbox) -> dict:
     return execute(runs_dir, job, threads, lambda record: mailbox.put.remote(job["key"], record))
 
 
-def make_backend(name: str, jobs: int, workers: int | None, threads: int | None, address: str | None):
-    """The backend ``name`` (``local`` or ``ray``) sized for ``jobs`` runs."""
+def make_runner(name: str, jobs: int, workers: int | None, threads: int | None, address: str | None):
+    """The runner ``name`` (``local`` or ``ray``) sized for ``jobs`` runs."""
     if name == "local":
         if address is not None:
-            raise AttnSpecError("--address is for --backend ray")
-        return LocalBackend(*sizing(jobs, workers, threads))
+            raise AttnSpecError("--address is for --runner ray")
+        return LocalRunner(*sizing(jobs, workers, threads))
     if name == "ray":
-        return RayBackend(threads or 1, address)
-    raise AttnSpecError(f"unknown backend {name!r}; use local or ray")
+        return RayRunner(threads or 1, address)
+    raise AttnSpecError(f"unknown runner {name!r}; use local or ray")
 
 
-__all__ = ["LocalBackend", "RayBackend", "make_backend", "sizing", "cores"]
+__all__ = ["LocalRunner", "RayRunner", "make_runner", "sizing", "cores"]

@@ -1,0 +1,46 @@
+"""What a spec's model holds, counted on PyTorch's meta device before anything is allocated: its
+parameters and one sequence's decoding state, against attnspec's limits. Imports no spec front-end,
+so loading a build directory can check them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnspec.errors import BuildError, ShapeError
+from attnspec.nn.model import Model
+from attnspec.spec import limits
+from attnspec.spec.ir import Spec
+
+
+def count_parameters(spec: Spec) -> int:
+    """The number of trainable parameters of the model of ``spec``, from the lowered model built on
+    the meta device: no memory is allocated, so the count is safe before the limit check
+    (an 89-billion-parameter spec is counted in under a second), and no formula can drift from
+    what the modules really hold (tests keep a hand-written formula as an oracle)."""
+    with torch.device("meta"):
+        model = Model(spec)
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def check_model_size(spec: Spec) -> int:
+    """The parameter count of ``spec``'s model, after checking it and one sequence's decoding state
+    against attnspec's limits on the meta device (nothing allocated).
+
+    Raises:
+        BuildError: over ``MAX_PARAMETERS`` or ``MAX_DECODE_STATE_BYTES``, saying what to make smaller.
+    """
+    with torch.device("meta"):
+        model = Model(spec)
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    if parameters > limits.MAX_PARAMETERS:
+        raise BuildError(f"the spec implies {parameters:,} parameters, over the limit of {limits.MAX_PARAMETERS:,}; "
+                         "make the model smaller")
+    try:
+        model.check_decode_state(1)
+    except ShapeError as error:
+        raise BuildError(str(error)) from None
+    return parameters
+
+
+__all__ = ["check_model_size", "count_parameters"]

@@ -1,0 +1,55 @@
+"""Speed of a build's artifacts: tokens per second of a full-sequence call and of a decoding step,
+timed as medians after a warm-up (the manifest's ``tokens_per_second`` and the build summary).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+SPEED_BATCH = 1
+SPEED_LENGTH = 256
+SPEED_SECONDS = 0.5  # timed calls stop after this long (at least one after the warm-up)
+DECODE_STEPS = 32
+
+
+def sequence_speed(call, inputs: torch.Tensor, repeats: int = 3) -> float:
+    """Tokens per second of ``call(inputs)`` (B, L, ...) without gradients: median of up to
+    ``repeats`` timed calls within ``SPEED_SECONDS``, after one warm-up call."""
+    times = []
+    with torch.no_grad():
+        call(inputs)
+        while len(times) < repeats and sum(times) < SPEED_SECONDS:
+            _synchronize(inputs)
+            start = time.perf_counter()
+            call(inputs)
+            _synchronize(inputs)
+            times.append(time.perf_counter() - start)
+    return inputs.shape[0] * inputs.shape[1] / statistics.median(times)
+
+
+def decode_speed(step, state: tuple[torch.Tensor, ...], steps: int = DECODE_STEPS) -> float:
+    """Tokens per second of ``step(token, *state) -> (logits, *state)`` at the state's batch, over
+    ``steps`` steps after one warm-up step."""
+    batch = state[0].shape[0]
+    token = torch.zeros(batch, dtype=torch.long, device=state[0].device)
+    with torch.no_grad():
+        _, *state = step(token, *state)
+        _synchronize(token)
+        start = time.perf_counter()
+        for _ in range(steps):
+            _, *state = step(token, *state)
+        _synchronize(token)
+    return batch * steps / (time.perf_counter() - start)
+
+
+def _synchronize(tensor: torch.Tensor) -> None:
+    """Wait for ``tensor``'s device: CUDA calls return before their kernels finish."""
+    if tensor.device.type == "cuda":
+        torch.cuda.synchronize(tensor.device)
+
+
+__all__ = ["DECODE_STEPS", "SPEED_BATCH", "SPEED_LENGTH", "SPEED_SECONDS", "decode_speed", "sequence_speed"]

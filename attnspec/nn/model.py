@@ -119,8 +119,7 @@ class Model(nn.Module):
         """The most positions one sequence can reach by decoding: ``max_len`` where a full key/value
         cache, a mixer's cached inputs or a learned position table hold them, else None (unbounded:
         recurrent states, sliding windows and computed positions)."""
-        bounded = self.spec.position.bounded or any(
-            block.mixer.cache_capacity is not None and block.mixer.window is None for block in self.blocks)
+        bounded = self.spec.position.bounded or any(block.mixer.decode_limit is not None for block in self.blocks)
         return self.spec.max_len if bounded else None
 
     def generate(self, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,

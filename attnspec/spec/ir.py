@@ -924,6 +924,11 @@ class MixerComponent(Component):
         """Positions a ``cache`` decoding state holds (None: no cache)."""
         return None
 
+    def decode_limit(self, max_len: int) -> int | None:
+        """The most positions one sequence can reach by decoding (None: unbounded): a full cache, or
+        the inputs a ``prefix`` state keeps, hold :meth:`cache_capacity` of them."""
+        return self.cache_capacity(max_len)
+
 
 def _linear_family_costs(mixer: MixerComponent, L: int, d: int, transition: TransitionComponent | None
                          ) -> dict[str, Cost]:
@@ -1060,6 +1065,9 @@ class SoftmaxMixer(MixerComponent):
         # A window's ring holds the whole window even when it is longer than max_len: decoding goes
         # on past max_len (a window is unbounded), and every position within the window is read then.
         return self.window if self.window is not None else max_len
+
+    def decode_limit(self, max_len: int) -> int | None:
+        return None if self.window is not None else max_len  # a ring buffer never fills
 
     def mode_problem(self, mode: str) -> str:
         return (f"softmax attention has no finite feature expansion, so it can only be computed quadratically; "

@@ -85,12 +85,16 @@ def _module_class():
 
         def __init__(self, node: EmaMixer, *, d_model: int, max_len: int, seed: int):
             super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
-            self.q_proj = self.k_proj = None  # an EMA has values only
-            self.channels = self.heads * self.d_v
+            self.channels = self.heads * self.d_v  # an EMA has values only: no q/k projections to opt into
+            self.v_proj = nn.Linear(d_model, self.channels)
+            self.out_proj = nn.Linear(self.channels, d_model)
             low, high = node.rate_init
             rates = torch.linspace(low, high, self.channels)
             self.rate_logit = nn.Parameter(torch.log(rates) - torch.log1p(-rates))
             self.ema_gate = nn.Linear(d_model, self.channels, bias=False)
+
+        def projections(self):
+            return [self.v_proj, self.ema_gate, self.out_proj]
 
         def _values(self, x):
             return self.v_proj(x)  # (B, L, C)

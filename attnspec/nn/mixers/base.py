@@ -1,0 +1,94 @@
+"""What every mixer family's module has: its facts from the IR node, its planned mode and backend, and
+the defaults of decoding (prefill by stepping). A family is one module of this package built on this
+class and the parts it opts into (:mod:`attnspec.nn.mixers.parts`); a plugin family is built the same
+way (``examples/plugins/ema.py``).
+
+Every mixer maps ``x`` of shape (B, L, d_model) to (B, L, d_model). ``forward(x, mode=None)`` runs the
+whole sequence in ``self.mode`` (set by the compiler's plan) or the given mode. ``self.backend`` (the
+plan's too) names what runs the mode where a family has kernels. Mixers with a decoding step
+(``has_step``) also provide ``init_state(batch, dtype, device)`` and ``step(x_t, state, position)``,
+with the state as a tuple of plain tensors so the step can be exported, and ``prefill(x)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnspec.errors import ShapeError
+
+
+def full_precision(t: Tensor) -> Tensor:
+    """bf16/fp16 activations (under autocast) enter the attention kernels as float32: the projections
+    run in half precision, the sums over positions and the normaliser in float32."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
+def autocast_dtype(t: Tensor) -> Tensor:
+    """``t`` in the autocast dtype when autocast is on for its device, else unchanged. Feature maps run
+    in float32 (:func:`full_precision`); the attention op then takes its inputs in the training
+    dtype because it accumulates states, decays and normalisers in float32 itself, and its Triton
+    kernels read half the bytes and multiply on tensor cores."""
+    device = t.device.type
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+        return t.to(torch.get_autocast_dtype(device))
+    return t
+
+
+class Mixer(nn.Module):
+    """A mixer family's module: the IR node's facts (``node.modes()``, ``node.has_step``, its widths),
+    the planned ``mode`` and ``backend``, and ``decode_limit`` (the positions its decoding state can
+    hold, None: unbounded; the node's :meth:`~attnspec.spec.ir.MixerComponent.decode_limit`). Every
+    mixer has an ``out_proj``, its map into the residual stream (``init.residual_scaling`` draws it)."""
+
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+        super().__init__()
+        self.kind = node.kind
+        self.modes: tuple[str, ...] = node.modes()
+        self.reference_mode = node.reference_mode  # what verification holds the other modes to
+        self.has_step = node.has_step
+        self.heads, self.d_qk, self.d_v = node.heads, node.d_qk, node.d_v
+        self.causal, self.scale, self.max_len, self.d_model = node.causal, node.scale, max_len, d_model
+        self.chunk_size = node.chunk_size
+        self.mode = node.mode if node.mode != "auto" else self.modes[0]
+        self.backend = "graph"  # what runs the mode: the plan's choice (Model.set_modes), the graph path until then
+        self.decode_limit = node.decode_limit(max_len)
+        self.init_scale = node.init_scale
+
+    def projections(self) -> list[nn.Linear]:
+        """The linear maps from and to the model width (the spec's ``init.projection_std`` draws them)."""
+        return []
+
+    def state_size(self, length: int) -> int:
+        """Numbers one sequence carries from its past at ``length`` (Zoology's state size): the decoding
+        state of a mixer with a recurrent form."""
+        return sum(t.numel() for t in self.init_state(1)) if self.has_step else 0
+
+    def _backend_for(self, mode: str) -> str:
+        """The plan's backend for the planned mode; any other mode a caller asks for takes the graph path."""
+        return self.backend if mode == self.mode else "graph"
+
+    def _checked_mode(self, mode: str | None) -> str:
+        """``mode`` (or the planned ``self.mode`` when None), refused unless this mixer has it."""
+        if mode is None:
+            return self.mode
+        if mode not in self.modes:
+            raise ShapeError(f"a {self.kind} mixer runs in {', '.join(self.modes)}, not in mode {mode!r}")
+        return mode
+
+    # -- prefill: a prompt in one pass, and the state the step continues from
+    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """x (B, L, d_model) -> (y (B, L, d_model), the decoding state after position L - 1). This default
+        steps through the positions; the families build the state from their full-sequence mode."""
+        state = self.init_state(x.shape[0], x.dtype, x.device)
+        outputs = []
+        for t in range(x.shape[1]):
+            y, state = self.step(x[:, t], state, torch.full((x.shape[0],), t, dtype=torch.long, device=x.device))
+            outputs.append(y)
+        return torch.stack(outputs, 1), state
+
+    def regularization_loss(self) -> Tensor | None:
+        return None
+
+
+__all__ = ["Mixer", "autocast_dtype", "full_precision"]

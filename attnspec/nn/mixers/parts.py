@@ -1,0 +1,226 @@
+"""The parts mixer families opt into, so that each family's module reads top to bottom and no shared code
+reads another family's fields:
+
+- :class:`ProjectedMixer`: what attention-like families share (linear, softmax, Scatterbrain, delta):
+  q/k/v projections with grouped heads and ``qk_norm``, the position scheme (rotary q/k or a decay),
+  short convolutions, and the output stages (D skip, per-head norm, output gate, output projection);
+- :class:`KeyValueCache`: softmax attention over the keys and values, and decoding through a
+  key/value cache of ``cache_capacity`` positions (a ring buffer for a ``window``): the family sets
+  ``self.window``;
+- :class:`PrefixRerun`: decoding by keeping the inputs so far and rerunning the mixer over them
+  (a family whose exact form needs every earlier key, as Scatterbrain's sparse support).
+
+A family with a recurrent state writes its own ``init_state``/``step``/``prefill``; the parts above
+are chosen by the family's ``decode_mode`` (the IR's fact) in its class definition.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnspec.errors import ShapeError
+from attnspec.nn.mixers.base import Mixer, full_precision
+from attnspec.nn.positions import build_position
+from attnspec.nn.registry import build
+from attnspec.ops.linear import Decay, combine_decays
+from attnspec.ops.softmax import empty_cache, softmax_attention, softmax_step
+
+
+class ProjectedMixer(Mixer):
+    """Common parts: q/k/v/output projections, the position scheme (rotary q/k or a decay), short
+    convolutions, output gate and per-head output norm (created in this order, before the family's
+    own parts: the order draws the random initialisation)."""
+
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+        # heads of distinct queries, keys and values: `qk_groups` share q and k, `kv_heads` k and v by groups of heads
+        self.q_heads, self.k_heads, self.v_heads = node.query_heads, node.key_heads, node.value_heads
+        bias = node.qkv_bias
+        self.q_proj = nn.Linear(d_model, self.q_heads * self.d_qk, bias=bias)
+        self.k_proj = nn.Linear(d_model, self.k_heads * self.d_qk, bias=bias)
+        self.v_proj = nn.Linear(d_model, self.v_heads * self.d_v, bias=bias)
+        # RMSNorm of each q and k head before positions (Qwen3's q_norm/k_norm: one weight shared by the heads)
+        self.qk_norm = nn.ParameterDict({"q": nn.Parameter(torch.ones(self.d_qk)),
+                                         "k": nn.Parameter(torch.ones(self.d_qk))}) if node.qk_norm != "none" else None
+        self.cache_capacity = node.cache_capacity(max_len)  # positions a key/value decoding cache holds, or None
+        self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=node.out_bias)
+        self.gate = nn.Linear(d_model, self.heads * self.d_v, bias=bias) if node.output_gate != "none" else None
+        self.gate_kind = node.output_gate
+        norm_width = self.d_v if node.shared_norm_weight else self.heads * self.d_v
+        self.norm_weight = nn.Parameter(torch.ones(norm_width)) if node.group_norm else None
+        self.norm_eps, self.gate_before_norm = node.norm_eps, node.gate_before_norm
+        self.D = nn.Parameter(torch.ones(self.heads)) if node.skip else None  # Mamba2's skip, D v_t
+        with torch.no_grad():  # `init_scale` multiplies PyTorch's default initialisation
+            for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, self.gate):
+                if projection is not None:
+                    projection.weight.mul_(node.init_scale)
+        self.position = build_position(node.position, heads=self.heads, d_qk=self.d_qk, d_model=d_model,
+                                       max_len=max_len)
+        self.conv = build("conv", node.conv, channels={"x": d_model, "q": self.q_heads * self.d_qk,
+                                                        "k": self.k_heads * self.d_qk, "v": self.v_heads * self.d_v})
+
+    def projections(self) -> list[nn.Linear]:
+        """The linear maps from and to the model width (the spec's ``init.projection_std`` draws them);
+        ``out_proj`` writes into the residual stream."""
+        found = [self.q_proj, self.k_proj, self.v_proj, self.gate, self.out_proj]
+        return [projection for projection in found if projection is not None]
+
+    def state_size(self, length: int) -> int:
+        """Numbers one sequence carries from its past at ``length``: the decoding state of a mixer
+        with a recurrent form, else the keys and values of the positions it attends to
+        (``min(length, cache capacity) * kv_heads * (d_qk + d_v)``)."""
+        if self.has_step and self.cache_capacity is None:
+            return sum(t.numel() for t in self.init_state(1))
+        seen = min(length, self.cache_capacity or length)
+        return seen * (self.k_heads * self.d_qk + self.v_heads * self.d_v)
+
+    def _heads(self, y: Tensor, width: int, heads: int | None = None, expand: bool = True) -> Tensor:
+        """(B, L, heads * width) -> (B, heads, L, width), then, with ``expand``, shared heads repeated to
+        (B, H, L, width): a group's head serves H / heads consecutive heads (head h reads group
+        h // (H / heads), as Mamba2's B and C and grouped-query attention's keys and values)."""
+        B, L = y.shape[:2]
+        y = y.view(B, L, heads or self.heads, width).transpose(1, 2)
+        return self._expand(y) if expand else y
+
+    def _normalized(self, t: Tensor, name: str) -> Tensor:
+        """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps ``norm_eps``)."""
+        if self.qk_norm is None:
+            return t
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.qk_norm[name].to(t.dtype)
+
+    def _project(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None,
+                 expand: bool = True) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
+        """q, k (B, H, L, d_qk) normalised (``qk_norm``) and rotated at positions offset.., v (B, H, L, d_v),
+        and the convolutions' new state (one tensor per stream; ``conv_state`` continues a sequence,
+        None starts one). ``expand=False`` leaves shared keys and values at their own head counts."""
+        past = dict(zip(self.conv.widths, conv_state)) if conv_state is not None else {}
+        new_state = {}
+        x, new_state["x"] = self.conv("x", x, past.get("x"))
+        streams = {}
+        for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
+            streams[name], new_state[name] = self.conv(name, projection(x), past.get(name))
+        q, k, v = (full_precision(streams[name]) for name in ("q", "k", "v"))
+        q = self._normalized(self._heads(q, self.d_qk, self.q_heads), "q")
+        k = self._normalized(self._heads(k, self.d_qk, self.k_heads, expand), "k")
+        q, k = self.position.rotate(q, k, offset)
+        return q, k, self._heads(v, self.d_v, self.v_heads, expand), tuple(new_state[name] for name in self.conv.widths)
+
+    def _decay(self, x: Tensor) -> Decay | None:
+        """The transition's decay joined with the position scheme's (ALiBi), in full precision."""
+        decay = combine_decays(self.transition(x), self.position.decay(x))
+        if decay is None:
+            return None
+        return Decay(full_precision(decay.log_mag), None if decay.phase is None else full_precision(decay.phase))
+
+    def _output(self, o: Tensor, x: Tensor, v: Tensor | None = None) -> Tensor:
+        """The output stages: D skip (needs the values ``v``), per-head RMS norm, merge heads, output gate
+        (or the gate then a norm per q/k group: ``gate_before_norm``), output projection:
+        o, v (B, H, L, Dv), x (B, L, d_model) -> (B, L, d_model)."""
+        if self.D is not None:
+            o = o + self.D.to(o.dtype).view(1, -1, 1, 1) * v
+        normalize_heads = self.norm_weight is not None and not self.gate_before_norm
+        if normalize_heads:
+            o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+        B, H, L, Dv = o.shape
+        o = o.transpose(1, 2).reshape(B, L, H * Dv)
+        if normalize_heads:  # a shared weight (Dv,) repeats over the heads
+            o = o * (self.norm_weight if self.norm_weight.shape[0] == H * Dv else self.norm_weight.repeat(H))
+        if self.gate is not None:
+            g = self.gate(x)
+            o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))
+        if self.gate_before_norm:  # Mamba2: RMSNorm(y silu(z)) over each group of H / qk_groups heads
+            groups = o.view(B, L, self.q_heads, -1)
+            o = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.norm_eps)).view(B, L, H * Dv)
+            o = o * self.norm_weight
+        return self.out_proj(o)
+
+    def _expand(self, t: Tensor) -> Tensor:
+        """Shared heads (B, heads, ...) repeated to (B, H, ...) (see :meth:`_heads`)."""
+        return t if t.shape[1] == self.heads else t.repeat_interleave(self.heads // t.shape[1], dim=1)
+
+
+
+class KeyValueCache:
+    """Softmax attention and decoding through a key/value cache, for a :class:`ProjectedMixer` family
+    that sets ``self.window`` (None, or a sliding window served by a ring buffer)."""
+
+    def _softmax_attention(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window, and the
+        values: (B, L, d) -> (B, H, L, Dv) twice. Shared keys and values stay shared (GQA)."""
+        q, k, v, _ = self._project(x, expand=False)
+        decay = self._decay(x)
+        log_a = None if decay is None else decay.log_mag[..., 0]
+        o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
+        return o, self._expand(v)
+
+    # -- decoding through a key/value cache (softmax attention and the exp kernel)
+    def _init_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
+        """Empty cache: keys (batch, kv heads, C, d_qk), values (batch, kv heads, C, d_v), decay bias
+        (batch, H, C), then one (batch, w - 1, C) tensor per convolved stream; C = :attr:`cache_capacity`."""
+        cache = empty_cache(batch, self.heads, self.k_heads, self.v_heads, self.cache_capacity, self.d_qk, self.d_v,
+                            dtype, device)
+        return cache + self.conv.init_state(batch, dtype, device)
+
+    def _cache_prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Softmax attention over the prompt (planned mode), and the cache of its last C positions: slot
+        p % C holds position p's key and value, and the decay bias sum_{s=p+1..L-1} log a_s (a suffix sum,
+        accurate however long the prompt)."""
+        q, k, v, conv_state = self._project(x, expand=False)
+        decay = self._decay(x)
+        log_a = None if decay is None else decay.log_mag[..., 0]
+        o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
+        keys, values, bias = self._init_cache(x.shape[0], x.dtype, x.device)[:3]
+        L, C = x.shape[1], self.cache_capacity
+        kept = min(L, C)
+        slots = torch.arange(L - kept, L, device=x.device) % C
+        keys = keys.index_copy(2, slots, k[:, :, L - kept:].to(keys.dtype))
+        values = values.index_copy(2, slots, v[:, :, L - kept:].to(values.dtype))
+        if log_a is not None:
+            suffix = torch.flip(torch.cumsum(torch.flip(log_a, [-1]), -1), [-1])  # sum_{s=p..L-1} log a_s
+            after = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], -1)  # sum_{s=p+1..L-1}
+            bias = bias.index_copy(2, slots, after[..., L - kept:].to(bias.dtype))
+        return self._output(o, x, self._expand(v)), (keys, values, bias) + conv_state
+
+    def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""
+        if self.window is None and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) \
+                and int(position.max()) >= self.cache_capacity:
+            raise ShapeError(f"full softmax attention caches max_len = {self.cache_capacity} positions; position "
+                             f"{int(position.max())} is past it (raise max_len, or give the mixer a `window`)")
+        x = x_t.unsqueeze(1)
+        q, k, v, conv_state = self._project(x, position, state[3:], expand=False)
+        decay = self._decay(x)
+        log_a = None if decay is None else decay.log_mag[:, :, 0, 0]
+        o, cache = softmax_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state[:3], position, log_a=log_a, scale=self.scale)
+        y = self._output(o.unsqueeze(2), x, self._expand(v))
+        return y[:, 0], cache + conv_state
+
+
+class PrefixRerun:
+    """Decoding by rerunning a :class:`ProjectedMixer` family's planned mode over the inputs so far."""
+
+    # -- decoding by recomputing the prefix (causal mixers with neither a recurrent form nor a cache)
+    def _init_prefix(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
+        """The mixer's inputs so far: (batch, max_len, d_model), zeros where nothing is written yet."""
+        return (torch.zeros(batch, self.max_len, self.d_model, dtype=dtype, device=device),)
+
+    def _prefix_prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The planned mode over the prompt; the state holds its inputs."""
+        inputs = torch.zeros(x.shape[0], self.max_len, self.d_model, dtype=x.dtype, device=x.device)
+        return self.forward(x), (torch.cat([x, inputs[:, x.shape[1]:]], dim=1),)
+
+    def _prefix_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Write ``x_t`` (B, d_model) at ``position`` (B,) and run the planned mode over all max_len inputs:
+        causal, the output there sees the written positions only. Exact, O(a full pass) per token."""
+        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and int(position.max()) >= self.max_len:
+            raise ShapeError(f"decoding keeps max_len = {self.max_len} inputs; position {int(position.max())} is "
+                             "past it (raise max_len)")
+        B = x_t.shape[0]
+        where = position.view(B, 1, 1).expand(B, 1, self.d_model)
+        inputs = state[0].scatter(1, where, x_t.unsqueeze(1).to(state[0].dtype))
+        return self.forward(inputs).gather(1, where)[:, 0], (inputs,)
+
+
+__all__ = ["KeyValueCache", "PrefixRerun", "ProjectedMixer"]

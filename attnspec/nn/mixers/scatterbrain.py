@@ -1,0 +1,52 @@
+"""Scatterbrain: a low-rank part (Performer or linear features) plus an exact sparse correction on a
+support, one joint normaliser (:func:`attnspec.ops.scatterbrain.scatterbrain_attention`); decoded by
+rerunning over the inputs so far (the sparse support needs every earlier key)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from attnspec.nn.mixers.parts import PrefixRerun, ProjectedMixer
+from attnspec.nn.registry import build, register
+from attnspec.ops.scatterbrain import scatterbrain_attention
+
+
+@register("mixer", "scatterbrain")
+class ScatterbrainMixer(PrefixRerun, ProjectedMixer):
+    """Low-rank (Performer or a linear feature map) plus an exact sparse correction on a support."""
+
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+        features = node.lowrank.features()
+        self.features = build("feature_map", features, dim=self.d_qk, heads=self.heads, scale=self.scale, seed=seed)
+        self.sqrt_scale = 1.0 if features.consumes_scale else math.sqrt(self.scale)
+        self.sparse = build("sparse", node.sparse, d_qk=self.d_qk, seed=seed, causal=self.causal)
+        self.eps = node.eps
+
+    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        mode = self._checked_mode(mode)
+        q, k, v, _ = self._project(x)
+        q_features, log_scale = self.features(q * self.sqrt_scale, True)
+        k_features, _ = self.features(k * self.sqrt_scale, False)
+        o = scatterbrain_attention(q, k, v, q_features, k_features, self.sparse(q, k), q_log_scale=log_scale,
+                                   causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
+                                   chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None)
+        return self._output(o, x, v)
+
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
+        """The inputs so far (:meth:`PrefixRerun._init_prefix`): the sparse support needs every earlier key."""
+        return self._init_prefix(batch, dtype, device)
+
+    def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One token by recomputing the prefix: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t, new state)."""
+        return self._prefix_step(x_t, state, position)
+
+    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The planned mode over the prompt; the state holds its inputs (:meth:`PrefixRerun._prefix_prefill`)."""
+        return self._prefix_prefill(x)
+
+    def regularization_loss(self) -> Tensor | None:
+        return self.features.regularization_loss()

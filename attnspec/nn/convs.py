@@ -26,15 +26,15 @@ class Convolutions(nn.Module):
         self.widths: dict[str, int] = dict(node.streams())
         self.filters = nn.ParameterDict()
         self.biases = nn.ParameterDict()
-        self.silu = getattr(node, "activation", "none") == "silu"
+        self.silu = node.output_activation() == "silu"
         for name, width in self.widths.items():
-            if node.kind == "shift":
+            if node.starts_as_mean():
                 weight = torch.full((channels[name], width), 1.0 / width)
             else:
                 bound = width ** -0.5
                 weight = torch.empty(channels[name], width).uniform_(-bound, bound)
             self.filters[name] = nn.Parameter(weight)
-            if getattr(node, "bias", False):  # as Conv1d's default: uniform in +-1/sqrt(fan_in)
+            if node.has_bias():  # as Conv1d's default: uniform in +-1/sqrt(fan_in)
                 self.biases[name] = nn.Parameter(torch.empty(channels[name]).uniform_(-width ** -0.5, width ** -0.5))
         self.channels = {name: channels[name] for name in self.widths}
 

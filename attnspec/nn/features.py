@@ -117,18 +117,17 @@ class TrainableKernel(FeatureMap):
 
     def __init__(self, node, *, dim: int, heads: int, **_):
         super().__init__()
-        self.kind = node.kind
         groups = 1 if node.share_across_heads else heads
         self.stack = node.stack
-        orthogonal = node.kind in ("oglu", "aoglu") or (node.kind == "softplus_linear" and node.orthogonal)
-        self.ortho_weight = getattr(node, "ortho_weight", 0.0) if orthogonal else 0.0
+        orthogonal = node.is_orthogonal()
+        self.ortho_weight = node.regulariser_weight()
         self.orthogonal = orthogonal
-        gated = node.kind != "softplus_linear"
+        gated = node.is_gated()
         self.w_f = nn.ParameterList([nn.Parameter(self._init_square(groups, dim, orthogonal)) for _ in range(self.stack)])
         if not gated:
             self.w_g = None
-        elif node.kind == "aoglu":
-            rank = node.rank
+        elif node.gate_rank() is not None:
+            rank = node.gate_rank()
             self.gate_u = nn.ParameterList([nn.Parameter(torch.randn(groups, dim, rank) / math.sqrt(dim))
                                             for _ in range(self.stack)])
             self.gate_v = nn.ParameterList([nn.Parameter(torch.randn(groups, rank, dim) / math.sqrt(rank))

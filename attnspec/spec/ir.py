@@ -224,11 +224,34 @@ class _TrainableKernel(FeatureMapComponent):
     share_across_heads: bool = True
     """One set of kernel weights shared by all heads (true) or separate weights per head (false)."""
 
+    # the facts the trainable kernel's module is built from (attnspec/nn/features.py)
+    def is_orthogonal(self) -> bool:
+        """W_f starts orthogonal and is regularised towards it."""
+        return False
+
+    def regulariser_weight(self) -> float:
+        """lambda of the orthogonality regulariser (0: none)."""
+        return 0.0
+
+    def is_gated(self) -> bool:
+        """A sigmoid gate multiplies each unit."""
+        return True
+
+    def gate_rank(self) -> int | None:
+        """The rank of a low-rank gate W_g = U V (None: a full n x n gate)."""
+        return None
+
 
 class _OrthogonalKernel(_TrainableKernel):
     ortho_weight: NonNegativeFloat = 1e-3
     """Weight lambda of the regulariser lambda*|W^T W - I|_F^2 on the orthogonal matrices, exposed
     to the training loop as `model.regularization_loss()`."""
+
+    def is_orthogonal(self) -> bool:
+        return True
+
+    def regulariser_weight(self) -> float:
+        return self.ortho_weight if self.is_orthogonal() else 0.0
 
 
 class SoftplusLinearFeatures(_OrthogonalKernel):
@@ -237,6 +260,12 @@ class SoftplusLinearFeatures(_OrthogonalKernel):
     kind: Literal["softplus_linear"]
     orthogonal: bool = False
     """Initialise W orthogonal and add the orthogonality regulariser (the 'Orth. linear kernel')."""
+
+    def is_orthogonal(self) -> bool:
+        return self.orthogonal
+
+    def is_gated(self) -> bool:
+        return False
 
 
 class GluFeatures(_TrainableKernel):
@@ -260,6 +289,9 @@ class AogluFeatures(_OrthogonalKernel):
 
     def resolved(self, d_qk: int) -> "AogluFeatures":
         return self if self.rank is not None else self.model_copy(update={"rank": max(1, d_qk // 4)})
+
+    def gate_rank(self) -> int | None:
+        return self.rank
 
     def problems(self, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         if self.rank is not None and d_qk is not None and 2 * self.rank >= d_qk:
@@ -528,6 +560,19 @@ class ConvComponent(Component):
         """Stream (``x``: the mixer input, ``q``/``k``/``v``: the projections) -> kernel width."""
         return {}
 
+    def starts_as_mean(self) -> bool:
+        """Whether each filter starts as the mean of its window (token shift), else as PyTorch's
+        Conv1d default (uniform in +-1/sqrt(width))."""
+        return False
+
+    def output_activation(self) -> str:
+        """Applied to each convolved stream: ``none`` or ``silu``."""
+        return "none"
+
+    def has_bias(self) -> bool:
+        """A learnt bias per channel."""
+        return False
+
     def problems(self) -> Iterator[tuple[tuple, str]]:
         return iter(())
 
@@ -556,6 +601,12 @@ class ShortConv(ConvComponent):
     def streams(self) -> dict[str, int]:
         return {name: self.width for name in self.projections}
 
+    def output_activation(self) -> str:
+        return self.activation
+
+    def has_bias(self) -> bool:
+        return self.bias
+
     def problems(self) -> Iterator[tuple[tuple, str]]:
         if len(set(self.projections)) != len(self.projections):
             yield ("projections",), f"each of q, k, v may be named once, got {self.projections}"
@@ -570,6 +621,9 @@ class TokenShift(ConvComponent):
 
     def streams(self) -> dict[str, int]:
         return {"x": 2}
+
+    def starts_as_mean(self) -> bool:
+        return True
 
 
 Conv = declare("conv", NoConv, ShortConv, TokenShift, base=ConvComponent)

@@ -1,0 +1,246 @@
+"""The base of a mixer family (the public base of plugin families too): the fields every mixer has, and
+the facts planning, lowering, verification and decoding read."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Iterator, Literal
+
+from pydantic import Field
+
+from attnspec.spec import limits
+from attnspec.spec.family import Backend, Cost, GRAPH, linear_costs, noncausal_linear_cost
+from attnspec.spec.nodes import Component, Count, PositiveFloat
+from attnspec.spec.transitions import TransitionComponent
+from attnspec.spec.positions import NoPosition, Position, PositionComponent
+from attnspec.spec.convs import Conv, NoConv
+
+
+Mode = Literal["auto", "recurrent", "scan", "chunk", "quadratic"]
+OutputGate = Literal["none", "sigmoid", "swish"]
+
+
+class MixerComponent(Component):
+    """The base of a mixer *family* (the public base for plugin families): its fields are what every
+    mixer has; its methods are the facts the planner, lowering, verification and decoding read
+    (:mod:`attnspec.spec.family`). A family overrides ``modes``, ``mode_costs`` and, where it has
+    kernels, ``backends``; a decoding step is ``has_step`` here and ``init_state``/``step`` on its
+    implementation (the ``nn.Module`` registered for its kind, or ``implementation = "module:Class"``)."""
+
+    required_overrides: ClassVar[tuple[str, ...]] = ("modes", "mode_costs")
+    """What a plugin family must state itself (:func:`attnspec.spec.components.register` checks)."""
+    heads: Count(limits.MAX_HEADS) = 1
+    """Number of heads."""
+    d_qk: Count(limits.MAX_HEAD_WIDTH) | None = None
+    """Per-head query/key width; defaults to d_model / heads."""
+    d_v: Count(limits.MAX_HEAD_WIDTH) | None = None
+    """Per-head value width; defaults to d_model / heads."""
+    causal: bool = True
+    """Position t sees only positions <= t."""
+    mode: Mode = "auto"
+    """Execution mode; `auto` lets the compiler's cost model choose."""
+    chunk_size: Count(limits.MAX_CHUNK) = 64
+    """Chunk length of the chunked mode (a power of two)."""
+    scale: PositiveFloat | None = None
+    """Multiplier on q.k; defaults to 1/sqrt(d_qk) for exp/softmax kernels and 1 otherwise."""
+    output_gate: OutputGate = "none"
+    """Gate on the mixer output before the output projection: y * act(W_g x)."""
+    group_norm: bool = False
+    """Per-head normalisation (RMS) of the mixer output, as in RetNet/GateLoop."""
+    position: Position | None = None
+    """Position scheme of this mixer: `rope`, `alibi` or `none`; unset, the model's `position` applies
+    when it acts on q/k or as a decay (resolved specs state it)."""
+    conv: Conv = Field(default_factory=lambda: NoConv(kind="none"))
+    """`short` causal depthwise convolutions on q/k/v, or `shift` (token shift of the input)."""
+    init_scale: Annotated[float, Field(gt=0, le=100)] = 1.0
+    """Multiplier on the q/k/v/gate/output projections' initial weights (PyTorch's default
+    nn.Linear init, uniform in +-1/sqrt(fan_in)). 1 keeps the default."""
+    kv_heads: Count(limits.MAX_HEADS) | None = None
+    """Keys and values shared by groups of query heads: grouped-query attention (1: multi-query). Unset:
+    one per head. The decoding cache holds kv_heads heads."""
+    qk_norm: Literal["none", "rmsnorm"] = "none"
+    """RMSNorm of each query and key head (a learnt weight per channel, shared by the heads), before
+    positions and features (Qwen3, OLMo 2)."""
+    qk_groups: Count(limits.MAX_HEADS) | None = None
+    """Queries and keys shared by groups of heads: G groups of heads / G heads each (Mamba2's B and C
+    `n_groups`; multi-value attention). Unset: one per head."""
+    skip: bool = False
+    """Add D ⊙ v_t to the output, a learnt D per head starting at 1 (Mamba2's D skip)."""
+    gate_before_norm: bool = False
+    """Gate then normalise: RMSNorm(y ⊙ silu(W_g x)) over each query/key group's heads (Mamba2's gated
+    norm), rather than per-head RMSNorm(y) then the gate (Gated DeltaNet's). Needs `group_norm: true`
+    and `output_gate: swish`."""
+    norm_eps: Annotated[float, Field(gt=0, le=1)] = 1e-6
+    """Epsilon of the mixer's RMS norms: the output norm (`group_norm`) and `qk_norm`."""
+    shared_norm_weight: bool = False
+    """The output norm's weight is one vector of d_v shared by the heads (Qwen3-Next's and Kimi's gated
+    norms), rather than one weight per channel of every head. Needs `group_norm: true`, and not
+    `gate_before_norm` (whose groups span several heads)."""
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections and the output gate's (Qwen2; Llama's `attention_bias`)."""
+    out_bias: bool = False
+    """A bias on the output projection (Llama's `attention_bias`)."""
+
+    def modes(self) -> tuple[str, ...]:
+        """The execution modes that compute this mixer, the planner's default first."""
+        return ("quadratic",)
+
+    def mode_problem(self, mode: str) -> str:
+        """Why a forced ``mode`` outside :meth:`modes` is impossible, and what to do."""
+        return f"a {self.kind} mixer runs in {', '.join(self.modes())}; mode '{mode}' is impossible"
+
+    def mode_costs(self, L: int) -> dict[str, Cost]:
+        """The estimated :class:`~attnspec.spec.family.Cost` of each of :meth:`modes` at length ``L``
+        (batch 1, forward; the planner scales it to the regime). Every family states its own."""
+        raise NotImplementedError(f"the {self.kind} mixer family states no costs (MixerComponent.mode_costs)")
+
+    def backends(self, mode: str) -> tuple[Backend, ...]:
+        """The backends that run ``mode`` for this mixer, in order of preference (the graph path last)."""
+        return (GRAPH,)
+
+    @property
+    def reference_mode(self) -> str:
+        """The mode the others are verified against: the defining recurrence where there is one."""
+        return "recurrent" if "recurrent" in self.modes() else self.modes()[0]
+
+    @property
+    def has_step(self) -> bool:
+        """A one-token decoding step: a recurrent form with a constant-size state, or a key/value cache
+        (:attr:`decode_mode`)."""
+        return False
+
+    @property
+    def softmax_kernel(self) -> bool:
+        """Computed as exact softmax attention (its cost is quadratic, its default scale 1/sqrt(d_qk))."""
+        return False
+
+    @property
+    def softmax_temperature(self) -> bool:
+        """`scale` defaults to 1/sqrt(d_qk), the temperature of an exp kernel, rather than 1."""
+        return self.softmax_kernel
+
+    def feature_width(self) -> int:
+        """Width m of the state's keys (the planner's cost and the decoding state), once resolved."""
+        return self.d_qk
+
+    def sparse_keys(self) -> int:
+        """Keys per query computed exactly beside the linear part (Scatterbrain's support), else 0."""
+        return 0
+
+    def describe(self) -> str:
+        """One line naming the mixer and its parts, for plans and summaries."""
+        return f"{self.kind} x{self.heads}"
+
+    def resolved_parts(self, *, d_qk: int, max_len: int) -> dict[str, Any]:
+        """Its parts with their derived defaults filled in (``model_copy`` updates), for resolution."""
+        fmap = getattr(self, "feature_map", None)
+        return {"feature_map": fmap.resolved(d_qk)} if fmap is not None else {}
+
+    def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
+        """The scheme this mixer applies: its own, else the model's when that acts on q/k or as a decay."""
+        if self.position is not None:
+            return self.position
+        return model_position if model_position.acts_on in ("qk", "decay") else NoPosition(kind="none")
+
+    def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        """Rule violations of this mixer and its parts, as (path below the mixer, message)."""
+        if self.mode != "auto" and self.mode not in self.modes():
+            yield ("mode",), self.mode_problem(self.mode)
+        transition = getattr(self, "transition", None)
+        if transition is not None and not transition.is_identity and not self.causal:
+            yield ("transition",), ("a state transition orders positions, so it needs `causal: true`; "
+                                    "remove the transition or make the mixer causal")
+        if transition is not None:
+            for below, message in transition.problems():
+                yield ("transition", *below), message
+        if self.position is not None:
+            if self.position.acts_on == "embedding":
+                yield ("position",), (f"{self.position.kind} positions are added to the token embeddings; write "
+                                      f"`position: {self.position.kind}` at the model level, not on a mixer")
+            for below, message in self.position.problems(causal=self.causal, d_qk=d_qk):
+                yield ("position", *below), message
+            if self.position.acts_on == "decay" and transition is None:
+                yield ("position",), (f"a {self.kind} mixer has no decay path for {self.position.kind}; use rope")
+        for below, message in self.conv.problems():
+            yield ("conv", *below), message
+        for name in ("qk_groups", "kv_heads"):
+            groups = getattr(self, name)
+            if groups is not None and self.heads % groups:
+                yield (name,), (f"{self.heads} heads cannot be split into {groups} equal groups; use a divisor of "
+                                f"{self.heads}")
+        if self.qk_groups is not None and self.kv_heads is not None:
+            yield ("kv_heads",), ("kv_heads shares keys and values, qk_groups queries and keys: a mixer takes one "
+                                  "of them")
+        if self.gate_before_norm and not (self.group_norm and self.output_gate == "swish"):
+            yield ("gate_before_norm",), ("gate_before_norm orders a gated norm, which needs `group_norm: true` "
+                                          "and `output_gate: swish`")
+        if self.shared_norm_weight and (not self.group_norm or self.gate_before_norm):
+            yield ("shared_norm_weight",), ("a shared norm weight is the per-head output norm's: it needs "
+                                            "`group_norm: true` without `gate_before_norm`")
+        if transition is not None and getattr(transition, "scale_input", False) and not self.scales_input:
+            yield ("transition", "scale_input"), (f"a {self.kind} mixer has no input for Δ_t to scale; remove "
+                                                  "scale_input")
+
+    @property
+    def scales_input(self) -> bool:
+        """Whether the family applies a transition's ``scale_input`` (Δ_t times the written key)."""
+        return False
+
+    @property
+    def query_heads(self) -> int:
+        """Heads of distinct queries: ``qk_groups`` where they are shared, else ``heads``."""
+        return self.qk_groups or self.heads
+
+    @property
+    def key_heads(self) -> int:
+        """Heads of distinct keys: ``qk_groups`` or ``kv_heads`` where they are shared, else ``heads``."""
+        return self.qk_groups or self.kv_heads or self.heads
+
+    @property
+    def value_heads(self) -> int:
+        """Heads of distinct values: ``kv_heads`` where they are shared, else ``heads``."""
+        return self.kv_heads or self.heads
+
+    @property
+    def decode_mode(self) -> str | None:
+        """How one token is decoded: ``recurrent`` (a constant-size state), ``cache`` (a key/value cache of
+        :meth:`cache_capacity` positions), ``prefix`` (the inputs so far, the mixer rerun over them) or
+        None (no decoding step)."""
+        return "recurrent" if self.has_step else None
+
+    def cache_capacity(self, max_len: int) -> int | None:
+        """Positions a ``cache`` decoding state holds (None: no cache)."""
+        return None
+
+    def decode_limit(self, max_len: int) -> int | None:
+        """The most positions one sequence can reach by decoding (None: unbounded): a full cache, or
+        the inputs a ``prefix`` state keeps, hold :meth:`cache_capacity` of them."""
+        return self.cache_capacity(max_len)
+
+
+def _linear_family_costs(mixer: MixerComponent, L: int, d: int, transition: TransitionComponent | None
+                         ) -> dict[str, Cost]:
+    """Costs of a mixer computed as gated linear attention of feature width ``mixer.feature_width()``
+    and value width ``d`` (with the normaliser's column), restricted to its modes; non-causal, every
+    mode but quadratic is the linear form q (Kᵀ V)."""
+    m, H = mixer.feature_width(), mixer.heads
+    per_channel = transition is not None and transition.per_channel
+    complex_ = transition is not None and transition.is_complex
+    costs = {mode: cost for mode, cost in linear_costs(L, H, m, d, mixer.chunk_size, per_channel, complex_).items()
+             if mode in mixer.modes()}
+    if not mixer.causal:
+        costs = {mode: (cost if mode == "quadratic" else noncausal_linear_cost(L, H, m, d))
+                 for mode, cost in costs.items()}
+    return costs
+
+
+def _softmax_decay_problems(transition: TransitionComponent) -> Iterator[tuple[tuple, str]]:
+    """A decay under softmax is an additive log-bias: it must be real and one per head."""
+    if transition.is_complex:
+        yield ("transition",), ("softmax scores must be real, but this transition is complex; use a real decay "
+                                "(`complex: false` for fixed, `phase: none` for data-controlled)")
+    elif transition.per_channel:
+        yield ("transition", "per"), ("under softmax a decay is one additive bias per pair of positions, so it "
+                                      "must be per head; set `per: head`")
+
+
+__all__ = ["Mode", "OutputGate", "MixerComponent"]

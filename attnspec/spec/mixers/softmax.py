@@ -1,0 +1,65 @@
+"""Softmax attention's IR: GQA, QK-norm, positions, a decay as log-bias, a window, an output gate."""
+
+from __future__ import annotations
+
+from typing import Iterator, Literal
+
+from pydantic import Field
+
+from attnspec.spec import limits
+from attnspec.spec.family import Cost, softmax_cost
+from attnspec.spec.nodes import Count
+from attnspec.spec.transitions import NoTransition, Transition
+from attnspec.spec.mixers.base import MixerComponent, _softmax_decay_problems
+
+
+class SoftmaxMixer(MixerComponent):
+    """Softmax attention (quadratic only), optionally with a real decay as an additive log-bias."""
+
+    kind: Literal["softmax"]
+    transition: Transition = Field(default_factory=lambda: NoTransition(kind="none"))
+    """Decay applied as the log-bias sum(log a) between positions (GateLoop sec. 3.4); real only."""
+    window: Count(limits.MAX_LEN) | None = None
+    """Sliding window: each position attends to the `window` most recent positions, itself included
+    (causal only). Decoding keeps a ring buffer of that many keys and values: constant memory."""
+
+    def mode_costs(self, L: int) -> dict[str, Cost]:
+        return {"quadratic": softmax_cost(L, self.heads, self.d_qk, self.d_v)}
+
+    @property
+    def has_step(self) -> bool:
+        return self.causal
+
+    @property
+    def decode_mode(self) -> str | None:
+        return "cache" if self.causal else None
+
+    def cache_capacity(self, max_len: int) -> int | None:
+        # A window's ring holds the whole window even when it is longer than max_len: decoding goes
+        # on past max_len (a window is unbounded), and every position within the window is read then.
+        return self.window if self.window is not None else max_len
+
+    def decode_limit(self, max_len: int) -> int | None:
+        return None if self.window is not None else max_len  # a ring buffer never fills
+
+    def mode_problem(self, mode: str) -> str:
+        return (f"softmax attention has no finite feature expansion, so it can only be computed quadratically; "
+                f"mode '{mode}' is impossible: use `mode: quadratic` or `auto`")
+
+    @property
+    def softmax_kernel(self) -> bool:
+        return True
+
+    def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        yield from super().problems(max_len=max_len, d_qk=d_qk)
+        yield from _softmax_decay_problems(self.transition)
+        if self.window is not None and not self.causal:
+            yield ("window",), "a sliding window looks back over past positions, so it needs `causal: true`"
+
+    def describe(self) -> str:
+        parts = [f"window {self.window}"] if self.window is not None else []
+        if self.kv_heads is not None:
+            parts.append(f"{self.kv_heads} kv heads")
+        if not self.transition.is_identity:
+            parts.append(f"{self.transition.kind} decay")
+        return f"softmax[{', '.join(parts)}] x{self.heads}" if parts else f"softmax x{self.heads}"

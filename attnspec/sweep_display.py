@@ -106,7 +106,7 @@ class SweepProgress:
             self.steps = dict(event["steps"])
             self.total_runs = len(event["todo"])
             self.console.print(f"{event['runs']} run(s) in the sweep, {len(event['todo'])} to do, on the "
-                               f"{event['backend']} backend ({event['workers'] or 'Ray'} worker(s) x "
+                               f"{event['runner']} runner ({event['workers'] or 'Ray'} worker(s) x "
                                f"{event['threads']} thread(s))", markup=False)
             if self.progress is not None:
                 self.overall = self.progress.add_task(self._summary(), total=sum(self.steps.values()) or 1)

@@ -172,7 +172,7 @@ def is_safe_expression(text: object) -> bool:
     """Whether ``text`` is a symbolic integer expression as torch prints them (``Mul(Integer(64),
     Symbol('s71', positive=True, integer=True))``, ``s0 + 128``): symbols, integers, + - * // **,
     the shape functions torch defines and Symbol's assumptions, nothing else, within the size limits;
-    and every power a symbol to a small literal exponent (``Pow(Symbol('s71', ...), Integer(2))``,
+    and every power an unnested base to a small literal exponent (``Pow(Symbol('s71', ...), Integer(2))``,
     ``s0**2``), so that sympy never computes a huge number (``Pow(Integer(10), Integer(10**10))``
     passed the token grammar and spun in ``sympify``)."""
     def allowed(match: re.Match) -> bool:
@@ -188,8 +188,10 @@ MAX_EXPONENT = 16
 
 
 def _powers_bounded(tokens: list[str]) -> bool:
-    """Whether every ``Pow(base, exponent)`` and ``base**exponent`` in ``tokens`` raises a symbol
-    (``Symbol(...)`` or ``s0``) to an integer literal of at most :data:`MAX_EXPONENT`."""
+    """Whether every ``Pow(base, exponent)`` and ``base**exponent`` in ``tokens`` has an integer literal
+    exponent of at most :data:`MAX_EXPONENT` and a base without a power of its own: any such number
+    stays within (the largest literal, 40 digits, times the expression's length) x 16 digits, which
+    sympy computes at once, where nested or large powers (10**(10**10)) never finish."""
     def literal(start: int, end: int) -> bool:  # `2`, `Integer(2)`, `(2)`: tokens[start:end]
         inner = [t for t in tokens[start:end] if t not in ("Integer", "(", ")")]
         return len(inner) == 1 and inner[0].isdigit() and int(inner[0]) <= MAX_EXPONENT
@@ -205,20 +207,28 @@ def _powers_bounded(tokens: list[str]) -> bool:
                 depth -= 1
         return len(tokens)
 
-    def symbol(start: int, end: int) -> bool:
-        return (end - start == 1 and bool(_SYMBOL.fullmatch(tokens[start]))) or \
-            (end > start and tokens[start] == "Symbol" and "(" not in tokens[start + 2: end - 1])
+    def group_start(end: int) -> int:  # the index of the `(` opening the group that closes at tokens[end]
+        depth = 0
+        for index in range(end, -1, -1):
+            depth += {")": 1, "(": -1}.get(tokens[index], 0)
+            if depth == 0:
+                return index
+        return 0
+
+    def flat(start: int, end: int) -> bool:  # no power inside tokens[start:end]
+        return start < end and not {"Pow", "**"} & set(tokens[start:end])
 
     for index, token in enumerate(tokens):
         if token == "Pow":
             comma = argument_end(index + 2)
             close = argument_end(comma + 1)
             if tokens[index + 1: index + 2] != ["("] or tokens[comma: comma + 1] != [","] or \
-                    not symbol(index + 2, comma) or not literal(comma + 1, close):
+                    not flat(index + 2, comma) or not literal(comma + 1, close):
                 return False
         elif token == "**":
             exponent_end = index + 2 if tokens[index + 1: index + 2] != ["("] else argument_end(index + 2) + 1
-            if index == 0 or not _SYMBOL.fullmatch(tokens[index - 1]) or not literal(index + 1, exponent_end):
+            base_start = group_start(index - 1) if index and tokens[index - 1] == ")" else index - 1
+            if index == 0 or not flat(base_start, index) or not literal(index + 1, exponent_end):
                 return False
     return True
 

@@ -252,6 +252,19 @@ def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES, *, follow_links: bool
         RunError: saying what is wrong (missing, a link, not a file, too large, not UTF-8, not JSON,
             a constant, nested too deep); callers translate it into their own error class.
     """
+    info = _regular_file_status(path, follow_links)
+    if info.st_size > max_bytes:
+        raise RunError(f"{path}: larger than {max_bytes:,} bytes")
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    return _json_value(raw, path, "", parse_constant, object_hook)
+
+
+def _regular_file_status(path: Path, follow_links: bool) -> os.stat_result:
+    """``path``'s status, refusing a missing file, a link (unless ``follow_links``) and anything not a
+    regular file, each as a RunError."""
     info = _lstat(path)
     if info is not None and follow_links and stat.S_ISLNK(info.st_mode):
         try:
@@ -263,16 +276,18 @@ def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES, *, follow_links: bool
     if not stat.S_ISREG(info.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
         raise RunError(f"{path}: {kind}; attnspec reads only regular files here")
-    if info.st_size > max_bytes:
-        raise RunError(f"{path}: larger than {max_bytes:,} bytes")
+    return info
+
+
+def _json_value(raw: bytes, path: Path, what: str, parse_constant: Callable[[str], Any] = _refuse_constant,
+                object_hook: Callable[[dict], Any] | None = None) -> Any:
+    """``raw`` (UTF-8 JSON, ``what`` of ``path``) parsed, or a RunError saying why not."""
     try:
-        return json.loads(path.read_bytes().decode("utf-8"), parse_constant=parse_constant, object_hook=object_hook)
+        return json.loads(raw.decode("utf-8"), parse_constant=parse_constant, object_hook=object_hook)
     except RecursionError:
-        raise RunError(f"{path}: nested too deeply to be a file attnspec reads") from None
+        raise RunError(f"{path}: {what}nested too deeply to be a file attnspec reads") from None
     except (ValueError, UnicodeDecodeError) as error:
-        raise RunError(f"{path}: not valid JSON ({shorten(str(error), 120)})") from None
-    except OSError as error:
-        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+        raise RunError(f"{path}: {what}not valid JSON ({shorten(str(error), 120)})") from None
 
 
 MAX_SAFETENSORS_HEADER = 100 << 20
@@ -290,14 +305,7 @@ def read_safetensors_header(path: Path, *, follow_links: bool = False) -> dict[s
         RunError: the file is missing, a link (unless ``follow_links``), or its header is not a valid
             safetensors header for its size.
     """
-    try:
-        info = os.stat(path) if follow_links else os.lstat(path)
-    except FileNotFoundError:
-        raise RunError(f"{path}: missing") from None
-    except OSError as error:
-        raise RunError(f"{path}: cannot read ({error.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise RunError(f"{path}: not a regular file")
+    info = _regular_file_status(path, follow_links)
     try:
         with open(path, "rb") as handle:
             prefix = handle.read(8)
@@ -305,13 +313,9 @@ def read_safetensors_header(path: Path, *, follow_links: bool = False) -> dict[s
             if not 2 <= length <= min(MAX_SAFETENSORS_HEADER, info.st_size - 8):
                 raise RunError(f"{path}: not a safetensors file (its header length is {length:,} bytes)")
             raw = handle.read(length)
-        header = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except RecursionError:
-        raise RunError(f"{path}: its safetensors header is nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as error:
-        raise RunError(f"{path}: its safetensors header is not valid JSON ({shorten(str(error), 120)})") from None
     except OSError as error:
         raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    header = _json_value(raw, path, "its safetensors header is ")
     if not isinstance(header, dict):
         raise RunError(f"{path}: its safetensors header is not a table of tensors")
     data_bytes = info.st_size - 8 - length

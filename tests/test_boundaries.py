@@ -31,11 +31,11 @@ LAYERS = {
     "attnspec.compiler": 4,
     "attnspec.training": 5,
     "attnspec.ablation": 6, "attnspec.diagnostics": 6, "attnspec.hf": 6,
-    "attnspec.cli": 7, "attnspec.sweep_display": 7, "attnspec.__main__": 7,
+    "attnspec.cli": 7, "attnspec.__main__": 7,
     "attnspec": 7,  # the facade (attnspec.build, .load, .train, ...): the top, for users
 }
-SAME_PACKAGE = {"attnspec.sweep_display": "attnspec.cli", "attnspec.__main__": "attnspec.cli"}
-"""Modules that are parts of another entry: the CLI's display of sweeps, ``python -m attnspec``."""
+SAME_PACKAGE = {"attnspec.__main__": "attnspec.cli"}
+"""Modules that are parts of another entry: ``python -m attnspec``."""
 ALLOWED = {
     # `attnspec diagnose RUNS_DIR` labels a sweep's finished runs: the runs directory's format is the
     # ablation package's, read here, never written

@@ -176,13 +176,12 @@ class BackgroundCheck:
 
 def _check_directory(directory: Path, modes: list[str], device: str) -> dict:
     from attnspec.compiler.load import load_weights
-    from attnspec.compiler.plan import backends_for
     from attnspec.nn.model import build_model_from_spec
     from attnspec.spec import load_spec
 
     spec = load_spec(directory / "spec.yaml", ())
     model = build_model_from_spec(spec)
-    model.set_modes(modes, backends_for(spec, modes, device=torch.device(device).type))
+    model.set_modes(modes)
     load_weights(model, directory / "model.safetensors")
     return check_model(model.to(device).eval())
 

@@ -19,7 +19,6 @@ from safetensors.torch import load_file
 from attnspec.compiler.device import resolve_device
 from attnspec.compiler.sizes import check_model_size
 from attnspec.compiler.manifest import Manifest, read_manifest
-from attnspec.compiler.plan import backends_for
 from attnspec.errors import AttnSpecError, BuildError, shorten
 from attnspec.nn.model import Model, build_model_from_spec
 from attnspec.spec.validate import validate_data
@@ -128,7 +127,7 @@ def load_model(directory: Path | str, manifest: Manifest | None = None, device=N
     if not fits:
         raise BuildError(f"{directory}/manifest.json: its plan does not fit spec.yaml ({len(modes)} modes for "
                          f"{len(model.blocks)} blocks, or a mode a mixer lacks); rebuild the directory")
-    model.set_modes(modes, backends_for(spec, modes, device=device.type))  # the backends of the device it runs on
+    model.set_modes(modes)
     load_weights(model, directory / "model.safetensors")
     return model.to(device).eval()
 

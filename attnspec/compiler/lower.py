@@ -29,7 +29,7 @@ def lower(spec: Spec, plan: Plan | None = None) -> Model:
     """Build the eager model of ``spec`` and set each mixer's full-sequence mode from ``plan``."""
     plan = plan or plan_spec(spec)
     model = build_model_from_spec(spec)
-    model.set_modes(plan.full_modes, plan.backends)
+    model.set_modes(plan.full_modes)
     model.eval()
     return model
 

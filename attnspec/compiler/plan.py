@@ -38,9 +38,9 @@ from dataclasses import asdict, dataclass, field
 
 from attnspec.compiler.calibration import Calibration, mixer_signature
 from attnspec.errors import BuildError
-from attnspec.spec.family import Cost
+from attnspec.spec.family import Cost, Regime
 from attnspec.spec.ir import Spec, iter_blocks
-from attnspec.spec.source import format_path
+from attnspec.spec.walk import block_labels
 
 # Eager training pays far more per sequential step: each position of the recurrent loop runs ~15
 # small ops forward and their autograd nodes backward. Measured on the 2-core CPU (per-channel
@@ -80,6 +80,22 @@ class LayerPlan:
         return (self.measured or {}).get(self.full_mode, self.cost.seconds)
 
 
+DECODING = {
+    "recurrent": ("a constant-size state", "memory constant in the position"),
+    "cache": ("a key/value cache of {cache:,} positions, allocated once", "memory per position, up to the cache"),
+    "prefix": ("the mixer's inputs, {cache:,} positions, rerun each token",
+               "exact, but a full pass per token (the sparse support needs every earlier key)"),
+    None: ("-", "no decoding step: non-causal"),
+}
+"""Per decoding mode (:attr:`MixerComponent.decode_mode`): what one sequence holds, and why that mode."""
+
+
+def decoding_text(layer: LayerPlan) -> tuple[str, str]:
+    """What ``layer``'s decoding holds per sequence and why its mode, in words (``explain`` renders them)."""
+    held, why = DECODING[layer.decode_mode]
+    return held.format(cache=layer.decode_cache or 0), why
+
+
 @dataclass
 class Plan:
     """The plan of a model at one length: one :class:`LayerPlan` per block, in execution order."""
@@ -108,7 +124,8 @@ class Plan:
 
 
 def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False, batch: int = 1,
-              training: bool = False, calibration: "Calibration | None" = None, device: str = "cpu") -> Plan:
+              training: bool = False, calibration: "Calibration | None" = None, device: str = "cpu",
+              dtype: str | None = None) -> Plan:
     """Plan every block of a resolved spec at ``length`` (default ``max_len``).
 
     With ``for_build`` a forced mode that cannot be compiled with a dynamic length is an error.
@@ -116,7 +133,8 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
     fixed length, so the recurrent loop qualifies); the default is inference at batch 1.
     ``calibration``: measured times to choose by where they exist (default: this machine's cache,
     if any; pass ``Calibration.empty()`` to plan from the cost model alone). ``device``: the device
-    type the model runs on ("cpu" or "cuda"), which decides the backends.
+    type the model runs on ("cpu" or "cuda"), which decides the backends, with ``dtype``: the dtype the
+    mixers compute in (default the spec's; ``"bfloat16"`` for a run under bfloat16 autocast).
     """
     L = length or spec.max_len
     if L < 1:
@@ -126,13 +144,13 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
     calibration = calibration if calibration is not None else Calibration.load()
     regime = "training" if training else "inference"
     layers = []
-    for index, (path, block) in enumerate(iter_blocks(spec, expand=True)):
+    for label, (_, block) in zip(block_labels(spec), iter_blocks(spec, expand=True)):
         entry = calibration.lookup(mixer_signature(spec, block.mixer), regime, batch, L)
-        layer = _plan_mixer(block.mixer, f"blocks[{index}] ({format_path(path)})", L, for_build, batch, training, entry)
+        layer = _plan_mixer(block.mixer, label, L, for_build, batch, training, entry)
         layer.decode_cache = block.mixer.cache_capacity(spec.max_len)
-        layer.backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=spec.dtype,
+        layer.backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=dtype or spec.dtype,
                                        training=training)
-        layer.export_backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=spec.dtype,
+        layer.export_backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=dtype or spec.dtype,
                                               training=training, export=True)
         layers.append(layer)
     return Plan(L, layers, batch, training, device)
@@ -145,12 +163,14 @@ def backends_for(spec: Spec, modes: list[str], *, device: str, training: bool = 
 
 
 def choose_backend(mixer, mode: str, *, device: str, dtype: str, training: bool, export: bool = False) -> str:
-    """The first of the family's backends for ``mode`` that applies on ``device`` to a ``dtype`` model in
-    the regime (``export``: inside an exported program). The graph path applies everywhere."""
-    for backend in mixer.backends(mode):
-        if backend.applies(device=device, dtype=dtype, training=training, export=export):
-            return backend.name
-    return "graph"
+    """The first of the family's backends for ``mode`` whose predicate (:mod:`attnspec.ops.kernels`, the
+    one the op asks) takes the call on ``device`` for a ``dtype`` model in the regime (``training``: a
+    gradient flows back; ``export``: inside an exported program). The graph path takes every call."""
+    from attnspec.ops.kernels import first_that_runs  # the predicates import torch; the rest of planning does not
+
+    inputs = mixer.kernel_inputs(mode)
+    regime = Regime(device, inputs.call_dtype(dtype), grad=training, export=export)
+    return first_that_runs([backend.name for backend in mixer.backends(mode)], inputs, regime)
 
 
 def _regime(cost: Cost, batch: int, training: bool) -> Cost:

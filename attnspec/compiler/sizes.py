@@ -5,6 +5,9 @@ so loading a build directory can check them.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 from attnspec.errors import BuildError, ShapeError
@@ -21,6 +24,30 @@ def count_parameters(spec: Spec) -> int:
     with torch.device("meta"):
         model = Model(spec)
     return sum(parameter.numel() for parameter in model.parameters())
+
+
+@dataclass(frozen=True)
+class LayerSize:
+    """What one expanded block holds: its trainable ``parameters`` and the bytes of one sequence's
+    decoding state at capacity (``decode_state_bytes``: a recurrent state, or a key/value cache of
+    ``max_len`` or the window; 0 without a decoding step)."""
+
+    parameters: int
+    decode_state_bytes: int
+
+
+def layer_sizes(spec: Spec) -> list[LayerSize]:
+    """One :class:`LayerSize` per block of ``spec`` in execution order (``blocks[i]``), counted on the
+    meta device like :func:`count_parameters`; the embedding, final norm and head are not in any."""
+    with torch.device("meta"):
+        model = Model(spec)
+    dtype, meta = model.embed.weight.dtype, torch.device("meta")
+    sizes = []
+    for block in model.blocks:
+        state = block.mixer.init_state(1, dtype, meta) if block.mixer.has_step else ()
+        sizes.append(LayerSize(sum(parameter.numel() for parameter in block.parameters()),
+                               sum(math.prod(t.shape) * t.element_size() for t in state)))
+    return sizes
 
 
 def check_model_size(spec: Spec) -> int:
@@ -43,4 +70,4 @@ def check_model_size(spec: Spec) -> int:
     return parameters
 
 
-__all__ = ["check_model_size", "count_parameters"]
+__all__ = ["LayerSize", "check_model_size", "count_parameters", "layer_sizes"]

@@ -75,13 +75,12 @@ def non_finite_problem(model: Model, length: int | None = None, seed: int = 0) -
     infinite values (``a_init: [1e-308]`` is 0 in float32, whose log is -inf), or the first block whose
     output on an example input is not finite (``scale: 1e308`` overflows float32, though the float64
     verification passes: NaN compared with NaN proves nothing)."""
-    from attnspec.spec.source import format_path
-    from attnspec.spec.walk import iter_blocks
+    from attnspec.spec.walk import block_labels
 
-    paths = [format_path(path) for path, _ in iter_blocks(model.spec, expand=True)]
+    labels = block_labels(model.spec)
 
     def where(index: int) -> str:  # the block as explain labels it, and where the spec writes it
-        return f"blocks[{index}] (the spec's {paths[index]})"
+        return labels[index]
 
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):

@@ -127,7 +127,6 @@ class AttnspecForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: AttnspecConfig):
         super().__init__(config)
         from attnspec.compiler.sizes import check_model_size
-        from attnspec.compiler.plan import backends_for
         from attnspec.nn.model import build_model_from_spec
 
         spec = _spec_of(config.spec, "the attnspec config")
@@ -137,7 +136,7 @@ class AttnspecForCausalLM(PreTrainedModel, GenerationMixin):
             raise InteropError(f"the attnspec config: {error}") from None
         self.model = build_model_from_spec(spec)
         modes = config.modes or [block.mixer.mode for block in self.model.blocks]
-        self.model.set_modes(modes, backends_for(spec, modes, device="cpu"))
+        self.model.set_modes(modes)
         self.post_init()
 
     @classmethod

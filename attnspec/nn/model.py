@@ -299,12 +299,11 @@ class Model(nn.Module):
             return torch.zeros((), dtype=self.embed.weight.dtype, device=self.embed.weight.device)
         return torch.stack(terms).sum()
 
-    def set_modes(self, modes: list[str], backends: list[str] | None = None) -> None:
-        """Set each block's full-sequence mode and backend (the compiler's plan); without ``backends``
-        every mixer takes the graph path, which runs anywhere."""
-        for index, (block, mode) in enumerate(zip(self.blocks, modes)):
+    def set_modes(self, modes: list[str]) -> None:
+        """Set each block's full-sequence mode (the compiler's plan). The kernel that runs it is chosen
+        at each call by the kernels' predicates (:mod:`attnspec.ops.kernels`), the ones the plan asked."""
+        for block, mode in zip(self.blocks, modes):
             block.mixer.mode = mode
-            block.mixer.backend = backends[index] if backends is not None else "graph"
 
 
 def initialise(model: Model, init) -> None:

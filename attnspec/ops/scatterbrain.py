@@ -77,6 +77,7 @@ def scatterbrain_attention(
     mode: str = "chunk",
     chunk_size: int = 64,
     max_length: int | None = None,
+    backend: str = "auto",
 ) -> Tensor:
     """Scatterbrain attention.
 
@@ -90,7 +91,8 @@ def scatterbrain_attention(
         causal: only j <= i (the support must respect it too; it is re-checked here).
         scale: multiplier on ``q.k`` in the exact part.
         eps: lower clamp of the joint normaliser, on its true scale.
-        mode, chunk_size, max_length: execution of the low-rank part (see ``linear_attention``).
+        mode, chunk_size, max_length, backend: execution of the low-rank part (see ``linear_attention``;
+            half-precision inputs reach it in float32).
 
     Returns:
         ``(B, H, L, Dv)``.
@@ -104,7 +106,7 @@ def scatterbrain_attention(
     log_scale = q_log_scale.to(q.dtype) if q_log_scale is not None else q.new_zeros(B, H, L)
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # numerator and normaliser together
     lowrank = linear_attention(q_features, k_features, v1, causal=causal, mode=mode, chunk_size=chunk_size,
-                               max_length=max_length)
+                               max_length=max_length, backend=backend)
     valid = support.valid
     if causal:
         valid = valid & (support.index <= torch.arange(L, device=q.device).view(1, 1, L, 1))

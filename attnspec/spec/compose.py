@@ -86,8 +86,9 @@ def resolve_extends(data: dict, smap: SourceMap, file: FsPath | None, read: Call
 EVERY = "*"
 """The ``[*]`` of a path: every item of a list."""
 BLOCKS = "blocks"
-"""A path's first name ``blocks[*]`` / ``blocks[N]``: every written block (or the N-th), inside
-``repeat`` groups at any depth, in the order they are written."""
+"""A path's first name ``blocks[*]`` / ``blocks[N]``: every block, inside ``repeat`` groups at any
+depth, or the N-th of the model's blocks in execution order (the ``blocks[N]`` of ``explain``, the
+build summary and the model's weights): one copy of a ``repeat`` group, which is then unrolled there."""
 
 _PATH_TOKEN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\*)\]|(\.)")
 
@@ -147,13 +148,81 @@ def written_blocks(data: Any) -> list[Path]:
     return found
 
 
+Copy = tuple[Path, int]
+"""A ``repeat`` group's path and one of its copies (0-based)."""
+
+
+def expanded_blocks(data: Any, stop: int = limits.MAX_BLOCKS) -> list[tuple[Path, tuple[Copy, ...]]]:
+    """The blocks of spec data in execution order (``blocks[i]``), at most ``stop`` of them: each
+    block's written path and, per ``repeat`` group around it (outermost first), which copy it is in.
+    A ``repeat`` that is not a count in 1..MAX_REPEAT counts once (validation reports it)."""
+    found: list[tuple[Path, tuple[Copy, ...]]] = []
+
+    def walk(items: Any, prefix: Path, copies: tuple[Copy, ...]) -> None:
+        if not isinstance(items, list):
+            return
+        for i, item in enumerate(items):
+            if len(found) >= stop:
+                return
+            if isinstance(item, dict) and "repeat" in item and "layers" in item:
+                repeat = item["repeat"]
+                valid = isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= limits.MAX_REPEAT
+                for copy_index in range(repeat if valid else 1):
+                    walk(item["layers"], prefix + (i, "layers"), copies + ((prefix + (i,), copy_index),))
+            else:
+                found.append((prefix + (i,), copies))
+
+    walk(data.get("layers") if isinstance(data, dict) else None, ("layers",), ())
+    return found
+
+
+def unroll_copy(data: dict, smap: SourceMap, copies: tuple[Copy, ...], path: Path) -> tuple[dict, Path]:
+    """``data`` (a copy) with the copy of each ``repeat`` group that ``path`` lies in written out on its
+    own, between the copies before it and those after (each a group of the same layers), so that one
+    block of one copy can be changed; and the block's new path. ``smap`` follows the moves."""
+    data = copy.deepcopy(data)
+    for depth in range(len(copies)):
+        group, index = copies[depth]  # its path after the moves of the groups around it
+        parent, position = group[:-1], group[-1]
+        siblings = _get(data, parent)
+        node = siblings[position]
+        after = node["repeat"] - index - 1
+        pieces = ([{**node, "repeat": index}] if index else []) + [{**copy.deepcopy(node), "repeat": 1}] + \
+                 ([{**copy.deepcopy(node), "repeat": after}] if after else [])
+        siblings[position:position + 1] = pieces
+        own = position + (1 if index else 0)
+        _shift_positions(smap, parent, position, len(pieces))
+        # the groups further in, and the block, now lie under the written-out copy
+        moved = lambda old: parent + (own,) + old[len(group):]  # noqa: E731
+        copies = copies[:depth + 1] + tuple((moved(g), i) for g, i in copies[depth + 1:])
+        path = moved(path)
+    return data, path
+
+
+def _shift_positions(smap: SourceMap, parent: Path, position: int, count: int) -> None:
+    """Source positions after item ``position`` of the list at ``parent`` became ``count`` items (each
+    a copy of it): later items move up by ``count - 1``; each new item has the old one's positions."""
+    cut = len(parent)
+    for table in (smap.values, smap.keys):
+        moved = {}
+        for path, pos in table.items():
+            if path[:cut] != parent or len(path) == cut or not isinstance(path[cut], int) or path[cut] < position:
+                moved[path] = pos
+            elif path[cut] == position:
+                for k in range(count):
+                    moved[parent + (position + k,) + path[cut + 1:]] = pos
+            else:
+                moved[parent + (path[cut] + count - 1,) + path[cut + 1:]] = pos
+        table.clear()
+        table.update(moved)
+
+
 def expand_pattern(data: Any, pattern: Path) -> list[Path]:
     """The concrete paths a pattern names in ``data``: ``[*]`` is every item of the list found there
-    (none if there is no list), ``blocks[...]`` the written blocks. May be empty."""
+    (none if there is no list), ``blocks[*]`` every written block. May be empty. (``blocks[N]`` is
+    resolved by :func:`set_path`, which may unroll a ``repeat`` group for it.)"""
     if pattern[0] == BLOCKS:
-        blocks = written_blocks(data)
-        chosen = blocks if pattern[1] == EVERY else blocks[pattern[1]:pattern[1] + 1]
-        paths, rest = chosen, pattern[2:]
+        paths, rest = (written_blocks(data) if pattern[1] == EVERY else []), pattern[2:]
     else:
         paths, rest = [()], pattern
     for part in rest:
@@ -218,12 +287,14 @@ def set_path(data: dict, smap: SourceMap, pattern_text: str, value: Any, where: 
     except ValueError as err:
         raise SpecError(Problem(f"malformed path '{shorten(pattern_text)}': {err}", source=where.source,
                                 line=where.line, column=where.column)) from None
+    if pattern[0] == BLOCKS and pattern[1] != EVERY:
+        data, pattern = _one_block(data, smap, pattern)
     paths = expand_pattern(data, pattern)
     if not paths:
         hint = ""
         if pattern[0] == BLOCKS:
-            count = len(written_blocks(data))
-            hint = f"; the spec has {count} written block(s), blocks[0] to blocks[{max(count - 1, 0)}]"
+            count = len(expanded_blocks(data))
+            hint = f"; the spec has {count} block(s), blocks[0] to blocks[{max(count - 1, 0)}]"
         elif pattern[0] == "layers" and EVERY in pattern:
             hint = "; blocks inside `repeat` groups are reached with `blocks[*]`"
         raise SpecError(Problem(f"this path matches nothing in the spec{hint}",
@@ -238,6 +309,19 @@ def set_path(data: dict, smap: SourceMap, pattern_text: str, value: Any, where: 
         smap.values[path] = value_map.values.get((), where)
         smap.keys[path] = where
     return data
+
+
+def _one_block(data: dict, smap: SourceMap, pattern: Path) -> tuple[dict, Path]:
+    """``blocks[N].rest`` as the written path of the model's N-th block (after unrolling the ``repeat``
+    copies it lies in, when there are several), or the pattern unchanged when there is no N-th block."""
+    blocks = expanded_blocks(data, stop=pattern[1] + 1)
+    if len(blocks) <= pattern[1]:
+        return data, pattern
+    path, copies = blocks[pattern[1]]
+    copies = tuple((group, index) for group, index in copies if _get(data, group)["repeat"] not in (1, True))
+    if copies:
+        data, path = unroll_copy(data, smap, copies, path)
+    return data, path + pattern[2:]
 
 
 def _refuse_block_key_on_group(data: dict, path: Path, where: Position) -> None:

@@ -7,8 +7,9 @@ fields and rules it answers, without torch:
 * ``modes()``: the execution modes that compute it (recurrent, scan, chunk, quadratic);
 * ``mode_costs(L)``: a :class:`Cost` per mode at length L (batch 1, forward), from which the
   planner estimates a time when this machine has not measured one;
-* ``backends(mode)``: the :class:`Backend` rules of a mode, in order of preference: which code
-  runs it (the graph path torch traces, the C++ CPU kernel, the Triton kernels) and on what;
+* ``backends(mode)``: the :class:`Backend` s that may run a mode, in order of preference (the graph
+  path torch traces, the C++ CPU kernel, the Triton kernels), and ``kernel_inputs(mode)``: what the
+  mode hands them; whether a kernel applies is its one predicate in :mod:`attnspec.ops.kernels`;
 * ``has_step`` and the implementation's ``init_state``/``step``: its decoding state;
 * its float64 reference, ``ops/<family>/naive.py``, which the tests hold every mode to.
 
@@ -45,32 +46,50 @@ class Cost:
 
 @dataclass(frozen=True)
 class Backend:
-    """One way to run a mode, and when it applies.
-
-    ``devices``: the device types it runs on; ``dtypes``: the model dtypes it takes (empty: any);
-    ``training``: it has a backward; ``exportable``: it can sit inside ``torch.export`` programs
-    (the build's ``model.pt2``), so that they load without attnspec's extensions.
-    """
+    """One kernel that may run a mode of a family: its name in :mod:`attnspec.ops.kernels` (whose
+    predicate says when it applies, for the plan and for the op alike) and what it is."""
 
     name: str
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    dtypes: tuple[str, ...] = ()
-    training: bool = True
-    exportable: bool = True
     summary: str = "plain torch ops: what torch.compile and torch.export trace"
-
-    def applies(self, *, device: str, dtype: str, training: bool, export: bool = False) -> bool:
-        """Whether this backend runs the mode on ``device`` for a ``dtype`` model in the regime."""
-        return (device in self.devices and (not self.dtypes or dtype in self.dtypes)
-                and (self.training or not training) and (self.exportable or not export))
 
 
 GRAPH = Backend("graph")
 """The graph path: plain torch, every device and dtype, forward and backward, exportable."""
-NATIVE_CPU = Backend("native", devices=("cpu",), dtypes=("float32",), training=False, exportable=False,
-                     summary="the C++ CPU chunk kernel (no backward; exported programs take the graph path)")
-TRITON = Backend("triton", devices=("cuda",), dtypes=("float32", "bfloat16", "float16"),
-                 summary="Triton kernels registered as torch.library.triton_op (inside compiled and exported graphs)")
+NATIVE_CPU = Backend("native", summary="the C++ CPU chunk kernel (no backward; exported programs take the graph path)")
+TRITON = Backend("triton", summary="Triton kernels registered as torch.library.triton_op (inside compiled and "
+                                   "exported graphs)")
+
+
+@dataclass(frozen=True)
+class KernelInputs:
+    """What a mode hands its kernel, as far as a kernel's applicability goes: the ``mode``, whether it
+    is ``causal``, its ``decay`` ("none", "head": one per head, "channel": one per key channel) and the
+    ``key_width`` of the (feature-mapped) keys, and whether the mode widens half-precision inputs to
+    float32 before its kernel (``widens_half``: then a bfloat16 model's call is a float32 one). A
+    family states them for a mode (:meth:`~attnspec.spec.ir.MixerComponent.kernel_inputs`); an op reads
+    them off its tensors."""
+
+    mode: str
+    causal: bool
+    decay: str = "none"
+    key_width: int = 0
+    widens_half: bool = False
+
+    def call_dtype(self, dtype: str) -> str:
+        """The dtype the kernel sees when the mixer computes in ``dtype``."""
+        return "float32" if self.widens_half and dtype in ("bfloat16", "float16") else dtype
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Where and how a call runs: the ``device`` type ("cpu", "cuda"), the ``dtype`` its inputs have
+    ("float32", "bfloat16", ...), whether a gradient flows back through it (``grad``) and whether it
+    is being traced into an exported program (``export``)."""
+
+    device: str
+    dtype: str
+    grad: bool = False
+    export: bool = False
 
 
 def scan_depth(L: int) -> int:
@@ -139,5 +158,6 @@ def delta_costs(L: int, H: int, dk: int, dv: int, chunk: int, per_channel: bool)
     }
 
 
-__all__ = ["BANDWIDTH", "BYTES", "Backend", "Cost", "GRAPH", "MAC_RATE", "NATIVE_CPU", "STEP_OVERHEAD",
-           "TRITON", "delta_costs", "linear_costs", "noncausal_linear_cost", "softmax_cost"]
+__all__ = ["BANDWIDTH", "BYTES", "Backend", "Cost", "GRAPH", "KernelInputs", "MAC_RATE",
+           "NATIVE_CPU", "Regime", "STEP_OVERHEAD", "TRITON", "delta_costs", "linear_costs", "noncausal_linear_cost",
+           "softmax_cost"]

@@ -29,6 +29,11 @@ class TransitionComponent(Component):
     def per_channel(self) -> bool:
         return False
 
+    @property
+    def scales_input(self) -> bool:
+        """Whether the step scales what is written by Δ_t (Mamba2's ``scale_input``)."""
+        return False
+
 
 
 
@@ -139,6 +144,10 @@ class MambaTransition(TransitionComponent):
     @property
     def per_channel(self) -> bool:
         return self.per == "channel"
+
+    @property
+    def scales_input(self) -> bool:
+        return self.scale_input
 
     def problems(self) -> Iterator[tuple[tuple, str]]:
         for name in ("a_init", "dt_init"):

@@ -24,3 +24,34 @@ def iter_blocks(spec: Any, expand: bool = False) -> list[tuple[tuple[Any, ...], 
 
     walk(spec.layers, ("layers",))
     return found
+
+
+def block_labels(spec: Any) -> list[str]:
+    """Each block's label in execution order, ``blocks[i] (written path)``, the written path marking
+    the copy of every ``repeat`` group around it (``layers[0]#1.layers[2]``: the third block of the
+    second copy of ``layers[0]``), so that it names what ``--set blocks[i]`` changes."""
+    labels: list[str] = []
+
+    def walk(items: list, prefix: tuple[Any, ...], copies: dict[int, int]) -> None:
+        for i, item in enumerate(items):
+            if hasattr(item, "repeat") and hasattr(item, "layers"):
+                for index in range(item.repeat):  # a group of one copy is no choice: not marked
+                    marked = {**copies, len(prefix) + 1: index} if item.repeat > 1 else copies
+                    walk(item.layers, prefix + (i, "layers"), marked)
+            else:
+                labels.append(f"blocks[{len(labels)}] ({block_label(prefix + (i,), copies)})")
+
+    walk(spec.layers, ("layers",), {})
+    return labels
+
+
+def block_label(path: tuple[Any, ...], copies: dict[int, int]) -> str:
+    """``path`` as text, each group item at depth d followed by ``#c`` where ``copies[d + 1] = c`` (the copy
+    of a ``repeat`` group the path goes through): ``layers[0]#1.layers[2]``."""
+    text = ""
+    for depth, part in enumerate(path):
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if depth else part)
+        if isinstance(part, int) and depth + 1 in copies:
+            text += f"#{copies[depth + 1]}"
+    return text
+

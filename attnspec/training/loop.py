@@ -148,15 +148,16 @@ class Trainer:
             from attnspec.compiler.calibrate import calibrate_spec
 
             calibration = calibrate_spec(spec, regime="training", batch=self.micro, length=config.task.seq_len)
+        bfloat16 = _uses_bfloat16_autocast(config.precision, self.device, spec.dtype)
         self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True, calibration=calibration,
-                              device=self.device.type)
+                              device=self.device.type, dtype="bfloat16" if bfloat16 else None)
         self.model = build_model_from_spec(spec).to(self.device)
-        self.model.set_modes(self.plan.full_modes, self.plan.backends)
+        self.model.set_modes(self.plan.full_modes)
         self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()})
         self.names = [name for group in self.groups for name in group.names]
         self.optimizer = make_optimizer(self.model, self.groups, lr=config.lr, weight_decay=config.weight_decay,
                                         betas=tuple(config.betas))
-        self.autocast = _autocast(config.precision, self.device, self.model)
+        self.autocast = _autocast(bfloat16, self.device)
         self.wrapped = self.dist.wrap(self.model)
         self.loss_fn = _micro_loss
         if self.compiled:
@@ -406,12 +407,16 @@ def _clip(model: nn.Module, max_norm: float) -> float:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters])))
 
 
-def _autocast(precision: str, device: torch.device, model: nn.Module):
-    """A context factory: bf16 autocast when asked (or ``auto`` on a CUDA device with bf16), else nothing."""
+def _uses_bfloat16_autocast(precision: str, device: torch.device, dtype: str) -> bool:
+    """bf16 autocast when asked, or for ``auto`` on a CUDA device with bf16 and a float32 model."""
+    return precision == "bfloat16" or (precision == "auto" and device.type == "cuda" and dtype == "float32"
+                                       and torch.cuda.is_bf16_supported())
+
+
+def _autocast(bfloat16: bool, device: torch.device):
+    """A context factory: bf16 autocast on ``device`` when ``bfloat16``, else nothing."""
     import contextlib
 
-    use = precision == "bfloat16" or (precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-                                      and next(model.parameters()).dtype == torch.float32)
-    if not use:
+    if not bfloat16:
         return contextlib.nullcontext
     return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)

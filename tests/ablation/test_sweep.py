@@ -70,7 +70,7 @@ def test_variants_that_resolve_to_one_model_share_their_runs_and_are_reported():
 
 @pytest.mark.parametrize("change, located, words", [
     ({"variants": {"bad": {"blocks[*].mixer.heads": 0}}}, ":4:", "must be greater than 0"),
-    ({"variants": {"bad": {"blocks[3].mixer.heads": 2}}}, ":4:", "matches nothing"),
+    ({"variants": {"bad": {"blocks[99].mixer.heads": 2}}}, ":4:", "matches nothing"),
     ({"grid": {"blocks[*].mixer.kind": ["softmax", "nope"]}}, ":5:", "unknown kind 'nope'"),
     ({"tasks": [{"task": {"kind": "mqar", "seq_len": 16, "vocab_size": 32}, "grid": {"pairs": [1]}}]}, ":6:",
      "'pairs' is not a parameter of the mqar task"),

@@ -2,7 +2,8 @@
 
 The plan reads ``mode_costs`` and ``backends`` from the family's IR class and branches on no kind
 name; the chosen backend reaches the op (``linear_attention(backend=...)``) through the lowered
-model, and a kernel runs only on inputs it takes.
+model, where each call runs the first of the family's kernels whose predicate (attnspec.ops.kernels, the
+one the plan asked) takes it; an op told to run a kernel runs it or raises.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from attnspec.compiler import build_model, plan_spec
 from attnspec.compiler.calibration import Calibration
 from attnspec.compiler.plan import backends_for, estimated_costs
 from attnspec.errors import ShapeError
+from attnspec.ops.kernels import KernelError
 from attnspec.ops import linear_attention
 from attnspec.ops.linear.backends import native
 from attnspec.spec import loads_spec
@@ -36,6 +38,16 @@ def _spec(per: str = "head", dtype: str = "float32"):
     return loads_spec(GLA.replace("PER", per).replace("DTYPE", dtype))
 
 
+@pytest.fixture
+def triton_installed(monkeypatch):
+    """Plan for a CUDA machine on this one: Triton is what a CUDA install of torch brings (the
+    predicate's other facts are the call's, which the plan states)."""
+    from attnspec.ops.linear.backends import triton as triton_chunk
+
+    if triton_chunk.triton is None:
+        monkeypatch.setattr(triton_chunk, "triton", object())
+
+
 @pytest.mark.parametrize("per, dtype, device, training, backend, exported", [
     ("head", "float32", "cpu", False, "native", "graph"),     # the CPU kernel; exported programs take the graph
     ("head", "float32", "cpu", True, "graph", "graph"),       # the kernel has no backward
@@ -45,47 +57,57 @@ def _spec(per: str = "head", dtype: str = "float32"):
     ("head", "float32", "cuda", True, "triton", "triton"),
     ("channel", "float32", "cuda", True, "graph", "graph"),
 ])
-def test_the_plan_chooses_the_backend_by_device_dtype_and_regime(per, dtype, device, training, backend, exported):
+def test_the_plan_chooses_the_backend_by_device_dtype_and_regime(per, dtype, device, training, backend, exported,
+                                                                 triton_installed):
+    if backend == "native" and not native.available():
+        pytest.skip("the CPU kernel did not build on this machine")
     plan = plan_spec(_spec(per, dtype), 1024, training=training, device=device, calibration=Calibration.empty())
     layer = plan.layers[0]
     assert (layer.full_mode, layer.backend, layer.export_backend) == ("chunk", backend, exported)
     assert plan.to_json()["layers"][0]["backend"] == backend and plan.to_json()["device"] == device
 
 
-def test_a_lowered_model_runs_the_planned_backend(monkeypatch):
+def test_a_lowered_model_runs_the_kernel_of_each_call_s_regime(monkeypatch):
     if not native.available():
         pytest.skip("the CPU kernel did not build on this machine")
     calls = []
     original = linear_ops._native_chunked
     monkeypatch.setattr(linear_ops, "_native_chunked", lambda *a, **k: calls.append(1) or original(*a, **k))
     model = build_model(_spec())
-    assert model.blocks[0].mixer.backend == "native"
+    assert model.blocks[0].mixer.kernels["chunk"][0] == ("triton", "native", "graph")
     tokens = torch.randint(0, 32, (2, 100))
     with torch.no_grad():
         planned = model(tokens)
     assert calls == [1]
-    model.set_modes(["chunk"])  # no backends: the graph path
-    with torch.no_grad():
-        graph = model(tokens)
+    with native.disabled():  # switched off: the predicate says so and the graph path runs
+        graph = model(tokens).detach()
     assert calls == [1] and torch.allclose(planned, graph, atol=1e-5)
-    # a gradient is the training regime, which the kernel does not serve: the graph path runs
-    model.set_modes(["chunk"], ["native"])
+    # a gradient is the training regime, which the kernel does not serve: the graph path runs, as
+    # the training plan says
     model(tokens).sum().backward()
     assert calls == [1]
 
 
-def test_backends_for_replans_a_build_for_another_device():
+def test_the_plan_for_another_device_names_that_device_s_kernel(triton_installed):
     spec = _spec()
-    assert backends_for(spec, ["chunk"], device="cpu") == ["native"]
+    expected = "native" if native.available() else "graph"
+    assert backends_for(spec, ["chunk"], device="cpu") == [expected]
     assert backends_for(spec, ["chunk"], device="cuda") == ["triton"]
     assert backends_for(spec, ["quadratic"], device="cpu") == ["graph"]
 
 
-def test_an_explicit_kernel_runs_only_on_inputs_it_takes_and_a_bad_name_is_refused():
+def test_a_named_kernel_runs_or_raises_and_a_bad_name_is_refused():
     q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64) for _ in range(3))
     reference = linear_attention(q, k, v, mode="chunk", backend="graph")
-    assert torch.equal(linear_attention(q, k, v, mode="chunk", backend="native"), reference)  # float64: graph
-    with pytest.raises(ShapeError, match="backend must be one of"):
+    assert torch.equal(linear_attention(q, k, v, mode="chunk", backend="auto"), reference)  # float64: graph
+    with pytest.raises(KernelError, match="native kernel .* float64 call on cpu: it runs float32 on the CPU"):
+        linear_attention(q, k, v, mode="chunk", backend="native")
+    q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
+    with pytest.raises(KernelError, match="with a gradient: it has no backward"):
+        linear_attention(q32, k32, v32, mode="chunk", backend="native")
+    with pytest.raises(KernelError, match="it computes the causal chunk mode only, not causal scan"):
+        linear_attention(q32.detach(), k32.detach(), v32.detach(), mode="scan", backend="native")
+    with pytest.raises(ShapeError, match="backend must be auto or one of"):
         linear_attention(q, k, v, backend="cuda-magic")
 
 
@@ -110,6 +132,7 @@ layers:
     assert set(estimated_costs(linear, L)) == {"chunk", "recurrent", "scan", "quadratic"}
     assert set(estimated_costs(softmax, L)) == {"quadratic"}
     plan = plan_spec(spec, L, calibration=Calibration.empty())
-    assert [layer.backend for layer in plan.layers] == ["graph", "native", "graph"]
+    native_or_graph = "native" if native.available() else "graph"
+    assert [layer.backend for layer in plan.layers] == ["graph", native_or_graph, "graph"]
     assert plan.layers[0].full_mode == "chunk" and plan.layers[2].decode_mode == "cache"
     assert plan.layers[2].decode_cache == 4096 and plan.layers[0].decode_cache is None

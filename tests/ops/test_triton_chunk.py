@@ -157,11 +157,12 @@ def test_linear_attention_takes_the_kernels_on_cuda(decay):
     q, k = q.abs(), k.abs()  # positive features, as a normalised map gives
     log_a = None if log_mag is None else (log_mag if phase is None else torch.complex(log_mag, phase))
     cuda = lambda t: None if t is None else t.cuda().to(torch.complex64 if t.is_complex() else torch.float32)  # noqa: E731
+    from attnspec.ops.linear import _kernel
     from attnspec.ops.linear.checks import _split_log_a
-    from attnspec.ops.linear.chunk import _triton_chunk_applies
 
     decay_pair = None if log_a is None else _split_log_a(cuda(log_a), cuda(q))
-    assert _triton_chunk_applies(cuda(q), decay_pair, True, "chunk")  # the kernels, not the graph path
+    # the kernels, not the graph path
+    assert _kernel("auto", cuda(q), cuda(k), cuda(v), decay_pair, None, True, "chunk") == "triton"
     out = linear_attention(cuda(q), cuda(k), cuda(v), cuda(log_a), normalize=True, mode="chunk")
     ref = linear_attention_reference(q, k, v, log_a, normalize=True)[0]
     assert ((out.double().cpu() - ref).abs().max() / ref.abs().max()).item() <= TOLERANCE[torch.float32]

@@ -12,7 +12,7 @@ import pytest
 from attnspec.errors import SpecError
 from attnspec.spec import load_spec
 from attnspec.spec.compose import EVERY, parse_dotted_path
-from attnspec.spec.walk import iter_blocks
+from attnspec.spec.walk import block_labels, iter_blocks
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
 
@@ -29,11 +29,37 @@ def test_parse_wildcards():
             parse_dotted_path(bad)
 
 
+def _heads(spec) -> list[int]:
+    return [block.mixer.heads for _, block in iter_blocks(spec, expand=True)]
+
+
 def test_blocks_wildcard_reaches_blocks_inside_nested_repeat_groups():
     spec = load_spec(SPECS / "hybrid.yaml", ["blocks[*].mixer.heads=8"])
-    assert [m.heads for m in _mixers(spec)] == [8, 8]
-    spec = load_spec(SPECS / "hybrid.yaml", ["blocks[1].mixer.heads=2"])
-    assert [m.heads for m in _mixers(spec)] == [4, 2]
+    assert [m.heads for m in _mixers(spec)] == [8, 8] and _heads(spec) == [8] * 8
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_blocks_n_is_the_model_s_n_th_block_even_inside_repeat_copies(index):
+    """hybrid is 2 x (3 x gateloop, softmax): blocks[N] is the N-th of the 8 blocks explain and the
+    build summary label; its copy is written out, the other copies keep their repeat groups."""
+    spec = load_spec(SPECS / "hybrid.yaml", [f"blocks[{index}].mixer.heads=2"])
+    assert _heads(spec) == [2 if i == index else 4 for i in range(8)]
+    labels = block_labels(spec)
+    assert labels[index].startswith(f"blocks[{index}] (") and len(labels) == 8
+    plain = load_spec(SPECS / "hybrid.yaml")
+    assert [b.mixer.kind for _, b in iter_blocks(spec, expand=True)] == \
+        [b.mixer.kind for _, b in iter_blocks(plain, expand=True)]
+
+
+def test_a_label_names_the_copy_of_every_repeat_group():
+    labels = block_labels(load_spec(SPECS / "hybrid.yaml"))
+    assert labels[5] == "blocks[5] (layers[0]#1.layers[0]#1.layers[0])"  # outer copy 1, inner copy 1
+    assert labels[7] == "blocks[7] (layers[0]#1.layers[1])"
+
+
+def test_two_overrides_of_copies_of_one_group_compose():
+    spec = load_spec(SPECS / "hybrid.yaml", ["blocks[7].mixer.heads=2", "blocks[1].mixer.heads=8"])
+    assert _heads(spec) == [4, 8, 4, 4, 4, 4, 4, 2]
 
 
 def test_list_wildcard_sets_every_item():
@@ -56,9 +82,9 @@ def test_changing_a_kind_keeps_only_the_fields_the_new_kind_has():
 
 def test_a_pattern_that_matches_nothing_is_a_located_error():
     with pytest.raises(SpecError) as error:
-        load_spec(SPECS / "hybrid.yaml", ["blocks[5].mixer.heads=2"])
-    assert "--set blocks[5]" in str(error.value) and "matches nothing" in str(error.value)
-    assert "blocks[0] to blocks[1]" in str(error.value)
+        load_spec(SPECS / "hybrid.yaml", ["blocks[8].mixer.heads=2"])
+    assert "--set blocks[8]" in str(error.value) and "matches nothing" in str(error.value)
+    assert "blocks[0] to blocks[7]" in str(error.value)
     with pytest.raises(SpecError, match="matches nothing"):
         load_spec(SPECS / "hybrid.yaml", ["nothing[*].x=1"])
 
@@ -81,8 +107,8 @@ def test_extends_patches_inside_lists_with_set(tmp_path: Path):
         extends: base.yaml
         name: child
         set:
-          "blocks[0].mixer.transition.per": channel
-          "blocks[1].mixer": {kind: linear, heads: 2, feature_map: elu1}
+          "layers[0].layers[0].layers[0].mixer.transition.per": channel
+          "layers[0].layers[1].mixer": {kind: linear, heads: 2, feature_map: elu1}
         """))
     spec = load_spec(tmp_path / "child.yaml")
     first, second = _mixers(spec)
@@ -93,7 +119,7 @@ def test_extends_patches_inside_lists_with_set(tmp_path: Path):
 
 def test_set_errors_point_at_the_file(tmp_path: Path):
     (tmp_path / "base.yaml").write_text((SPECS / "hybrid.yaml").read_text())
-    (tmp_path / "child.yaml").write_text("extends: base.yaml\nset:\n  \"blocks[7].mixer.heads\": 2\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\nset:\n  \"blocks[9].mixer.heads\": 2\n")
     with pytest.raises(SpecError) as error:
         load_spec(tmp_path / "child.yaml")
     assert "child.yaml:3:3" in str(error.value)

@@ -1,21 +1,24 @@
-"""What every mixer family's module has: its facts from the IR node, its planned mode and backend, and
+"""What every mixer family's module has: its facts from the IR node, its planned mode and kernels, and
 the defaults of decoding (prefill by stepping). A family is one module of this package built on this
 class and the parts it opts into (:mod:`attnspec.nn.mixers.parts`); a plugin family is built the same
 way (``examples/plugins/ema.py``).
 
 Every mixer maps ``x`` of shape (B, L, d_model) to (B, L, d_model). ``forward(x, mode=None)`` runs the
-whole sequence in ``self.mode`` (set by the compiler's plan) or the given mode. ``self.backend`` (the
-plan's too) names what runs the mode where a family has kernels. Mixers with a decoding step
+whole sequence in ``self.mode`` (set by the compiler's plan) or the given mode, on the first of the
+family's kernels that takes the call (:meth:`Mixer._backend_for`). Mixers with a decoding step
 (``has_step``) also provide ``init_state(batch, dtype, device)`` and ``step(x_t, state, position)``,
 with the state as a tuple of plain tensors so the step can be exported, and ``prefill(x)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor, nn
 
 from attnspec.errors import ShapeError
+from attnspec.ops.kernels import call_regime, first_that_runs
 
 
 def full_precision(t: Tensor) -> Tensor:
@@ -37,8 +40,8 @@ def autocast_dtype(t: Tensor) -> Tensor:
 
 class Mixer(nn.Module):
     """A mixer family's module: the IR node's facts (``node.modes()``, ``node.has_step``, its widths),
-    the planned ``mode`` and ``backend``, and ``decode_limit`` (the positions its decoding state can
-    hold, None: unbounded; the node's :meth:`~attnspec.spec.ir.MixerComponent.decode_limit`). Every
+    the planned ``mode``, the kernels that may run each mode (``kernels``), and ``decode_limit`` (the
+    positions its decoding state can hold, None: unbounded; the node's :meth:`~attnspec.spec.ir.MixerComponent.decode_limit`). Every
     mixer has an ``out_proj``, its map into the residual stream (``init.residual_scaling`` draws it)."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
@@ -51,7 +54,10 @@ class Mixer(nn.Module):
         self.causal, self.scale, self.max_len, self.d_model = node.causal, node.scale, max_len, d_model
         self.chunk_size = node.chunk_size
         self.mode = node.mode if node.mode != "auto" else self.modes[0]
-        self.backend = "graph"  # what runs the mode: the plan's choice (Model.set_modes), the graph path until then
+        # per mode, the kernels that may run it (in order of preference) and what it hands them: which
+        # one runs a call is decided at the call by their predicates, the ones the plan asked
+        self.kernels = {mode: (tuple(backend.name for backend in node.backends(mode)), node.kernel_inputs(mode))
+                        for mode in self.modes}
         self.decode_limit = node.decode_limit(max_len)
         self.init_scale = node.init_scale
 
@@ -64,9 +70,17 @@ class Mixer(nn.Module):
         state of a mixer with a recurrent form."""
         return sum(t.numel() for t in self.init_state(1)) if self.has_step else 0
 
-    def _backend_for(self, mode: str) -> str:
-        """The plan's backend for the planned mode; any other mode a caller asks for takes the graph path."""
-        return self.backend if mode == self.mode else "graph"
+    def _backend_for(self, mode: str, *inputs: Tensor | None) -> str:
+        """The kernel that runs the planned ``mode`` on ``inputs`` (the tensors the op receives): the first
+        of the family's that takes the call (:mod:`attnspec.ops.kernels`), so on the plan's device and
+        dtype in the plan's regime it is the one the plan names. Another mode a caller asks for (a
+        verification of every mode) takes the graph path. The op runs the kernel named or raises."""
+        if mode != self.mode:
+            return "graph"
+        names, kernel_inputs = self.kernels[mode]
+        regime = call_regime(*inputs)
+        regime = dataclasses.replace(regime, dtype=kernel_inputs.call_dtype(regime.dtype))
+        return first_that_runs(names, kernel_inputs, regime)
 
     def _checked_mode(self, mode: str | None) -> str:
         """``mode`` (or the planned ``self.mode`` when None), refused unless this mixer has it."""

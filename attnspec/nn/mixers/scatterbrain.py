@@ -31,9 +31,13 @@ class ScatterbrainMixer(PrefixRerun, ProjectedMixer):
         q, k, v, _ = self._project(x)
         q_features, log_scale = self.features(q * self.sqrt_scale, True)
         k_features, _ = self.features(k * self.sqrt_scale, False)
+        # what runs the low-rank part, on the features (the op widens half-precision inputs to float32
+        # first, which the family's kernel_inputs state)
+        backend = self._backend_for(mode, q_features, k_features, v)
         o = scatterbrain_attention(q, k, v, q_features, k_features, self.sparse(q, k), q_log_scale=log_scale,
                                    causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
-                                   chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None)
+                                   chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None,
+                                   backend=backend)
         return self._output(o, x, v)
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:

@@ -19,17 +19,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnspec.errors import ShapeError
+from attnspec.ops.kernels import call_regime, chosen_kernel
 from attnspec.ops.linear.checks import _check_inputs, _export_state
-from attnspec.ops.linear.chunk import (GROUP, TOP, _chunked, _native_chunk_applies, _native_chunked,
-                                       _triton_chunk_applies, _triton_chunked, chunk_scan, scan_levels)
+from attnspec.ops.linear.chunk import GROUP, TOP, _chunked, _native_chunked, _triton_chunked, chunk_scan, scan_levels
 from attnspec.ops.linear.common import (LOG_ZERO, MODES, Decay, PairState, State, _zero_state, accumulation_dtype,
                                         apply_normalizer, batched_matmul, combine_decays, wrap_phase)
 from attnspec.ops.linear.quadratic import _noncausal, _quadratic
 from attnspec.ops.linear.recurrent import _recurrent, recurrent_step
 from attnspec.ops.linear.scan import _scan_mode, inclusive_scan, scan_steps
+from attnspec.spec.family import KernelInputs
 
-BACKEND_NAMES = ("auto", "graph", "native", "triton")
+KERNELS = ("triton", "native", "graph")  # the kernels of the chunk mode, in order of preference
 
 
 def linear_attention(
@@ -82,12 +82,12 @@ def linear_attention(
             features stand for is ``exp(log_scale_i) * q_i . k_j`` (Performer features are stored
             rescaled so they stay finite). It cancels in the normalised output; only the ``eps``
             clamp depends on it, which then acts on the true normaliser.
-        backend: what runs the chunk mode (the plan's choice, :meth:`MixerComponent.backends`):
-            ``"graph"`` (plain torch), ``"native"`` (the C++ CPU kernel: causal float32 CPU inputs
-            with no decay or one per head, no gradient, not under export), ``"triton"`` (CUDA, the
-            same decays), or ``"auto"``: the first of triton, native, graph that applies. A kernel
-            runs only on inputs it takes; others (a model moved to another device or dtype than
-            the plan's, a gradient, an export trace) run the graph path.
+        backend: what runs the mode (the plan's choice, :meth:`MixerComponent.backends`):
+            ``"graph"`` (plain torch), ``"native"`` (the C++ CPU kernel: causal chunk mode, float32
+            CPU inputs with no decay or one per head, no gradient, not under export), ``"triton"``
+            (CUDA, the same decays), or ``"auto"``: the first of triton, native, graph that applies.
+            A named kernel runs or raises: whether it takes the call is its predicate in
+            :mod:`attnspec.ops.kernels`, the one the plan asked.
 
     Returns:
         ``o`` of shape ``(B, H, L, Dv)`` with the dtype of ``v``; with ``return_state`` also the
@@ -95,10 +95,13 @@ def linear_attention(
 
     Raises:
         ShapeError: an argument has the wrong shape, dtype or combination (the message names it).
+        KernelError: the named ``backend`` does not take this call (another device, dtype or regime
+            than the plan's).
     """
     decay, initial = _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state,
                                    return_state, max_length, scale, eps)
-    use_triton, use_native = _chosen_backend(backend, q, k, v, decay, initial, causal, mode)
+    kernel = _kernel(backend, q, k, v, decay, initial, causal, mode)
+    use_triton, use_native = kernel == "triton", kernel == "native"
     out_dtype = v.dtype
     if not use_triton:
         # Half-precision inputs are computed in float32 on the graph path: every product is exact in
@@ -140,19 +143,14 @@ def linear_attention(
     return out, _export_state(final, normalize)
 
 
-def _chosen_backend(backend: str, q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial, causal: bool,
-                    mode: str) -> tuple[bool, bool]:
-    """(run on Triton, run on the CPU kernel) for ``backend``. A kernel runs only on inputs it takes:
-    the plan chose it for a device, dtype and regime, and a model moved to another device or dtype,
-    asked for a gradient or traced for export runs the graph path (what the plan would choose there)."""
-    if backend not in BACKEND_NAMES:
-        raise ShapeError(f"backend must be one of {', '.join(BACKEND_NAMES)}, got {str(backend)[:40]!r}")
-    if backend == "graph":
-        return False, False
-    triton = backend in ("auto", "triton") and _triton_chunk_applies(q, decay, causal, mode)
-    native = not triton and backend in ("auto", "native") and _native_chunk_applies(q, k, v, decay, initial, causal,
-                                                                                     mode)
-    return triton, native
+def _kernel(backend: str, q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial, causal: bool,
+            mode: str) -> str:
+    """The kernel that runs this call: ``backend`` when it takes it (else :class:`KernelError`), or for
+    ``"auto"`` the first of triton, native, graph that does (:mod:`attnspec.ops.kernels`)."""
+    per = "none" if decay is None else "head" if decay.log_mag.shape[-1] == 1 else "channel"
+    inputs = KernelInputs(mode, causal, per, q.shape[-1])
+    regime = call_regime(q, k, v, *(decay or ()), *(initial or ()))
+    return chosen_kernel(backend, KERNELS, inputs, regime)
 
 
 def _is_empty_sequence(q: Tensor) -> bool:

@@ -37,26 +37,6 @@ from attnspec.ops.linear.common import (LOG_ZERO, Decay, PairState, _add, _at_fi
                                         _shift_in, _unpad, batched_matmul, wrap_phase)
 
 
-def _native_chunk_applies(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None,
-                          causal: bool, mode: str) -> bool:
-    """Whether the chunk mode runs on the CPU kernel (:mod:`attnspec.ops.linear.backends.native`) rather than the graph path.
-
-    The kernel covers float32 CPU inputs with no decay or one real or complex decay per head, and
-    has no backward, so it is used only when no gradient is needed. Exported programs always take the
-    graph path, so that they load without attnspec.
-    """
-    if mode != "chunk" or not causal or q.device.type != "cpu" or q.dtype != torch.float32:
-        return False
-    if decay is not None and decay.log_mag.shape[-1] != 1:
-        return False
-    if torch.compiler.is_exporting():
-        return False
-    inputs = (q, k, v, *(decay or ()), *(initial or ()))
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
-        return False
-    return native.available()
-
-
 def _native_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None, scale: float,
                     chunk_size: int) -> tuple[Tensor, PairState]:
     """The chunk mode on the CPU kernel; per-head decays ``(B, H, L, 1)`` go in as ``(B, H, L)``."""
@@ -67,18 +47,6 @@ def _native_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initia
     out, final_re, final_im = native.run_chunked(q, k, v, log_mag, phase, start_re, start_im, scale, chunk_size,
                                                  LOG_ZERO)
     return out, PairState(final_re, None if phase is None else final_im)
-
-
-def _triton_chunk_applies(q: Tensor, decay: Decay | None, causal: bool, mode: str) -> bool:
-    """Whether the chunk mode runs on the Triton kernels (:mod:`attnspec.ops.linear.backends.triton`): CUDA inputs
-    in float32, bfloat16 or float16 with no decay or one real or complex decay per head. They have a
-    backward and stay inside compiled and exported programs, so they serve training and export too."""
-    if mode != "chunk" or not causal or q.device.type != "cuda":
-        return False
-    if decay is not None and decay.log_mag.shape[-1] != 1:
-        return False
-    from attnspec.ops.linear.backends import triton as triton_chunk  # imports Triton: only ever on a CUDA device
-    return triton_chunk.supports(q)
 
 
 def _triton_chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: PairState | None, scale: float,

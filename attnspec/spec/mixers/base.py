@@ -8,8 +8,9 @@ from typing import Annotated, Any, ClassVar, Iterator, Literal
 from pydantic import Field
 
 from attnspec.spec import limits
-from attnspec.spec.family import Backend, Cost, GRAPH, linear_costs, noncausal_linear_cost
+from attnspec.spec.family import Backend, Cost, GRAPH, KernelInputs, linear_costs, noncausal_linear_cost
 from attnspec.spec.nodes import Component, Count, PositiveFloat
+from attnspec.spec.features import FeatureMapComponent
 from attnspec.spec.transitions import TransitionComponent
 from attnspec.spec.positions import NoPosition, Position, PositionComponent
 from attnspec.spec.convs import Conv, NoConv
@@ -94,8 +95,14 @@ class MixerComponent(Component):
         raise NotImplementedError(f"the {self.kind} mixer family states no costs (MixerComponent.mode_costs)")
 
     def backends(self, mode: str) -> tuple[Backend, ...]:
-        """The backends that run ``mode`` for this mixer, in order of preference (the graph path last)."""
+        """The kernels that may run ``mode`` for this mixer, in order of preference (the graph path last);
+        which of them applies to a call is each kernel's predicate in :mod:`attnspec.ops.kernels`."""
         return (GRAPH,)
+
+    def kernel_inputs(self, mode: str) -> KernelInputs:
+        """What ``mode`` hands its kernel, as the kernels' predicates read it (a family with kernels of
+        its own states its decay and key width)."""
+        return KernelInputs(mode, self.causal)
 
     @property
     def reference_mode(self) -> str:
@@ -128,12 +135,33 @@ class MixerComponent(Component):
 
     def describe(self) -> str:
         """One line naming the mixer and its parts, for plans and summaries."""
-        return f"{self.kind} x{self.heads}"
+        return f"{self.kind} {self.on_heads()}"
+
+    def on_heads(self) -> str:
+        """How many heads, for :meth:`describe`: "on 4 heads"."""
+        return f"on {self.heads} head{'s' if self.heads != 1 else ''}"
+
+    def parts(self) -> list[tuple[str, str]]:
+        """Every part this mixer has, as (name, what) rows for ``explain``: its heads and widths, then
+        each field set away from its default, a component as its kind and its own fields set away from
+        theirs (QK-norm, a partial RoPE, an output gate, short convolutions, a window, shared kv heads).
+        Read off the fields, so a plugin family's parts show as a shipped family's do."""
+        rows = [("heads", f"{self.heads} (d_qk {self.d_qk}, d_v {self.d_v})")]
+        for name, value in self.model_dump(exclude_defaults=True, exclude={"kind", "heads", "d_qk", "d_v"}).items():
+            field = getattr(self, name)
+            if isinstance(field, Component) and field.is_identity:
+                continue  # `none`: not a part
+            rows.append((name, _part_text(field) if isinstance(field, Component) else _value_text(value)))
+        return rows
 
     def resolved_parts(self, *, d_qk: int, max_len: int) -> dict[str, Any]:
         """Its parts with their derived defaults filled in (``model_copy`` updates), for resolution."""
-        fmap = getattr(self, "feature_map", None)
-        return {"feature_map": fmap.resolved(d_qk)} if fmap is not None else {}
+        return {name: features.resolved(d_qk) for name, features in self.parts_of(FeatureMapComponent)}
+
+    def parts_of(self, slot_type: type) -> list[tuple[str, Any]]:
+        """This mixer's fields that hold a component of ``slot_type`` (a feature map, a transition), as
+        (field name, component): shared rules find a family's parts by their type, not their names."""
+        return [(name, value) for name in type(self).model_fields if isinstance(value := getattr(self, name), slot_type)]
 
     def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
         """The scheme this mixer applies: its own, else the model's when that acts on q/k or as a decay."""
@@ -145,20 +173,23 @@ class MixerComponent(Component):
         """Rule violations of this mixer and its parts, as (path below the mixer, message)."""
         if self.mode != "auto" and self.mode not in self.modes():
             yield ("mode",), self.mode_problem(self.mode)
-        transition = getattr(self, "transition", None)
-        if transition is not None and not transition.is_identity and not self.causal:
-            yield ("transition",), ("a state transition orders positions, so it needs `causal: true`; "
-                                    "remove the transition or make the mixer causal")
-        if transition is not None:
+        transitions = self.parts_of(TransitionComponent)
+        for name, transition in transitions:
+            if not transition.is_identity and not self.causal:
+                yield (name,), ("a state transition orders positions, so it needs `causal: true`; "
+                                "remove the transition or make the mixer causal")
             for below, message in transition.problems():
-                yield ("transition", *below), message
+                yield (name, *below), message
+            if transition.scales_input and not self.scales_input:
+                yield (name, "scale_input"), (f"a {self.kind} mixer has no input for Δ_t to scale; remove "
+                                              "scale_input")
         if self.position is not None:
             if self.position.acts_on == "embedding":
                 yield ("position",), (f"{self.position.kind} positions are added to the token embeddings; write "
                                       f"`position: {self.position.kind}` at the model level, not on a mixer")
             for below, message in self.position.problems(causal=self.causal, d_qk=d_qk):
                 yield ("position", *below), message
-            if self.position.acts_on == "decay" and transition is None:
+            if self.position.acts_on == "decay" and not transitions:
                 yield ("position",), (f"a {self.kind} mixer has no decay path for {self.position.kind}; use rope")
         for below, message in self.conv.problems():
             yield ("conv", *below), message
@@ -176,9 +207,6 @@ class MixerComponent(Component):
         if self.shared_norm_weight and (not self.group_norm or self.gate_before_norm):
             yield ("shared_norm_weight",), ("a shared norm weight is the per-head output norm's: it needs "
                                             "`group_norm: true` without `gate_before_norm`")
-        if transition is not None and getattr(transition, "scale_input", False) and not self.scales_input:
-            yield ("transition", "scale_input"), (f"a {self.kind} mixer has no input for Δ_t to scale; remove "
-                                                  "scale_input")
 
     @property
     def scales_input(self) -> bool:
@@ -244,3 +272,21 @@ def _softmax_decay_problems(transition: TransitionComponent) -> Iterator[tuple[t
 
 
 __all__ = ["Mode", "OutputGate", "MixerComponent"]
+
+
+def _part_text(component: Component) -> str:
+    """A component as its kind and the fields it sets away from their defaults: "rope (rotary_fraction 0.5)"."""
+    own = component.model_dump(exclude_defaults=True, exclude={"kind"})
+    return component.kind + (f" ({', '.join(f'{k} {_value_text(v)}' for k, v in own.items())})" if own else "")
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return value.get("kind", "") + (" (" + ", ".join(f"{k} {_value_text(v)}" for k, v in value.items()
+                                                          if k != "kind") + ")" if len(value) > 1 else "")
+    if isinstance(value, list):
+        return "[" + ", ".join(_value_text(v) for v in value) + "]"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+

@@ -62,4 +62,4 @@ class DeltaMixer(MixerComponent):
     def describe(self) -> str:
         gate = "" if self.transition.is_identity else \
             f", {self.transition.kind} gate per {'channel' if self.transition.per_channel else 'head'}"
-        return f"delta[beta {self.beta}{gate}] x{self.heads}"
+        return f"delta[beta {self.beta}{gate}] {self.on_heads()}"

@@ -7,7 +7,7 @@ from typing import Iterator, Literal
 from pydantic import Field
 
 from attnspec.spec.components import SLOTS
-from attnspec.spec.family import Backend, Cost, GRAPH, NATIVE_CPU, TRITON, softmax_cost
+from attnspec.spec.family import Backend, Cost, GRAPH, KernelInputs, NATIVE_CPU, TRITON, softmax_cost
 from attnspec.spec.nodes import PositiveFloat
 from attnspec.spec.features import Elu1Features, FeatureMap
 from attnspec.spec.reweightings import NoReweighting, Reweighting
@@ -40,10 +40,11 @@ class LinearMixer(MixerComponent):
         return _linear_family_costs(self, L, self.d_v + (1 if self.normalize else 0), self.transition)
 
     def backends(self, mode: str) -> tuple[Backend, ...]:
-        # the kernels take no decay or one per head, real or complex (ops.linear.backends)
-        if mode == "chunk" and self.causal and not self.transition.per_channel:
-            return (TRITON, NATIVE_CPU, GRAPH)
-        return (GRAPH,)
+        return (TRITON, NATIVE_CPU, GRAPH) if mode == "chunk" else (GRAPH,)
+
+    def kernel_inputs(self, mode: str) -> KernelInputs:
+        decay = "none" if self.transition.is_identity else "channel" if self.transition.per_channel else "head"
+        return KernelInputs(mode, self.causal, decay, self.feature_width())
 
     def mode_problem(self, mode: str) -> str:
         return (f"{self.feature_map.kind} features (the softmax kernel) have no finite feature expansion, so the "
@@ -96,4 +97,4 @@ class LinearMixer(MixerComponent):
             parts.append(self.reweighting.kind)
         if not self.transition.is_identity:
             parts.append(f"{self.transition.kind} transition")
-        return ", ".join(parts) + f"] x{self.heads}"
+        return ", ".join(parts) + f"] {self.on_heads()}"

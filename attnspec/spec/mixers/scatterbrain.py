@@ -7,7 +7,7 @@ from typing import Annotated, Any, Iterator, Literal
 from pydantic import Field
 
 from attnspec.spec import limits
-from attnspec.spec.family import Cost
+from attnspec.spec.family import Backend, Cost, GRAPH, KernelInputs, NATIVE_CPU, TRITON
 from attnspec.spec.nodes import Count, PositiveFloat
 from attnspec.spec.supports import LowRank, LshSupport, PerformerLowRank, SparseSupport
 from attnspec.spec.mixers.base import MixerComponent, _linear_family_costs
@@ -62,6 +62,12 @@ class ScatterbrainMixer(MixerComponent):
     def softmax_temperature(self) -> bool:  # its exact part is exp(scale q.k)
         return True
 
+    def backends(self, mode: str) -> tuple[Backend, ...]:
+        return (TRITON, NATIVE_CPU, GRAPH) if mode == "chunk" else (GRAPH,)  # the low-rank part's kernels
+
+    def kernel_inputs(self, mode: str) -> KernelInputs:
+        return KernelInputs(mode, self.causal, "none", self.feature_width(), widens_half=True)
+
     def feature_width(self) -> int:
         return self.lowrank.features().width(self.d_qk)
 
@@ -69,7 +75,7 @@ class ScatterbrainMixer(MixerComponent):
         return self.sparse.keys_per_query()
 
     def describe(self) -> str:
-        return f"scatterbrain[{self.lowrank.kind} + {self.sparse.kind}] x{self.heads}"
+        return f"scatterbrain[{self.lowrank.kind} + {self.sparse.kind}] {self.on_heads()}"
 
     def resolved_parts(self, *, d_qk: int, max_len: int) -> dict[str, Any]:
         """The low-rank and sparse sizes: from the budget's split when there is one, else their defaults."""

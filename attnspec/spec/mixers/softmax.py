@@ -62,4 +62,4 @@ class SoftmaxMixer(MixerComponent):
             parts.append(f"{self.kv_heads} kv heads")
         if not self.transition.is_identity:
             parts.append(f"{self.transition.kind} decay")
-        return f"softmax[{', '.join(parts)}] x{self.heads}" if parts else f"softmax x{self.heads}"
+        return f"softmax[{', '.join(parts)}] {self.on_heads()}" if parts else f"softmax {self.on_heads()}"

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from attnspec.errors import AttnSpecError, ShapeError
 from attnspec.io import cache_directory
+from attnspec.spec.family import KernelInputs, Regime
 
 SOURCE = Path(__file__).with_name("csrc") / "chunked_linear_attention.cpp"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread")
@@ -187,6 +188,40 @@ built._dynamo_marked_constant = True
 def available() -> bool:
     """Whether the kernel may be used here and now: :func:`enabled` and :func:`built`."""
     return enabled() and built()
+
+
+def problem(inputs: KernelInputs, regime: Regime) -> str | None:
+    """Why the kernel does not run a call (None: it does): the one predicate the plan and the op ask.
+
+    It computes the causal chunk mode with no decay or one real or complex decay per head, in float32
+    on the CPU; it has no backward (training takes the graph path) and is never traced into an
+    exported program (so that programs load without attnspec).
+    """
+    shape = chunk_shape_problem(inputs)
+    if shape is not None:
+        return shape
+    if regime.device != "cpu" or regime.dtype != "float32":
+        return f"it runs float32 on the CPU, not {regime.dtype} on {regime.device}"
+    if regime.grad:
+        return "it has no backward (a gradient is needed)"
+    if regime.export:
+        return "exported programs take the graph path, so that they load without attnspec"
+    if not enabled():
+        return "it is switched off (ATTNSPEC_NATIVE=0 or native.disabled())"
+    if not built():
+        return f"it did not build on this machine: {_failure}"
+    return None
+
+
+def chunk_shape_problem(inputs: KernelInputs) -> str | None:
+    """What the chunk kernels (this one and Triton's) take: the causal chunk mode with no decay or one
+    per head (a per-channel decay makes the intra-chunk decays a tensor per key channel)."""
+    if inputs.mode != "chunk" or not inputs.causal:
+        kind = "causal" if inputs.causal else "non-causal"
+        return f"it computes the causal chunk mode only, not {kind} {inputs.mode}"
+    if inputs.decay not in ("none", "head"):
+        return f"it takes no decay or one per head, not one per {inputs.decay}"
+    return None
 
 
 @contextlib.contextmanager

@@ -37,7 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnspec.ops.linear.backends.native import chunk_shape_problem
 from attnspec.ops.linear.common import LOG_ZERO, wrap_phase
+from attnspec.spec.family import KernelInputs, Regime
 
 try:
     import triton
@@ -69,6 +71,27 @@ def supports(q: Tensor) -> bool:
     if triton is None or q.dtype not in DTYPES or q.shape[-1] > MAX_KEY_WIDTH:
         return False
     return q.device.type == "cuda" or interpreted()
+
+
+def problem(inputs: KernelInputs, regime: Regime) -> str | None:
+    """Why the kernels do not run a call (None: they do): the one predicate the plan and the op ask.
+
+    They compute the causal chunk mode with no decay or one real or complex decay per head, on CUDA,
+    in float32, bfloat16 or float16, keys at most :data:`MAX_KEY_WIDTH` wide; they have a backward
+    and stay inside compiled and exported programs, so training and export keep them.
+    """
+    shape = chunk_shape_problem(inputs)
+    if shape is not None:
+        return shape
+    if triton is None:
+        return "Triton is not installed (pip install triton)"
+    if regime.device != "cuda":
+        return f"it runs on CUDA, not on {regime.device}"
+    if regime.dtype not in ("float32", "bfloat16", "float16"):
+        return f"it takes float32, bfloat16 or float16, not {regime.dtype}"
+    if inputs.key_width > MAX_KEY_WIDTH:
+        return f"keys are one tile of at most {MAX_KEY_WIDTH} channels, not {inputs.key_width}"
+    return None
 
 
 def tile_length(chunk_size: int) -> int:

@@ -1,4 +1,4 @@
-"""The ``attnspec`` command line: a thin typer app over the library.
+"""The ``attnspec`` commands: a thin typer app over the library (what they show: :mod:`.display`).
 
 Every command calls one library function and formats its result. Errors a user can
 cause are :class:`~attnspec.errors.AttnSpecError`s, printed without a traceback, and
@@ -11,19 +11,16 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 import typer.core
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
+from attnspec.cli.display import (TrainingDisplay, err, evaluation_table, explain_table, out, print_build_summary,
+                                  print_report, rich_table, stage_progress, verify_table)
 from attnspec.errors import AttnSpecError, SpecError
 
 app = typer.Typer(
@@ -34,9 +31,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-# Piped output (CI logs, files) gets a wide fixed width: rich's 80-column default truncates table cells.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 SetOption = typer.Option(
     None, "--set", "-s", metavar="PATH=VALUE",
@@ -180,12 +174,14 @@ def explain(
     refresh: bool = typer.Option(False, "--refresh", help="With --calibrate: measure again what is cached."),
     overrides: Optional[List[str]] = SetOption,
 ) -> None:
-    """Show the execution plan: per layer and regime (inference at batch 1, training at --batch,
-    one-token decoding) the mode and backend chosen, every valid mode's estimated and measured time,
-    and why."""
-    from attnspec.compiler.plan import plan_spec, regime_modes
+    """Show the execution plan: per layer its parts, parameters and decoding state, and per regime
+    (inference at batch 1, training at --batch, one-token decoding) the mode and kernel chosen, every
+    valid mode's estimated and measured time, and why."""
+    from attnspec.compiler.plan import plan_spec
+    from attnspec.compiler.sizes import layer_sizes
     from attnspec.spec import load_spec
     from attnspec.spec.ir import iter_blocks
+    from attnspec.training.config import COMPILE_AUTO_REASON
 
     spec = load_spec(file, overrides or ())
     L = length or spec.max_len
@@ -195,49 +191,20 @@ def explain(
 
         for regime, B, _ in regimes:
             calibrate_spec(spec, regime=regime, batch=B, length=L, refresh=refresh)
-    table = Table(title=escape(f"{spec.name}: plan at L = {L}"))
-    for column in ("layer", "mixer", "regime", "mode · backend", "valid modes: measured / estimated", "why"):
-        table.add_column(column)
     mixers = [block.mixer for _, block in iter_blocks(spec, expand=True)]
     plans = [(regime, plan_spec(spec, length=L, batch=B, training=training)) for regime, B, training in regimes]
-    for index, mixer in enumerate(mixers):
-        for regime, plan in plans:
-            entry = plan.layers[index]
-            times = []
-            for mode in regime_modes(mixer, regime):
-                measured = (entry.measured or {}).get(mode)
-                shown = _milliseconds(measured) if measured is not None else entry.skipped.get(mode, "-")
-                times.append(f"{mode}: {shown} / {_milliseconds(entry.candidates[mode])}")
-            label = f"{regime} B{plan.batch}"
-            chosen = f"{entry.full_mode} · {entry.backend}"
-            if entry.export_backend != entry.backend and regime == "inference":
-                chosen += f"\n(exported: {entry.export_backend})"
-            table.add_row(escape(entry.path) if regime == "inference" else "", escape(entry.mixer) if regime ==
-                          "inference" else "", label, escape(chosen), escape("\n".join(times)), escape(entry.reason))
-        decode, cache = plans[0][1].layers[index].decode_mode, plans[0][1].layers[index].decode_cache
-        memory = {"recurrent": "a constant-size state", None: "-",
-                  "cache": f"a key/value cache of {cache or 0:,} positions, allocated once",
-                  "prefix": f"the mixer's inputs, {cache or 0:,} positions, rerun each token"}[decode]
-        why = {"recurrent": "memory constant in the position", "cache": "memory per position, up to the cache",
-               "prefix": "exact, but a full pass per token (the sparse support needs every earlier key)",
-               None: "no decoding step: non-causal"}[decode]
-        table.add_row("", "", "decoding", f"{decode} · graph" if decode else "-", memory, why)
+    table = explain_table(spec, L, mixers, plans, layer_sizes(spec))
     out.print(table)
-    out.print(f"[dim]{escape(TRAINING_COMPILE_REASON)}[/dim]")
+    out.print(f"[dim]{escape(COMPILE_AUTO_REASON)}[/dim]")
     if not any(entry.measured for _, plan in plans for entry in plan.layers):
         out.print("[dim]Not calibrated on this machine: modes are chosen by the cost model. `--calibrate` measures "
                   "them (builds and training runs do so themselves).[/dim]")
 
 
-TRAINING_COMPILE_REASON = (
-    "Training steps run eager on the CPU (train config `compile: auto`) and compiled on CUDA: on the 2-core CPU, "
-    "compiled steps of the shipped linear specs measured 0.96-1.27x eager at L = 512, because matrix products, "
-    "which compiling does not speed up, are 34-75% of a step, and compiling took 10-36 s (README, Benchmarks). "
-    "`--compile on` compiles anyway.")
 
 
-def _milliseconds(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms"
+
+
 
 
 @app.command()
@@ -263,28 +230,13 @@ def build(
     """
     from attnspec.compiler.build import build_directory
 
-    with _stage_progress() as on_stage:
+    with stage_progress() as on_stage:
         result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
                                  force=force, weights=weights, calibrate=not no_calibrate, device=device,
                                  on_stage=on_stage)
-    _print_build_summary(result.directory, result.manifest)
+    print_build_summary(result.directory, result.manifest)
 
 
-@contextmanager
-def _stage_progress():
-    """A progress display of a build's stages; yields the ``on_stage`` callback that draws it."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out) as progress:
-        tasks: dict[str, int] = {}
-
-        def on_stage(name: str, seconds: float | None) -> None:
-            if seconds is None:
-                tasks[name] = progress.add_task(f"{name}...", total=1)
-            else:
-                progress.update(tasks[name], completed=1, description=f"{name} ({seconds:.1f}s)")
-
-        yield on_stage
 
 
 @app.command("import-hf")
@@ -316,14 +268,14 @@ def import_hf(
         raise AttnSpecError(f"{spec_file} already exists; --spec writes a new file, it never overwrites one")
     if spec_file is not None and not spec_file.parent.is_dir():  # checked before the import's minutes of work
         raise AttnSpecError(f"--spec {spec_file}: the folder {spec_file.parent} does not exist; create it first")
-    with _stage_progress() as on_stage:
+    with stage_progress() as on_stage:
         result = run_import(checkpoint, output, max_len=max_len, compile_check=not no_compile, force=force,
                             calibrate=not no_calibrate, on_stage=on_stage)
     if spec_file is not None:
         spec = validate_data(result.manifest["spec"])
         write_atomic(spec_file, to_yaml(spec, header=f"{spec.description}\nWeights: {output}/model.safetensors "
                                                       f"(attnspec build THIS_FILE -o DIR --weights ...)"))
-    _print_build_summary(result.directory, result.manifest)
+    print_build_summary(result.directory, result.manifest)
 
 
 @app.command("export-hf")
@@ -356,58 +308,6 @@ def export_hf(
                   markup=False)
 
 
-def _print_build_summary(directory: Path, manifest: dict) -> None:
-    """The table of what a build produced, and what to run next."""
-    table = Table(title=escape(f"built {manifest['name']} -> {directory}"))
-    table.add_column("item")
-    table.add_column("value")
-    table.add_row("parameters", f"{manifest['parameters']:,}")
-    for layer in manifest["plan"]["layers"]:
-        table.add_row(escape(layer["path"]), escape(f"{layer['mixer']}: {layer['full_mode']} · {layer['backend']}"
-                      + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")
-                      + (f" ({layer['decode_cache']:,} positions)" if layer.get("decode_cache") else "")))
-    verification = manifest["verification"]
-    table.add_row("verification", f"{len(verification['rows'])} mode checks, worst rel. diff "
-                                  f"{verification['worst_rel_diff']:.1e}: {'ok' if verification['ok'] else 'FAILED'}")
-    compiled = manifest["compile"]
-    if compiled is not None:
-        table.add_row("compile check", ("reused: a build of the same structure passed on this machine" if
-                                        compiled.get("reused") else "ok") +
-                      f" ({compiled.get('graphs', '?')} block graph(s), max diff {compiled['max_abs_diff']:.1e})")
-    export = manifest["export"]
-    for name, info in manifest["files"].items():
-        table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB" + _artifact_speed(export.get(name)))
-    if "model.aoti.pt2" not in manifest["files"]:
-        table.add_row("model.aoti.pt2", "not built: --aot adds AOTInductor packages of both programs (compiled native "
-                                        "code; 0.5-1.5 min more on 2 cores, decoding 6-15x faster: README)")
-    table.add_row("stages", ", ".join(f"{k} {v:.1f}s" for k, v in manifest["stage_seconds"].items()))
-    out.print(table)
-    run = (f"attnspec run {directory} --tokens \"1 2 3\"" + (" --generate 8" if manifest["has_step"] else "")
-           if manifest["input"] == "tokens" else "")
-    lines = [f"\nNext: {run}", f"      python -c \"import attnspec; model = attnspec.load('{directory}')\"",
-             "Load each artifact from plain PyTorch:",
-             f"  model.pt2       program = torch.export.load('{directory}/model.pt2').module(); program(tokens)"]
-    if manifest["has_step"]:
-        lines.append(f"  step.pt2        step = torch.export.load('{directory}/step.pt2').module(); "
-                     "logits, *state = step(token, *state)  (state: zeros as manifest.json export.step.pt2.state)")
-    for name in ("model.aoti.pt2", "step.aoti.pt2"):
-        if name in manifest["files"]:
-            lines.append(f"  {name:<15} program = torch._inductor.aoti_load_package('{directory}/{name}')  "
-                         "(native code: load only your own)")
-    out.print("\n".join(lines), markup=False)
-
-
-def _artifact_speed(info: dict | None) -> str:
-    """``, 12,345 tokens/s at B4 L256 (eager 6,789)`` from a manifest export entry."""
-    if not info or info.get("tokens_per_second") is None:
-        return ""
-    at = info.get("speed_at") or {}
-    where = f"B{at.get('batch')} L{at['length']}" if "length" in at else f"decoding, B{at.get('batch')}"
-    text = f", {info['tokens_per_second']:,.0f} tokens/s at {where}"
-    if info.get("eager_tokens_per_second"):
-        text += f" (attnspec.load's eager model: {info['eager_tokens_per_second']:,.0f})"
-    return text
-
 @app.command()
 def verify(
     target: Path = typer.Argument(..., help="A spec file or a build directory."),
@@ -421,13 +321,7 @@ def verify(
     from attnspec.compiler.verify import verify_target
 
     report = verify_target(target, overrides or ())
-    table = Table(title="mode equivalence (float64, vs. the reference mode)")
-    for column in ("layer", "mode", "max abs diff", "max rel diff", "tolerance", "ok"):
-        table.add_column(column)
-    for row in report.rows:
-        table.add_row(escape(row.layer), row.mode, f"{row.abs_diff:.2e}", f"{row.rel_diff:.2e}", f"{row.tolerance:.0e}",
-                      "yes" if row.ok else "NO")
-    out.print(table)
+    out.print(verify_table(report))
     if not report.ok:
         raise typer.Exit(1)
 
@@ -484,21 +378,7 @@ def evaluate(
     if json_output:
         out.print(json.dumps(dataclasses.asdict(result)), markup=False)
         return
-    table = Table(title=escape(f"{model.spec.name} on {task}"))
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    rows = [("requests", f"{result.requests:,}"), ("mean log-likelihood", result.mean_loglikelihood),
-            ("perplexity (continuation tokens)", result.perplexity), ("greedy matches", result.greedy_accuracy),
-            ("questions", f"{result.questions:,}" if result.questions else None), ("accuracy", result.accuracy),
-            ("accuracy_norm (per token)", result.accuracy_norm), ("chance", result.chance)]
-    for name, value in rows:
-        if value is not None:
-            table.add_row(name, value if isinstance(value, str) else f"{value:.4f}")
-    if result.truncated:
-        table.add_row("cut to max_len (context from the left)", f"{result.truncated:,}")
-    if result.continuation_tokens_cut:
-        table.add_row("continuation tokens cut (not scored)", f"{result.continuation_tokens_cut:,}")
-    out.print(table)
+    out.print(evaluation_table(f"{model.spec.name} on {task}", result))
 
 
 @app.command()
@@ -556,7 +436,7 @@ def train(
     if not resume and file is None:
         raise AttnSpecError("give a spec file to train (or --resume -o RUN_DIR)")
     rank0 = os.environ.get("RANK", "0") == "0"
-    with _TrainingDisplay(enabled=rank0) as display:
+    with TrainingDisplay(enabled=rank0) as display:
         run = train_model(file, config, output=output, overrides=overrides or (), task=task,
                           task_overrides=task_overrides or (), resume=resume, on_progress=display.update, **flags)
     if rank0:
@@ -590,7 +470,7 @@ def ablate(
     """
     from attnspec.ablation.ablate import ablate as run_sweep, plan_sweep
     from attnspec.ablation.runners import sizing
-    from attnspec.sweep_display import SweepProgress, print_plan
+    from attnspec.cli.sweeps import SweepProgress, print_plan
 
     plan = plan_sweep(file, output)
     if dry_run:
@@ -601,7 +481,7 @@ def ablate(
     with SweepProgress(out) as progress:
         outcome = run_sweep(plan, output, runner=runner, workers=workers, threads=threads, address=address,
                             on_event=progress.update)
-    _print_report(output)
+    print_report(output)
     out.print(f"{outcome.ran} run(s) in {outcome.seconds:.0f} s, {outcome.skipped} already done, "
               f"{len(outcome.failed)} failed, {len(outcome.diverged)} diverged, {len(outcome.busy)} being trained by "
               f"another process; report: {output / 'report' / 'report.html'}", markup=False)
@@ -623,17 +503,10 @@ def report(
     from attnspec.ablation.report import write_report
 
     write_report(directory)
-    _print_report(directory)
+    print_report(directory)
     out.print(f"report: {directory / 'report' / 'report.html'}", markup=False)
 
 
-def _print_report(directory: Path) -> None:
-    from attnspec.ablation.results import collect, summary_rows
-    from attnspec.sweep_display import results_table
-
-    found = collect(directory)
-    out.print(results_table(*summary_rows(found), title=f"sweep {found.sweep.get('name')}: {found.metric} at the "
-                                                        "best learning rate"))
 
 
 # ----------------------------------------------------------------------------- diagnose
@@ -679,7 +552,7 @@ def _diagnostic_command(declared):
     def command(**values) -> None:
         result = declared.run(**{name: [] if value is None and name in repeated else value
                                  for name, value in values.items()})
-        out.print(_rich_table(result.table))
+        out.print(rich_table(result.table))
         out.print(f"wrote {', '.join(str(f) for f in result.files)}", markup=False)
 
     command.__signature__ = inspect.Signature(parameters)
@@ -690,15 +563,6 @@ def _diagnostic_command(declared):
     return typer.main.get_command(single)
 
 
-def _rich_table(table) -> Table:
-    """A diagnostic's :class:`~attnspec.diagnostics.Table` for the terminal."""
-    shown = Table(title=table.title, title_justify="left")
-    for column in table.columns:
-        shown.add_column(column, justify="left" if column in table.left else "right", no_wrap=column not in table.left)
-    for index, row in enumerate(table.rows):
-        shown.add_row(*(Text(cell, style="bold" if (index, column) in table.strong else "")
-                        for column, cell in enumerate(row)))
-    return shown
 
 
 diagnose_app = typer.Typer(cls=_Diagnostics, help="Measurements the papers make, on a spec or a trained run: a CSV "
@@ -732,51 +596,6 @@ def _launch_torchrun(nproc: int) -> None:
         raise typer.Exit(code)
 
 
-class _TrainingDisplay:
-    """Rich progress (step, loss, metric, tokens/s, ETA) on a terminal; plain lines otherwise."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.progress = None
-        self.task_id = None
-        self.metric = ""
-        self.last_plain = 0.0
-
-    def __enter__(self) -> "_TrainingDisplay":
-        if self.enabled and out.is_terminal:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.progress = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                                     TextColumn("{task.description}"), TimeRemainingColumn(), console=out)
-            self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
-
-    def update(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        event = record["event"]
-        if event == "start":
-            line = (f"training {record['parameters']:,} parameters on {record['device']} "
-                    f"({record['world_size']} process(es), modes {', '.join(record['plan'])}, "
-                    f"{'compiled' if record['compiled'] else 'eager'}), from step {record['step']}")
-            out.print(line, markup=False)
-            if self.progress is not None:
-                self.task_id = self.progress.add_task("", total=record["steps"], completed=record["step"])
-        elif event == "eval":
-            self.metric = f"(test at step {record['step']}: acc {record['accuracy']:.3f} ppl {record['perplexity']:.3g})"
-            out.print(f"step {record['step']}: test loss {record['loss']:.4f}, accuracy {record['accuracy']:.4f}, "
-                      f"perplexity {record['perplexity']:.4g}", markup=False)
-        elif event == "step":
-            text = f"loss {record['loss']:.4f}  {self.metric}  {record['tokens_per_s']:,.0f} tok/s"
-            if self.progress is not None:
-                self.progress.update(self.task_id, completed=record["step"], description=text)
-            elif time.monotonic() - self.last_plain > 10 or record["step"] == record["steps"]:
-                self.last_plain = time.monotonic()
-                out.print(f"step {record['step']}/{record['steps']}: {text}", markup=False)
 
 
 def _terminate(signum, frame) -> None:

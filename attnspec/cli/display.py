@@ -1,0 +1,235 @@
+"""What the command line shows: its consoles, and the tables and progress displays of its commands.
+
+Everything here renders a result the library computed (a plan, a build's manifest, a diagnostic's
+table, a training run's events); nothing here computes one.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+# Piped output (CI logs, files) gets a wide fixed width: rich's 80-column default truncates table cells.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def explain_table(spec, length: int, mixers: list, plans: list, sizes: list) -> Table:
+    """The plan of ``spec`` at ``length``: per block (``mixers``, ``sizes``: :func:`~attnspec.compiler.sizes.layer_sizes`)
+    its parts, parameters and decoding state, and per regime of ``plans`` (``[(regime, Plan)]``, inference
+    first) the mode and kernel chosen, every valid mode's measured and estimated time, and why; then
+    its one-token decoding."""
+    from attnspec.compiler.plan import decoding_text, regime_modes
+
+    table = Table(title=escape(f"{spec.name}: plan at L = {length}"))
+    for column in ("layer", "mixer: parts, size", "regime", "mode · kernel", "valid modes: measured / estimated",
+                   "why"):
+        table.add_column(column)
+    for index, mixer in enumerate(mixers):
+        block = "\n".join([mixer.describe(), *(f"  {name}: {what}" for name, what in mixer.parts()),
+                           f"parameters {sizes[index].parameters:,}",
+                           f"decoding state {byte_size(sizes[index].decode_state_bytes)} per sequence"])
+        for regime, plan in plans:
+            entry = plan.layers[index]
+            times = []
+            for mode in regime_modes(mixer, regime):
+                measured = (entry.measured or {}).get(mode)
+                shown = milliseconds(measured) if measured is not None else entry.skipped.get(mode, "-")
+                times.append(f"{mode}: {shown} / {milliseconds(entry.candidates[mode])}")
+            chosen = f"{entry.full_mode} · {entry.backend}"
+            if entry.export_backend != entry.backend and regime == "inference":
+                chosen += f"\n(exported: {entry.export_backend})"
+            first = regime == "inference"
+            table.add_row(escape(entry.path) if first else "", escape(block) if first else "",
+                          f"{regime} B{plan.batch}", escape(chosen), escape("\n".join(times)), escape(entry.reason))
+        decode = plans[0][1].layers[index]
+        held, why = decoding_text(decode)
+        table.add_row("", "", "decoding", f"{decode.decode_mode} · graph" if decode.decode_mode else "-", held, why)
+    return table
+
+
+def milliseconds(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def byte_size(count: int) -> str:
+    """``count`` bytes in the largest binary unit that keeps it at least 1 (B, KiB, MiB, GiB)."""
+    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if count >= size:
+            return f"{count / size:,.1f} {unit}"
+    return f"{count} B"
+
+
+@contextmanager
+def stage_progress():
+    """A progress display of a build's stages; yields the ``on_stage`` callback that draws it."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out) as progress:
+        tasks: dict[str, int] = {}
+
+        def on_stage(name: str, seconds: float | None) -> None:
+            if seconds is None:
+                tasks[name] = progress.add_task(f"{name}...", total=1)
+            else:
+                progress.update(tasks[name], completed=1, description=f"{name} ({seconds:.1f}s)")
+
+        yield on_stage
+
+
+def print_build_summary(directory: Path, manifest: dict) -> None:
+    """The table of what a build produced, and what to run next."""
+    table = Table(title=escape(f"built {manifest['name']} -> {directory}"))
+    table.add_column("item")
+    table.add_column("value")
+    table.add_row("parameters", f"{manifest['parameters']:,}")
+    for layer in manifest["plan"]["layers"]:
+        table.add_row(escape(layer["path"]), escape(f"{layer['mixer']}: {layer['full_mode']} · {layer['backend']}"
+                      + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")
+                      + (f" ({layer['decode_cache']:,} positions)" if layer.get("decode_cache") else "")))
+    verification = manifest["verification"]
+    table.add_row("verification", f"{len(verification['rows'])} mode checks, worst rel. diff "
+                                  f"{verification['worst_rel_diff']:.1e}: {'ok' if verification['ok'] else 'FAILED'}")
+    compiled = manifest["compile"]
+    if compiled is not None:
+        table.add_row("compile check", ("reused: a build of the same structure passed on this machine" if
+                                        compiled.get("reused") else "ok") +
+                      f" ({compiled.get('graphs', '?')} block graph(s), max diff {compiled['max_abs_diff']:.1e})")
+    export = manifest["export"]
+    for name, info in manifest["files"].items():
+        table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB" + artifact_speed(export.get(name)))
+    if "model.aoti.pt2" not in manifest["files"]:
+        table.add_row("model.aoti.pt2", "not built: --aot adds AOTInductor packages of both programs (compiled native "
+                                        "code; 0.5-1.5 min more on 2 cores, decoding 6-15x faster: README)")
+    table.add_row("stages", ", ".join(f"{k} {v:.1f}s" for k, v in manifest["stage_seconds"].items()))
+    out.print(table)
+    run = (f"attnspec run {directory} --tokens \"1 2 3\"" + (" --generate 8" if manifest["has_step"] else "")
+           if manifest["input"] == "tokens" else "")
+    lines = [f"\nNext: {run}", f"      python -c \"import attnspec; model = attnspec.load('{directory}')\"",
+             "Load each artifact from plain PyTorch:",
+             f"  model.pt2       program = torch.export.load('{directory}/model.pt2').module(); program(tokens)"]
+    if manifest["has_step"]:
+        lines.append(f"  step.pt2        step = torch.export.load('{directory}/step.pt2').module(); "
+                     "logits, *state = step(token, *state)  (state: zeros as manifest.json export.step.pt2.state)")
+    for name in ("model.aoti.pt2", "step.aoti.pt2"):
+        if name in manifest["files"]:
+            lines.append(f"  {name:<15} program = torch._inductor.aoti_load_package('{directory}/{name}')  "
+                         "(native code: load only your own)")
+    out.print("\n".join(lines), markup=False)
+
+
+def artifact_speed(info: dict | None) -> str:
+    """``, 12,345 tokens/s at B4 L256 (eager 6,789)`` from a manifest export entry."""
+    if not info or info.get("tokens_per_second") is None:
+        return ""
+    at = info.get("speed_at") or {}
+    where = f"B{at.get('batch')} L{at['length']}" if "length" in at else f"decoding, B{at.get('batch')}"
+    text = f", {info['tokens_per_second']:,.0f} tokens/s at {where}"
+    if info.get("eager_tokens_per_second"):
+        text += f" (attnspec.load's eager model: {info['eager_tokens_per_second']:,.0f})"
+    return text
+
+
+def print_report(directory: Path) -> None:
+    from attnspec.ablation.results import collect, summary_rows
+    from attnspec.cli.sweeps import results_table
+
+    found = collect(directory)
+    out.print(results_table(*summary_rows(found), title=f"sweep {found.sweep.get('name')}: {found.metric} at the "
+                                                        "best learning rate"))
+
+
+def rich_table(table) -> Table:
+    """A diagnostic's :class:`~attnspec.diagnostics.Table` for the terminal."""
+    shown = Table(title=table.title, title_justify="left")
+    for column in table.columns:
+        shown.add_column(column, justify="left" if column in table.left else "right", no_wrap=column not in table.left)
+    for index, row in enumerate(table.rows):
+        shown.add_row(*(Text(cell, style="bold" if (index, column) in table.strong else "")
+                        for column, cell in enumerate(row)))
+    return shown
+
+
+class TrainingDisplay:
+    """Rich progress (step, loss, metric, tokens/s, ETA) on a terminal; plain lines otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.progress = None
+        self.task_id = None
+        self.metric = ""
+        self.last_plain = 0.0
+
+    def __enter__(self) -> "TrainingDisplay":
+        if self.enabled and out.is_terminal:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                                     TextColumn("{task.description}"), TimeRemainingColumn(), console=out)
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def update(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        event = record["event"]
+        if event == "start":
+            line = (f"training {record['parameters']:,} parameters on {record['device']} "
+                    f"({record['world_size']} process(es), modes {', '.join(record['plan'])}, "
+                    f"{'compiled' if record['compiled'] else 'eager'}), from step {record['step']}")
+            out.print(line, markup=False)
+            if self.progress is not None:
+                self.task_id = self.progress.add_task("", total=record["steps"], completed=record["step"])
+        elif event == "eval":
+            self.metric = f"(test at step {record['step']}: acc {record['accuracy']:.3f} ppl {record['perplexity']:.3g})"
+            out.print(f"step {record['step']}: test loss {record['loss']:.4f}, accuracy {record['accuracy']:.4f}, "
+                      f"perplexity {record['perplexity']:.4g}", markup=False)
+        elif event == "step":
+            text = f"loss {record['loss']:.4f}  {self.metric}  {record['tokens_per_s']:,.0f} tok/s"
+            if self.progress is not None:
+                self.progress.update(self.task_id, completed=record["step"], description=text)
+            elif time.monotonic() - self.last_plain > 10 or record["step"] == record["steps"]:
+                self.last_plain = time.monotonic()
+                out.print(f"step {record['step']}/{record['steps']}: {text}", markup=False)
+
+
+def verify_table(report) -> Table:
+    """A :class:`~attnspec.compiler.verify.VerifyReport`: each block's modes against its reference mode."""
+    table = Table(title="mode equivalence (float64, vs. the reference mode)")
+    for column in ("layer", "mode", "max abs diff", "max rel diff", "tolerance", "ok"):
+        table.add_column(column)
+    for row in report.rows:
+        table.add_row(escape(row.layer), row.mode, f"{row.abs_diff:.2e}", f"{row.rel_diff:.2e}", f"{row.tolerance:.0e}",
+                      "yes" if row.ok else "NO")
+    return table
+
+
+def evaluation_table(title: str, result) -> Table:
+    """An :class:`~attnspec.training.evaluate.EvalResult`: the measures a task file's requests gave."""
+    table = Table(title=escape(title))
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [("requests", f"{result.requests:,}"), ("mean log-likelihood", result.mean_loglikelihood),
+            ("perplexity (continuation tokens)", result.perplexity), ("greedy matches", result.greedy_accuracy),
+            ("questions", f"{result.questions:,}" if result.questions else None), ("accuracy", result.accuracy),
+            ("accuracy_norm (per token)", result.accuracy_norm), ("chance", result.chance)]
+    for name, value in rows:
+        if value is not None:
+            table.add_row(name, value if isinstance(value, str) else f"{value:.4f}")
+    if result.truncated:
+        table.add_row("cut to max_len (context from the left)", f"{result.truncated:,}")
+    if result.continuation_tokens_cut:
+        table.add_row("continuation tokens cut (not scored)", f"{result.continuation_tokens_cut:,}")
+    return table
+

@@ -85,6 +85,32 @@ def test_explain_prints_the_plan():
     assert "chunk" in result.stdout and "quadratic" in result.stdout and "recurrent" in result.stdout
 
 
+def test_explain_shows_every_part_and_each_block_s_size():
+    """Qwen3-Next-style: the attention blocks' QK-norm, partial RoPE, sigmoid output gate and kv heads, the
+    delta blocks' short convolutions; per block its parameters (counted on the meta device, summing to
+    the model's less the embedding, final norm and head) and one sequence's decoding state."""
+    from attnspec.compiler.sizes import count_parameters, layer_sizes
+    from attnspec.spec import load_spec
+    from attnspec.spec.walk import iter_blocks
+
+    result = attnspec("explain", "specs/qwen3-next-style.yaml")
+    assert result.returncode == 0, result.stderr
+    shown = " ".join(result.stdout.split())  # cells wrap: compare without the line breaks
+    for part in ("qk_norm: rmsnorm", "output_gate: sigmoid", "kv_heads: 2", "conv: short (activation silu)",
+                 "blocks[3] (layers[0]#0.layers[1])", "on 4 heads"):
+        assert part in shown, part
+    spec = load_spec("specs/qwen3-next-style.yaml")
+    attention = [block.mixer for _, block in iter_blocks(spec, expand=True)][3]
+    assert ("position", "rope (rotary_fraction 0.25)") in attention.parts() and "rotary_fraction" in shown
+    sizes = layer_sizes(spec)
+    assert f"parameters {sizes[3].parameters:,}" in shown
+    assert sum(size.parameters for size in sizes) < count_parameters(spec)
+    # float32 keys and values of 2 kv heads (d 32) at max_len 1024, and one number per head and position
+    # (ops.softmax.empty_cache's third tensor): 528 KiB
+    assert sizes[3].decode_state_bytes == 2 * 2 * spec.max_len * 32 * 4 + 4 * spec.max_len * 4
+    assert "decoding state 528.0 KiB per sequence" in shown
+
+
 def test_verify_a_spec_prints_the_table_and_succeeds():
     result = attnspec("verify", "specs/cosformer.yaml", "--set", "d_model=16", "--set", "layers[0].repeat=1")
     assert result.returncode == 0, result.stderr

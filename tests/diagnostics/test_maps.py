@@ -25,6 +25,7 @@ def test_locality_of_hand_examples():
     assert distance.item() == pytest.approx(1.5) and near.item() == pytest.approx(0.5)
 
 
+@pytest.mark.slow  # a subprocess and two models: the full suite runs it, the quick loop not
 def test_cos_reweighting_concentrates_attention_near_the_diagonal(tmp_path: Path):
     variants = {}
     for name, reweighting in (("cos", "{kind: cos, M: 64}"), ("none", "none")):

@@ -149,7 +149,7 @@ def test_an_imported_model_decodes_as_transformers_does(checkpoints, model_type)
         assert _relative(mine, theirs) < BOUND, position
 
 
-@pytest.mark.parametrize("model_type", ["mistral", "qwen3_next", "mamba2"])
+@pytest.mark.parametrize("model_type", ["mistral", pytest.param("qwen3_next", marks=pytest.mark.slow), "mamba2"])
 def test_import_then_export_returns_the_native_model(checkpoints, tmp_path, model_type):
     """``attnspec import-hf`` writes a build directory; ``export-hf`` writes it back as its own class,
     which loads without attnspec and computes the original's logits."""
@@ -183,7 +183,8 @@ def _attnspec_only_model(name: str = "sliding-window-hybrid"):
     return attnspec.build(spec).eval()
 
 
-@pytest.mark.parametrize("name", ["sliding-window-hybrid", "performer", "gateloop"])
+@pytest.mark.parametrize("name", [pytest.param("sliding-window-hybrid", marks=pytest.mark.slow), "performer",
+                                  pytest.param("gateloop", marks=pytest.mark.slow)])
 def test_a_spec_transformers_lacks_exports_as_the_attnspec_type_and_generates_alike(tmp_path, name):
     """Hybrid caches, Performer's random-feature buffers and GateLoop's complex state all survive the trip."""
     model = _attnspec_only_model(name)
@@ -228,6 +229,7 @@ def test_attnspec_type_generate_prefills_once_and_steps_once_per_token(tmp_path)
     assert greedy.shape == (2, 27) and torch.equal(greedy, model.generate(prompt, 20, temperature=0.0))
 
 
+@pytest.mark.slow  # a subprocess or several builds: the full suite runs it, the quick loop not
 def test_an_attnspec_type_directory_with_wrong_weights_is_refused_before_loading(tmp_path):
     """from_pretrained left a missing tensor as uninitialised memory (other logits at every load) and
     accepted NaN and integer weights; a 1 KB config of 4.2e9 parameters allocated 16.8 GB."""
@@ -382,6 +384,7 @@ def test_weights_that_do_not_fit_the_config_are_refused_by_name(checkpoints, tmp
             convert_weights(spec, directory, "qwen3")
 
 
+@pytest.mark.slow  # a subprocess or several builds: the full suite runs it, the quick loop not
 def test_export_refuses_what_transformers_cannot_hold(tmp_path):
     spec = attnspec.load_spec("specs/softmax-transformer.yaml").model_dump(mode="json")
     spec["head"] = {"kind": "classifier", "classes": 3}
@@ -429,6 +432,7 @@ def test_a_hostile_checkpoint_directory_is_refused_without_reading_outside_it(ch
             spec_from_checkpoint(directory)
 
 
+@pytest.mark.slow  # a subprocess or several builds: the full suite runs it, the quick loop not
 def test_export_hf_force_replaces_only_its_own_output_and_cleans_leftovers(checkpoints, tmp_path):
     """export-hf said "pass --force" but had none; a killed export's .OUT.tmp-* stayed forever; its
     model.safetensors was 0600 beside 0644 files."""
@@ -456,6 +460,7 @@ def test_export_hf_force_replaces_only_its_own_output_and_cleans_leftovers(check
     assert refused.returncode == 2 and "notes.txt" in refused.stderr and (mine / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow  # a subprocess or several builds: the full suite runs it, the quick loop not
 def test_import_hf_options_are_checked_before_any_work(checkpoints, tmp_path):
     import os
 

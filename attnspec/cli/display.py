@@ -22,8 +22,8 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def explain_table(spec, length: int, mixers: list, plans: list, sizes: list) -> Table:
-    """The plan of ``spec`` at ``length``: per block (``mixers``, ``sizes``: :func:`~attnspec.compiler.sizes.layer_sizes`)
-    its parts, parameters and decoding state, and per regime of ``plans`` (``[(regime, Plan)]``, inference
+    """The plan of ``spec`` at ``length``: per block (``mixers``; ``sizes`` from
+    :func:`~attnspec.compiler.sizes.layer_sizes`) its parts, parameters and decoding state, and per regime of ``plans`` (``[(regime, Plan)]``, inference
     first) the mode and kernel chosen, every valid mode's measured and estimated time, and why; then
     its one-token decoding."""
     from attnspec.compiler.plan import decoding_text, regime_modes

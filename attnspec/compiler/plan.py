@@ -148,9 +148,10 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
         entry = calibration.lookup(mixer_signature(spec, block.mixer), regime, batch, L)
         layer = _plan_mixer(block.mixer, label, L, for_build, batch, training, entry)
         layer.decode_cache = block.mixer.cache_capacity(spec.max_len)
-        layer.backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=dtype or spec.dtype,
+        computes_in = dtype or spec.dtype
+        layer.backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=computes_in,
                                        training=training)
-        layer.export_backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=dtype or spec.dtype,
+        layer.export_backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=computes_in,
                                               training=training, export=True)
         layers.append(layer)
     return Plan(L, layers, batch, training, device)

@@ -93,8 +93,8 @@ def chosen_kernel(requested: str, names: Sequence[str], inputs: KernelInputs, re
         raise KernelError(
             f"the {requested} kernel was chosen for this mixer but cannot run a {regime.dtype} call on "
             f"{regime.device}{' with a gradient' if regime.grad else ''}{' under export' if regime.export else ''}: "
-            f"{why}. The plan chose it for another device, dtype or regime: plan again for this one "
-            "(attnspec.load(..., device=...), or Model.set_modes with the compiler's regime_backends)")
+            f"{why}; pass backend='auto' (the first kernel that takes the call), or the kernel a plan for "
+            "this device, dtype and regime names")
     return requested
 
 

@@ -155,19 +155,26 @@ Copy = tuple[Path, int]
 def expanded_blocks(data: Any, stop: int = limits.MAX_BLOCKS) -> list[tuple[Path, tuple[Copy, ...]]]:
     """The blocks of spec data in execution order (``blocks[i]``), at most ``stop`` of them: each
     block's written path and, per ``repeat`` group around it (outermost first), which copy it is in.
-    A ``repeat`` that is not a count in 1..MAX_REPEAT counts once (validation reports it)."""
+    A ``repeat`` that is not a count in 1..MAX_REPEAT counts once, and the walk gives up after
+    ``16 * MAX_BLOCKS`` steps (unvalidated data: nested groups of empty groups copy nothing 256^depth
+    times); validation reports either."""
     found: list[tuple[Path, tuple[Copy, ...]]] = []
+    steps = [0]
 
     def walk(items: Any, prefix: Path, copies: tuple[Copy, ...]) -> None:
+        steps[0] += 1
         if not isinstance(items, list):
             return
         for i, item in enumerate(items):
-            if len(found) >= stop:
+            steps[0] += 1
+            if len(found) >= stop or steps[0] > 16 * limits.MAX_BLOCKS:
                 return
             if isinstance(item, dict) and "repeat" in item and "layers" in item:
                 repeat = item["repeat"]
                 valid = isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= limits.MAX_REPEAT
                 for copy_index in range(repeat if valid else 1):
+                    if len(found) >= stop or steps[0] > 16 * limits.MAX_BLOCKS:
+                        return
                     walk(item["layers"], prefix + (i, "layers"), copies + ((prefix + (i,), copy_index),))
             else:
                 found.append((prefix + (i,), copies))
@@ -294,7 +301,8 @@ def set_path(data: dict, smap: SourceMap, pattern_text: str, value: Any, where: 
         hint = ""
         if pattern[0] == BLOCKS:
             count = len(expanded_blocks(data))
-            hint = f"; the spec has {count} block(s), blocks[0] to blocks[{max(count - 1, 0)}]"
+            hint = f"; the spec has {count} block(s), blocks[0] to blocks[{count - 1}]" if count else \
+                "; the spec has no blocks"
         elif pattern[0] == "layers" and EVERY in pattern:
             hint = "; blocks inside `repeat` groups are reached with `blocks[*]`"
         raise SpecError(Problem(f"this path matches nothing in the spec{hint}",

@@ -136,3 +136,28 @@ def _flat_two_blocks() -> dict:
     block = {"mixer": {"kind": "softmax", "heads": 4}}
     return {"name": "flat", "input": {"kind": "tokens", "vocab_size": 32}, "d_model": 16, "max_len": 32,
             "layers": [block, dict(block)]}
+
+
+def test_an_unrolled_copy_keeps_the_file_positions_of_what_moved(tmp_path: Path):
+    """blocks[1] splits both repeat groups; the softmax block after them moves, and an error in it still
+    points at its line in the base file (once per copy)."""
+    base = (SPECS / "hybrid.yaml").read_text().replace("- mixer: {kind: softmax, heads: 4}",
+                                                       "- mixer: {kind: softmax, heads: 4, chunk_size: 3}")
+    (tmp_path / "base.yaml").write_text(base)
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\nset:\n  \"blocks[1].mixer.heads\": 2\n")
+    line = next(n for n, text in enumerate(base.splitlines(), 1) if "chunk_size: 3" in text)
+    with pytest.raises(SpecError) as error:
+        load_spec(tmp_path / "child.yaml")
+    assert str(error.value).count(f"base.yaml:{line}:") == 2 and "power of two" in str(error.value)
+
+
+def test_addressing_a_block_of_hostile_nested_groups_ends_at_once():
+    from attnspec.spec.compose import expanded_blocks
+
+    group: dict = {"repeat": 256, "layers": []}
+    for _ in range(6):  # 256^6 copies of nothing: the walk gives up after a bounded number of steps
+        group = {"repeat": 256, "layers": [group]}
+    assert expanded_blocks({"layers": [group]}, stop=10 ** 9) == []
+    data = {"name": "x", "input": {"kind": "tokens", "vocab_size": 8}, "d_model": 8, "max_len": 8, "layers": [group]}
+    with pytest.raises(SpecError, match="the spec has no blocks"):
+        load_spec(data, ["blocks[3].mixer.heads=2"])

@@ -41,8 +41,9 @@ def autocast_dtype(t: Tensor) -> Tensor:
 class Mixer(nn.Module):
     """A mixer family's module: the IR node's facts (``node.modes()``, ``node.has_step``, its widths),
     the planned ``mode``, the kernels that may run each mode (``kernels``), and ``decode_limit`` (the
-    positions its decoding state can hold, None: unbounded; the node's :meth:`~attnspec.spec.ir.MixerComponent.decode_limit`). Every
-    mixer has an ``out_proj``, its map into the residual stream (``init.residual_scaling`` draws it)."""
+    positions its decoding state can hold, None: unbounded; the node's
+    :meth:`~attnspec.spec.ir.MixerComponent.decode_limit`). Every mixer has an ``out_proj``, its map
+    into the residual stream (``init.residual_scaling`` draws it)."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__()

@@ -161,7 +161,8 @@ class MixerComponent(Component):
     def parts_of(self, slot_type: type) -> list[tuple[str, Any]]:
         """This mixer's fields that hold a component of ``slot_type`` (a feature map, a transition), as
         (field name, component): shared rules find a family's parts by their type, not their names."""
-        return [(name, value) for name in type(self).model_fields if isinstance(value := getattr(self, name), slot_type)]
+        return [(name, value) for name in type(self).model_fields
+                if isinstance(value := getattr(self, name), slot_type)]
 
     def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
         """The scheme this mixer applies: its own, else the model's when that acts on q/k or as a decay."""

@@ -33,12 +33,13 @@ def build(spec_or_path: Any, *overrides: str, **kwargs: Any) -> Any:
     return build_model(spec_or_path, *overrides, **kwargs)
 
 
-def load(directory: Any, device: Any = None) -> Any:
-    """Load a build directory written by ``attnspec build`` onto ``device`` (default the CPU); see
-    :func:`attnspec.compiler.load_model`."""
+def load(directory: Any, device: Any = None, weights: Any = None, strict: bool = True) -> Any:
+    """Load a build directory written by ``attnspec build`` onto ``device`` (default the CPU), with
+    ``weights`` (a safetensors file) over its own, all of them fitting or, ``strict=False``, what fits;
+    see :func:`attnspec.compiler.load.load_model`."""
     from attnspec.compiler.load import load_model
 
-    return load_model(directory, device=device)
+    return load_model(directory, device=device, weights=weights, strict=strict)
 
 
 def save(model: Any, directory: Any, **kwargs: Any) -> Any:

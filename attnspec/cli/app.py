@@ -212,8 +212,11 @@ def build(
     file: Path = typer.Argument(..., help="Spec file to build, or a training run directory (its trained weights)."),
     output: Path = typer.Option(..., "--output", "-o", help="Build directory to create."),
     overrides: Optional[List[str]] = SetOption,
-    weights: Optional[Path] = typer.Option(None, "--weights", help="Trained weights (safetensors) of the spec's "
-                                                                 "model, instead of its random initialisation."),
+    weights: Optional[Path] = typer.Option(None, "--weights", help="Trained weights (safetensors) for the spec's "
+                                           "model: every tensor whose name and shape fit is loaded, the rest keep "
+                                           "the spec's init and are listed (an edited import builds)."),
+    strict_weights: bool = typer.Option(False, "--strict-weights", help="Refuse --weights unless every tensor fits "
+                                        "(no tensor initialised, none left over)."),
     aot: bool = typer.Option(False, "--aot", help="Also write AOTInductor packages (model.aoti.pt2, step.aoti.pt2)."),
     no_calibrate: bool = NoCalibrateOption,
     no_compile: bool = NoCompileOption,
@@ -232,8 +235,8 @@ def build(
 
     with stage_progress() as on_stage:
         result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
-                                 force=force, weights=weights, calibrate=not no_calibrate, device=device,
-                                 on_stage=on_stage)
+                                 force=force, weights=weights, strict_weights=strict_weights,
+                                 calibrate=not no_calibrate, device=device, on_stage=on_stage)
     print_build_summary(result.directory, result.manifest)
 
 

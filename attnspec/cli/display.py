@@ -94,6 +94,9 @@ def print_build_summary(directory: Path, manifest: dict) -> None:
         table.add_row(escape(layer["path"]), escape(f"{layer['mixer']}: {layer['full_mode']} · {layer['backend']}"
                       + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")
                       + (f" ({layer['decode_cache']:,} positions)" if layer.get("decode_cache") else "")))
+    fit = manifest.get("weights")
+    if fit is not None:
+        table.add_row("weights", escape(weights_text(fit)))
     verification = manifest["verification"]
     table.add_row("verification", f"{len(verification['rows'])} mode checks, worst rel. diff "
                                   f"{verification['worst_rel_diff']:.1e}: {'ok' if verification['ok'] else 'FAILED'}")
@@ -232,4 +235,21 @@ def evaluation_table(title: str, result) -> Table:
     if result.continuation_tokens_cut:
         table.add_row("continuation tokens cut (not scored)", f"{result.continuation_tokens_cut:,}")
     return table
+
+
+def weights_text(fit: dict) -> str:
+    """A manifest's ``weights`` record: how many tensors loaded, and every one initialised, of another
+    shape or left over, by name."""
+    lines = [f"{fit['loaded']} tensor(s) loaded"]
+    mismatched = {entry["name"]: entry for entry in fit["mismatched"]}
+    missing = [name for name in fit["initialised"] if name not in mismatched]
+    if missing:
+        lines.append(f"{len(missing)} not in the file, initialised by the spec's init: {', '.join(missing)}")
+    if mismatched:
+        lines.append(f"{len(mismatched)} of another shape, initialised: " + ", ".join(
+            f"{name} (file {tuple(entry['file'])}, model {tuple(entry['model'])})" for name, entry in mismatched.items()))
+    if fit["ignored"]:
+        lines.append(f"{len(fit['ignored'])} in the file the model has no place for, ignored: "
+                     + ", ".join(fit["ignored"]))
+    return "\n".join(lines)
 

@@ -59,7 +59,8 @@ StageCallback = Callable[[str, "float | None"], None]
 
 def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrides=(), aot: bool = False,
                     compile_check: bool = True, force: bool = False, weights: Path | str | dict | None = None,
-                    calibrate: bool = True, device=None, on_stage: StageCallback | None = None) -> BuildResult:
+                    strict_weights: bool = False, calibrate: bool = True, device=None,
+                    on_stage: StageCallback | None = None) -> BuildResult:
     """Build ``spec_path`` into the directory ``output``.
 
     Args:
@@ -73,7 +74,12 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             a check that passed on this machine for the same structure is reused (manifest ``compile.reused``).
         force: replace an existing build directory (never any other directory).
         weights: a safetensors file (or name -> tensor dict) of trained weights for the spec's model,
-            instead of the spec's random initialisation; checked tensor by tensor.
+            instead of the spec's random initialisation: every tensor whose name and shape fit is
+            loaded, the rest keep the spec's ``init`` (an edited import: a swapped layer, a wider MLP),
+            and the manifest's ``weights`` lists what was initialised, every shape mismatch and the
+            file's tensors the model has no place for (:class:`~attnspec.compiler.load.WeightsFit`).
+        strict_weights: refuse ``weights`` unless they fit the model exactly (every tensor, by name,
+            shape and dtype). A training run directory's checkpoint is always loaded strictly.
         calibrate: measure the modes of ``mode: auto`` mixers that this machine's calibration lacks
             (inference at batch 1 and ``max_len``) and plan by the measurements; False plans from the
             cache and the cost model only.
@@ -90,8 +96,12 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
     output = Path(output)
     device = resolve_device(device)
     check_output(output, force)
+    fix = "they must come from a model of this spec"
+    if strict_weights:
+        fix += " (without --strict-weights, what fits is loaded and the rest initialised)"
     if not isinstance(spec_path, dict) and Path(spec_path).is_dir():
         spec_path, weights = _from_run(Path(spec_path), weights)
+        strict_weights, fix = True, "the run's checkpoint does not fit its own spec"
     seconds: dict[str, float] = {}
     stage = _Stages(on_stage)
     with _internal_errors_as_build_errors():
@@ -111,9 +121,10 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
         with Scratch(output) as scratch:  # nothing is written before this point
             with stage("lower", seconds):
                 model = lower(spec, plan)
+                fit = None
                 if weights is not None:
-                    load_weights(model, weights if isinstance(weights, dict) else Path(weights),
-                                 fix="they must come from a model of this spec")
+                    fit = load_weights(model, weights if isinstance(weights, dict) else Path(weights), fix=fix,
+                                       strict=strict_weights)
                 parameters = sum(p.numel() for p in model.parameters())
                 if parameters != expected:  # a lowering bug, never a user error
                     raise BuildError(f"internal: built {parameters} parameters, the spec implies {expected}")
@@ -149,7 +160,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             with stage("measure", seconds):  # after the compile check: its process would slow these
                 _measure_speeds(model, programs, exported)
             manifest = _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds,
-                                 scratch.path, device)
+                                 scratch.path, device, fit)
             (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             scratch.publish(force)
     return BuildResult(output, manifest, seconds)
@@ -185,8 +196,9 @@ def save_model(model, directory: Path | str, *, force: bool = False, aot: bool =
         raise BuildError(f"attnspec.save takes an attnspec model (it carries its spec), got {type(model).__name__}")
     module = getattr(model, "module", model)
     weights = {name: tensor.detach().cpu() for name, tensor in module.state_dict().items()}
-    return build_directory(spec_to_data(spec, minimal=False), directory, weights=weights, force=force, aot=aot,
-                           compile_check=compile_check, device=module.embed.weight.device, on_stage=on_stage)
+    return build_directory(spec_to_data(spec, minimal=False), directory, weights=weights, strict_weights=True,
+                           force=force, aot=aot, compile_check=compile_check, device=module.embed.weight.device,
+                           on_stage=on_stage)
 
 
 def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
@@ -238,7 +250,7 @@ def _measure_speeds(model, programs: dict, info: dict) -> None:
 
 
 def _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds, scratch: Path,
-              device: torch.device) -> dict:
+              device: torch.device, fit=None) -> dict:
     files = {name: {"sha256": sha256(scratch / name), "bytes": (scratch / name).stat().st_size}
              for name in FILE_NAMES if (scratch / name).exists()}
     return {
@@ -263,6 +275,7 @@ def _manifest(spec, plan, model, parameters, verification, compiled, exported, s
         "decode_limit": model.decode_limit if "step.pt2" in files else None,
         "stage_seconds": seconds,
         "files": files,
+        "weights": None if fit is None else fit.to_json(),
     }
 
 

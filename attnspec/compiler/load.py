@@ -4,12 +4,16 @@ The directory is untrusted data (README, "Trust"): the manifest is validated aga
 and every file it lists is checked (regular file, size, sha256) before anything is read; the
 resolved spec the manifest carries is validated by the IR (the same data as spec.yaml, without
 the YAML front-end); the weights are read with safetensors (never pickle) and must match the
-spec's model tensor for tensor (names, shapes, dtypes) with finite values. The model takes the
+spec's model tensor for tensor (names, shapes, dtypes) with finite values. Weights for an edited
+spec (``attnspec build --weights``, ``attnspec.load(..., weights=, strict=False)``) load where they fit
+and list the rest (:class:`WeightsFit`). The model takes the
 modes of the manifest's plan; nothing is planned again.
 """
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,13 +28,60 @@ from attnspec.nn.model import Model, build_model_from_spec
 from attnspec.spec.validate import validate_data
 
 
-def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the directory") -> None:
-    """Copy the tensors of the safetensors file ``path`` (or a name -> tensor dict) into ``model``,
-    refusing any mismatch; ``fix`` ends each message with what to do.
+SHOWN = 40
+"""Names a weights error lists before "... and N more" (every name is in the returned WeightsFit)."""
+
+
+@dataclass
+class WeightsFit:
+    """How a weights file fitted a spec's model, tensor by tensor (names as in ``model.state_dict()``).
+
+    ``loaded``: taken from the file (a floating-point tensor of another float dtype is converted);
+    ``initialised``: the model's tensors the file lacks or holds at another shape, which keep the
+    spec's initialisation; ``mismatched``: of those, (name, shape in the file, shape in the model);
+    ``ignored``: the file's tensors the model has no place for.
+    """
+
+    loaded: list[str] = field(default_factory=list)
+    initialised: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, list[int], list[int]]] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        """Every tensor of the model came from the file and every tensor of the file was used."""
+        return not (self.initialised or self.ignored)
+
+    def to_json(self) -> dict:
+        return {"loaded": len(self.loaded), "initialised": self.initialised,
+                "mismatched": [{"name": name, "file": file, "model": mine} for name, file, mine in self.mismatched],
+                "ignored": self.ignored}
+
+    def problems(self) -> str:
+        """What does not fit, in words (for the errors of a strict load)."""
+        parts = []
+        for what, names in (("missing", sorted(set(self.initialised) - {m[0] for m in self.mismatched})),
+                            ("of another shape", [f"{n} {tuple(f)} (model {tuple(m)})" for n, f, m in self.mismatched]),
+                            ("unexpected", self.ignored)):
+            if names:
+                more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+                parts.append(f"{len(names)} {what}: {', '.join(shorten(n) for n in names[:SHOWN])}{more}")
+        return "; ".join(parts)
+
+
+def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the directory", *,
+                 strict: bool = True) -> WeightsFit:
+    """Copy the tensors of the safetensors file ``path`` (or a name -> tensor dict) into ``model``.
+
+    ``strict`` (a build directory's own weights, a training checkpoint): every tensor must fit, by
+    name, shape and dtype. Otherwise (``attnspec build --weights`` of an edited spec) every tensor whose
+    name and shape fit is loaded, a floating-point one converted to the model's dtype, and the rest
+    keep the model's initialisation; the returned :class:`WeightsFit` lists them. Values must be finite
+    either way. ``fix`` ends each message with what to do.
 
     Raises:
-        BuildError: naming the file and the first tensor that is missing, unexpected, of another
-            shape or dtype, or not finite.
+        BuildError: the file is not a safetensors file; a tensor to load holds NaN or infinite values;
+            or, when ``strict``, anything does not fit (every name listed, up to :data:`SHOWN` per kind).
     """
     if isinstance(path, dict):
         tensors, path = path, "the weights"
@@ -40,19 +91,29 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
         except (SafetensorError, OSError, ValueError, RuntimeError) as error:
             raise BuildError(f"{path} is not a valid safetensors file ({shorten(str(error), 120)}); {fix}") from None
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise BuildError(f"{path} does not fit the spec's model (missing {[shorten(n) for n in missing[:3]]}, "
-                         f"unexpected {[shorten(n) for n in unexpected[:3]]}); {fix}")
+    fit = WeightsFit(initialised=[name for name in expected if name not in tensors],
+                     ignored=sorted(set(tensors) - set(expected)))
+    if strict and not fit.exact:
+        raise BuildError(f"{path} does not fit the spec's model ({fit.problems()}); {fix}")
+    fitting = {}
     for name, target in expected.items():
-        tensor = tensors[name]
-        if tensor.shape != target.shape or tensor.dtype != target.dtype:
-            raise BuildError(f"{path}: tensor '{name}' is {tensor.dtype} {tuple(tensor.shape)}, the spec's model has "
-                             f"{target.dtype} {tuple(target.shape)}; {fix}")
+        tensor = tensors.get(name)
+        if tensor is None:
+            continue
+        converts = not strict and tensor.is_floating_point() and target.is_floating_point()
+        if tensor.shape != target.shape or (tensor.dtype != target.dtype and not converts):
+            if strict:
+                raise BuildError(f"{path}: tensor '{name}' is {tensor.dtype} {tuple(tensor.shape)}, the spec's model "
+                                 f"has {target.dtype} {tuple(target.shape)}; {fix}")
+            fit.initialised.append(name)
+            fit.mismatched.append((name, list(tensor.shape), list(target.shape)))
+            continue
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise BuildError(f"{path}: tensor '{name}' holds NaN or infinite values; {fix}")
-    model.load_state_dict(tensors, strict=True)
+        fitting[name] = tensor.to(target.dtype)
+        fit.loaded.append(name)
+    model.load_state_dict(fitting, strict=False)
+    return fit
 
 
 def check_plugins(directory: Path, names: object) -> None:
@@ -91,7 +152,8 @@ def check_decoding_fields(directory: Path, manifest: Manifest, model: Model) -> 
                          "(the manifest was edited); rebuild the directory")
 
 
-def load_model(directory: Path | str, manifest: Manifest | None = None, device=None) -> Model:
+def load_model(directory: Path | str, manifest: Manifest | None = None, device=None,
+               weights: Path | str | None = None, strict: bool = True) -> Model:
     """Rebuild the eager model of a build directory (spec.yaml + model.safetensors).
 
     Args:
@@ -99,6 +161,9 @@ def load_model(directory: Path | str, manifest: Manifest | None = None, device=N
         manifest: its manifest, when already read and checked (:func:`read_manifest`).
         device: where to put the model ("cpu", "cuda", "cuda:N"; default the CPU), whatever device
             the directory was built on: the weights are device-free, only the exported programs are not.
+        weights: a safetensors file to load over the directory's weights (another model's: an import
+            before an edit); with ``strict=False`` what fits by name and shape is loaded, the rest kept,
+            a warning names them and ``model.weights_fit`` holds the :class:`WeightsFit`.
 
     Returns:
         The model, in eval mode, with the modes of the build's plan.
@@ -129,7 +194,14 @@ def load_model(directory: Path | str, manifest: Manifest | None = None, device=N
                          f"{len(model.blocks)} blocks, or a mode a mixer lacks); rebuild the directory")
     model.set_modes(modes)
     load_weights(model, directory / "model.safetensors")
+    if weights is not None:
+        fit = load_weights(model, Path(weights), fix="they must come from a model of this spec, or pass strict=False",
+                           strict=strict)
+        if not fit.exact:
+            warnings.warn(f"{weights}: {len(fit.loaded)} tensor(s) loaded; {fit.problems()} (kept from {directory})",
+                          stacklevel=2)
+        model.weights_fit = fit
     return model.to(device).eval()
 
 
-__all__ = ["load_model", "load_weights", "read_manifest"]
+__all__ = ["WeightsFit", "load_model", "load_weights", "read_manifest"]

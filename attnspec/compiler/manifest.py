@@ -105,6 +105,21 @@ class ExportRecord(_Strict):
     step_aoti: AotExport | None = Field(default=None, alias="step.aoti.pt2")
 
 
+class MismatchRecord(_Strict):
+    name: Text
+    file: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=16)]
+    model: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=16)]
+
+
+class WeightsRecord(_Strict):
+    """How ``--weights`` fitted the model (:class:`~attnspec.compiler.load.WeightsFit`)."""
+
+    loaded: Annotated[int, Field(ge=0)]
+    initialised: Annotated[list[Text], Field(max_length=1 << 20)]
+    mismatched: Annotated[list[MismatchRecord], Field(max_length=1 << 20)]
+    ignored: Annotated[list[Text], Field(max_length=1 << 20)]
+
+
 class Manifest(_Strict):
     """What ``attnspec build`` writes to ``manifest.json`` (format 2)."""
 
@@ -133,6 +148,8 @@ class Manifest(_Strict):
     """The most positions a sequence can reach by decoding (``Model.decode_limit``); None: unbounded."""
     stage_seconds: dict[Text, float]
     files: dict[Literal[FILE_NAMES], FileEntry]  # type: ignore[valid-type]
+    weights: WeightsRecord | None = None
+    """How ``--weights`` fitted (None: the spec's initialisation, or no weights given)."""
 
 
 def sha256(path: Path) -> str:

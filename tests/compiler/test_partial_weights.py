@@ -1,0 +1,100 @@
+"""Edited imports build (issue 36): weights for another spec's model load where they fit.
+
+A two-block softmax model's weights are built into a spec whose second block is a Gated DeltaNet
+layer (new tensors: the beta and gate projections, the short convolutions) and whose first MLP is
+wider (the same names at other shapes). Every tensor whose name and shape fit is loaded, exactly;
+the rest keep the spec's initialisation, exactly as a build without weights draws it; the manifest
+and the summary list every initialised tensor, every shape mismatch and every left-over tensor.
+``--strict-weights`` refuses instead, naming them, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from safetensors.torch import load_file
+
+import attnspec
+from attnspec.compiler.build import build_directory
+from attnspec.errors import BuildError
+
+BASE = {
+    "name": "two-blocks", "input": {"kind": "tokens", "vocab_size": 32}, "d_model": 16, "max_len": 32,
+    "layers": [{"mixer": {"kind": "softmax", "heads": 2}, "mlp": {"kind": "mlp", "expansion": 2}},
+               {"mixer": {"kind": "softmax", "heads": 2}, "mlp": {"kind": "mlp", "expansion": 2}}],
+}
+EDITS = ["blocks[1].mixer={kind: delta, heads: 2, output_gate: swish, group_norm: true, conv: short, "
+         "transition: {kind: mamba}}", "blocks[0].mlp.expansion=3"]
+FAST = {"compile_check": False, "calibrate": False}
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """The base build (what an import writes) and the edited spec built without weights."""
+    root = tmp_path_factory.mktemp("partial")
+    base = build_directory(BASE, root / "base", **FAST)
+    plain = build_directory(BASE, root / "plain", overrides=EDITS, **FAST)
+    return root, base, plain
+
+
+def test_an_edited_spec_builds_with_what_fits_and_lists_the_rest(imported):
+    root, base, plain = imported
+    weights = base.directory / "model.safetensors"
+    edited = build_directory(BASE, root / "edited", overrides=EDITS, weights=weights, **FAST)
+    source, fresh = load_file(str(weights)), load_file(str(plain.directory / "model.safetensors"))
+    built = load_file(str(edited.directory / "model.safetensors"))
+    fit = edited.manifest["weights"]
+    mismatched = {entry["name"]: (entry["file"], entry["model"]) for entry in fit["mismatched"]}
+    assert mismatched == {"blocks.0.mlp.up.weight": ([32, 16], [48, 16]), "blocks.0.mlp.up.bias": ([32], [48]),
+                          "blocks.0.mlp.down.weight": ([16, 32], [16, 48])}
+    new = {name for name in built if name not in source}  # the delta layer's own: beta, gate, convs, Mamba gate
+    assert len(new) == 9 and all(name.startswith("blocks.1.mixer.") for name in new)
+    assert set(fit["initialised"]) == new | set(mismatched)
+    assert fit["loaded"] == len(built) - len(fit["initialised"])
+    assert set(fit["ignored"]) == {name for name in source if name not in built}
+    for name, tensor in built.items():  # loaded exactly; the rest exactly the spec's own initialisation
+        expected = fresh[name] if name in fit["initialised"] else source[name]
+        assert tensor.equal(expected), name
+
+
+def test_strict_weights_refuse_naming_every_misfit_and_write_nothing(imported):
+    root, base, _ = imported
+    with pytest.raises(BuildError) as error:
+        build_directory(BASE, root / "strict", overrides=EDITS, weights=base.directory / "model.safetensors",
+                        strict_weights=True, **FAST)
+    message = str(error.value)
+    assert "missing" in message and "blocks.1.mixer.beta_proj.weight" in message and "--strict-weights" in message
+    assert not (root / "strict").exists()
+
+
+def test_load_takes_other_weights_where_they_fit_and_warns(imported):
+    _, base, plain = imported
+    with pytest.raises(BuildError, match="does not fit"):
+        attnspec.load(plain.directory, weights=base.directory / "model.safetensors")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = attnspec.load(plain.directory, weights=base.directory / "model.safetensors", strict=False)
+    assert any("initialised" in str(w.message) or "missing" in str(w.message) for w in caught)
+    source = load_file(str(base.directory / "model.safetensors"))
+    state = model.state_dict()
+    assert model.weights_fit.loaded and all(state[name].equal(source[name]) for name in model.weights_fit.loaded)
+
+
+@pytest.mark.slow
+def test_the_build_summary_lists_what_was_initialised(imported, tmp_path):
+    import subprocess
+    import sys
+
+    _, base, _ = imported
+    spec = tmp_path / "two.yaml"
+    spec.write_text(__import__("json").dumps(BASE))  # JSON is YAML
+    command = [sys.executable, "-m", "attnspec", "build", str(spec), "-o", str(tmp_path / "out"), "--no-compile",
+               "--no-calibrate", "--weights", str(base.directory / "model.safetensors")]
+    for edit in EDITS:
+        command += ["--set", edit]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    shown = " ".join(result.stdout.split())
+    assert "25 tensor(s) loaded" in shown and "blocks.1.mixer.beta_proj.weight" in shown
+    assert "blocks.0.mlp.up.weight (file (32, 16), model (48, 16))" in shown.replace("│ ", "")

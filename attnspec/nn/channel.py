@@ -6,6 +6,9 @@ block reads (a block without an MLP has no second norm either).
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -45,7 +48,10 @@ _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}
 
 @register("mlp", "mlp", "glu")
 class Mlp(nn.Module):
-    """``W2 act(W1 x)``, or with a gate (``glu``) ``W2 (act(W1 x) * W3 x)``; hidden width ``hidden`` or expansion * d_model."""
+    """``W2 act(W1 x)``, or with a gate (``glu``) ``W2 (act(W1 x) * W3 x)``; hidden width ``hidden`` or
+    expansion * d_model."""
+
+    aux_loss: Tensor | None = None  # a dense MLP has no load-balancing loss (MoeMlp's protocol)
 
     def __init__(self, node, *, d_model: int, **_):
         super().__init__()
@@ -59,8 +65,128 @@ class Mlp(nn.Module):
         """Its linear maps (``down`` writes into the residual stream)."""
         return [p for p in (self.up, self.gate, self.down) if p is not None]
 
+    def residual_writers(self) -> list[Tensor]:
+        """The weights that write into the residual stream (``init.residual_scaling`` scales them)."""
+        return [self.down.weight]
+
     def forward(self, x: Tensor) -> Tensor:
         h = self.activation(self.up(x))
         if self.gate is not None:
             h = h * self.gate(x)
         return self.down(h)
+
+
+class _Stacked:
+    """Experts' stacked weights (E, out, in) as the ``projections()`` protocol sees a linear map:
+    ``weight`` (drawn by ``init.projection_std``) and no ``bias``."""
+
+    def __init__(self, weight: nn.Parameter):
+        self.weight, self.bias = weight, None
+
+
+@register("mlp", "moe")
+class MoeMlp(nn.Module):
+    """A mixture of experts (:class:`attnspec.spec.channel.MoeMlp`) over x (..., d_model) -> (..., d_model).
+
+    Weights: ``router.weight`` (E, d); ``score_bias`` (E,), a buffer (it chooses, it is not trained by
+    the loss); the routed experts stacked as transformers 5 stores them, ``gate_up`` (E, 2 I, d: the
+    gate's rows then the up projection's) or ``up`` (E, I, d) when not gated, and ``down`` (E, d, I);
+    ``shared`` (a GLU MLP) and ``shared_gate`` (1, d).
+
+    Eager calls send each expert only the tokens routed to it; compiled and exported graphs compute
+    every expert on every token and weight the unchosen by 0 (no shape depends on the routing), the
+    same function in another order of sums. The router's scores and the choice run in float32 at
+    least. The last call's (eager or compiled, not exported) load-balancing loss (Switch Transformer's, as transformers'
+    ``load_balancing_loss_func`` computes it for one layer: E sum_e f_e P_e, f_e the share of tokens
+    routed to e, P_e the mean score of e; 1 * top_k when balanced) is ``aux_loss``, and the tokens
+    each expert received ``expert_counts``.
+    """
+
+    def __init__(self, node, *, d_model: int, **_):
+        super().__init__()
+        self.experts, self.top_k, self.gated = node.experts, node.top_k, node.gated
+        self.softmax, self.normalize, self.routed_scale = node.scoring == "softmax", node.normalize, node.routed_scale
+        self.activation = _ACTIVATIONS[node.activation]
+        self.router = nn.Linear(d_model, node.experts, bias=False)
+        self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
+        width = (2 if node.gated else 1) * node.hidden
+        bound_in, bound_hidden = 1 / math.sqrt(d_model), 1 / math.sqrt(node.hidden)  # nn.Linear's default range
+        stacked = nn.Parameter(torch.empty(node.experts, width, d_model).uniform_(-bound_in, bound_in))
+        self.gate_up, self.up = (stacked, None) if node.gated else (None, stacked)
+        self.down = nn.Parameter(torch.empty(node.experts, d_model, node.hidden).uniform_(-bound_hidden, bound_hidden))
+        shared = SimpleNamespace(hidden=node.shared_hidden or node.shared * node.hidden, expansion=1,
+                                 activation=node.activation, bias=False, gated=True)
+        self.shared = Mlp(shared, d_model=d_model) if node.shared else None
+        self.shared_gate = nn.Linear(d_model, 1, bias=False) if node.shared and node.shared_gate else None
+        self.aux_loss: Tensor | None = None
+        self.expert_counts: Tensor | None = None
+
+    def projections(self) -> list:
+        stacked = [_Stacked(p) for p in (self.gate_up, self.up, self.down) if p is not None]
+        return [self.router, *stacked, *(self.shared.projections() if self.shared is not None else []),
+                *([self.shared_gate] if self.shared_gate is not None else [])]
+
+    def residual_writers(self) -> list[Tensor]:
+        return [self.down, *(self.shared.residual_writers() if self.shared is not None else [])]
+
+    def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (T, d) -> the router's scores (T, E), the chosen experts (T, k) and their weights (T, k),
+        in float32 or wider."""
+        logits = self.router(x)
+        logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+        scores = logits.softmax(-1) if self.softmax else logits.sigmoid()
+        choosing = scores + self.score_bias.to(scores.dtype) if self.score_bias is not None else scores
+        chosen = choosing.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(-1, chosen)
+        if self.normalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return scores, chosen, weights * self.routed_scale
+
+    def expert(self, index: int, x: Tensor) -> Tensor:
+        """Routed expert ``index`` on x (n, d) -> (n, d)."""
+        if self.gate_up is not None:
+            gate, up = F.linear(x, self.gate_up[index]).chunk(2, dim=-1)
+            hidden = self.activation(gate) * up
+        else:
+            hidden = self.activation(F.linear(x, self.up[index]))
+        return F.linear(hidden, self.down[index])
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        scores, chosen, weights = self.route(flat)
+        weights = weights.to(flat.dtype)
+        traced = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        out = (self.every_expert if traced else self.routed_experts)(flat, chosen, weights)
+        if not torch.compiler.is_exporting():  # an exported program keeps no side outputs
+            self._record(scores, chosen)
+        if self.shared is not None:
+            shared = self.shared(flat)
+            out = out + (torch.sigmoid(self.shared_gate(flat)) * shared if self.shared_gate is not None else shared)
+        return out.reshape(x.shape)
+
+    def routed_experts(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
+        """The weighted sum of each token's chosen experts, each expert run on its tokens only:
+        x (T, d), chosen and weights (T, k) -> (T, d)."""
+        out = torch.zeros_like(x)
+        for index in chosen.unique().tolist():
+            token, slot = torch.where(chosen == index)
+            out.index_add_(0, token, self.expert(index, x[token]) * weights[token, slot, None])
+        return out
+
+    def every_expert(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
+        """The same sum with every expert run on every token, the unchosen weighted by 0: no shape
+        depends on the routing (what compiled and exported graphs run)."""
+        dense = torch.zeros(x.shape[0], self.experts, dtype=x.dtype, device=x.device).scatter(1, chosen, weights)
+        out = torch.zeros_like(x)
+        for index in range(self.experts):
+            out = out + dense[:, index:index + 1] * self.expert(index, x)
+        return out
+
+    def _record(self, scores: Tensor, chosen: Tensor) -> None:
+        """The load-balancing loss of this call (differentiable in the scores) and the tokens per expert."""
+        counts = torch.zeros(self.experts, dtype=scores.dtype, device=scores.device)
+        counts.scatter_add_(0, chosen.reshape(-1), torch.ones_like(chosen.reshape(-1), dtype=scores.dtype))
+        share = counts / max(chosen.shape[0], 1)  # f_e: the share of tokens routed to e (they sum to top_k)
+        self.aux_loss = self.experts * (share.detach() * scores.mean(0)).sum()
+        self.expert_counts = counts.detach()
+

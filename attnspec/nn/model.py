@@ -299,6 +299,12 @@ class Model(nn.Module):
             return torch.zeros((), dtype=self.embed.weight.dtype, device=self.embed.weight.device)
         return torch.stack(terms).sum()
 
+    def moe_aux_loss(self) -> Tensor | None:
+        """The mean load-balancing loss of the mixture-of-experts MLPs over their last call
+        (:class:`attnspec.nn.channel.MoeMlp`), or None when the model has none."""
+        terms = [block.mlp.aux_loss for block in self.blocks if block.mlp is not None and block.mlp.aux_loss is not None]
+        return torch.stack(terms).mean() if terms else None
+
     def set_modes(self, modes: list[str]) -> None:
         """Set each block's full-sequence mode (the compiler's plan). The kernel that runs it is chosen
         at each call by the kernels' predicates (:mod:`attnspec.ops.kernels`), the ones the plan asked."""
@@ -317,10 +323,10 @@ def initialise(model: Model, init) -> None:
             _draw_projections(block.mlp.projections() if block.mlp is not None else [], init.projection_std,
                               init.distribution)
         if init.residual_scaling:  # GPT-2: the residual stream's variance stays O(1) over 2 * blocks sums
-            writers = [block.mixer.out_proj] + ([block.mlp.down] if block.mlp is not None else [])
+            writers = [block.mixer.out_proj.weight] + (block.mlp.residual_writers() if block.mlp is not None else [])
             with torch.no_grad():
-                for projection in writers:
-                    projection.weight.mul_(1.0 / math.sqrt(2 * len(model.blocks)))
+                for weight in writers:
+                    weight.mul_(1.0 / math.sqrt(2 * len(model.blocks)))
 
 
 def _draw(weight: torch.Tensor, std: float, distribution: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Iterator, Literal
 
 from pydantic import Field
 
@@ -43,6 +43,14 @@ Norm = declare("norm", LayerNormNode, RmsNormNode, NoNorm, base=NormComponent)
 class ChannelMixerComponent(Component):
     """The channel mixer after the sequence mixer (the block's MLP)."""
 
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        """Rule violations of this MLP alone, as (path below it, message)."""
+        return iter(())
+
+    def active_fraction(self) -> float:
+        """The share of its parameters one token uses (a mixture of experts uses top_k of its experts)."""
+        return 1.0
+
 
 class _Feedforward(ChannelMixerComponent):
     expansion: Count(limits.MAX_EXPANSION) = 4
@@ -71,6 +79,53 @@ class GluMlp(_Feedforward):
     gated: ClassVar[bool] = True
 
 
+class MoeMlp(ChannelMixerComponent):
+    """A mixture of experts: a router scores the experts per token (softmax or sigmoid over
+    ``W_r x``), the ``top_k`` best are chosen (by score plus a learnt correction bias where
+    ``score_bias``), their weights are the chosen scores (renormalised to sum 1 with ``normalize``,
+    then times ``routed_scale``), and the output is the weighted sum of the chosen experts (each a GLU
+    or plain MLP of width ``hidden``) plus ``shared`` always-on experts (width ``shared_hidden``;
+    times sigmoid(w_s . x) with ``shared_gate``). Qwen3-Next/Qwen3.5-MoE: softmax, normalize, shared
+    gate; DeepSeek-V3/Kimi: sigmoid, score_bias, normalize, routed_scale; Mixtral: softmax, normalize.
+    The load-balancing loss (Switch Transformer's E sum_e f_e P_e) is what ``attnspec train``'s
+    ``moe_aux_loss`` weight adds."""
+
+    kind: Literal["moe"]
+    experts: Count(limits.MAX_EXPERTS)
+    """Routed experts."""
+    top_k: Count(limits.MAX_EXPERTS) = 2
+    """Experts each token is routed to."""
+    hidden: Count(limits.MAX_EXPANSION * limits.MAX_D_MODEL)
+    """Hidden width of one routed expert (transformers' `moe_intermediate_size`)."""
+    activation: Literal["gelu", "relu", "silu"] = "silu"
+    gated: bool = True
+    """Experts are GLU MLPs, W2 (act(W1 x) * W3 x), as every released MoE's; false: W2 act(W1 x)."""
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    """Router scores: a softmax over the experts' logits, or a sigmoid of each."""
+    normalize: bool = True
+    """Renormalise the chosen scores to sum 1 (transformers' `norm_topk_prob`)."""
+    routed_scale: Annotated[float, Field(gt=0, le=1000)] = 1.0
+    """Multiplier on the routed experts' weights (`routed_scaling_factor`)."""
+    score_bias: bool = False
+    """A learnt per-expert bias added to the scores to choose the experts, not to weight them
+    (DeepSeek-V3's `e_score_correction_bias`)."""
+    shared: Annotated[int, Field(ge=0, le=limits.MAX_EXPERTS)] = 0
+    """Shared experts every token passes through (as one GLU MLP of width `shared_hidden`)."""
+    shared_hidden: Count(limits.MAX_EXPANSION * limits.MAX_D_MODEL) | None = None
+    """Hidden width of the shared experts together (default shared * hidden)."""
+    shared_gate: bool = False
+    """Scale the shared experts' output by sigmoid(w_s . x) (Qwen's `shared_expert_gate`)."""
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        if self.top_k > self.experts:
+            yield ("top_k",), f"top_k = {self.top_k} chooses more experts than the {self.experts} there are"
+        if not self.shared and (self.shared_hidden is not None or self.shared_gate):
+            yield ("shared",), "shared_hidden and shared_gate describe shared experts: set `shared` to their number"
+
+    def active_fraction(self) -> float:
+        return self.top_k / self.experts
+
+
 class NoMlp(ChannelMixerComponent):
     """No channel mixer."""
 
@@ -78,8 +133,8 @@ class NoMlp(ChannelMixerComponent):
     is_identity: ClassVar[bool] = True
 
 
-ChannelMixer = declare("mlp", Mlp, GluMlp, NoMlp, default="mlp", base=ChannelMixerComponent)
+ChannelMixer = declare("mlp", Mlp, GluMlp, MoeMlp, NoMlp, default="mlp", base=ChannelMixerComponent)
 
 
 __all__ = ["NormComponent", "LayerNormNode", "RmsNormNode", "NoNorm", "Norm", "ChannelMixerComponent", "Mlp",
-           "GluMlp", "NoMlp", "ChannelMixer"]
+           "GluMlp", "MoeMlp", "NoMlp", "ChannelMixer"]

@@ -54,6 +54,8 @@ MAX_SUPPORT = 1 << 20
 """Keys per query of a sparse support (`capacity`, `window`, block `size`) and the cos horizon `M`."""
 MAX_EXPANSION = 64
 """MLP hidden width as a multiple of `d_model`."""
+MAX_EXPERTS = 1024
+"""Routed experts of a mixture-of-experts MLP (DeepSeek-V3 has 256)."""
 MAX_STACK = 16
 """Units stacked in a trainable feature map."""
 MAX_SEED = (1 << 31) - 1
@@ -94,6 +96,7 @@ TABLE: list[tuple[str, str, int]] = [
     ("LSH rounds", "", MAX_ROUNDS),
     ("capacity, window, block size, cos M", "", MAX_SUPPORT),
     ("MLP expansion", "", MAX_EXPANSION),
+    ("experts of an MoE MLP", "", MAX_EXPERTS),
     ("trainable kernel stack", "units", MAX_STACK),
     ("seeds (any seed field)", "", MAX_SEED),
     ("redraw_interval", "steps", MAX_STEPS),

@@ -55,3 +55,5 @@ def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
     d_qk = mixer.d_qk or (spec.d_model // mixer.heads if spec.d_model % mixer.heads == 0 else None)
     for below, message in mixer.problems(max_len=spec.max_len, d_qk=d_qk):
         yield at + below, message
+    for below, message in block.mlp.problems():
+        yield path + ("mlp",) + below, message

@@ -65,6 +65,9 @@ class TrainConfig(Node):
     """AdamW (beta1, beta2); GateLoop and many linear-attention papers use (0.9, 0.98)."""
     grad_clip: Annotated[float, Field(ge=0, le=1e6)] = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""
+    moe_aux_loss: Annotated[float, Field(ge=0, le=100)] = 0.0
+    """Weight of the mixture-of-experts load-balancing loss in the training loss (Switch Transformer's,
+    mean over the MoE layers; 0.001-0.01 is usual); a model with MoE MLPs logs it at any weight."""
     groups: dict[Annotated[str, Field(max_length=100)], GroupOverride] = Field(default_factory=dict)
     """Per-slot (`transition`) or per-kind (`transition.data`) overrides of the optimiser facts."""
     eval_every: Annotated[int, Field(ge=0, le=limits.MAX_STEPS)] = 100

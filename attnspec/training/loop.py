@@ -211,12 +211,14 @@ class Trainer:
             lr = learning_rate(step, lr=config.lr, warmup=config.warmup(), steps=config.steps,
                                min_ratio=config.min_lr_ratio)
             set_learning_rate(self.optimizer, lr)
-            loss, grad_norm = self._step(step)
+            loss, grad_norm, aux = self._step(step)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 self._diverge(step + 1, {"loss": loss, "grad_norm": grad_norm}, lr)
             seconds = time.perf_counter() - started
             record = {"step": step + 1, "split": "train", "loss": loss, "lr": lr, "grad_norm": grad_norm,
                       "tokens_per_s": config.batch_size * task.seq_len / max(seconds, 1e-9)}
+            if aux is not None:
+                record["moe_aux_loss"] = aux
             self.history.append(record)
             if self.writes and (step + 1) % config.log_every == 0:
                 rundir.append_metrics(self.directory, record)
@@ -244,8 +246,9 @@ class Trainer:
         self.on_progress({"event": "end", "step": final, **metrics})
         return Run(self.directory, self.model.eval(), config, final, metrics, self.history)
 
-    def _step(self, step: int) -> tuple[float, float]:
-        """One optimiser step; returns the global mean loss and the gradient norm before clipping."""
+    def _step(self, step: int) -> tuple[float, float, float | None]:
+        """One optimiser step; returns the global mean loss, the gradient norm before clipping and the
+        mean load-balancing loss of the MoE MLPs over the micro-batches (None without any)."""
         config = self.config
         inputs, targets = config.task.batch("train", step, config.batch_size, config.seed)
         answers = int((targets != IGNORE).sum())  # every process sees the global batch: no all-reduce needed
@@ -253,6 +256,7 @@ class Trainer:
         inputs = inputs[rank * self.micro * config.accumulate:(rank + 1) * self.micro * config.accumulate]
         targets = targets[rank * self.micro * config.accumulate:(rank + 1) * self.micro * config.accumulate]
         total = torch.zeros((), dtype=torch.float64, device=self.device)
+        balance = []
         self.optimizer.zero_grad(set_to_none=True)
         for index in range(config.accumulate):
             part = slice(index * self.micro, (index + 1) * self.micro)
@@ -262,16 +266,22 @@ class Trainer:
                 loss = summed * (self.dist.world_size / max(answers, 1))
                 regularizer = self.model.regularization_loss()
                 loss = loss + regularizer / config.accumulate
+                aux = self.model.moe_aux_loss()
+                if aux is not None:
+                    balance.append(float(aux.detach()))
+                    if config.moe_aux_loss:
+                        loss = loss + config.moe_aux_loss * aux / config.accumulate
             loss.backward()
             total += summed.detach().double()
         total = self.dist.all_reduce_sum(total)
         grad_norm = _clip(self.model, config.grad_clip)
         loss = float(total) / max(answers, 1)
+        aux = sum(balance) / len(balance) if balance else None
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            return loss, grad_norm  # not applied: the weights stay those of the last finite step
+            return loss, grad_norm, aux  # not applied: the weights stay those of the last finite step
         self.optimizer.step()
         redraw_random_features(self.model, step + 1)  # Performer `redraw: interval`, reproducibly from the step
-        return loss, grad_norm
+        return loss, grad_norm, aux
 
     @torch.no_grad()
     def _evaluate(self, step: int) -> dict:

@@ -1,0 +1,161 @@
+"""The mixture-of-experts MLP (``mlp: {kind: moe}``) against a per-token float64 reference.
+
+The reference below is written from the definition, token by token: router scores (softmax or
+sigmoid), the top-k by score plus correction bias, the chosen scores renormalised and scaled, each
+chosen expert's GLU, the shared experts behind their sigmoid gate. The module's two orders of work
+(each expert on its own tokens, eagerly; every expert on every token, compiled or exported) are held
+to it in float64 at 1e-12 relative (sums of a few dozen products), to each other, with gradients,
+compiled fullgraph without recompiles across lengths, and in a built, exported, decoding model. The
+load-balancing loss equals transformers' ``load_balancing_loss_func`` for one layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnspec
+from attnspec.nn.channel import MoeMlp
+from attnspec.spec.channel import MoeMlp as MoeNode
+
+CASES = {
+    "qwen": dict(experts=6, top_k=2, hidden=5, shared=1, shared_hidden=7, shared_gate=True),  # softmax, normalised
+    "deepseek": dict(experts=8, top_k=3, hidden=4, scoring="sigmoid", score_bias=True, routed_scale=2.5, shared=2),
+    "mixtral-unnormalised": dict(experts=4, top_k=1, hidden=6, normalize=False),
+    "plain-experts-all-chosen": dict(experts=3, top_k=3, hidden=4, gated=False, activation="gelu"),
+}
+
+
+def _module(case: str, d_model: int = 8, seed: int = 0) -> MoeMlp:
+    torch.manual_seed(seed)
+    module = MoeMlp(MoeNode(kind="moe", **CASES[case]), d_model=d_model).double()
+    with torch.no_grad():
+        for parameter in module.parameters():  # perturbed: a zero router would tie every score
+            parameter.add_(torch.randn_like(parameter) * 0.3)
+        if module.score_bias is not None:
+            module.score_bias.copy_(torch.randn_like(module.score_bias))
+    return module
+
+
+def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
+    """Token by token in float64, from the definition."""
+    node = module
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        logits = node.router.weight @ x[t]
+        scores = logits.softmax(-1) if node.softmax else logits.sigmoid()
+        choosing = scores + (node.score_bias if node.score_bias is not None else 0)
+        chosen = sorted(range(node.experts), key=lambda e: -float(choosing[e]))[:node.top_k]
+        weights = scores[chosen]
+        if node.normalize:
+            weights = weights / weights.sum()
+        for e, w in zip(chosen, weights * node.routed_scale):
+            if node.gate_up is not None:
+                gate, up = (node.gate_up[e] @ x[t]).chunk(2)
+                hidden = node.activation(gate) * up
+            else:
+                hidden = node.activation(node.up[e] @ x[t])
+            out[t] += w * (node.down[e] @ hidden)
+        if node.shared is not None:
+            s = node.shared.down.weight @ (F.silu(node.shared.up.weight @ x[t]) * (node.shared.gate.weight @ x[t]))
+            out[t] += torch.sigmoid(node.shared_gate.weight @ x[t])[0] * s if node.shared_gate is not None else s
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_both_orders_of_work_equal_the_per_token_reference(case):
+    module = _module(case)
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    with torch.no_grad():
+        expected = reference(module, x.reshape(-1, 8)).reshape(x.shape)
+    eager = module(x)
+    _, chosen, weights = module.route(x.reshape(-1, 8))
+    dense = module.every_expert(x.reshape(-1, 8), chosen, weights).reshape(x.shape)
+    if module.shared is not None:
+        dense = dense + (eager - module.routed_experts(x.reshape(-1, 8), chosen, weights).reshape(x.shape))
+    scale = expected.abs().max()
+    assert (eager - expected).abs().max() <= 1e-12 * scale
+    assert (dense - expected).abs().max() <= 1e-12 * scale
+    assert not torch.isnan(eager).any()
+
+
+def test_gradients_reach_the_router_the_chosen_experts_and_the_shared_expert():
+    module = _module("qwen")
+    x = torch.randn(9, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda inputs: module(inputs), (x,), eps=1e-6, atol=1e-8)
+    module(x).square().sum().backward()
+    for name, parameter in module.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_compiled_equals_eager_without_recompiles_across_lengths():
+    from torch._dynamo.utils import counters
+
+    module = _module("deepseek").float()
+    compiled = torch.compile(module, fullgraph=True, dynamic=True)
+    counters.clear()
+    for length in (5, 9, 17):
+        x = torch.randn(2, length, 8)
+        assert torch.allclose(compiled(x), module(x), rtol=1e-5, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] <= 1
+
+
+def test_the_load_balancing_loss_is_transformers_and_top_k_when_balanced():
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    module = _module("qwen")
+    x = torch.randn(11, 8, dtype=torch.float64)
+    module(x)
+    logits = module.router(x)
+    theirs = load_balancing_loss_func((logits,), module.experts, module.top_k)
+    # transformers takes the softmax in float32 (unit roundoff 6e-8); ours is float64 here
+    assert module.aux_loss.item() == pytest.approx(theirs.item(), rel=1e-6)
+    assert int(module.expert_counts.sum()) == 11 * module.top_k
+    with torch.no_grad():
+        module.router.weight.zero_()  # every score 1/E: any choice gives E * sum_e f_e / E = top_k
+    module(x)
+    assert module.aux_loss.item() == pytest.approx(module.top_k)
+
+
+SPEC = {
+    "name": "moe", "input": {"kind": "tokens", "vocab_size": 32}, "d_model": 16, "max_len": 64,
+    "layers": [{"repeat": 2, "layers": [{"mixer": {"kind": "linear", "heads": 2, "feature_map": "elu1"},
+                                         "mlp": {"kind": "moe", "experts": 4, "top_k": 2, "hidden": 8, "shared": 1,
+                                                 "shared_gate": True}}]}],
+}
+
+
+def test_a_model_with_experts_counts_them_builds_exports_and_decodes(tmp_path):
+    from attnspec.compiler.build import build_directory
+    from attnspec.compiler.sizes import count_parameters
+    from attnspec.spec import load_spec
+
+    spec = load_spec(SPEC)
+    d, E, I = 16, 4, 8
+    per_block = E * d + E * 2 * I * d + E * d * I + 3 * d * I + d  # router, experts, shared GLU (width 8), gate
+    dense = load_spec(SPEC, ["blocks[*].mlp=none"])
+    assert count_parameters(spec) - count_parameters(dense) == 2 * (per_block + 2 * d)  # + the second LayerNorm
+    result = build_directory(SPEC, tmp_path / "build", compile_check=False, calibrate=False)
+    program = torch.export.load(str(tmp_path / "build" / "model.pt2")).module()
+    model = attnspec.load(tmp_path / "build")
+    tokens = torch.randint(0, 32, (2, 13))
+    with torch.no_grad():
+        assert torch.allclose(program(tokens), model(tokens), rtol=1e-5, atol=1e-5)
+        generated = model.generate(tokens[:, :5], 6, temperature=0.0)
+        logits = model(generated[:, :-1])
+    assert torch.equal(logits[:, 4:].argmax(-1), generated[:, 5:])  # each greedy token is the full pass's
+    assert result.manifest["verification"]["ok"]
+
+
+def test_training_logs_the_load_balancing_loss_and_adds_it_when_asked(tmp_path):
+    from attnspec.training.loop import train
+
+    config = {"task": {"kind": "mqar", "seq_len": 32, "vocab_size": 32, "num_kv_pairs": 4}, "steps": 3,
+              "batch_size": 4, "eval_every": 0, "seed": 0}
+    runs = {weight: train(SPEC, {**config, "moe_aux_loss": weight}, output=None) for weight in (0.0, 10.0)}
+    steps = {weight: [r for r in run.history if r.get("split") == "train"] for weight, run in runs.items()}
+    for records in steps.values():  # logged at any weight: E sum_e f_e P_e is in (0, E] (sum_e P_e = 1, f_e <= 1)
+        assert len(records) == 3 and all(0 < record["moe_aux_loss"] <= 4 for record in records)
+    # the first step's task loss is the same (the same weights); the added loss changed the update after it
+    assert steps[0.0][0]["loss"] == steps[10.0][0]["loss"] and steps[0.0][1]["loss"] != steps[10.0][1]["loss"]

@@ -256,6 +256,19 @@ def _mlp_links(theirs: str, ours: str, bias: bool) -> list[Link]:
     return links
 
 
+def _moe_links(moe, theirs: str, ours: str, shared: str) -> list[Link]:
+    """A sparse MoE block as released checkpoints store it: the router ``gate``, one GLU MLP per expert
+    (``experts.{e}.gate_proj`` ...), the shared expert and its gate."""
+    links = [rename(f"{theirs}gate.weight", f"{ours}router.weight")]
+    for e in range(moe.experts):
+        links += _mlp_links(f"{theirs}experts.{e}.", f"{ours}routed.{e}.", False)
+    if moe.shared:
+        links += _mlp_links(f"{theirs}{shared}.", f"{ours}shared.", False)
+    if moe.shared_gate:
+        links.append(rename(f"{theirs}{shared}_gate.weight", f"{ours}shared_gate.weight"))
+    return links
+
+
 def _blocks(spec) -> list:
     from attnspec.spec.walk import iter_blocks
 
@@ -382,13 +395,11 @@ class Qwen3Next(Architecture):
         layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
         eps = config.number("rms_norm_eps", 1e-6)
         experts = config.get("num_experts", int, 512)
+        if experts < 0 or experts > limits.MAX_EXPERTS:
+            raise config.refuse("num_experts", f"must be in 0..{limits.MAX_EXPERTS}, got {shorten(experts)}")
         step = config.count("decoder_sparse_step", 1)
         dense_only = config.layer_list("mlp_only_layers", layers)
-        moe = [i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0]
-        if moe:
-            raise config.refuse("num_experts", f"these layers have a mixture-of-experts MLP ({experts} experts), "
-                                "which attnspec has no MLP kind for; only dense Qwen3-Next layers import (set "
-                                "num_experts: 0, or list the layers in mlp_only_layers)", moe)
+        moe = {i for i in range(layers) if i not in dense_only and experts > 0 and (i + 1) % step == 0}
         interval = config.count("full_attention_interval", 4)
         default = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
         types = config.layer_types(layers, default)
@@ -417,11 +428,24 @@ class Qwen3Next(Architecture):
                  "group_norm": True, "shared_norm_weight": True, "output_gate": "swish", "norm_eps": eps}
         if k_heads != v_heads:
             delta["qk_groups"] = k_heads
-        mlp = _glu(config)
-        blocks = [{"mixer": delta if t == "linear_attention" else attention, "mlp": mlp, "norm": _rmsnorm(eps)}
-                  for t in types]
+        dense = _glu(config)
+        experts_mlp = self._experts(config, experts) if moe else None
+        blocks = [{"mixer": delta if t == "linear_attention" else attention,
+                   "mlp": experts_mlp if i in moe else dense, "norm": _rmsnorm(eps)} for i, t in enumerate(types)]
         return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
                 "head": _head(config, False)}
+
+    @staticmethod
+    def _experts(config: Config, experts: int) -> dict:
+        """Qwen3-Next's sparse MoE block: a softmax router, top-k (renormalised with norm_topk_prob), SiLU
+        GLU experts, one shared GLU expert behind a sigmoid gate."""
+        top_k = config.count("num_experts_per_tok", 10)
+        if top_k > experts:
+            raise config.refuse("num_experts_per_tok", f"{top_k} experts per token of {experts}")
+        return {"kind": "moe", "experts": experts, "top_k": top_k, "hidden": config.count("moe_intermediate_size"),
+                "activation": config.activation(allowed=("silu",)), "scoring": "softmax",
+                "normalize": config.get("norm_topk_prob", bool, True), "shared": 1,
+                "shared_hidden": config.count("shared_expert_intermediate_size"), "shared_gate": True}
 
     def config(self, spec, model_type: str) -> dict:
         blocks = _blocks(spec)
@@ -430,8 +454,18 @@ class Qwen3Next(Architecture):
         if delta is None or attention is None or getattr(attention.position, "kind", None) != "rope" \
                 or delta.conv.kind != "short":
             raise NotExpressible("qwen3_next has convolved Gated DeltaNet and rotary softmax attention blocks")
-        mlp = blocks[0].mlp
-        return {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
+        dense = next((b.mlp for b in blocks if b.mlp.kind == "glu"), None)
+        moe = next((b.mlp for b in blocks if b.mlp.kind == "moe"), None)
+        mlp = dense or moe
+        experts = {"num_experts": 0, "mlp_only_layers": []}
+        if moe is not None:
+            experts = {"num_experts": moe.experts, "num_experts_per_tok": moe.top_k,
+                       "moe_intermediate_size": moe.hidden, "norm_topk_prob": moe.normalize,
+                       "shared_expert_intermediate_size": moe.shared_hidden or moe.shared * moe.hidden,
+                       "decoder_sparse_step": 1,
+                       "mlp_only_layers": [i for i, b in enumerate(blocks) if b.mlp.kind != "moe"]}
+        return {**experts, "hidden_size": spec.d_model,
+                "intermediate_size": (mlp.hidden or mlp.expansion * spec.d_model) if dense is not None else mlp.hidden,
                 "num_hidden_layers": len(blocks), "num_attention_heads": attention.heads,
                 "num_key_value_heads": attention.kv_heads or attention.heads, "head_dim": attention.d_qk,
                 "hidden_act": mlp.activation, "rms_norm_eps": attention.norm_eps,
@@ -440,7 +474,7 @@ class Qwen3Next(Architecture):
                                     "partial_rotary_factor": attention.position.rotary_fraction},
                 "linear_num_value_heads": delta.heads, "linear_num_key_heads": delta.qk_groups or delta.heads,
                 "linear_key_head_dim": delta.d_qk, "linear_value_head_dim": delta.d_v,
-                "linear_conv_kernel_dim": delta.conv.width, "num_experts": 0, "mlp_only_layers": [],
+                "linear_conv_kernel_dim": delta.conv.width,
                 "layer_types": ["linear_attention" if b.mixer.kind == "delta" else "full_attention" for b in blocks]}
 
     def links(self, spec) -> list[Link]:
@@ -477,7 +511,10 @@ class Qwen3Next(Architecture):
                               rename(f"{a}o_proj.bias", f"{ours}mixer.out_proj.bias")]
             links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight", 1.0),
                       rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight", 1.0)]
-            links += _mlp_links(f"{theirs}mlp.", f"{ours}mlp.", False)
+            if block.mlp.kind == "moe":
+                links += _moe_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.", shared="shared_expert")
+            else:
+                links += _mlp_links(f"{theirs}mlp.", f"{ours}mlp.", False)
         return links
 
 

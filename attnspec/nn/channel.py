@@ -6,7 +6,6 @@ block reads (a block without an MLP has no second norm either).
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import torch
@@ -76,22 +75,13 @@ class Mlp(nn.Module):
         return self.down(h)
 
 
-class _Stacked:
-    """Experts' stacked weights (E, out, in) as the ``projections()`` protocol sees a linear map:
-    ``weight`` (drawn by ``init.projection_std``) and no ``bias``."""
-
-    def __init__(self, weight: nn.Parameter):
-        self.weight, self.bias = weight, None
-
-
 @register("mlp", "moe")
 class MoeMlp(nn.Module):
     """A mixture of experts (:class:`attnspec.spec.channel.MoeMlp`) over x (..., d_model) -> (..., d_model).
 
     Weights: ``router.weight`` (E, d); ``score_bias`` (E,), a buffer (it chooses, it is not trained by
-    the loss); the routed experts stacked as transformers 5 stores them, ``gate_up`` (E, 2 I, d: the
-    gate's rows then the up projection's) or ``up`` (E, I, d) when not gated, and ``down`` (E, d, I);
-    ``shared`` (a GLU MLP) and ``shared_gate`` (1, d).
+    the loss); ``routed.{e}`` the experts, each an :class:`Mlp` (one module per expert, as released
+    checkpoints store them); ``shared`` (a GLU MLP) and ``shared_gate`` (1, d).
 
     Eager calls send each expert only the tokens routed to it; compiled and exported graphs compute
     every expert on every token and weight the unchosen by 0 (no shape depends on the routing), the
@@ -109,11 +99,9 @@ class MoeMlp(nn.Module):
         self.activation = _ACTIVATIONS[node.activation]
         self.router = nn.Linear(d_model, node.experts, bias=False)
         self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
-        width = (2 if node.gated else 1) * node.hidden
-        bound_in, bound_hidden = 1 / math.sqrt(d_model), 1 / math.sqrt(node.hidden)  # nn.Linear's default range
-        stacked = nn.Parameter(torch.empty(node.experts, width, d_model).uniform_(-bound_in, bound_in))
-        self.gate_up, self.up = (stacked, None) if node.gated else (None, stacked)
-        self.down = nn.Parameter(torch.empty(node.experts, d_model, node.hidden).uniform_(-bound_hidden, bound_hidden))
+        expert = SimpleNamespace(hidden=node.hidden, expansion=1, activation=node.activation, bias=False,
+                                 gated=node.gated)
+        self.routed = nn.ModuleList(Mlp(expert, d_model=d_model) for _ in range(node.experts))
         shared = SimpleNamespace(hidden=node.shared_hidden or node.shared * node.hidden, expansion=1,
                                  activation=node.activation, bias=False, gated=True)
         self.shared = Mlp(shared, d_model=d_model) if node.shared else None
@@ -121,13 +109,14 @@ class MoeMlp(nn.Module):
         self.aux_loss: Tensor | None = None
         self.expert_counts: Tensor | None = None
 
-    def projections(self) -> list:
-        stacked = [_Stacked(p) for p in (self.gate_up, self.up, self.down) if p is not None]
-        return [self.router, *stacked, *(self.shared.projections() if self.shared is not None else []),
+    def projections(self) -> list[nn.Linear]:
+        experts = [p for expert in self.routed for p in expert.projections()]
+        return [self.router, *experts, *(self.shared.projections() if self.shared is not None else []),
                 *([self.shared_gate] if self.shared_gate is not None else [])]
 
     def residual_writers(self) -> list[Tensor]:
-        return [self.down, *(self.shared.residual_writers() if self.shared is not None else [])]
+        writers = [w for expert in self.routed for w in expert.residual_writers()]
+        return writers + (self.shared.residual_writers() if self.shared is not None else [])
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (T, d) -> the router's scores (T, E), the chosen experts (T, k) and their weights (T, k),
@@ -141,15 +130,6 @@ class MoeMlp(nn.Module):
         if self.normalize:
             weights = weights / weights.sum(-1, keepdim=True)
         return scores, chosen, weights * self.routed_scale
-
-    def expert(self, index: int, x: Tensor) -> Tensor:
-        """Routed expert ``index`` on x (n, d) -> (n, d)."""
-        if self.gate_up is not None:
-            gate, up = F.linear(x, self.gate_up[index]).chunk(2, dim=-1)
-            hidden = self.activation(gate) * up
-        else:
-            hidden = self.activation(F.linear(x, self.up[index]))
-        return F.linear(hidden, self.down[index])
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -170,7 +150,7 @@ class MoeMlp(nn.Module):
         out = torch.zeros_like(x)
         for index in chosen.unique().tolist():
             token, slot = torch.where(chosen == index)
-            out.index_add_(0, token, self.expert(index, x[token]) * weights[token, slot, None])
+            out.index_add_(0, token, self.routed[index](x[token]) * weights[token, slot, None])
         return out
 
     def every_expert(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
@@ -178,8 +158,8 @@ class MoeMlp(nn.Module):
         depends on the routing (what compiled and exported graphs run)."""
         dense = torch.zeros(x.shape[0], self.experts, dtype=x.dtype, device=x.device).scatter(1, chosen, weights)
         out = torch.zeros_like(x)
-        for index in range(self.experts):
-            out = out + dense[:, index:index + 1] * self.expert(index, x)
+        for index, expert in enumerate(self.routed):
+            out = out + dense[:, index:index + 1] * expert(x)
         return out
 
     def _record(self, scores: Tensor, chosen: Tensor) -> None:

@@ -300,15 +300,19 @@ def test_import_attnspec_never_imports_transformers():
 # --------------------------------------------------------------------------- refusals
 
 
-def test_a_mixture_of_experts_layer_is_a_located_refusal_and_nothing_is_written(tmp_path):
+def test_an_impossible_mixture_of_experts_is_a_located_refusal_and_nothing_is_written(tmp_path):
+    import json
+
     config = Qwen3NextConfig(**{**SMALL, "num_hidden_layers": 4}, head_dim=16, linear_num_value_heads=4,
                              linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=6, num_experts=4,
                              num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
                              mlp_only_layers=[0, 1])
     Qwen3NextForCausalLM(config).save_pretrained(tmp_path / "moe")
+    written = json.loads((tmp_path / "moe" / "config.json").read_text())
+    (tmp_path / "moe" / "config.json").write_text(json.dumps({**written, "num_experts_per_tok": 5}))
     result = attnspec_cli("import-hf", str(tmp_path / "moe"), "-o", str(tmp_path / "out"))
     assert result.returncode == 2
-    assert "num_experts" in result.stderr and "layers 2-3" in result.stderr
+    assert "num_experts_per_tok" in result.stderr and "5 experts per token of 4" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
@@ -480,3 +484,52 @@ def test_import_hf_options_are_checked_before_any_work(checkpoints, tmp_path):
                           "--no-calibrate")
     assert result.returncode == 2 and "not UTF-8 text" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "odd-out").exists()
+
+
+def _qwen3_next_experts():
+    """Qwen3-Next with its mixture of experts on: 4 experts, top 2 renormalised, a shared expert behind its
+    gate, layer 1 dense (mlp_only_layers) so dense and sparse blocks alternate."""
+    config = Qwen3NextConfig(**{**SMALL, "num_hidden_layers": 4}, head_dim=16, linear_num_value_heads=4,
+                             linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=6, num_experts=4,
+                             num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=20,
+                             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])
+    torch.manual_seed(0)
+    model = Qwen3NextForCausalLM(config)
+    with torch.no_grad():
+        for parameter in model.parameters():  # the router starts at zero: perturbed, the choice matters
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def test_qwen3_next_with_experts_computes_transformers_logits_decodes_and_round_trips(tmp_path):
+    reference = _qwen3_next_experts()
+    directory = tmp_path / "checkpoint"
+    reference.save_pretrained(directory)
+    spec = spec_from_checkpoint(directory)[1]
+    assert [block.mlp.kind for block in spec_blocks(spec)] == ["moe", "glu", "moe", "moe"]
+    model = _imported(directory, "qwen3_next")
+    tokens = _tokens()
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        for mode in ("chunk", "recurrent", "quadratic"):
+            model.set_modes([mode if mode in block.mixer.modes else block.mixer.modes[0] for block in model.blocks])
+            assert _relative(model(tokens), expected) < BOUND, mode
+        prompt = _tokens(length=9)
+        out = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                                 attention_mask=torch.ones_like(prompt))
+        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
+    build = tmp_path / "build"
+    result = attnspec_cli("import-hf", str(directory), "-o", str(build), "--no-compile", "--no-calibrate")
+    assert result.returncode == 0, result.stderr
+    assert attnspec_cli("export-hf", str(build), "-o", str(tmp_path / "back")).returncode == 0
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert type(again).__name__ == "Qwen3NextForCausalLM"
+    with torch.no_grad():
+        assert _relative(again(tokens).logits, expected) < BOUND
+
+
+def spec_blocks(spec) -> list:
+    from attnspec.spec.walk import iter_blocks
+
+    return [block for _, block in iter_blocks(spec, expand=True)]

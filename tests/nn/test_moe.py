@@ -51,12 +51,11 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
         if node.normalize:
             weights = weights / weights.sum()
         for e, w in zip(chosen, weights * node.routed_scale):
-            if node.gate_up is not None:
-                gate, up = (node.gate_up[e] @ x[t]).chunk(2)
-                hidden = node.activation(gate) * up
-            else:
-                hidden = node.activation(node.up[e] @ x[t])
-            out[t] += w * (node.down[e] @ hidden)
+            expert = node.routed[e]  # attnspec's GLU: down(act(up x) * gate x)
+            hidden = node.activation(expert.up.weight @ x[t])
+            if expert.gate is not None:
+                hidden = hidden * (expert.gate.weight @ x[t])
+            out[t] += w * (expert.down.weight @ hidden)
         if node.shared is not None:
             s = node.shared.down.weight @ (F.silu(node.shared.up.weight @ x[t]) * (node.shared.gate.weight @ x[t]))
             out[t] += torch.sigmoid(node.shared_gate.weight @ x[t])[0] * s if node.shared_gate is not None else s

@@ -34,7 +34,9 @@ def explain_table(spec, length: int, mixers: list, plans: list, sizes: list) -> 
         table.add_column(column)
     for index, mixer in enumerate(mixers):
         block = "\n".join([mixer.describe(), *(f"  {name}: {what}" for name, what in mixer.parts()),
-                           f"parameters {sizes[index].parameters:,}",
+                           f"parameters {sizes[index].parameters:,}" + (
+                               f" ({sizes[index].active_parameters:,} active per token)"
+                               if sizes[index].active_parameters != sizes[index].parameters else ""),
                            f"decoding state {byte_size(sizes[index].decode_state_bytes)} per sequence"])
         for regime, plan in plans:
             entry = plan.layers[index]

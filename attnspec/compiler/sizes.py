@@ -28,11 +28,13 @@ def count_parameters(spec: Spec) -> int:
 
 @dataclass(frozen=True)
 class LayerSize:
-    """What one expanded block holds: its trainable ``parameters`` and the bytes of one sequence's
-    decoding state at capacity (``decode_state_bytes``: a recurrent state, or a key/value cache of
-    ``max_len`` or the window; 0 without a decoding step)."""
+    """What one expanded block holds: its trainable ``parameters``, those one token uses
+    (``active_parameters``: a mixture of experts uses top_k of its routed experts), and the bytes of one
+    sequence's decoding state at capacity (``decode_state_bytes``: a recurrent state, or a key/value
+    cache of ``max_len`` or the window; 0 without a decoding step)."""
 
     parameters: int
+    active_parameters: int
     decode_state_bytes: int
 
 
@@ -45,8 +47,10 @@ def layer_sizes(spec: Spec) -> list[LayerSize]:
     sizes = []
     for block in model.blocks:
         state = block.mixer.init_state(1, dtype, meta) if block.mixer.has_step else ()
-        sizes.append(LayerSize(sum(parameter.numel() for parameter in block.parameters()),
-                               sum(math.prod(t.shape) * t.element_size() for t in state)))
+        total = sum(parameter.numel() for parameter in block.parameters())
+        mlp = block.mlp
+        idle = sum(p.numel() for p in mlp.parameters()) - mlp.active_parameters() if mlp is not None else 0
+        sizes.append(LayerSize(total, total - idle, sum(math.prod(t.shape) * t.element_size() for t in state)))
     return sizes
 
 

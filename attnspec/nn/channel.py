@@ -68,6 +68,10 @@ class Mlp(nn.Module):
         """The weights that write into the residual stream (``init.residual_scaling`` scales them)."""
         return [self.down.weight]
 
+    def active_parameters(self) -> int:
+        """Parameters one token's output depends on (all of a dense MLP's)."""
+        return sum(p.numel() for p in self.parameters())
+
     def forward(self, x: Tensor) -> Tensor:
         h = self.activation(self.up(x))
         if self.gate is not None:
@@ -117,6 +121,11 @@ class MoeMlp(nn.Module):
     def residual_writers(self) -> list[Tensor]:
         writers = [w for expert in self.routed for w in expert.residual_writers()]
         return writers + (self.shared.residual_writers() if self.shared is not None else [])
+
+    def active_parameters(self) -> int:
+        """Parameters one token's output depends on: the router, top_k routed experts and the shared ones."""
+        routed = sum(p.numel() for p in self.routed[0].parameters())
+        return sum(p.numel() for p in self.parameters()) - (self.experts - self.top_k) * routed
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (T, d) -> the router's scores (T, E), the chosen experts (T, k) and their weights (T, k),

@@ -47,10 +47,6 @@ class ChannelMixerComponent(Component):
         """Rule violations of this MLP alone, as (path below it, message)."""
         return iter(())
 
-    def active_fraction(self) -> float:
-        """The share of its parameters one token uses (a mixture of experts uses top_k of its experts)."""
-        return 1.0
-
 
 class _Feedforward(ChannelMixerComponent):
     expansion: Count(limits.MAX_EXPANSION) = 4
@@ -121,9 +117,6 @@ class MoeMlp(ChannelMixerComponent):
             yield ("top_k",), f"top_k = {self.top_k} chooses more experts than the {self.experts} there are"
         if not self.shared and (self.shared_hidden is not None or self.shared_gate):
             yield ("shared",), "shared_hidden and shared_gate describe shared experts: set `shared` to their number"
-
-    def active_fraction(self) -> float:
-        return self.top_k / self.experts
 
 
 class NoMlp(ChannelMixerComponent):

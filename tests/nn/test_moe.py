@@ -135,6 +135,10 @@ def test_a_model_with_experts_counts_them_builds_exports_and_decodes(tmp_path):
     per_block = E * d + E * 2 * I * d + E * d * I + 3 * d * I + d  # router, experts, shared GLU (width 8), gate
     dense = load_spec(SPEC, ["blocks[*].mlp=none"])
     assert count_parameters(spec) - count_parameters(dense) == 2 * (per_block + 2 * d)  # + the second LayerNorm
+    from attnspec.compiler.sizes import layer_sizes
+
+    sizes = layer_sizes(spec)  # a token uses the router, 2 of the 4 experts, the shared expert and its gate
+    assert all(size.parameters - size.active_parameters == 2 * 3 * d * I for size in sizes)
     result = build_directory(SPEC, tmp_path / "build", compile_check=False, calibrate=False)
     program = torch.export.load(str(tmp_path / "build" / "model.pt2")).module()
     model = attnspec.load(tmp_path / "build")

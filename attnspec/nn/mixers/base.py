@@ -5,7 +5,7 @@ way (``examples/plugins/ema.py``).
 
 Every mixer maps ``x`` of shape (B, L, d_model) to (B, L, d_model). ``forward(x, mode=None)`` runs the
 whole sequence in ``self.mode`` (set by the compiler's plan) or the given mode, on the first of the
-family's kernels that takes the call (:meth:`Mixer._backend_for`). Mixers with a decoding step
+family's kernels that takes the call (:meth:`Mixer.kernel_for`). Mixers with a decoding step
 (``has_step``) also provide ``init_state(batch, dtype, device)`` and ``step(x_t, state, position)``,
 with the state as a tuple of plain tensors so the step can be exported, and ``prefill(x)``.
 """
@@ -71,7 +71,7 @@ class Mixer(nn.Module):
         state of a mixer with a recurrent form."""
         return sum(t.numel() for t in self.init_state(1)) if self.has_step else 0
 
-    def _backend_for(self, mode: str, *inputs: Tensor | None) -> str:
+    def kernel_for(self, mode: str, *inputs: Tensor | None) -> str:
         """The kernel that runs the planned ``mode`` on ``inputs`` (the tensors the op receives): the first
         of the family's that takes the call (:mod:`attnspec.ops.kernels`), so on the plan's device and
         dtype in the plan's regime it is the one the plan names. Another mode a caller asks for (a

@@ -52,7 +52,7 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
             return self._output(o, x, v)
         q, k, v, decay, log_scale, _ = self._prepare(x)
         q, k, v = autocast_dtype(q), autocast_dtype(k), autocast_dtype(v)
-        backend = self._backend_for(mode, q, k, v, *(decay or ()))
+        backend = self.kernel_for(mode, q, k, v, *(decay or ()))
         o = linear_attention(q, k, v, decay, causal=self.causal, normalize=self.normalize, eps=self.eps,
                              log_scale=log_scale, mode=mode, chunk_size=self.chunk_size, backend=backend,
                              max_length=self.max_len if self.causal else None)
@@ -67,7 +67,7 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
         q, k, v = autocast_dtype(q), autocast_dtype(k), autocast_dtype(v)
         o, final = linear_attention(q, k, v, decay, causal=True, normalize=self.normalize, eps=self.eps,
                                     log_scale=log_scale, mode=self.mode, chunk_size=self.chunk_size,
-                                    backend=self._backend_for(self.mode, q, k, v, *(decay or ())),
+                                    backend=self.kernel_for(self.mode, q, k, v, *(decay or ())),
                                     max_length=self.max_len, return_state=True)
         if self.normalize:  # the step keeps the normaliser z as the state's last value column
             final = torch.cat([final[0], final[1].unsqueeze(-1)], dim=-1)

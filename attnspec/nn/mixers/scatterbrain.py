@@ -33,7 +33,7 @@ class ScatterbrainMixer(PrefixRerun, ProjectedMixer):
         k_features, _ = self.features(k * self.sqrt_scale, False)
         # what runs the low-rank part, on the features (the op widens half-precision inputs to float32
         # first, which the family's kernel_inputs state)
-        backend = self._backend_for(mode, q_features, k_features, v)
+        backend = self.kernel_for(mode, q_features, k_features, v)
         o = scatterbrain_attention(q, k, v, q_features, k_features, self.sparse(q, k), q_log_scale=log_scale,
                                    causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
                                    chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None,

@@ -502,6 +502,7 @@ def _qwen3_next_experts():
     return model.eval()
 
 
+@pytest.mark.slow  # two CLI subprocesses and three models: the full suite runs it, the quick loop not
 def test_qwen3_next_with_experts_computes_transformers_logits_decodes_and_round_trips(tmp_path):
     reference = _qwen3_next_experts()
     directory = tmp_path / "checkpoint"

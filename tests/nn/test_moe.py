@@ -125,6 +125,7 @@ SPEC = {
 }
 
 
+@pytest.mark.slow  # a build with its export: the full suite runs it, the quick loop not
 def test_a_model_with_experts_counts_them_builds_exports_and_decodes(tmp_path):
     from attnspec.compiler.build import build_directory
     from attnspec.compiler.sizes import count_parameters
@@ -151,6 +152,7 @@ def test_a_model_with_experts_counts_them_builds_exports_and_decodes(tmp_path):
     assert result.manifest["verification"]["ok"]
 
 
+@pytest.mark.slow  # two training runs: the full suite runs them, the quick loop not
 def test_training_logs_the_load_balancing_loss_and_adds_it_when_asked(tmp_path):
     from attnspec.training.loop import train
 

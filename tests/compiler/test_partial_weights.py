@@ -56,6 +56,8 @@ def test_an_edited_spec_builds_with_what_fits_and_lists_the_rest(imported):
     for name, tensor in built.items():  # loaded exactly; the rest exactly the spec's own initialisation
         expected = fresh[name] if name in fit["initialised"] else source[name]
         assert tensor.equal(expected), name
+    for name in ("q_proj", "k_proj", "v_proj", "out_proj"):  # the delta layer starts from the attention's q/k/v/o
+        assert built[f"blocks.1.mixer.{name}.weight"].equal(source[f"blocks.1.mixer.{name}.weight"])
 
 
 def test_strict_weights_refuse_naming_every_misfit_and_write_nothing(imported):

@@ -94,26 +94,50 @@ class Config:
         return types
 
     def rope(self, head_dim: int, default_fraction: float = 1.0) -> dict:
-        """The rotary position node: ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``."""
+        """The rotary position node: ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``
+        (transformers 4), with its scaling: linear, llama3 and yarn import; dynamic NTK (its base
+        depends on the length of each call) and the rest are refused by name."""
+        field = "rope_parameters"
         parameters = self.get("rope_parameters", dict, None)
         if parameters is None:
-            scaling = self.get("rope_scaling", dict, None)
-            if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-                raise self.refuse("rope_scaling", f"{scaling.get('rope_type', scaling.get('type'))!r} RoPE scaling "
-                                  "is not an attnspec position scheme; only the default RoPE imports")
-            parameters = {"rope_theta": self.number("rope_theta", 10000.0),
+            field, scaling = "rope_scaling", self.get("rope_scaling", dict, None) or {}
+            parameters = {**scaling, "rope_type": scaling.get("rope_type", scaling.get("type", "default")),
+                          "rope_theta": self.number("rope_theta", 10000.0),
                           "partial_rotary_factor": self.number("partial_rotary_factor", default_fraction)}
         kind = parameters.get("rope_type", "default")
-        if kind != "default":
-            raise self.refuse("rope_parameters.rope_type", f"{kind!r} RoPE scaling is not an attnspec position "
-                              "scheme; only the default RoPE imports")
+        if kind not in ("default", "linear", "llama3", "yarn"):
+            reason = ("its base grows with the length of each call" if kind == "dynamic" else
+                      "it is not an attnspec position scheme")
+            raise self.refuse(f"{field}.rope_type", f"{shorten(kind)!r} RoPE scaling: {reason}; default, linear, "
+                              "llama3 and yarn import")
         theta = parameters.get("rope_theta", 10000.0)
         fraction = parameters.get("partial_rotary_factor", self.number("partial_rotary_factor", default_fraction))
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in (theta, fraction)):
-            raise self.refuse("rope_parameters", "rope_theta and partial_rotary_factor must be positive numbers")
-        node = {"kind": "rope", "base": float(theta)}
+        if not all(_positive(v) for v in (theta, fraction)):
+            raise self.refuse(field, "rope_theta and partial_rotary_factor must be positive numbers")
+        node: dict[str, Any] = {"kind": "rope", "base": float(theta)}
         if fraction != 1.0:
             node["rotary_fraction"] = float(fraction)
+        if kind == "default":
+            return node
+        node["scaling"] = kind
+        wanted = {"factor": "factor", "original_max_position_embeddings": "original_max_len",
+                  "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
+                  "beta_fast": "beta_fast", "beta_slow": "beta_slow", "attention_factor": "attention_factor"}
+        if kind == "yarn" and parameters.get("factor") is None and _positive(parameters.get("original_max_position_embeddings")):
+            parameters = {**parameters, "factor": self.count("max_position_embeddings")
+                          / parameters["original_max_position_embeddings"]}
+        for theirs, ours in wanted.items():
+            value = parameters.get(theirs)
+            if value is None:
+                continue
+            if not _positive(value):
+                raise self.refuse(f"{field}.{theirs}", f"must be a positive number, got {shorten(value)}")
+            node[ours] = int(value) if ours == "original_max_len" else float(value)
+        if kind == "yarn":
+            node["truncate"] = bool(parameters.get("truncate", True))
+            mscale, mscale_all = parameters.get("mscale"), parameters.get("mscale_all_dim")
+            if "attention_factor" not in node and mscale and mscale_all:  # DeepSeek's ratio of two mscales
+                node["attention_factor"] = _yarn_mscale(node["factor"], mscale) / _yarn_mscale(node["factor"], mscale_all)
         return node
 
     def activation(self, field: str = "hidden_act", allowed: tuple[str, ...] = ("silu", "gelu", "relu")) -> str:
@@ -123,6 +147,31 @@ class Config:
             raise self.refuse(field, f"activation {value!r} has no attnspec equivalent; attnspec has "
                               f"{', '.join(allowed)} here")
         return name
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def _rope_parameters(position) -> dict:
+    """A rotary position node as transformers 5's ``rope_parameters``."""
+    parameters: dict[str, Any] = {"rope_type": "default" if position.scaling == "none" else position.scaling,
+                                  "rope_theta": position.base}
+    if position.scaling != "none":
+        parameters["factor"] = position.factor
+    if position.scaling in ("llama3", "yarn"):
+        parameters["original_max_position_embeddings"] = position.original_max_len
+    if position.scaling == "llama3":
+        parameters.update(low_freq_factor=position.low_freq_factor, high_freq_factor=position.high_freq_factor)
+    if position.scaling == "yarn":
+        parameters.update(beta_fast=position.beta_fast, beta_slow=position.beta_slow, truncate=position.truncate)
+        if position.attention_factor is not None:
+            parameters["attention_factor"] = position.attention_factor
+    return parameters
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -347,8 +396,7 @@ class LlamaFamily(Architecture):
                   "num_hidden_layers": len(blocks), "num_attention_heads": first.heads,
                   "num_key_value_heads": first.kv_heads or first.heads, "head_dim": first.d_qk,
                   "hidden_act": mlp.activation, "rms_norm_eps": first.norm_eps,
-                  "rope_parameters": {"rope_type": "default", "rope_theta": first.position.base},
-                  "attention_bias": first.out_bias}
+                  "rope_parameters": _rope_parameters(first.position), "attention_bias": first.out_bias}
         if first.position.rotary_fraction != 1.0:
             config["rope_parameters"]["partial_rotary_factor"] = first.position.rotary_fraction
         if model_type == "llama":
@@ -470,7 +518,7 @@ class Qwen3Next(Architecture):
                 "num_key_value_heads": attention.kv_heads or attention.heads, "head_dim": attention.d_qk,
                 "hidden_act": mlp.activation, "rms_norm_eps": attention.norm_eps,
                 "attention_bias": attention.qkv_bias,
-                "rope_parameters": {"rope_type": "default", "rope_theta": attention.position.base,
+                "rope_parameters": {**_rope_parameters(attention.position),
                                     "partial_rotary_factor": attention.position.rotary_fraction},
                 "linear_num_value_heads": delta.heads, "linear_num_key_heads": delta.qk_groups or delta.heads,
                 "linear_key_head_dim": delta.d_qk, "linear_value_head_dim": delta.d_v,

@@ -11,6 +11,9 @@ kind they hold. Positions are 0-based and start at ``offset``: an int for a full
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import torch
 from torch import Tensor, nn
 
@@ -88,6 +91,8 @@ class RotaryPosition(Position):
     def __init__(self, node, *, d_qk: int, **_):
         super().__init__()
         self.base, self.d_qk, self.rotary = node.base, d_qk, node.rotary_width(d_qk)
+        self.node = SimpleNamespace(**node.model_dump())  # its scaling's fields, as plain data for tracing
+        self.cos_sin_scale = node.cos_sin_scale
 
     def rotate(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
         if self.rotary < self.d_qk:
@@ -101,10 +106,43 @@ class RotaryPosition(Position):
         # angles in float64: t * frequency loses digits in float32 at long lengths
         t = positions(L, offset, q.device, torch.float64)
         frequencies = self.base ** (-torch.arange(half, device=q.device, dtype=torch.float64) / half)
+        frequencies = scaled_frequencies(frequencies, self.node, self.base, width)
         angle = t.unsqueeze(-1) * frequencies  # (L, half) or (B, L, half)
         angle = angle.view(1, 1, L, half) if angle.dim() == 2 else angle.unsqueeze(1)
-        cos, sin = torch.cos(angle).to(q.dtype), torch.sin(angle).to(q.dtype)
-        return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        if self.cos_sin_scale != 1.0:
+            cos, sin = cos * self.cos_sin_scale, sin * self.cos_sin_scale
+        return _rotate_half(q, cos.to(q.dtype), sin.to(q.dtype)), _rotate_half(k, cos.to(q.dtype), sin.to(q.dtype))
+
+
+def scaled_frequencies(frequencies: Tensor, node, base: float, width: int) -> Tensor:
+    """RoPE's frequencies f_i = base^(-2i/width) (``half`` of them, float64) stretched as ``node.scaling``
+    says (:class:`attnspec.spec.positions.RotaryPosition`): none, linear, llama3 (Llama 3.1) or yarn."""
+    if node.scaling == "none":
+        return frequencies
+    if node.scaling == "linear":
+        return frequencies / node.factor
+    old = node.original_max_len
+    if node.scaling == "llama3":
+        wavelength = 2 * math.pi / frequencies
+        low, high = old / node.low_freq_factor, old / node.high_freq_factor
+        smooth = (old / wavelength - node.low_freq_factor) / (node.high_freq_factor - node.low_freq_factor)
+        blended = (1 - smooth) * frequencies / node.factor + smooth * frequencies
+        stretched = torch.where(wavelength > low, frequencies / node.factor, frequencies)
+        return torch.where((wavelength >= high) & (wavelength <= low), blended, stretched)
+    # yarn: dimension d turns old * f_d / 2pi times in the trained context; those turning more than
+    # beta_fast times keep f_d, fewer than beta_slow take f_d / factor, a linear ramp between
+    def dimension(turns: float) -> float:
+        return width * math.log(old / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension(node.beta_fast), dimension(node.beta_slow)
+    if node.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, width - 1)
+    high = high + 0.001 if low == high else high  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(frequencies.shape[0], dtype=torch.float64, device=frequencies.device) - low)
+            / (high - low)).clamp(0, 1)
+    return frequencies / node.factor * ramp + frequencies * (1 - ramp)
 
 
 def _rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

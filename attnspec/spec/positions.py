@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, ClassVar, Iterator, Literal
 
 from pydantic import Field
 
+from attnspec.spec import limits
 from attnspec.spec.components import declare
 from attnspec.spec.nodes import Component
 
@@ -59,13 +61,51 @@ class RotaryPosition(PositionComponent):
     rotary_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Rotate only the first fraction of each head's channels, r = fraction * d_qk of them, pairs
     (i, i + r/2) by t / base^(2i/r) (Qwen3-Next: 0.25); the rest pass unrotated."""
+    scaling: Literal["none", "linear", "llama3", "yarn"] = "none"
+    """How the frequencies f_i = base^(-2i/r) are stretched for contexts past the trained one:
+    `linear` f_i / factor (position interpolation); `llama3` f_i / factor for wavelengths past
+    original_max_len / low_freq_factor, unchanged below original_max_len / high_freq_factor, a smooth
+    blend between (Llama 3.1); `yarn` a blend of f_i and f_i / factor ramped over the dimensions that
+    turn between beta_slow and beta_fast times in original_max_len positions, with cos and sin scaled
+    by `attention_factor` (YaRN). transformers' `rope_type` of the same names."""
+    factor: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """The stretch of a scaled rope."""
+    original_max_len: Annotated[int, Field(gt=0, le=limits.MAX_LEN)] | None = None
+    """The context the model was trained at (`original_max_position_embeddings`; llama3 and yarn)."""
+    low_freq_factor: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """llama3: wavelengths past original_max_len / low_freq_factor are divided by factor."""
+    high_freq_factor: Annotated[float, Field(gt=0, le=1e6)] = 4.0
+    """llama3: wavelengths below original_max_len / high_freq_factor are kept."""
+    beta_fast: Annotated[float, Field(gt=0, le=1e6)] = 32.0
+    """yarn: dimensions turning more than this many times in original_max_len positions are kept."""
+    beta_slow: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """yarn: dimensions turning fewer times than this are divided by factor."""
+    truncate: bool = True
+    """yarn: round the ramp's ends to whole dimensions (transformers' default)."""
+    attention_factor: Annotated[float, Field(gt=0, le=100)] | None = None
+    """yarn: the multiplier on cos and sin (default 0.1 ln(factor) + 1; DeepSeek's mscale ratio)."""
     acts_on: ClassVar[str] = "qk"
+
+    @property
+    def cos_sin_scale(self) -> float:
+        """The multiplier on the rotation's cos and sin (YaRN's attention factor; 1 otherwise)."""
+        if self.scaling != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
 
     def rotary_width(self, d_qk: int) -> int:
         """How many channels of a d_qk-wide head are rotated."""
         return int(d_qk * self.rotary_fraction)
 
     def problems(self, *, causal: bool, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        if self.scaling in ("llama3", "yarn") and self.original_max_len is None:
+            yield ("original_max_len",), f"{self.scaling} scaling needs the trained context: set original_max_len"
+        if self.scaling == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            yield ("high_freq_factor",), "llama3 scaling blends between low_freq_factor and a larger high_freq_factor"
+        if self.scaling == "none" and (self.factor != 1.0 or self.original_max_len is not None):
+            yield ("scaling",), "factor and original_max_len stretch a scaled rope: set scaling (linear, llama3, yarn)"
         if d_qk is not None and self.rotary_fraction == 1 and d_qk % 2:
             yield (), f"rope rotates pairs of query/key channels, so d_qk must be even, got {d_qk}"
         elif d_qk is not None and (self.rotary_width(d_qk) % 2 or self.rotary_width(d_qk) == 0):

@@ -318,7 +318,10 @@ def test_an_impossible_mixture_of_experts_is_a_located_refusal_and_nothing_is_wr
 
 @pytest.mark.parametrize("change, words", [
     ({"model_type": "gpt2"}, ["model_type", "supported"]),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}}, ["rope_type", "llama3"]),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 8.0}},
+     ["rope_type", "dynamic", "grows with the length"]),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0}}, ["rope_type", "longrope"]),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": -2}}, ["factor", "positive"]),
     ({"hidden_act": "gelu_pytorch_tanh"}, ["hidden_act", "gelu_pytorch_tanh"]),
     ({"num_key_value_heads": 3}, ["num_key_value_heads"]),
     ({"num_attention_heads": "four"}, ["num_attention_heads", "expected int"]),
@@ -534,3 +537,40 @@ def spec_blocks(spec) -> list:
     from attnspec.spec.walk import iter_blocks
 
     return [block for _, block in iter_blocks(spec, expand=True)]
+
+
+ROPE_SCALINGS = {  # a trained context (16) shorter than the test's 21 positions, so every scaling bites
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
+             "beta_slow": 1.0},
+}
+
+
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS)
+def test_a_scaled_rope_imports_logit_equal_and_exports_as_it_came(tmp_path, scaling):
+    from attnspec.hf.convert import native_config
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**SMALL, "max_position_embeddings": 64},
+                         rope_parameters={"rope_theta": 500.0, **ROPE_SCALINGS[scaling]})
+    reference = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    reference.generation_config.eos_token_id = None
+    reference.save_pretrained(tmp_path / "checkpoint")
+    spec = spec_from_checkpoint(tmp_path / "checkpoint")[1]
+    position = spec_blocks(spec)[0].mixer.position
+    assert position.scaling == scaling and position.factor == ROPE_SCALINGS[scaling]["factor"]
+    model = _imported(tmp_path / "checkpoint", "llama")
+    tokens, prompt = _tokens(), _tokens(length=9)
+    with torch.no_grad():
+        assert _relative(model(tokens), reference(tokens).logits) < BOUND
+        out = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                                 attention_mask=torch.ones_like(prompt))
+        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
+    exported = native_config(spec, "llama")  # the spec's own config imports as the spec again
+    assert exported["rope_parameters"]["rope_type"] == scaling
+

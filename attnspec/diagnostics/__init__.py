@@ -18,6 +18,7 @@ modules do: the CLI imports them only when ``attnspec diagnose`` runs.
 - :mod:`.scatterbrain`: sparse, low-rank and their sum against exact attention by budget, ratio and
   entropy (Scatterbrain);
 - :mod:`.maps`: every block's attention map on real inputs and its locality (cosFormer's Fig. 3);
+- :mod:`.experts`: tokens per expert and the load-balancing loss of every mixture-of-experts block;
 - :mod:`.subject`: what they look at, a spec at initialisation or a trained run, and the helpers
   that read a model's block inputs.
 """

@@ -31,7 +31,8 @@ DIAGNOSTIC = Diagnostic("probe-words", "Count letters.", (
 
 
 def test_every_shipped_diagnostic_is_discovered():
-    assert set(diagnostics()) == {"attention", "gates", "maps", "paths", "rank-collapse", "scatterbrain", "span"}
+    assert set(diagnostics()) == {"attention", "experts", "gates", "maps", "paths", "rank-collapse", "scatterbrain",
+                                  "span"}
 
 
 def test_a_new_module_is_a_command_with_its_parameters_and_table(tmp_path, monkeypatch):

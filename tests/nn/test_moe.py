@@ -164,3 +164,18 @@ def test_training_logs_the_load_balancing_loss_and_adds_it_when_asked(tmp_path):
         assert len(records) == 3 and all(0 < record["moe_aux_loss"] <= 4 for record in records)
     # the first step's task loss is the same (the same weights); the added loss changed the update after it
     assert steps[0.0][0]["loss"] == steps[10.0][0]["loss"] and steps[0.0][1]["loss"] != steps[10.0][1]["loss"]
+
+
+def test_the_experts_diagnostic_reports_what_the_forward_routed(tmp_path):
+    import json
+
+    from attnspec.diagnostics.experts import run
+
+    spec = tmp_path / "moe.yaml"
+    spec.write_text(json.dumps(SPEC))  # JSON is YAML
+    result = run(spec, tmp_path / "out", samples=3, length=16, seed=0, overrides=[])
+    assert [row[0] for row in result.table.rows] == ["0", "1"]
+    assert all(row[1] == f"{3 * 16 * 2:,}" for row in result.table.rows)  # every token fills top_k = 2 slots
+    lines = (tmp_path / "out" / "experts.csv").read_text().splitlines()
+    assert lines[0] == "block,expert,tokens,share" and len(lines) == 1 + 2 * 4
+    assert (tmp_path / "out" / "experts.png").exists()

@@ -123,9 +123,9 @@ class Config:
         wanted = {"factor": "factor", "original_max_position_embeddings": "original_max_len",
                   "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
                   "beta_fast": "beta_fast", "beta_slow": "beta_slow", "attention_factor": "attention_factor"}
-        if kind == "yarn" and parameters.get("factor") is None and _positive(parameters.get("original_max_position_embeddings")):
-            parameters = {**parameters, "factor": self.count("max_position_embeddings")
-                          / parameters["original_max_position_embeddings"]}
+        trained = parameters.get("original_max_position_embeddings")
+        if kind == "yarn" and parameters.get("factor") is None and _positive(trained):  # the implied stretch
+            parameters = {**parameters, "factor": self.count("max_position_embeddings") / trained}
         for theirs, ours in wanted.items():
             value = parameters.get(theirs)
             if value is None:
@@ -137,16 +137,26 @@ class Config:
             node["truncate"] = bool(parameters.get("truncate", True))
             mscale, mscale_all = parameters.get("mscale"), parameters.get("mscale_all_dim")
             if "attention_factor" not in node and mscale and mscale_all:  # DeepSeek's ratio of two mscales
-                node["attention_factor"] = _yarn_mscale(node["factor"], mscale) / _yarn_mscale(node["factor"], mscale_all)
+                factor = node["factor"]
+                node["attention_factor"] = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
         return node
 
-    def activation(self, field: str = "hidden_act", allowed: tuple[str, ...] = ("silu", "gelu", "relu")) -> str:
+    def activation(self, field: str = "hidden_act",
+                   allowed: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu", "relu2")) -> str:
         value = self.get(field, str, "silu")
-        name = "silu" if value == "swish" else value
+        name = HF_ACTIVATIONS.get(value, value)
         if name not in allowed:
             raise self.refuse(field, f"activation {value!r} has no attnspec equivalent; attnspec has "
                               f"{', '.join(allowed)} here")
         return name
+
+
+HF_ACTIVATIONS = {"swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+                  "gelu_fast": "gelu_tanh"}
+"""transformers' activation names that are attnspec's under another name (``gelu_new`` and ``gelu_fast``
+are the tanh approximation written out, equal to it within float32 rounding)."""
+ACTIVATION_NAMES = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "relu2": "relu2"}
+"""attnspec's activation -> the name transformers' configs write."""
 
 
 def _positive(value: Any) -> bool:
@@ -395,7 +405,7 @@ class LlamaFamily(Architecture):
         config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
                   "num_hidden_layers": len(blocks), "num_attention_heads": first.heads,
                   "num_key_value_heads": first.kv_heads or first.heads, "head_dim": first.d_qk,
-                  "hidden_act": mlp.activation, "rms_norm_eps": first.norm_eps,
+                  "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": first.norm_eps,
                   "rope_parameters": _rope_parameters(first.position), "attention_bias": first.out_bias}
         if first.position.rotary_fraction != 1.0:
             config["rope_parameters"]["partial_rotary_factor"] = first.position.rotary_fraction
@@ -516,7 +526,7 @@ class Qwen3Next(Architecture):
                 "intermediate_size": (mlp.hidden or mlp.expansion * spec.d_model) if dense is not None else mlp.hidden,
                 "num_hidden_layers": len(blocks), "num_attention_heads": attention.heads,
                 "num_key_value_heads": attention.kv_heads or attention.heads, "head_dim": attention.d_qk,
-                "hidden_act": mlp.activation, "rms_norm_eps": attention.norm_eps,
+                "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": attention.norm_eps,
                 "attention_bias": attention.qkv_bias,
                 "rope_parameters": {**_rope_parameters(attention.position),
                                     "partial_rotary_factor": attention.position.rotary_fraction},

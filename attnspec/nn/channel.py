@@ -42,7 +42,8 @@ class NoNorm(nn.Identity):
         super().__init__()
 
 
-_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}
+_ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
+                "relu2": lambda x: F.relu(x).square(), "silu": F.silu}
 
 
 @register("mlp", "mlp", "glu")

@@ -40,6 +40,11 @@ class NoNorm(NormComponent):
 Norm = declare("norm", LayerNormNode, RmsNormNode, NoNorm, base=NormComponent)
 
 
+Activation = Literal["gelu", "gelu_tanh", "relu", "relu2", "silu"]
+"""An MLP's activation: GELU (exact, or its tanh approximation: Gemma, GPT-2's `gelu_new`), ReLU,
+squared ReLU (Nemotron-H, Primer) or SiLU."""
+
+
 class ChannelMixerComponent(Component):
     """The channel mixer after the sequence mixer (the block's MLP)."""
 
@@ -56,7 +61,7 @@ class _Feedforward(ChannelMixerComponent):
     4096); it replaces `expansion`."""
     bias: bool = True
     """Biases on the projections (Llama-family MLPs have none: `bias: false`)."""
-    activation: Literal["gelu", "relu", "silu"] = "gelu"
+    activation: Activation = "gelu"
     gated: ClassVar[bool] = False
     """A third projection multiplies the activation (GLU)."""
 
@@ -93,7 +98,7 @@ class MoeMlp(ChannelMixerComponent):
     """Experts each token is routed to."""
     hidden: Count(limits.MAX_EXPANSION * limits.MAX_D_MODEL)
     """Hidden width of one routed expert (transformers' `moe_intermediate_size`)."""
-    activation: Literal["gelu", "relu", "silu"] = "silu"
+    activation: Activation = "silu"
     gated: bool = True
     """Experts are GLU MLPs, W2 (act(W1 x) * W3 x), as every released MoE's; false: W2 act(W1 x)."""
     scoring: Literal["softmax", "sigmoid"] = "softmax"

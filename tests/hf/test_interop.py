@@ -322,7 +322,7 @@ def test_an_impossible_mixture_of_experts_is_a_located_refusal_and_nothing_is_wr
      ["rope_type", "dynamic", "grows with the length"]),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0}}, ["rope_type", "longrope"]),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": -2}}, ["factor", "positive"]),
-    ({"hidden_act": "gelu_pytorch_tanh"}, ["hidden_act", "gelu_pytorch_tanh"]),
+    ({"hidden_act": "quick_gelu"}, ["hidden_act", "quick_gelu"]),
     ({"num_key_value_heads": 3}, ["num_key_value_heads"]),
     ({"num_attention_heads": "four"}, ["num_attention_heads", "expected int"]),
     # the audit's crashes: each now a refusal naming the field, before anything is built from it
@@ -574,3 +574,22 @@ def test_a_scaled_rope_imports_logit_equal_and_exports_as_it_came(tmp_path, scal
     exported = native_config(spec, "llama")  # the spec's own config imports as the spec again
     assert exported["rope_parameters"]["rope_type"] == scaling
 
+
+
+@pytest.mark.parametrize("activation", ["gelu_pytorch_tanh", "relu2"])
+def test_a_tanh_gelu_or_squared_relu_mlp_imports_logit_equal(tmp_path, activation):
+    from attnspec.hf.convert import native_config
+
+    torch.manual_seed(0)
+    reference = LlamaForCausalLM(LlamaConfig(**SMALL, hidden_act=activation)).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    reference.save_pretrained(tmp_path / "checkpoint")
+    spec = spec_from_checkpoint(tmp_path / "checkpoint")[1]
+    assert spec_blocks(spec)[0].mlp.activation == {"gelu_pytorch_tanh": "gelu_tanh", "relu2": "relu2"}[activation]
+    model = _imported(tmp_path / "checkpoint", "llama")
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _relative(model(tokens), reference(tokens).logits) < BOUND
+    assert native_config(spec, "llama")["hidden_act"] == activation

@@ -486,7 +486,7 @@ class Qwen3Next(Architecture):
                  "group_norm": True, "shared_norm_weight": True, "output_gate": "swish", "norm_eps": eps}
         if k_heads != v_heads:
             delta["qk_groups"] = k_heads
-        dense = _glu(config)
+        dense = _glu(config) if len(moe) < layers else None  # an all-MoE config need not state intermediate_size
         experts_mlp = self._experts(config, experts) if moe else None
         blocks = [{"mixer": delta if t == "linear_attention" else attention,
                    "mlp": experts_mlp if i in moe else dense, "norm": _rmsnorm(eps)} for i, t in enumerate(types)]
@@ -535,18 +535,24 @@ class Qwen3Next(Architecture):
                 "linear_conv_kernel_dim": delta.conv.width,
                 "layer_types": ["linear_attention" if b.mixer.kind == "delta" else "full_attention" for b in blocks]}
 
+    @staticmethod
+    def _projection_links(mixer, theirs: str, ours: str) -> list[Link]:
+        """Qwen3-Next packs q, k, v and the gate per key head (in_proj_qkvz), beta and Δ per key head (in_proj_ba)."""
+        groups = mixer.qk_groups or mixer.heads
+        return [Link(f"{theirs}in_proj_qkvz.weight", tuple(f"{ours}mixer.{n}.weight" for n in
+                                                            ("q_proj", "k_proj", "v_proj", "gate")), groups),
+                Link(f"{theirs}in_proj_ba.weight", (f"{ours}mixer.beta_proj.weight",
+                                                    f"{ours}mixer.transition.dt_proj.weight"), groups)]
+
     def links(self, spec) -> list[Link]:
         links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight", offset=1.0)
         for index, block in enumerate(_blocks(spec)):
             theirs, ours = f"model.layers.{index}.", _block_prefix(index)
             mixer = block.mixer
             if mixer.kind == "delta":
-                groups, m = mixer.qk_groups or mixer.heads, f"{theirs}linear_attn."
-                links += [Link(f"{m}in_proj_qkvz.weight", tuple(f"{ours}mixer.{n}.weight" for n in
-                                                                 ("q_proj", "k_proj", "v_proj", "gate")), groups),
-                          Link(f"{m}in_proj_ba.weight", (f"{ours}mixer.beta_proj.weight",
-                                                         f"{ours}mixer.transition.dt_proj.weight"), groups),
-                          Link(f"{m}conv1d.weight", tuple(f"{ours}mixer.conv.filters.{n}" for n in "qkv"), conv=True),
+                m = f"{theirs}linear_attn."
+                links += self._projection_links(mixer, m, ours)
+                links += [Link(f"{m}conv1d.weight", tuple(f"{ours}mixer.conv.filters.{n}" for n in "qkv"), conv=True),
                           rename(f"{m}dt_bias", f"{ours}mixer.transition.dt_bias"),
                           rename(f"{m}A_log", f"{ours}mixer.transition.A_log"),
                           rename(f"{m}norm.weight", f"{ours}mixer.norm_weight"),
@@ -644,9 +650,46 @@ class Mamba2(Architecture):
         return links
 
 
+class Qwen35(Qwen3Next):
+    """Qwen3.5's text models: Qwen3-Next's layers with the Gated DeltaNet's projections unpacked (q, k, v
+    in one matrix, the gate, beta and Δ each their own) and, for the MoE model, a sparse MoE block in
+    every layer (top-k always renormalised). Their rotary embedding is multimodal (sections of t, h, w
+    positions); for text every section reads the same position, which is plain (partial) RoPE."""
+
+    model_types = ("qwen3_5_text", "qwen3_5_moe_text")
+    causal_lm = {"qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        fixed = {"num_experts": 0} if model_type == "qwen3_5_text" else {"decoder_sparse_step": 1,
+                                                                          "norm_topk_prob": True}
+        for field in fixed:
+            if field in config.data:
+                raise config.refuse(field, f"a {model_type} config has no {field} (transformers fixes it)")
+        return super().spec(Config({**config.data, **fixed}, config.source), model_type)
+
+    def config(self, spec, model_type: str) -> dict:
+        config = super().config(spec, model_type)
+        if model_type == "qwen3_5_text":
+            if config["num_experts"]:
+                raise NotExpressible("qwen3_5_text has no mixture of experts (qwen3_5_moe_text has)")
+            return {k: v for k, v in config.items() if k not in ("num_experts", "mlp_only_layers")}
+        if not config["num_experts"] or config["mlp_only_layers"] or not config["norm_topk_prob"]:
+            raise NotExpressible("qwen3_5_moe_text has a renormalised mixture of experts in every layer")
+        dropped = ("intermediate_size", "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers")
+        return {k: v for k, v in config.items() if k not in dropped}
+
+    @staticmethod
+    def _projection_links(mixer, theirs: str, ours: str) -> list[Link]:
+        return [Link(f"{theirs}in_proj_qkv.weight", tuple(f"{ours}mixer.{n}.weight" for n in
+                                                           ("q_proj", "k_proj", "v_proj"))),
+                rename(f"{theirs}in_proj_z.weight", f"{ours}mixer.gate.weight"),
+                rename(f"{theirs}in_proj_b.weight", f"{ours}mixer.beta_proj.weight"),
+                rename(f"{theirs}in_proj_a.weight", f"{ours}mixer.transition.dt_proj.weight")]
+
+
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Mamba2()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
-EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2")
+EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "qwen3_5_text", "qwen3_5_moe_text")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

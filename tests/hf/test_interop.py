@@ -593,3 +593,42 @@ def test_a_tanh_gelu_or_squared_relu_mlp_imports_logit_equal(tmp_path, activatio
     with torch.no_grad():
         assert _relative(model(tokens), reference(tokens).logits) < BOUND
     assert native_config(spec, "llama")["hidden_act"] == activation
+
+
+def _qwen3_5(model_type: str):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
+
+    shared = dict(**{**SMALL, "num_hidden_layers": 4}, head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2,
+                  linear_key_head_dim=8, linear_value_head_dim=6)
+    shared.pop("intermediate_size")
+    if model_type == "qwen3_5_text":
+        return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**shared, intermediate_size=48))
+    return Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**shared, num_experts=4, num_experts_per_tok=2,
+                                                      moe_intermediate_size=12, shared_expert_intermediate_size=20))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_5_moe_text"])
+def test_qwen3_5_text_models_compute_transformers_logits_and_decode_alike(tmp_path, model_type):
+    """Qwen3.5's text models (dense, and MoE in every layer): its unpacked Gated DeltaNet projections,
+    its multimodal rotary embedding on text positions (plain partial RoPE), in every mode."""
+    from attnspec.hf.convert import native_config
+
+    torch.manual_seed(0)
+    reference = _qwen3_5(model_type).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    reference.generation_config.eos_token_id = None
+    reference.save_pretrained(tmp_path / "checkpoint")
+    spec = spec_from_checkpoint(tmp_path / "checkpoint")[1]
+    model = _imported(tmp_path / "checkpoint", model_type)
+    tokens, prompt = _tokens(), _tokens(length=9)
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        for mode in ("chunk", "recurrent", "quadratic"):
+            model.set_modes([mode if mode in block.mixer.modes else block.mixer.modes[0] for block in model.blocks])
+            assert _relative(model(tokens), expected) < BOUND, mode
+        out = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                                 attention_mask=torch.ones_like(prompt))
+        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
+    assert native_config(spec, model_type)["architectures"] == [type(reference).__name__]

@@ -12,6 +12,8 @@ Either way the output is written into a scratch directory and published by one r
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import re
 from pathlib import Path
@@ -32,6 +34,10 @@ ATTNSPEC_TYPE = "attnspec"
 IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
 """Tensors old checkpoints carry that are no weights (recomputed from the config)."""
 DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64}
+TEXT_MODELS = {"qwen3_5": ("qwen3_5_text", "model.language_model.", "model.visual."),
+               "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model.", "model.visual.")}
+"""Multimodal model types whose text model imports: type -> (the text model's type, the prefix its
+tensors carry in place of ``model.``, the prefix of the tensors that are not the text model's)."""
 
 
 def _name(directory: Path) -> str:
@@ -59,6 +65,14 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -
     config = read_config(directory)
     source = f"{directory}/config.json"
     model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type in TEXT_MODELS:  # the text model of a multimodal release
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise InteropError(f"{source}: `text_config`: a {model_type} config holds its text model's config there")
+        source += " text_config"
+        config = {**text, "model_type": TEXT_MODELS[model_type][0],
+                  "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings"))}
+        model_type = config["model_type"]
     if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         supported = ", ".join(sorted(ARCHITECTURES))
         raise InteropError(f"{source}: `model_type`: {shorten(model_type)} is not one attnspec imports; supported: "
@@ -92,6 +106,12 @@ def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, 
         shapes = {name: t.shape for name, t in Model(spec).state_dict().items()}
     links = ARCHITECTURES[model_type].links(spec)
     files = weight_files(checkpoint)
+    other = None  # the prefix of a multimodal checkpoint's tensors that are not its text model's
+    wrapper = TEXT_MODELS.get(read_config(checkpoint).get("model_type"))
+    if wrapper is not None and wrapper[0] == model_type:
+        other = wrapper[2]
+        links = [dataclasses.replace(link, theirs=wrapper[1] + link.theirs[len("model."):])
+                 if link.theirs.startswith("model.") else link for link in links]
     wanted = {link.theirs for link in links}
     missing = sorted(wanted - set(files))
     if missing:
@@ -99,7 +119,8 @@ def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, 
                            f"which a {model_type} model of this config has")
     tied = spec.head.tied and "lm_head.weight" in files
     extra = sorted(name for name in set(files) - wanted if not IGNORED.match(name) and not (tied and
-                                                                                           name == "lm_head.weight"))
+                                                                                           name == "lm_head.weight")
+                   and not (other is not None and name.startswith(other)))
     if extra:
         raise InteropError(f"{checkpoint}: tensor {shorten(extra[0], 100)} (and {len(extra) - 1} more) is not part of "
                            f"the {model_type} model this config describes; attnspec imports nothing it would drop")

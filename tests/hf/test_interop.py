@@ -632,3 +632,25 @@ def test_qwen3_5_text_models_compute_transformers_logits_and_decode_alike(tmp_pa
                                  attention_mask=torch.ones_like(prompt))
         assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
     assert native_config(spec, model_type)["architectures"] == [type(reference).__name__]
+
+
+def test_the_text_model_of_a_multimodal_qwen3_5_imports_logit_equal(tmp_path):
+    """A Qwen3.5 release is its text model inside a vision-language wrapper: the text config and the
+    ``model.language_model.`` tensors import; the vision tower's tensors are left unread."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = _qwen3_5("qwen3_5_text").config.to_dict()
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, patch_size=4,
+                  temporal_patch_size=1, spatial_merge_size=1)
+    torch.manual_seed(0)
+    reference = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    reference.save_pretrained(tmp_path / "checkpoint")
+    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
+    assert model_type == "qwen3_5_text"
+    model = _imported(tmp_path / "checkpoint", model_type)
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND

@@ -588,33 +588,15 @@ class Mamba2(Architecture):
     model_types = ("mamba2",)
     causal_lm = {"mamba2": "Mamba2ForCausalLM"}
 
+    FIELDS = {"heads": "num_heads", "head_dim": "head_dim", "expand": "expand", "state": "state_size",
+              "groups": "n_groups", "conv": "conv_kernel", "conv_bias": "use_conv_bias", "chunk": "chunk_size",
+              "bias": "use_bias", "eps": "layer_norm_epsilon"}
+    """Where a config states the Mamba2 mixer's sizes (Bamba prefixes them with ``mamba_``)."""
+
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         eps = config.number("layer_norm_epsilon", 1e-5)
-        heads, head_dim = config.count("num_heads"), config.count("head_dim")
-        if heads * head_dim != config.count("expand", 2) * d_model:
-            raise config.refuse("num_heads", "num_heads * head_dim must be expand * hidden_size")
-        if config.get("use_bias", bool, False):
-            raise config.refuse("use_bias", "biases on in_proj/out_proj are not imported (released Mamba2 has "
-                                "none); attnspec's Mamba2 has no input bias on Δ's projection")
-        limit = config.get("time_step_limit", list, [0.0, math.inf])
-        if list(limit) != [0.0, math.inf]:
-            raise config.refuse("time_step_limit", f"Δ clamped to {limit} is not an attnspec transition; only "
-                                "the unclamped (0, inf) imports")
-        groups = config.count("n_groups", 8)
-        if heads % groups:
-            raise config.refuse("n_groups", f"{heads} heads cannot be split into {groups} groups")
-        chunk = config.count("chunk_size", 256)
-        mixer = {"kind": "linear", "heads": heads, "d_qk": config.count("state_size"), "d_v": head_dim,
-                 "qk_groups": groups, "feature_map": "identity", "normalize": False, "scale": 1.0,
-                 "transition": {"kind": "mamba", "per": "head", "scale_input": True},
-                 "conv": {"kind": "short", "width": config.count("conv_kernel", 4), "projections": ["q", "k", "v"],
-                          "activation": config.activation(allowed=("silu",)),
-                          "bias": config.get("use_conv_bias", bool, True)},
-                 "skip": True, "group_norm": True, "output_gate": "swish", "gate_before_norm": True, "norm_eps": eps}
-        if chunk & (chunk - 1) == 0 and chunk <= 4096:  # a chunk length changes no result, only speed
-            mixer["chunk_size"] = chunk
-        blocks = [{"mixer": mixer, "mlp": "none", "norm": _rmsnorm(eps)}] * layers
+        blocks = [{"mixer": mamba2_mixer(config, self.FIELDS), "mlp": "none", "norm": _rmsnorm(eps)}] * layers
         return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
                 "head": _head(config, False)}
 
@@ -633,20 +615,123 @@ class Mamba2(Architecture):
     def links(self, spec) -> list[Link]:
         links = _lm_links(spec, "backbone.embeddings.weight", "backbone.norm_f.weight")
         for index, block in enumerate(_blocks(spec)):
-            theirs, ours = f"backbone.layers.{index}.", _block_prefix(index) + "mixer."
-            m = f"{theirs}mixer."
-            # in_proj rows: z | x | B | C | dt; conv1d channels: x | B | C
-            links += [Link(f"{m}in_proj.weight", tuple(f"{ours}{n}.weight" for n in
-                                                       ("gate", "v_proj", "k_proj", "q_proj", "transition.dt_proj"))),
-                      Link(f"{m}conv1d.weight", tuple(f"{ours}conv.filters.{n}" for n in "vkq"), conv=True),
-                      rename(f"{m}dt_bias", f"{ours}transition.dt_bias"),
-                      rename(f"{m}A_log", f"{ours}transition.A_log"),
-                      rename(f"{m}D", f"{ours}D"),
-                      rename(f"{m}norm.weight", f"{ours}norm_weight"),
-                      rename(f"{m}out_proj.weight", f"{ours}out_proj.weight"),
-                      rename(f"{theirs}norm.weight", _block_prefix(index) + "norm1.weight")]
-            if block.mixer.conv.bias:
-                links.append(Link(f"{m}conv1d.bias", tuple(f"{ours}conv.biases.{n}" for n in "vkq")))
+            theirs = f"backbone.layers.{index}."
+            links += mamba2_links(block.mixer, f"{theirs}mixer.", _block_prefix(index) + "mixer.")
+            links.append(rename(f"{theirs}norm.weight", _block_prefix(index) + "norm1.weight"))
+        return links
+
+
+def mamba2_mixer(config: Config, fields: dict[str, str]) -> dict:
+    """transformers' Mamba2 mixer as attnspec's linear attention (``specs/mamba2.yaml``), its sizes read
+    from the config's ``fields`` (:attr:`Mamba2.FIELDS` names them)."""
+    d_model = config.count("hidden_size")
+    eps = config.number(fields["eps"], 1e-5)
+    heads, head_dim = config.count(fields["heads"]), config.count(fields["head_dim"])
+    if heads * head_dim != config.count(fields["expand"], 2) * d_model:
+        raise config.refuse(fields["heads"], f"{fields['heads']} * {fields['head_dim']} must be "
+                            f"{fields['expand']} * hidden_size")
+    if config.get(fields["bias"], bool, False):
+        raise config.refuse(fields["bias"], "biases on in_proj/out_proj are not imported (released Mamba2 layers "
+                            "have none); attnspec's Mamba2 has no input bias on Δ's projection")
+    limit = config.get("time_step_limit", list, [0.0, math.inf])
+    if list(limit) != [0.0, math.inf]:
+        raise config.refuse("time_step_limit", f"Δ clamped to {limit} is not an attnspec transition; only "
+                            "the unclamped (0, inf) imports")
+    groups = config.count(fields["groups"], 8)
+    if heads % groups:
+        raise config.refuse(fields["groups"], f"{heads} heads cannot be split into {groups} groups")
+    chunk = config.count(fields["chunk"], 256)
+    mixer = {"kind": "linear", "heads": heads, "d_qk": config.count(fields["state"]), "d_v": head_dim,
+             "qk_groups": groups, "feature_map": "identity", "normalize": False, "scale": 1.0,
+             "transition": {"kind": "mamba", "per": "head", "scale_input": True},
+             "conv": {"kind": "short", "width": config.count(fields["conv"], 4), "projections": ["q", "k", "v"],
+                      "activation": config.activation(allowed=("silu",)),
+                      "bias": config.get(fields["conv_bias"], bool, True)},
+             "skip": True, "group_norm": True, "output_gate": "swish", "gate_before_norm": True, "norm_eps": eps}
+    if chunk & (chunk - 1) == 0 and chunk <= 4096:  # a chunk length changes no result, only speed
+        mixer["chunk_size"] = chunk
+    return mixer
+
+
+def mamba2_links(mixer, theirs: str, ours: str) -> list[Link]:
+    """A Mamba2 mixer's tensors: in_proj rows z | x | B | C | dt; conv1d channels x | B | C."""
+    links = [Link(f"{theirs}in_proj.weight", tuple(f"{ours}{n}.weight" for n in
+                                                   ("gate", "v_proj", "k_proj", "q_proj", "transition.dt_proj"))),
+             Link(f"{theirs}conv1d.weight", tuple(f"{ours}conv.filters.{n}" for n in "vkq"), conv=True),
+             rename(f"{theirs}dt_bias", f"{ours}transition.dt_bias"),
+             rename(f"{theirs}A_log", f"{ours}transition.A_log"),
+             rename(f"{theirs}D", f"{ours}D"),
+             rename(f"{theirs}norm.weight", f"{ours}norm_weight"),
+             rename(f"{theirs}out_proj.weight", f"{ours}out_proj.weight")]
+    if mixer.conv.bias:
+        links.append(Link(f"{theirs}conv1d.bias", tuple(f"{ours}conv.biases.{n}" for n in "vkq")))
+    return links
+
+
+class Bamba(Architecture):
+    """Bamba: Mamba2 layers and softmax attention layers (GQA, partial RoPE) at ``attn_layer_indices``,
+    each followed by a SiLU GLU MLP; RMSNorms."""
+
+    model_types = ("bamba",)
+    causal_lm = {"bamba": "BambaForCausalLM"}
+    FIELDS = {"heads": "mamba_n_heads", "head_dim": "mamba_d_head", "expand": "mamba_expand",
+              "state": "mamba_d_state", "groups": "mamba_n_groups", "conv": "mamba_d_conv",
+              "conv_bias": "mamba_conv_bias", "chunk": "mamba_chunk_size", "bias": "mamba_proj_bias",
+              "eps": "rms_norm_eps"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        eps = config.number("rms_norm_eps", 1e-5)
+        attention_layers = config.layer_list("attn_layer_indices", layers)
+        heads = config.count("num_attention_heads")
+        kv_heads, head_dim = config.count("num_key_value_heads", heads), d_model // heads
+        bias = config.get("attention_bias", bool, False)
+        attention = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": bias,
+                     "out_bias": bias, "position": config.rope(head_dim, 0.5)}
+        if kv_heads != heads:
+            attention["kv_heads"] = kv_heads
+        mamba = mamba2_mixer(config, self.FIELDS)
+        mlp = _glu(config, bias=config.get("mlp_bias", bool, False))
+        blocks = [{"mixer": attention if i in attention_layers else mamba, "mlp": mlp, "norm": _rmsnorm(eps)}
+                  for i in range(layers)]
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
+        mamba = next((b.mixer for b in blocks if b.mixer.kind == "linear"), None)
+        if attention is None or mamba is None or getattr(attention.position, "kind", None) != "rope":
+            raise NotExpressible("bamba has Mamba2 layers and rotary softmax attention layers")
+        mlp = blocks[0].mlp
+        return {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
+                "num_hidden_layers": len(blocks), "num_attention_heads": attention.heads,
+                "num_key_value_heads": attention.kv_heads or attention.heads, "hidden_act": "silu",
+                "rms_norm_eps": mamba.norm_eps, "attention_bias": attention.qkv_bias,
+                "mlp_bias": mlp.bias, "rope_parameters": {**_rope_parameters(attention.position),
+                                                          "partial_rotary_factor": attention.position.rotary_fraction},
+                "attn_layer_indices": [i for i, b in enumerate(blocks) if b.mixer.kind == "softmax"],
+                "mamba_n_heads": mamba.heads, "mamba_d_head": mamba.d_v,
+                "mamba_expand": mamba.heads * mamba.d_v // spec.d_model, "mamba_d_state": mamba.d_qk,
+                "mamba_n_groups": mamba.qk_groups or mamba.heads, "mamba_d_conv": mamba.conv.width,
+                "mamba_conv_bias": mamba.conv.bias, "mamba_proj_bias": False, "mamba_chunk_size": mamba.chunk_size}
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.final_layernorm.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            if block.mixer.kind == "linear":
+                links += mamba2_links(block.mixer, f"{theirs}mamba.", f"{ours}mixer.")
+            else:
+                a = f"{theirs}self_attn."
+                links += [rename(f"{a}{n}_proj.weight", f"{ours}mixer.{n}_proj.weight") for n in "qkv"]
+                links.append(rename(f"{a}o_proj.weight", f"{ours}mixer.out_proj.weight"))
+                if block.mixer.qkv_bias:
+                    links += [rename(f"{a}{n}_proj.bias", f"{ours}mixer.{n}_proj.bias") for n in "qkv"]
+                    links.append(rename(f"{a}o_proj.bias", f"{ours}mixer.out_proj.bias"))
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}pre_ff_layernorm.weight", f"{ours}norm2.weight")]
+            links += _mlp_links(f"{theirs}feed_forward.", f"{ours}mlp.", block.mlp.bias)
         return links
 
 
@@ -688,8 +773,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
-EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "qwen3_5_text", "qwen3_5_moe_text")
+EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
+                "qwen3_5_moe_text")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

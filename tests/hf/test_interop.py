@@ -654,3 +654,33 @@ def test_the_text_model_of_a_multimodal_qwen3_5_imports_logit_equal(tmp_path):
     tokens = _tokens()
     with torch.no_grad():
         assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+
+
+def test_bamba_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path):
+    """Bamba: Mamba2 layers with softmax attention (GQA, partial RoPE) at attn_layer_indices, each with a GLU MLP."""
+    from transformers import BambaConfig, BambaForCausalLM
+
+    from attnspec.hf.convert import native_config
+
+    config = BambaConfig(**{**SMALL, "num_hidden_layers": 4}, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=8,
+                         mamba_n_groups=2, mamba_d_state=6, mamba_chunk_size=16)
+    torch.manual_seed(0)
+    reference = BambaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    reference.generation_config.eos_token_id = None
+    reference.save_pretrained(tmp_path / "checkpoint")
+    spec = spec_from_checkpoint(tmp_path / "checkpoint")[1]
+    assert [block.mixer.kind for block in spec_blocks(spec)] == ["linear", "softmax", "linear", "linear"]
+    model = _imported(tmp_path / "checkpoint", "bamba")
+    tokens, prompt = _tokens(), _tokens(length=9)
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        for mode in ("chunk", "recurrent", "scan", "quadratic"):
+            model.set_modes([mode if mode in block.mixer.modes else block.mixer.modes[0] for block in model.blocks])
+            assert _relative(model(tokens), expected) < BOUND, mode
+        out = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                                 attention_mask=torch.ones_like(prompt))
+        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
+    assert native_config(spec, "bamba")["attn_layer_indices"] == [1]

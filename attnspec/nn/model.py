@@ -40,13 +40,15 @@ class Block(nn.Module):
         self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None else None
         self.pre = node.norm_placement == "pre"
         self.mixer_residual, self.mlp_residual = node.residuals()
+        self.residual_scale = node.residual_scale
 
     def _sublayer(self, x: Tensor, f, norm: nn.Module, residual: bool) -> Tensor:
-        if self.pre:
-            y = f(norm(x))
-            return x + y if residual else y
-        y = f(x)
-        return norm(x + y if residual else y)
+        y = f(norm(x)) if self.pre else f(x)
+        if self.residual_scale != 1.0:
+            y = y * self.residual_scale
+        if not residual:
+            return y if self.pre else norm(y)
+        return x + y if self.pre else norm(x + y)
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual)
@@ -106,6 +108,8 @@ class Model(nn.Module):
         else:
             self.head = None
         self.head_scale = (head.scale or head.default_scale(d, spec.version)) if head.kind == "lm" else 1.0
+        self.softcap = head.softcap if head.kind == "lm" else None
+        self.embedding_scale = spec.input.scale if self.token_input else 1.0
         initialise(self, spec.init)
 
     @property
@@ -179,15 +183,21 @@ class Model(nn.Module):
 
     def forward(self, inputs: Tensor, mode: str | None = None) -> Tensor:
         self.check_inputs(inputs)
-        x = self.position.embed(self.embed(inputs))
+        x = self.position.embed(self._embedded(inputs))
         for block in self.blocks:
             x = block(x, mode)
         return self._head(self.final_norm(x))
 
+    def _embedded(self, inputs: Tensor) -> Tensor:
+        """Token embeddings times the input's ``scale`` (feature inputs: their projection)."""
+        x = self.embed(inputs)
+        return x if self.embedding_scale == 1.0 else x * self.embedding_scale
+
     def _head(self, x: Tensor) -> Tensor:
         if self.head_kind == "lm":
             logits = x @ self.embed.weight.T if self.head is None else self.head(x)
-            return logits if self.head_scale == 1.0 else logits * self.head_scale
+            logits = logits if self.head_scale == 1.0 else logits * self.head_scale
+            return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
         if self.head_kind == "classifier":
             pooled = x.mean(dim=1) if self.pooling == "mean" else x[:, -1]
             return self.head(pooled)
@@ -255,7 +265,7 @@ class Model(nn.Module):
             raise ShapeError("this model has no decoding step: prefill needs a causal token model with an lm head")
         self.check_inputs(tokens)
         self.check_decode_state(tokens.shape[0])
-        x = self.position.embed(self.embed(tokens))
+        x = self.position.embed(self._embedded(tokens))
         state: list[Tensor] = [torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)]
         for block in self.blocks:
             x, block_state = block.prefill(x)
@@ -270,7 +280,7 @@ class Model(nn.Module):
         self.check_inputs(token, per_position=False)
         position, rest = state[0], list(state[1:])
         self._check_position(position)
-        x = self.position.embed(self.embed(token).unsqueeze(1), position).squeeze(1)
+        x = self.position.embed(self._embedded(token).unsqueeze(1), position).squeeze(1)
         new_state: list[Tensor] = [position + 1]
         for block, count in zip(self.blocks, self.state_layout()):
             block_state, rest = tuple(rest[:count]), rest[count:]

@@ -65,6 +65,9 @@ class Block(Node):
     residual: bool | Residuals = True
     """Skip connections around the mixer and the MLP: `true`, `false` (the rank-collapse study's pure
     attention network), or each sub-layer's own: `{mixer: false, mlp: true}`."""
+    residual_scale: Annotated[float, Field(gt=0, le=1e4)] = 1.0
+    """Multiplier on each sub-layer's output before it is added to the residual stream, x + s f(x)
+    (Granite's `residual_multiplier`)."""
 
     def residuals(self) -> tuple[bool, bool]:
         """(skip around the mixer, skip around the MLP)."""
@@ -98,6 +101,8 @@ class TokenInput(Node):
 
     kind: Literal["tokens"]
     vocab_size: Count(limits.MAX_VOCAB)
+    scale: Annotated[float, Field(gt=0, le=1e4)] = 1.0
+    """Multiplier on the token embeddings (Gemma: sqrt(d_model); Granite: `embedding_multiplier`)."""
 
 
 class FeatureInput(Node):
@@ -121,6 +126,10 @@ class LmHead(Node):
     an untied one. A tied head reads the token embedding, N(0, 1) by default (`init.embedding_std`),
     so without it the first logits have std ~sqrt(d_model) and the first loss is ~60 at d_model 128
     rather than ln(vocab) (README "Initialisation"); `scale: 1` is the behaviour before this field."""
+
+    softcap: Annotated[float, Field(gt=0, le=1e4)] | None = None
+    """Cap the logits smoothly, cap * tanh(logits / cap), after `scale` (Gemma 2's
+    `final_logit_softcapping`); unset: no cap."""
 
     def default_scale(self, d_model: int, version: int = 2) -> float:
         """The scale an unset ``scale`` resolves to (always 1 in a version-1 spec)."""

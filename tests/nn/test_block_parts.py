@@ -1,0 +1,60 @@
+"""The model-level parts released configs use (issue 36): an embedding multiplier (Gemma's sqrt(d),
+Granite's `embedding_multiplier`), a residual multiplier on every sub-layer (Granite's
+`residual_multiplier`) and a logit soft-cap (Gemma 2's `final_logit_softcapping`), each held to the
+same model written another way, in float64, and through decoding."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnspec.nn.model import build_model_from_spec
+from attnspec.spec import load_spec
+
+BASE = {
+    "name": "parts", "dtype": "float64", "input": {"kind": "tokens", "vocab_size": 32}, "d_model": 16, "max_len": 32,
+    "layers": [{"repeat": 2, "layers": [{"mixer": {"kind": "softmax", "heads": 2, "out_bias": True},
+                                         "mlp": {"kind": "glu", "expansion": 2}, "norm": {"kind": "rmsnorm"}}]}],
+    "head": {"kind": "lm", "tied": False, "scale": 1.0},
+}
+TOKENS = torch.randint(0, 32, (2, 11), generator=torch.Generator().manual_seed(0))
+
+
+def _model(*overrides: str):
+    torch.manual_seed(0)
+    return build_model_from_spec(load_spec(BASE, list(overrides))).eval()
+
+
+def test_an_embedding_multiplier_is_a_scaled_embedding_table():
+    scaled, plain = _model("input.scale=4.0"), _model()
+    with torch.no_grad():
+        plain.embed.weight.mul_(4.0)
+        assert torch.allclose(scaled(TOKENS), plain(TOKENS), rtol=1e-12, atol=1e-12)
+
+
+def test_a_residual_multiplier_is_scaled_output_projections():
+    scaled, plain = _model("blocks[*].residual_scale=0.25"), _model()
+    with torch.no_grad():
+        for block in plain.blocks:  # s f(x): the last linear map of each sub-layer times s
+            for layer in (block.mixer.out_proj, block.mlp.down):
+                layer.weight.mul_(0.25)
+                if layer.bias is not None:
+                    layer.bias.mul_(0.25)
+        assert torch.allclose(scaled(TOKENS), plain(TOKENS), rtol=1e-12, atol=1e-12)
+
+
+def test_a_soft_cap_bounds_the_logits_smoothly_and_decoding_sees_it():
+    capped, plain = _model("head.softcap=0.5", "input.scale=4.0", "blocks[*].residual_scale=0.5"), \
+        _model("input.scale=4.0", "blocks[*].residual_scale=0.5")
+    with torch.no_grad():
+        logits, reference = capped(TOKENS), plain(TOKENS)
+        assert torch.allclose(logits, 0.5 * torch.tanh(reference / 0.5), rtol=1e-12, atol=1e-12)
+        assert logits.abs().max() < 0.5 < reference.abs().max()  # the cap acts here
+        generated = capped.generate(TOKENS[:, :4], 5, temperature=0.0)
+        stepped, *state = capped.prefill(TOKENS[:, :4])
+        for t in range(5):
+            assert torch.allclose(stepped[:, -1] if stepped.dim() == 3 else stepped,
+                                  capped(generated[:, :4 + t])[:, -1], rtol=1e-9, atol=1e-9)
+            stepped, *state = capped.step(generated[:, 4 + t], *state)
+    assert math.isfinite(float(logits.sum()))

@@ -258,7 +258,7 @@ def test_a_plugin_family_is_planned_verified_exported_and_decodes_like_a_built_i
     spec = tmp_path / "spec.yaml"
     spec.write_text(FAMILY_SPEC)
     explained = attnspec("explain", str(spec), allowed="ema")
-    assert explained.returncode == 0 and "ema x2" in explained.stdout, explained.stderr
+    assert explained.returncode == 0 and "ema on 2 heads" in explained.stdout, explained.stderr
     assert "quadratic" in explained.stdout and "graph" in explained.stdout
     built = attnspec("build", str(spec), "-o", str(tmp_path / "build"), allowed="ema")
     assert built.returncode == 0, built.stderr[-3000:]

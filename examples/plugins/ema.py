@@ -59,7 +59,7 @@ class EmaMixer(MixerComponent):
             yield ("rate_init",), f"rate_init is a range [low, high]; got low {self.rate_init[0]} above high"
 
     def describe(self) -> str:
-        return f"ema x{self.heads}"
+        return f"ema {self.on_heads()}"
 
 
 def ema_reference(v, rate):

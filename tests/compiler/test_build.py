@@ -160,10 +160,10 @@ def test_failing_build_leaves_nothing_behind(tmp_path):
 
 
 @pytest.mark.parametrize("override, words", [
-    ("layers[0].layers[0].mixer.scale=1e308", ["blocks[0] (the spec's layers[0].layers[0])", "NaN or infinite",
+    ("layers[0].layers[0].mixer.scale=1e308", ["blocks[0] (layers[0]#0.layers[0])", "NaN or infinite",
                                                "float32", "scale"]),
     ("layers[0].layers[0].mixer.transition={kind: mamba, per: head, a_init: [1e-308, 1e-308]}",
-     ["transition.A_log of blocks[0] (the spec's layers[0].layers[0])", "NaN or infinite"]),
+     ["transition.A_log of blocks[0] (layers[0]#0.layers[0])", "NaN or infinite"]),
 ])
 def test_a_model_that_is_not_finite_at_its_dtype_does_not_build(tmp_path, override, words):
     """Both built "successfully" (the float64 verification compares NaN with NaN, or is finite where

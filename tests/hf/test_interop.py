@@ -77,12 +77,18 @@ MODELS = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "qwen3": _qwen3
 
 def _random_model(model_type: str):
     """A tiny transformers model whose every weight is perturbed (seeded)."""
+    return _perturbed(MODELS[model_type])
+
+
+def _perturbed(build):
+    """``build()``, seeded, with every weight perturbed so that zero-initialised parts (routers, gates)
+    matter, in eval mode; greedy generation runs to the length asked, as attnspec's does."""
     torch.manual_seed(0)
-    model = MODELS[model_type]()
+    model = build()
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.2 * torch.randn_like(parameter))
-    model.generation_config.eos_token_id = None  # greedy runs to the length asked, as attnspec's does
+    model.generation_config.eos_token_id = None
     return model.eval()
 
 
@@ -496,47 +502,56 @@ def _qwen3_next_experts():
                              linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=6, num_experts=4,
                              num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=20,
                              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])
-    torch.manual_seed(0)
-    model = Qwen3NextForCausalLM(config)
-    with torch.no_grad():
-        for parameter in model.parameters():  # the router starts at zero: perturbed, the choice matters
-            parameter.add_(0.2 * torch.randn_like(parameter))
-    model.generation_config.eos_token_id = None
-    return model.eval()
-
-
-@pytest.mark.slow  # two CLI subprocesses and three models: the full suite runs it, the quick loop not
-def test_qwen3_next_with_experts_computes_transformers_logits_decodes_and_round_trips(tmp_path):
-    reference = _qwen3_next_experts()
-    directory = tmp_path / "checkpoint"
-    reference.save_pretrained(directory)
-    spec = spec_from_checkpoint(directory)[1]
-    assert [block.mlp.kind for block in spec_blocks(spec)] == ["moe", "glu", "moe", "moe"]
-    model = _imported(directory, "qwen3_next")
-    tokens = _tokens()
-    with torch.no_grad():
-        expected = reference(tokens).logits
-        for mode in ("chunk", "recurrent", "quadratic"):
-            model.set_modes([mode if mode in block.mixer.modes else block.mixer.modes[0] for block in model.blocks])
-            assert _relative(model(tokens), expected) < BOUND, mode
-        prompt = _tokens(length=9)
-        out = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
-                                 attention_mask=torch.ones_like(prompt))
-        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
-    build = tmp_path / "build"
-    result = attnspec_cli("import-hf", str(directory), "-o", str(build), "--no-compile", "--no-calibrate")
-    assert result.returncode == 0, result.stderr
-    assert attnspec_cli("export-hf", str(build), "-o", str(tmp_path / "back")).returncode == 0
-    again = AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
-    assert type(again).__name__ == "Qwen3NextForCausalLM"
-    with torch.no_grad():
-        assert _relative(again(tokens).logits, expected) < BOUND
+    return _perturbed(lambda: Qwen3NextForCausalLM(config))
 
 
 def spec_blocks(spec) -> list:
     from attnspec.spec.walk import iter_blocks
 
     return [block for _, block in iter_blocks(spec, expand=True)]
+
+
+def _holds_to(reference, directory, model_type: str, modes=("chunk",), generate: bool = True):
+    """Save ``reference`` to ``directory``, import it, and hold the import to it: logits within BOUND with
+    every block in each of ``modes`` (where it has it), greedy generation token for token, and the
+    spec's own config naming the reference's class. Returns the imported spec."""
+    from attnspec.hf.convert import native_config
+
+    reference.save_pretrained(directory)
+    spec = spec_from_checkpoint(directory)[1]
+    model = _imported(directory, model_type)
+    tokens, prompt = _tokens(), _tokens(length=9)
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        for mode in modes:
+            model.set_modes([mode if mode in block.mixer.modes else block.mixer.modes[0] for block in model.blocks])
+            assert _relative(model(tokens), expected) < BOUND, mode
+        if generate:
+            out = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                                     attention_mask=torch.ones_like(prompt))
+            assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
+    assert native_config(spec, model_type)["architectures"] == [type(reference).__name__]  # written back as it came
+    return spec
+
+
+EVERY_MODE = ("chunk", "recurrent", "scan", "quadratic")
+
+
+@pytest.mark.slow  # two CLI subprocesses and three models: the full suite runs it, the quick loop not
+def test_qwen3_next_with_experts_computes_transformers_logits_decodes_and_round_trips(tmp_path):
+    reference = _qwen3_next_experts()
+    spec = _holds_to(reference, tmp_path / "checkpoint", "qwen3_next", EVERY_MODE)
+    assert [block.mlp.kind for block in spec_blocks(spec)] == ["moe", "glu", "moe", "moe"]
+    build = tmp_path / "build"
+    result = attnspec_cli("import-hf", str(tmp_path / "checkpoint"), "-o", str(build), "--no-compile",
+                          "--no-calibrate")
+    assert result.returncode == 0, result.stderr
+    assert attnspec_cli("export-hf", str(build), "-o", str(tmp_path / "back")).returncode == 0
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert type(again).__name__ == "Qwen3NextForCausalLM"
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _relative(again(tokens).logits, reference(tokens).logits) < BOUND
 
 
 ROPE_SCALINGS = {  # a trained context (16) shorter than the test's 21 positions, so every scaling bites
@@ -550,48 +565,20 @@ ROPE_SCALINGS = {  # a trained context (16) shorter than the test's 21 positions
 
 @pytest.mark.parametrize("scaling", ROPE_SCALINGS)
 def test_a_scaled_rope_imports_logit_equal_and_exports_as_it_came(tmp_path, scaling):
-    from attnspec.hf.convert import native_config
-
-    torch.manual_seed(0)
     config = LlamaConfig(**{**SMALL, "max_position_embeddings": 64},
                          rope_parameters={"rope_theta": 500.0, **ROPE_SCALINGS[scaling]})
-    reference = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for parameter in reference.parameters():
-            parameter.add_(0.2 * torch.randn_like(parameter))
-    reference.generation_config.eos_token_id = None
-    reference.save_pretrained(tmp_path / "checkpoint")
-    spec = spec_from_checkpoint(tmp_path / "checkpoint")[1]
+    spec = _holds_to(_perturbed(lambda: LlamaForCausalLM(config)), tmp_path / "checkpoint", "llama")
     position = spec_blocks(spec)[0].mixer.position
     assert position.scaling == scaling and position.factor == ROPE_SCALINGS[scaling]["factor"]
-    model = _imported(tmp_path / "checkpoint", "llama")
-    tokens, prompt = _tokens(), _tokens(length=9)
-    with torch.no_grad():
-        assert _relative(model(tokens), reference(tokens).logits) < BOUND
-        out = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
-                                 attention_mask=torch.ones_like(prompt))
-        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
-    exported = native_config(spec, "llama")  # the spec's own config imports as the spec again
-    assert exported["rope_parameters"]["rope_type"] == scaling
-
 
 
 @pytest.mark.parametrize("activation", ["gelu_pytorch_tanh", "relu2"])
 def test_a_tanh_gelu_or_squared_relu_mlp_imports_logit_equal(tmp_path, activation):
     from attnspec.hf.convert import native_config
 
-    torch.manual_seed(0)
-    reference = LlamaForCausalLM(LlamaConfig(**SMALL, hidden_act=activation)).eval()
-    with torch.no_grad():
-        for parameter in reference.parameters():
-            parameter.add_(0.2 * torch.randn_like(parameter))
-    reference.save_pretrained(tmp_path / "checkpoint")
-    spec = spec_from_checkpoint(tmp_path / "checkpoint")[1]
+    reference = _perturbed(lambda: LlamaForCausalLM(LlamaConfig(**SMALL, hidden_act=activation)))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "llama", generate=False)
     assert spec_blocks(spec)[0].mlp.activation == {"gelu_pytorch_tanh": "gelu_tanh", "relu2": "relu2"}[activation]
-    model = _imported(tmp_path / "checkpoint", "llama")
-    tokens = _tokens()
-    with torch.no_grad():
-        assert _relative(model(tokens), reference(tokens).logits) < BOUND
     assert native_config(spec, "llama")["hidden_act"] == activation
 
 
@@ -611,27 +598,7 @@ def _qwen3_5(model_type: str):
 def test_qwen3_5_text_models_compute_transformers_logits_and_decode_alike(tmp_path, model_type):
     """Qwen3.5's text models (dense, and MoE in every layer): its unpacked Gated DeltaNet projections,
     its multimodal rotary embedding on text positions (plain partial RoPE), in every mode."""
-    from attnspec.hf.convert import native_config
-
-    torch.manual_seed(0)
-    reference = _qwen3_5(model_type).eval()
-    with torch.no_grad():
-        for parameter in reference.parameters():
-            parameter.add_(0.2 * torch.randn_like(parameter))
-    reference.generation_config.eos_token_id = None
-    reference.save_pretrained(tmp_path / "checkpoint")
-    spec = spec_from_checkpoint(tmp_path / "checkpoint")[1]
-    model = _imported(tmp_path / "checkpoint", model_type)
-    tokens, prompt = _tokens(), _tokens(length=9)
-    with torch.no_grad():
-        expected = reference(tokens).logits
-        for mode in ("chunk", "recurrent", "quadratic"):
-            model.set_modes([mode if mode in block.mixer.modes else block.mixer.modes[0] for block in model.blocks])
-            assert _relative(model(tokens), expected) < BOUND, mode
-        out = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
-                                 attention_mask=torch.ones_like(prompt))
-        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
-    assert native_config(spec, model_type)["architectures"] == [type(reference).__name__]
+    _holds_to(_perturbed(lambda: _qwen3_5(model_type)), tmp_path / "checkpoint", model_type, EVERY_MODE)
 
 
 def test_the_text_model_of_a_multimodal_qwen3_5_imports_logit_equal(tmp_path):
@@ -642,11 +609,8 @@ def test_the_text_model_of_a_multimodal_qwen3_5_imports_logit_equal(tmp_path):
     text = _qwen3_5("qwen3_5_text").config.to_dict()
     vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, patch_size=4,
                   temporal_patch_size=1, spatial_merge_size=1)
-    torch.manual_seed(0)
-    reference = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).eval()
-    with torch.no_grad():
-        for parameter in reference.parameters():
-            parameter.add_(0.2 * torch.randn_like(parameter))
+    reference = _perturbed(lambda: Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text,
+                                                                                 vision_config=vision)))
     reference.save_pretrained(tmp_path / "checkpoint")
     _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
     assert model_type == "qwen3_5_text"
@@ -664,23 +628,6 @@ def test_bamba_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_
 
     config = BambaConfig(**{**SMALL, "num_hidden_layers": 4}, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=8,
                          mamba_n_groups=2, mamba_d_state=6, mamba_chunk_size=16)
-    torch.manual_seed(0)
-    reference = BambaForCausalLM(config).eval()
-    with torch.no_grad():
-        for parameter in reference.parameters():
-            parameter.add_(0.2 * torch.randn_like(parameter))
-    reference.generation_config.eos_token_id = None
-    reference.save_pretrained(tmp_path / "checkpoint")
-    spec = spec_from_checkpoint(tmp_path / "checkpoint")[1]
+    spec = _holds_to(_perturbed(lambda: BambaForCausalLM(config)), tmp_path / "checkpoint", "bamba", EVERY_MODE)
     assert [block.mixer.kind for block in spec_blocks(spec)] == ["linear", "softmax", "linear", "linear"]
-    model = _imported(tmp_path / "checkpoint", "bamba")
-    tokens, prompt = _tokens(), _tokens(length=9)
-    with torch.no_grad():
-        expected = reference(tokens).logits
-        for mode in ("chunk", "recurrent", "scan", "quadratic"):
-            model.set_modes([mode if mode in block.mixer.modes else block.mixer.modes[0] for block in model.blocks])
-            assert _relative(model(tokens), expected) < BOUND, mode
-        out = reference.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
-                                 attention_mask=torch.ones_like(prompt))
-        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), out)
     assert native_config(spec, "bamba")["attn_layer_indices"] == [1]

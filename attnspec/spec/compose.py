@@ -170,9 +170,7 @@ def expanded_blocks(data: Any, stop: int = limits.MAX_BLOCKS) -> list[tuple[Path
             if len(found) >= stop or steps[0] > 16 * limits.MAX_BLOCKS:
                 return
             if isinstance(item, dict) and "repeat" in item and "layers" in item:
-                repeat = item["repeat"]
-                valid = isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= limits.MAX_REPEAT
-                for copy_index in range(repeat if valid else 1):
+                for copy_index in range(_copies(item)):
                     if len(found) >= stop or steps[0] > 16 * limits.MAX_BLOCKS:
                         return
                     walk(item["layers"], prefix + (i, "layers"), copies + ((prefix + (i,), copy_index),))
@@ -181,6 +179,13 @@ def expanded_blocks(data: Any, stop: int = limits.MAX_BLOCKS) -> list[tuple[Path
 
     walk(data.get("layers") if isinstance(data, dict) else None, ("layers",), ())
     return found
+
+
+def _copies(group: dict) -> int:
+    """A group's ``repeat`` where it is a count in 1..MAX_REPEAT, else 1 (validation reports it)."""
+    repeat = group["repeat"]
+    valid = isinstance(repeat, int) and not isinstance(repeat, bool) and 1 <= repeat <= limits.MAX_REPEAT
+    return repeat if valid else 1
 
 
 def unroll_copy(data: dict, smap: SourceMap, copies: tuple[Copy, ...], path: Path) -> tuple[dict, Path]:
@@ -326,7 +331,7 @@ def _one_block(data: dict, smap: SourceMap, pattern: Path) -> tuple[dict, Path]:
     if len(blocks) <= pattern[1]:
         return data, pattern
     path, copies = blocks[pattern[1]]
-    copies = tuple((group, index) for group, index in copies if _get(data, group)["repeat"] not in (1, True))
+    copies = tuple((group, index) for group, index in copies if _copies(_get(data, group)) > 1)
     if copies:
         data, path = unroll_copy(data, smap, copies, path)
     return data, path + pattern[2:]

@@ -161,3 +161,10 @@ def test_addressing_a_block_of_hostile_nested_groups_ends_at_once():
     data = {"name": "x", "input": {"kind": "tokens", "vocab_size": 8}, "d_model": 8, "max_len": 8, "layers": [group]}
     with pytest.raises(SpecError, match="the spec has no blocks"):
         load_spec(data, ["blocks[3].mixer.heads=2"])
+
+
+def test_blocks_n_in_a_group_whose_repeat_is_not_a_count_is_a_located_error():
+    data = {"name": "x", "input": {"kind": "tokens", "vocab_size": 8}, "d_model": 8, "max_len": 8,
+            "layers": [{"repeat": "three", "layers": [{"mixer": {"kind": "softmax", "heads": 2}}]}]}
+    with pytest.raises(SpecError, match="repeat"):
+        load_spec(data, ["blocks[0].mixer.heads=4"])

@@ -23,9 +23,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 def explain_table(spec, length: int, mixers: list, plans: list, sizes: list) -> Table:
     """The plan of ``spec`` at ``length``: per block (``mixers``; ``sizes`` from
-    :func:`~attnspec.compiler.sizes.layer_sizes`) its parts, parameters and decoding state, and per regime of ``plans`` (``[(regime, Plan)]``, inference
-    first) the mode and kernel chosen, every valid mode's measured and estimated time, and why; then
-    its one-token decoding."""
+    :func:`~attnspec.compiler.sizes.layer_sizes`) its parts, parameters and decoding state, and per
+    regime of ``plans`` (``[(regime, Plan)]``, inference first) the mode and kernel chosen, every valid
+    mode's measured and estimated time, and why; then its one-token decoding."""
     from attnspec.compiler.plan import decoding_text, regime_modes
 
     table = Table(title=escape(f"{spec.name}: plan at L = {length}"))
@@ -248,8 +248,9 @@ def weights_text(fit: dict) -> str:
     if missing:
         lines.append(f"{len(missing)} not in the file, initialised by the spec's init: {', '.join(missing)}")
     if mismatched:
-        lines.append(f"{len(mismatched)} of another shape, initialised: " + ", ".join(
-            f"{name} (file {tuple(entry['file'])}, model {tuple(entry['model'])})" for name, entry in mismatched.items()))
+        shapes = [f"{name} (file {tuple(entry['file'])}, model {tuple(entry['model'])})"
+                  for name, entry in mismatched.items()]
+        lines.append(f"{len(mismatched)} of another shape, initialised: " + ", ".join(shapes))
     if fit["ignored"]:
         lines.append(f"{len(fit['ignored'])} in the file the model has no place for, ignored: "
                      + ", ".join(fit["ignored"]))

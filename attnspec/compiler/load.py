@@ -60,9 +60,9 @@ class WeightsFit:
     def problems(self) -> str:
         """What does not fit, in words (for the errors of a strict load)."""
         parts = []
-        for what, names in (("missing", sorted(set(self.initialised) - {m[0] for m in self.mismatched})),
-                            ("of another shape", [f"{n} {tuple(f)} (model {tuple(m)})" for n, f, m in self.mismatched]),
-                            ("unexpected", self.ignored)):
+        reshaped = [f"{name} {tuple(file)} (model {tuple(mine)})" for name, file, mine in self.mismatched]
+        missing = sorted(set(self.initialised) - {entry[0] for entry in self.mismatched})
+        for what, names in (("missing", missing), ("of another shape", reshaped), ("unexpected", self.ignored)):
             if names:
                 more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
                 parts.append(f"{len(names)} {what}: {', '.join(shorten(n) for n in names[:SHOWN])}{more}")

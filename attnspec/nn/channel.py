@@ -91,17 +91,16 @@ class MoeMlp(nn.Module):
     Eager calls send each expert only the tokens routed to it; compiled and exported graphs compute
     every expert on every token and weight the unchosen by 0 (no shape depends on the routing), the
     same function in another order of sums. The router's scores and the choice run in float32 at
-    least. The last call's (eager or compiled, not exported) load-balancing loss (Switch Transformer's, as transformers'
-    ``load_balancing_loss_func`` computes it for one layer: E sum_e f_e P_e, f_e the share of tokens
-    routed to e, P_e the mean score of e; 1 * top_k when balanced) is ``aux_loss``, and the tokens
-    each expert received ``expert_counts``.
+    least. The last call's (eager or compiled, not exported) load-balancing loss is ``aux_loss``:
+    Switch Transformer's, as transformers' ``load_balancing_loss_func`` computes it for one layer,
+    E sum_e f_e P_e with f_e the share of tokens routed to e and P_e the mean score of e (1 * top_k when
+    balanced); the tokens each expert received are ``expert_counts``.
     """
 
     def __init__(self, node, *, d_model: int, **_):
         super().__init__()
-        self.experts, self.top_k, self.gated = node.experts, node.top_k, node.gated
+        self.experts, self.top_k = node.experts, node.top_k
         self.softmax, self.normalize, self.routed_scale = node.scoring == "softmax", node.normalize, node.routed_scale
-        self.activation = _ACTIVATIONS[node.activation]
         self.router = nn.Linear(d_model, node.experts, bias=False)
         self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
         expert = SimpleNamespace(hidden=node.hidden, expansion=1, activation=node.activation, bias=False,

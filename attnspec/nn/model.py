@@ -312,7 +312,8 @@ class Model(nn.Module):
     def moe_aux_loss(self) -> Tensor | None:
         """The mean load-balancing loss of the mixture-of-experts MLPs over their last call
         (:class:`attnspec.nn.channel.MoeMlp`), or None when the model has none."""
-        terms = [block.mlp.aux_loss for block in self.blocks if block.mlp is not None and block.mlp.aux_loss is not None]
+        mlps = [block.mlp for block in self.blocks if block.mlp is not None]
+        terms = [mlp.aux_loss for mlp in mlps if mlp.aux_loss is not None]
         return torch.stack(terms).mean() if terms else None
 
     def set_modes(self, modes: list[str]) -> None:

@@ -52,7 +52,7 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
             weights = weights / weights.sum()
         for e, w in zip(chosen, weights * node.routed_scale):
             expert = node.routed[e]  # attnspec's GLU: down(act(up x) * gate x)
-            hidden = node.activation(expert.up.weight @ x[t])
+            hidden = expert.activation(expert.up.weight @ x[t])
             if expert.gate is not None:
                 hidden = hidden * (expert.gate.weight @ x[t])
             out[t] += w * (expert.down.weight @ hidden)

@@ -157,12 +157,6 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
     return Plan(L, layers, batch, training, device)
 
 
-def backends_for(spec: Spec, modes: list[str], *, device: str, training: bool = False) -> list[str]:
-    """Each block's backend for its ``modes`` on ``device`` (a build's plan rebuilt on another device)."""
-    return [choose_backend(block.mixer, mode, device=device, dtype=spec.dtype, training=training)
-            for (_, block), mode in zip(iter_blocks(spec, expand=True), modes)]
-
-
 def choose_backend(mixer, mode: str, *, device: str, dtype: str, training: bool, export: bool = False) -> str:
     """The first of the family's backends for ``mode`` whose predicate (:mod:`attnspec.ops.kernels`, the
     one the op asks) takes the call on ``device`` for a ``dtype`` model in the regime (``training``: a

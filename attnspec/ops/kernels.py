@@ -46,19 +46,15 @@ def _triton_problem(inputs: KernelInputs, regime: Regime) -> str | None:
 
 
 _PREDICATES: dict[str, Predicate] = {"graph": _graph_problem, "native": native.problem, "triton": _triton_problem}
+BUILT_IN = tuple(_PREDICATES)
 
 
 def register_kernel(name: str, predicate: Predicate) -> None:
     """Make kernel ``name`` known, with ``predicate(inputs, regime)`` returning why it does not run a
     call or None (a plugin family's own kernel; the built-in names cannot be replaced)."""
-    if name in ("graph", "native", "triton"):
+    if name in BUILT_IN:
         raise ShapeError(f"kernel {name!r} is built in; register yours under another name")
     _PREDICATES[name] = predicate
-
-
-def kernel_names() -> tuple[str, ...]:
-    """Every known kernel's name."""
-    return tuple(_PREDICATES)
 
 
 def kernel_problem(name: str, inputs: KernelInputs, regime: Regime) -> str | None:
@@ -98,5 +94,5 @@ def chosen_kernel(requested: str, names: Sequence[str], inputs: KernelInputs, re
     return requested
 
 
-__all__ = ["KernelError", "Predicate", "call_regime", "chosen_kernel", "first_that_runs", "kernel_names",
+__all__ = ["BUILT_IN", "KernelError", "Predicate", "call_regime", "chosen_kernel", "first_that_runs",
            "kernel_problem", "register_kernel"]

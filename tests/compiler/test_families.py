@@ -14,7 +14,7 @@ import torch
 import attnspec.ops.linear as linear_ops
 from attnspec.compiler import build_model, plan_spec
 from attnspec.compiler.calibration import Calibration
-from attnspec.compiler.plan import backends_for, estimated_costs
+from attnspec.compiler.plan import estimated_costs
 from attnspec.errors import ShapeError
 from attnspec.ops.kernels import KernelError
 from attnspec.ops import linear_attention
@@ -88,12 +88,21 @@ def test_a_lowered_model_runs_the_kernel_of_each_call_s_regime(monkeypatch):
     assert calls == [1]
 
 
-def test_the_plan_for_another_device_names_that_device_s_kernel(triton_installed):
-    spec = _spec()
-    expected = "native" if native.available() else "graph"
-    assert backends_for(spec, ["chunk"], device="cpu") == [expected]
-    assert backends_for(spec, ["chunk"], device="cuda") == ["triton"]
-    assert backends_for(spec, ["quadratic"], device="cpu") == ["graph"]
+def test_a_plugin_kernel_is_chosen_by_its_own_predicate(monkeypatch):
+    """A plugin family's kernel: registered with its predicate, chosen where it applies, passed over where
+    it does not; the built-in names cannot be taken and an unknown name is refused."""
+    from attnspec.ops import kernels
+    from attnspec.spec.family import KernelInputs, Regime
+
+    monkeypatch.setattr(kernels, "_PREDICATES", dict(kernels._PREDICATES))  # registration is process-wide
+    kernels.register_kernel("probe", lambda inputs, regime: None if regime.dtype == "float64" else "float64 only")
+    inputs = KernelInputs("chunk", True)
+    assert kernels.first_that_runs(["probe", "graph"], inputs, Regime("cpu", "float64")) == "probe"
+    assert kernels.first_that_runs(["probe", "graph"], inputs, Regime("cpu", "float32")) == "graph"
+    with pytest.raises(ShapeError, match="built in"):
+        kernels.register_kernel("native", lambda inputs, regime: None)
+    with pytest.raises(ShapeError, match="unknown kernel"):
+        kernels.kernel_problem("nope", inputs, Regime("cpu", "float32"))
 
 
 def test_a_named_kernel_runs_or_raises_and_a_bad_name_is_refused():

@@ -36,7 +36,7 @@ from attnspec.spec.convs import Conv, ConvComponent, NoConv, ShortConv, TokenShi
 from attnspec.spec.supports import (BlockSupport, LinearLowRank, LocalSupport, LowRank, LowRankComponent, LshSupport,
                                     PerformerLowRank, SparseComponent, SparseSupport, TopkSupport)
 from attnspec.spec.mixers.base import MixerComponent, Mode, OutputGate
-from attnspec.spec.mixers import DeltaMixer, LinearMixer, Mixer, ScatterbrainMixer, SoftmaxMixer
+from attnspec.spec.mixers import DeltaMixer, LinearMixer, MambaMixer, Mixer, ScatterbrainMixer, SoftmaxMixer
 from attnspec.spec.channel import (ChannelMixer, ChannelMixerComponent, GluMlp, LayerNormNode, Mlp, NoMlp, NoNorm,
                                    Norm, NormComponent, RmsNormNode)
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
@@ -203,7 +203,8 @@ class Spec(Node):
     """The initial weights' distributions (README "Initialisation")."""
 
 
-MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, Residuals, Block, Group, Spec]
+MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MambaMixer, Residuals, Block,
+          Group, Spec]
 """Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
 rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
@@ -215,7 +216,8 @@ __all__ = ["AlibiPosition", "AogluFeatures", "Block", "BlockSupport", "ChannelMi
            "DeltaMixer", "Elu1Features", "ExpFeatures", "FeatureInput", "FeatureMap", "FeatureMapComponent",
            "FixedTransition", "GluFeatures", "GluMlp", "Group", "Head", "IdentityFeatures", "Init", "InitRange",
            "Input", "L2NormFeatures", "Layer", "LayerNormNode", "LearnedPosition", "LinearLowRank", "LinearMixer",
-           "LmHead", "LocalSupport", "LowRank", "LowRankComponent", "LshSupport", "MODELS", "MambaTransition",
+           "LmHead", "LocalSupport", "LowRank", "LowRankComponent", "LshSupport", "MODELS", "MambaMixer",
+           "MambaTransition",
            "Mixer", "MixerComponent", "Mlp", "Mode", "NoConv", "NoHead", "NoMlp", "NoNorm", "NoPosition",
            "NoReweighting", "NoTransition", "Node", "NonNegativeFloat", "Norm", "NormComponent", "OgluFeatures",
            "OutputGate", "PerformerFeatures", "PerformerLowRank", "PhaseRange", "Position", "PositionComponent",

@@ -33,6 +33,8 @@ MAX_D_MODEL = 8192
 MAX_HEADS = 256
 MAX_HEAD_WIDTH = 1024
 """`d_qk` and `d_v`: per-head widths."""
+MAX_INNER = 1 << 15
+"""`d_inner`: channels of a Mamba-1 scan (Falcon-Mamba-7B has 8,192)."""
 MAX_VOCAB = 1 << 20
 """`vocab_size` (about a million token ids)."""
 MAX_INPUT_DIM = 1 << 16
@@ -85,6 +87,7 @@ TABLE: list[tuple[str, str, int]] = [
     ("d_model", "", MAX_D_MODEL),
     ("heads", "", MAX_HEADS),
     ("d_qk, d_v", "", MAX_HEAD_WIDTH),
+    ("d_inner of a mamba mixer", "", MAX_INNER),
     ("vocab_size", "", MAX_VOCAB),
     ("input dim", "", MAX_INPUT_DIM),
     ("classifier classes", "", MAX_CLASSES),

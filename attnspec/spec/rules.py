@@ -47,12 +47,13 @@ def _is_power_of_two(n: int) -> bool:
 def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
     mixer = block.mixer
     at = path + ("mixer",)
-    if (mixer.d_qk is None or mixer.d_v is None) and spec.d_model % mixer.heads:
+    widths = mixer.resolved_widths(spec.d_model)
+    if not widths:
         yield at + ("heads",), (f"d_model = {spec.d_model} is not divisible by heads = {mixer.heads}, so d_qk/d_v "
                                "cannot be derived; choose heads dividing d_model or set d_qk and d_v")
     if not _is_power_of_two(mixer.chunk_size):
         yield at + ("chunk_size",), f"chunk_size must be a power of two (e.g. 64), got {mixer.chunk_size}"
-    d_qk = mixer.d_qk or (spec.d_model // mixer.heads if spec.d_model % mixer.heads == 0 else None)
+    d_qk = widths.get("d_qk")
     for below, message in mixer.problems(max_len=spec.max_len, d_qk=d_qk):
         yield at + below, message
     for below, message in block.mlp.problems():

@@ -154,6 +154,14 @@ class MixerComponent(Component):
             rows.append((name, _part_text(field) if isinstance(field, Component) else _value_text(value)))
         return rows
 
+    def resolved_widths(self, d_model: int) -> dict[str, int]:
+        """The widths an unset field resolves to in a model of width ``d_model`` (``d_qk`` and ``d_v``:
+        d_model / heads); empty where one is unset and d_model does not divide into the heads (a rule
+        reports it)."""
+        if (self.d_qk is None or self.d_v is None) and d_model % self.heads:
+            return {}
+        return {"d_qk": self.d_qk or d_model // self.heads, "d_v": self.d_v or d_model // self.heads}
+
     def resolved_parts(self, *, d_qk: int, max_len: int) -> dict[str, Any]:
         """Its parts with their derived defaults filled in (``model_copy`` updates), for resolution."""
         return {name: features.resolved(d_qk) for name, features in self.parts_of(FeatureMapComponent)}

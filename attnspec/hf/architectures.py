@@ -315,10 +315,10 @@ def _mlp_links(theirs: str, ours: str, bias: bool) -> list[Link]:
     return links
 
 
-def _moe_links(moe, theirs: str, ours: str, shared: str) -> list[Link]:
-    """A sparse MoE block as released checkpoints store it: the router ``gate``, one GLU MLP per expert
+def _moe_links(moe, theirs: str, ours: str, shared: str = "shared_expert", router: str = "gate") -> list[Link]:
+    """A sparse MoE block as released checkpoints store it: the ``router``, one GLU MLP per expert
     (``experts.{e}.gate_proj`` ...), the shared expert and its gate."""
-    links = [rename(f"{theirs}gate.weight", f"{ours}router.weight")]
+    links = [rename(f"{theirs}{router}.weight", f"{ours}router.weight")]
     for e in range(moe.experts):
         links += _mlp_links(f"{theirs}experts.{e}.", f"{ours}routed.{e}.", False)
     if moe.shared:
@@ -668,6 +668,184 @@ def mamba2_links(mixer, theirs: str, ours: str) -> list[Link]:
     return links
 
 
+class Mamba(Architecture):
+    """Mamba and Falcon-Mamba: RMSNorm, the Mamba-1 mixer (no MLP); Falcon-Mamba RMS-normalises Δ's
+    low-rank input, B and C without a weight."""
+
+    model_types = ("mamba", "falcon_mamba")
+    causal_lm = {"mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM"}
+    FIELDS = {"expand": "expand", "state": "state_size", "conv": "conv_kernel", "conv_bias": "use_conv_bias",
+              "bias": "use_bias", "rank": "time_step_rank"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        eps = config.number("layer_norm_epsilon", 1e-5)
+        norm = ("rms", config.number("mixer_rms_eps", 1e-6)) if model_type == "falcon_mamba" else ("none", eps)
+        blocks = [{"mixer": mamba1_mixer(config, self.FIELDS, *norm), "mlp": "none", "norm": _rmsnorm(eps)}] * layers
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, True)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        mixer = blocks[0].mixer
+        wanted = "rms" if model_type == "falcon_mamba" else "none"
+        if mixer.kind != "mamba" or mixer.selection_norm != wanted:
+            raise NotExpressible(f"{model_type} is the Mamba-1 mixer with selection_norm {wanted} in every block")
+        config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "layer_norm_epsilon":
+                  spec.final_norm.eps, **mamba1_config(mixer, spec.d_model, self.FIELDS),
+                  "max_position_embeddings": spec.max_len, "residual_in_fp32": spec.dtype == "float32"}
+        if model_type == "falcon_mamba":
+            config["mixer_rms_eps"] = mixer.norm_eps
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "backbone.embeddings.weight", "backbone.norm_f.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs = f"backbone.layers.{index}."
+            links += mamba1_links(block.mixer, f"{theirs}mixer.", _block_prefix(index) + "mixer.")
+            links.append(rename(f"{theirs}norm.weight", _block_prefix(index) + "norm1.weight"))
+        return links
+
+
+def mamba1_mixer(config: Config, fields: dict[str, str], selection_norm: str, eps: float) -> dict:
+    """transformers' Mamba-1 mixer as attnspec's ``mamba`` mixer, its sizes read from the config's
+    ``fields`` (Jamba prefixes them with ``mamba_``)."""
+    d_model = config.count("hidden_size")
+    rank = config.data.get(fields["rank"], "auto")
+    rank = math.ceil(d_model / 16) if rank == "auto" else config.count(fields["rank"])
+    bias = config.get(fields["bias"], bool, False)
+    return {"kind": "mamba", "d_qk": config.count(fields["state"], 16),
+            "d_inner": config.count(fields["expand"], 2) * d_model, "dt_rank": rank,
+            "conv": {"kind": "short", "width": config.count(fields["conv"], 4), "projections": ["v"],
+                     "activation": config.activation(allowed=("silu",)),
+                     "bias": config.get(fields["conv_bias"], bool, True)},
+            "selection_norm": selection_norm, **({"norm_eps": eps} if selection_norm != "none" else {}),
+            "qkv_bias": bias, "out_bias": bias}
+
+
+def mamba1_config(mixer, d_model: int, fields: dict[str, str]) -> dict:
+    """A ``mamba`` mixer's fields as a config states them (the inverse of :func:`mamba1_mixer`)."""
+    if mixer.d_inner % d_model or mixer.conv.kind != "short" or mixer.qkv_bias != mixer.out_bias:
+        raise NotExpressible("transformers' Mamba has d_inner a multiple of d_model, a convolution, and biases "
+                             "on both projections or neither")
+    return {fields["expand"]: mixer.d_inner // d_model, fields["state"]: mixer.d_qk, fields["rank"]: mixer.dt_rank,
+            fields["conv"]: mixer.conv.width, fields["conv_bias"]: mixer.conv.bias, fields["bias"]: mixer.qkv_bias,
+            "hidden_act": "silu"}
+
+
+def mamba1_links(mixer, theirs: str, ours: str) -> list[Link]:
+    """A Mamba-1 mixer's tensors, under the names transformers gives them."""
+    names = ["in_proj.weight", "x_proj.weight", "dt_proj.weight", "dt_proj.bias", "A_log", "D", "out_proj.weight"]
+    names += ["in_proj.bias", "out_proj.bias"] if mixer.qkv_bias else []
+    links = [rename(f"{theirs}{name}", f"{ours}{name}") for name in names]
+    links.append(Link(f"{theirs}conv1d.weight", (f"{ours}conv.filters.v",), conv=True))
+    if mixer.conv.bias:
+        links.append(rename(f"{theirs}conv1d.bias", f"{ours}conv.biases.v"))
+    if mixer.selection_norm == "rmsnorm":
+        links += [rename(f"{theirs}{name}_layernorm.weight", f"{ours}selection_weight.{key}")
+                  for name, key in (("dt", "dt"), ("b", "B"), ("c", "C"))]
+    return links
+
+
+class Jamba(Architecture):
+    """Jamba: Mamba-1 layers (RMSNorms with weights on Δ, B and C) and softmax attention layers without
+    positions (GQA) every ``attn_layer_period`` layers, each followed by a SiLU GLU MLP or, every
+    ``expert_layer_period`` layers, a mixture of GLU experts (softmax router, top-k not renormalised)."""
+
+    model_types = ("jamba",)
+    causal_lm = {"jamba": "JambaForCausalLM"}
+    FIELDS = {"expand": "mamba_expand", "state": "mamba_d_state", "conv": "mamba_d_conv",
+              "conv_bias": "mamba_conv_bias", "bias": "mamba_proj_bias", "rank": "mamba_dt_rank"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        eps = config.number("rms_norm_eps", 1e-6)
+        heads = config.count("num_attention_heads")
+        kv_heads = config.count("num_key_value_heads", heads)
+        if d_model % heads or heads % kv_heads:
+            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
+                                f"{kv_heads} key/value heads equally")
+        attention = {"kind": "softmax", "heads": heads, "position": {"kind": "none"}}
+        if kv_heads != heads:
+            attention["kv_heads"] = kv_heads
+        mamba = mamba1_mixer(config, self.FIELDS, "rmsnorm", eps)
+        experts = config.count("num_experts", 16, limit=limits.MAX_EXPERTS)
+        mlp = _glu(config)
+        moe = {"kind": "moe", "experts": experts, "top_k": config.count("num_experts_per_tok", 2),
+               "hidden": mlp["hidden"], "activation": mlp["activation"], "normalize": False}
+        periods = {}
+        for name, default_period, default_offset in (("attn", 8, 4), ("expert", 2, 1)):
+            period = config.count(f"{name}_layer_period", default_period)
+            offset = config.get(f"{name}_layer_offset", int, default_offset)
+            if not 0 <= offset < period:
+                raise config.refuse(f"{name}_layer_offset", f"must be from 0 to {name}_layer_period - 1")
+            periods[name] = (period, offset)
+        blocks = [{"mixer": attention if i % periods["attn"][0] == periods["attn"][1] else mamba,
+                   "mlp": moe if experts > 1 and i % periods["expert"][0] == periods["expert"][1] else mlp,
+                   "norm": _rmsnorm(eps)} for i in range(layers)]
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        n = len(blocks)
+        attention = [i for i, b in enumerate(blocks) if b.mixer.kind == "softmax"]
+        sparse = [i for i, b in enumerate(blocks) if b.mlp.kind == "moe"]
+        mamba = next((b.mixer for b in blocks if b.mixer.kind == "mamba"), None)
+        if mamba is None or not attention or any(b.mixer.kind not in ("softmax", "mamba") for b in blocks):
+            raise NotExpressible("jamba has Mamba-1 layers and softmax attention layers")
+        config = {"hidden_size": spec.d_model, "num_hidden_layers": n, "rms_norm_eps": spec.final_norm.eps,
+                  "num_attention_heads": blocks[attention[0]].mixer.heads,
+                  "num_key_value_heads": blocks[attention[0]].mixer.kv_heads or blocks[attention[0]].mixer.heads,
+                  **mamba1_config(mamba, spec.d_model, self.FIELDS),
+                  "attn_layer_period": _period(attention, n), "attn_layer_offset": attention[0]}
+        dense = next((b.mlp for b in blocks if b.mlp.kind == "glu"), None)
+        moe = blocks[sparse[0]].mlp if sparse else None
+        mlp = dense or moe
+        config["intermediate_size"] = mlp.hidden
+        config["hidden_act"] = ACTIVATION_NAMES[mlp.activation]
+        if moe is None:
+            config.update(num_experts=1, expert_layer_period=1, expert_layer_offset=0)
+        else:
+            config.update(num_experts=moe.experts, num_experts_per_tok=moe.top_k,
+                          expert_layer_period=_period(sparse, n), expert_layer_offset=sparse[0])
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.final_layernorm.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            if block.mixer.kind == "mamba":
+                links += mamba1_links(block.mixer, f"{theirs}mamba.", f"{ours}mixer.")
+            else:
+                links += _attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}pre_ff_layernorm.weight", f"{ours}norm2.weight")]
+            if block.mlp.kind == "moe":
+                links += _moe_links(block.mlp, f"{theirs}feed_forward.", f"{ours}mlp.", router="router")
+            else:
+                links += _mlp_links(f"{theirs}feed_forward.", f"{ours}mlp.", block.mlp.bias)
+        return links
+
+
+def _period(indices: list[int], layers: int) -> int:
+    """The period p of layer indices i0, i0 + p, i0 + 2p, ... (one index: any period past the last layer)."""
+    period = indices[1] - indices[0] if len(indices) > 1 else layers
+    if indices != list(range(indices[0], layers, period)):
+        raise NotExpressible(f"layers {indices} are not every {period}th layer from layer {indices[0]}")
+    return period
+
+
+def _attention_links(theirs: str, ours: str, bias: bool) -> list[Link]:
+    """Softmax attention's q, k, v and o projections (``o_proj`` is attnspec's ``out_proj``)."""
+    links = [rename(f"{theirs}{n}_proj.weight", f"{ours}{n}_proj.weight") for n in "qkv"]
+    links.append(rename(f"{theirs}o_proj.weight", f"{ours}out_proj.weight"))
+    if bias:
+        links += [rename(f"{theirs}{n}_proj.bias", f"{ours}{n}_proj.bias") for n in "qkv"]
+        links.append(rename(f"{theirs}o_proj.bias", f"{ours}out_proj.bias"))
+    return links
+
+
 class Bamba(Architecture):
     """Bamba: Mamba2 layers and softmax attention layers (GQA, partial RoPE) at ``attn_layer_indices``,
     each followed by a SiLU GLU MLP; RMSNorms."""
@@ -723,12 +901,7 @@ class Bamba(Architecture):
             if block.mixer.kind == "linear":
                 links += mamba2_links(block.mixer, f"{theirs}mamba.", f"{ours}mixer.")
             else:
-                a = f"{theirs}self_attn."
-                links += [rename(f"{a}{n}_proj.weight", f"{ours}mixer.{n}_proj.weight") for n in "qkv"]
-                links.append(rename(f"{a}o_proj.weight", f"{ours}mixer.out_proj.weight"))
-                if block.mixer.qkv_bias:
-                    links += [rename(f"{a}{n}_proj.bias", f"{ours}mixer.{n}_proj.bias") for n in "qkv"]
-                    links.append(rename(f"{a}o_proj.bias", f"{ours}mixer.out_proj.bias"))
+                links += _attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
             links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
                       rename(f"{theirs}pre_ff_layernorm.weight", f"{ours}norm2.weight")]
             links += _mlp_links(f"{theirs}feed_forward.", f"{ours}mlp.", block.mlp.bias)
@@ -773,9 +946,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

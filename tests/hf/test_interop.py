@@ -631,3 +631,36 @@ def test_bamba_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_
     spec = _holds_to(_perturbed(lambda: BambaForCausalLM(config)), tmp_path / "checkpoint", "bamba", EVERY_MODE)
     assert [block.mixer.kind for block in spec_blocks(spec)] == ["linear", "softmax", "linear", "linear"]
     assert native_config(spec, "bamba")["attn_layer_indices"] == [1]
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba"])
+def test_mamba_and_falcon_mamba_compute_transformers_logits_in_every_mode_and_decode_alike(tmp_path, model_type):
+    """Mamba-1 (the selective scan; Falcon-Mamba with its weightless RMS norms on Δ, B and C), with biases
+    on its projections and an untied head, in every mode."""
+    from transformers import FalconMambaConfig, FalconMambaForCausalLM, MambaConfig, MambaForCausalLM
+
+    config, model = {"mamba": (MambaConfig, MambaForCausalLM),
+                     "falcon_mamba": (FalconMambaConfig, FalconMambaForCausalLM)}[model_type]
+    reference = _perturbed(lambda: model(config(vocab_size=VOCAB, hidden_size=32, state_size=6, num_hidden_layers=2,
+                                                expand=2, time_step_rank=3, use_bias=True, tie_word_embeddings=False)))
+    spec = _holds_to(reference, tmp_path / "checkpoint", model_type, EVERY_MODE)
+    mixer = spec_blocks(spec)[0].mixer
+    assert (mixer.kind, mixer.d_inner, mixer.d_qk, mixer.dt_rank) == ("mamba", 64, 6, 3)
+    assert mixer.selection_norm == ("rms" if model_type == "falcon_mamba" else "none")
+
+
+def test_jamba_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path):
+    """Jamba: Mamba-1 layers with weighted RMS norms on Δ, B, C; position-free GQA attention every 2nd
+    layer; experts (softmax router, top-2 of 4 not renormalised) every 3rd, so each mixer meets both MLPs."""
+    from transformers import JambaConfig, JambaForCausalLM
+
+    from attnspec.hf.convert import native_config
+
+    config = JambaConfig(**{**SMALL, "num_hidden_layers": 4}, num_experts=4, num_experts_per_tok=2,
+                         expert_layer_period=3, expert_layer_offset=0, attn_layer_period=2, attn_layer_offset=1,
+                         mamba_d_state=6, mamba_dt_rank=3)
+    spec = _holds_to(_perturbed(lambda: JambaForCausalLM(config)), tmp_path / "checkpoint", "jamba", EVERY_MODE)
+    assert [(b.mixer.kind, b.mlp.kind) for b in spec_blocks(spec)] == [("mamba", "moe"), ("softmax", "glu"),
+                                                                        ("mamba", "glu"), ("softmax", "moe")]
+    written = native_config(spec, "jamba")
+    assert (written["attn_layer_period"], written["expert_layer_period"], written["expert_layer_offset"]) == (2, 3, 0)

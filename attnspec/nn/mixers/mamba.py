@@ -62,10 +62,12 @@ class MambaMixer(Mixer):
         convolution's new state."""
         x, z = self.in_proj(u).chunk(2, dim=-1)
         x, new_conv = self.conv("v", x, conv_state[0] if conv_state else None)
-        dt, b, c = self.x_proj(x).split([self.rank, self.state, self.state], dim=-1)
+        # x_proj's rows one product each: a split of one product is a strided view, and a linear map of
+        # a strided view makes export guard on the batch (its reshape is a view only at batch 1)
+        dt, b, c = (F.linear(x, rows) for rows in self.x_proj.weight.split([self.rank, self.state, self.state]))
         dt, b, c = (full_precision(self._normalized(t, name)) for t, name in ((dt, "dt"), (b, "B"), (c, "C")))
-        step = F.softplus(self.dt_proj(dt).float()).transpose(1, 2).unsqueeze(-1)  # Δ (B, d_inner, L, 1)
-        log_a = step * -torch.exp(self.A_log.float()).unsqueeze(1)  # (B, d_inner, L, N)
+        step = F.softplus(full_precision(self.dt_proj(dt))).transpose(1, 2).unsqueeze(-1)  # Δ (B, d_inner, L, 1)
+        log_a = step * -torch.exp(full_precision(self.A_log)).unsqueeze(1)  # (B, d_inner, L, N)
         keys = step.to(b.dtype) * b.unsqueeze(1)
         queries = c.unsqueeze(1).expand(-1, self.channels, -1, -1)
         values = full_precision(x).transpose(1, 2).unsqueeze(-1)

@@ -94,6 +94,10 @@ class MambaMixer(MixerComponent):
         if self.conv.kind == "shift" or self.conv.kind == "short" and self.conv.projections != ["v"]:
             yield ("conv",), "Mamba convolves x, its values, alone: `conv: {kind: short, projections: [v]}` or `none`"
 
+    def parts(self) -> list[tuple[str, str]]:
+        rows = [("channels", f"{self.d_inner} (state {self.d_qk}, Δ rank {self.dt_rank})")]
+        return rows + [row for row in super().parts()[1:] if row[0] not in ("scale", "d_inner", "dt_rank")]
+
     def describe(self) -> str:
         norm = "" if self.selection_norm == "none" else f", {self.selection_norm} on Δ B C"
         return f"mamba[state {self.d_qk or 16}{norm}] on {self.d_inner or '2 d_model'} channels"

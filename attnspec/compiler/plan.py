@@ -198,6 +198,9 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, train
     if calibrated is not None:
         measured = {mode: t for mode, t in calibrated["seconds"].items() if mode in valid}
         skipped = {mode: why for mode, why in calibrated.get("skipped", {}).items() if mode in valid}
+    if mixer.is_identity:
+        return LayerPlan(path, mixer.describe(), mixer.modes()[0], decode, costs[mixer.modes()[0]],
+                         "no mixer: nothing to plan", seconds, measured)
     if mixer.softmax_kernel:
         reason = "the softmax kernel has no finite features: quadratic is the only mode"
         if decode is None:

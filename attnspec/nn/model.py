@@ -30,13 +30,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class Block(nn.Module):
-    """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); a sub-layer without its residual drops the ``x +``."""
+    """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); a sub-layer without its residual drops the ``x +``;
+    ``mixer: none`` drops the mixer's sub-layer and its norm."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__()
         self.mixer = build("mixer", node.mixer, d_model=d_model, max_len=max_len, seed=seed)
         self.mlp = None if node.mlp.is_identity else build("mlp", node.mlp, d_model=d_model)
-        self.norm1 = build("norm", node.norm, dim=d_model)
+        self.norm1 = None if node.mixer.is_identity else build("norm", node.norm, dim=d_model)  # `mixer: none`
         self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None else None
         self.pre = node.norm_placement == "pre"
         self.mixer_residual, self.mlp_residual = node.residuals()
@@ -51,7 +52,8 @@ class Block(nn.Module):
         return x + y if self.pre else norm(x + y)
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
-        x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual)
+        if self.norm1 is not None:
+            x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual)
         if self.mlp is not None:
             x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual)
         return x
@@ -71,10 +73,11 @@ class Block(nn.Module):
             y, box["state"] = mixer_call(h)
             return y
 
-        x = self._sublayer(x, mix, self.norm1, self.mixer_residual)
+        if self.norm1 is not None:
+            x = self._sublayer(x, mix, self.norm1, self.mixer_residual)
         if self.mlp is not None:
             x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual)
-        return x, box["state"]
+        return x, box.get("state", ())
 
 
 class Model(nn.Module):
@@ -334,7 +337,8 @@ def initialise(model: Model, init) -> None:
             _draw_projections(block.mlp.projections() if block.mlp is not None else [], init.projection_std,
                               init.distribution)
         if init.residual_scaling:  # GPT-2: the residual stream's variance stays O(1) over 2 * blocks sums
-            writers = [block.mixer.out_proj.weight] + (block.mlp.residual_writers() if block.mlp is not None else [])
+            writers = [block.mixer.out_proj.weight] if block.norm1 is not None else []  # `mixer: none` writes nothing
+            writers += block.mlp.residual_writers() if block.mlp is not None else []
             with torch.no_grad():
                 for weight in writers:
                     weight.mul_(1.0 / math.sqrt(2 * len(model.blocks)))

@@ -36,7 +36,8 @@ from attnspec.spec.convs import Conv, ConvComponent, NoConv, ShortConv, TokenShi
 from attnspec.spec.supports import (BlockSupport, LinearLowRank, LocalSupport, LowRank, LowRankComponent, LshSupport,
                                     PerformerLowRank, SparseComponent, SparseSupport, TopkSupport)
 from attnspec.spec.mixers.base import MixerComponent, Mode, OutputGate
-from attnspec.spec.mixers import DeltaMixer, LinearMixer, MambaMixer, Mixer, ScatterbrainMixer, SoftmaxMixer
+from attnspec.spec.mixers import (DeltaMixer, LinearMixer, MambaMixer, Mixer, NoMixer, ScatterbrainMixer,
+                                  SoftmaxMixer)
 from attnspec.spec.channel import (ChannelMixer, ChannelMixerComponent, GluMlp, LayerNormNode, Mlp, NoMlp, NoNorm,
                                    Norm, NormComponent, RmsNormNode)
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
@@ -56,6 +57,7 @@ class Block(Node):
     """One residual block: [norm] -> mixer -> [+x] -> [norm] -> mlp -> [+x]."""
 
     mixer: Mixer
+    """The sequence mixer; `none`: the block is its MLP alone (no mixer sub-layer, no norm before it)."""
     mlp: ChannelMixer = Field(default_factory=lambda: Mlp(kind="mlp"))
     """`mlp` (the default kind), `glu` or `none`."""
     norm: Norm = Field(default_factory=lambda: LayerNormNode(kind="layernorm"))
@@ -218,7 +220,7 @@ __all__ = ["AlibiPosition", "AogluFeatures", "Block", "BlockSupport", "ChannelMi
            "Input", "L2NormFeatures", "Layer", "LayerNormNode", "LearnedPosition", "LinearLowRank", "LinearMixer",
            "LmHead", "LocalSupport", "LowRank", "LowRankComponent", "LshSupport", "MODELS", "MambaMixer",
            "MambaTransition",
-           "Mixer", "MixerComponent", "Mlp", "Mode", "NoConv", "NoHead", "NoMlp", "NoNorm", "NoPosition",
+           "Mixer", "MixerComponent", "Mlp", "Mode", "NoConv", "NoHead", "NoMixer", "NoMlp", "NoNorm", "NoPosition",
            "NoReweighting", "NoTransition", "Node", "NonNegativeFloat", "Norm", "NormComponent", "OgluFeatures",
            "OutputGate", "PerformerFeatures", "PerformerLowRank", "PhaseRange", "Position", "PositionComponent",
            "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting", "ReweightingComponent", "RmsNormNode",

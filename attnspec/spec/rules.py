@@ -56,5 +56,7 @@ def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
     d_qk = widths.get("d_qk")
     for below, message in mixer.problems(max_len=spec.max_len, d_qk=d_qk):
         yield at + below, message
+    if mixer.is_identity and block.mlp.is_identity:
+        yield at, "a block with neither a mixer nor an MLP computes nothing: give it one, or remove the block"
     for below, message in block.mlp.problems():
         yield path + ("mlp",) + below, message

@@ -315,14 +315,24 @@ def _mlp_links(theirs: str, ours: str, bias: bool) -> list[Link]:
     return links
 
 
+def _plain_mlp_links(theirs: str, ours: str, bias: bool) -> list[Link]:
+    """transformers' down(act(up_proj x)) is attnspec's ``mlp`` kind, down(act(up x))."""
+    names = ["up", "down"]
+    return [rename(f"{theirs}{n}_proj.{p}", f"{ours}{n}.{p}") for n in names for p in ("weight", "bias")[:1 + bias]]
+
+
 def _moe_links(moe, theirs: str, ours: str, shared: str = "shared_expert", router: str = "gate") -> list[Link]:
-    """A sparse MoE block as released checkpoints store it: the ``router``, one GLU MLP per expert
-    (``experts.{e}.gate_proj`` ...), the shared expert and its gate."""
+    """A sparse MoE block as released checkpoints store it: the ``router`` (and its score correction
+    bias), one MLP per expert (``experts.{e}.gate_proj`` ...; no gate_proj for plain experts), the
+    shared expert and its gate."""
+    expert_links = _mlp_links if moe.gated else _plain_mlp_links
     links = [rename(f"{theirs}{router}.weight", f"{ours}router.weight")]
+    if moe.score_bias:
+        links.append(rename(f"{theirs}{router}.e_score_correction_bias", f"{ours}score_bias"))
     for e in range(moe.experts):
-        links += _mlp_links(f"{theirs}experts.{e}.", f"{ours}routed.{e}.", False)
+        links += expert_links(f"{theirs}experts.{e}.", f"{ours}routed.{e}.", False)
     if moe.shared:
-        links += _mlp_links(f"{theirs}{shared}.", f"{ours}shared.", False)
+        links += expert_links(f"{theirs}{shared}.", f"{ours}shared.", False)
     if moe.shared_gate:
         links.append(rename(f"{theirs}{shared}_gate.weight", f"{ours}shared_gate.weight"))
     return links
@@ -610,7 +620,7 @@ class Mamba2(Architecture):
                 "n_groups": mixer.qk_groups or mixer.heads, "conv_kernel": mixer.conv.width,
                 "use_conv_bias": mixer.conv.bias, "use_bias": False, "layer_norm_epsilon": mixer.norm_eps,
                 "chunk_size": mixer.chunk_size, "hidden_act": "silu", "max_position_embeddings": spec.max_len,
-                "residual_in_fp32": spec.dtype == "float32"}
+                "residual_in_fp32": spec.dtype == "float32", "time_step_limit": time_step_limit(mixer)}
 
     def links(self, spec) -> list[Link]:
         links = _lm_links(spec, "backbone.embeddings.weight", "backbone.norm_f.weight")
@@ -621,9 +631,10 @@ class Mamba2(Architecture):
         return links
 
 
-def mamba2_mixer(config: Config, fields: dict[str, str]) -> dict:
+def mamba2_mixer(config: Config, fields: dict[str, str], dt_limit: tuple[float, float] | None = None) -> dict:
     """transformers' Mamba2 mixer as attnspec's linear attention (``specs/mamba2.yaml``), its sizes read
-    from the config's ``fields`` (:attr:`Mamba2.FIELDS` names them)."""
+    from the config's ``fields`` (:attr:`Mamba2.FIELDS` names them), Δ clamped to ``dt_limit`` (else the
+    config's ``time_step_limit``)."""
     d_model = config.count("hidden_size")
     eps = config.number(fields["eps"], 1e-5)
     heads, head_dim = config.count(fields["heads"]), config.count(fields["head_dim"])
@@ -633,24 +644,35 @@ def mamba2_mixer(config: Config, fields: dict[str, str]) -> dict:
     if config.get(fields["bias"], bool, False):
         raise config.refuse(fields["bias"], "biases on in_proj/out_proj are not imported (released Mamba2 layers "
                             "have none); attnspec's Mamba2 has no input bias on Δ's projection")
-    limit = config.get("time_step_limit", list, [0.0, math.inf])
-    if list(limit) != [0.0, math.inf]:
-        raise config.refuse("time_step_limit", f"Δ clamped to {limit} is not an attnspec transition; only "
-                            "the unclamped (0, inf) imports")
+    if dt_limit is None:  # transformers 5 writes infinity as {"__float__": "Infinity"}
+        limit = [math.inf if v == {"__float__": "Infinity"} else v
+                 for v in config.get("time_step_limit", list, [0.0, math.inf])]
+    else:
+        limit = list(dt_limit)
+    if len(limit) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in limit):
+        raise config.refuse("time_step_limit", f"must be [low, high] with 0 <= low <= high, got {shorten(limit)}")
     groups = config.count(fields["groups"], 8)
     if heads % groups:
         raise config.refuse(fields["groups"], f"{heads} heads cannot be split into {groups} groups")
     chunk = config.count(fields["chunk"], 256)
     mixer = {"kind": "linear", "heads": heads, "d_qk": config.count(fields["state"]), "d_v": head_dim,
              "qk_groups": groups, "feature_map": "identity", "normalize": False, "scale": 1.0,
-             "transition": {"kind": "mamba", "per": "head", "scale_input": True},
+             "transition": {"kind": "mamba", "per": "head", "scale_input": True,
+                            **({"dt_min": float(limit[0])} if limit[0] > 0 else {}),
+                            **({"dt_max": float(limit[1])} if math.isfinite(limit[1]) else {})},
              "conv": {"kind": "short", "width": config.count(fields["conv"], 4), "projections": ["q", "k", "v"],
-                      "activation": config.activation(allowed=("silu",)),
+                      "activation": config.activation(fields.get("act", "hidden_act"), allowed=("silu",)),
                       "bias": config.get(fields["conv_bias"], bool, True)},
              "skip": True, "group_norm": True, "output_gate": "swish", "gate_before_norm": True, "norm_eps": eps}
     if chunk & (chunk - 1) == 0 and chunk <= 4096:  # a chunk length changes no result, only speed
         mixer["chunk_size"] = chunk
     return mixer
+
+
+def time_step_limit(mixer) -> list[float]:
+    """A Mamba2 mixer's Δ clamp as transformers' ``time_step_limit`` [low, high]."""
+    transition = mixer.transition
+    return [transition.dt_min or 0.0, transition.dt_max if transition.dt_max is not None else math.inf]
 
 
 def mamba2_links(mixer, theirs: str, ours: str) -> list[Link]:
@@ -892,7 +914,8 @@ class Bamba(Architecture):
                 "mamba_n_heads": mamba.heads, "mamba_d_head": mamba.d_v,
                 "mamba_expand": mamba.heads * mamba.d_v // spec.d_model, "mamba_d_state": mamba.d_qk,
                 "mamba_n_groups": mamba.qk_groups or mamba.heads, "mamba_d_conv": mamba.conv.width,
-                "mamba_conv_bias": mamba.conv.bias, "mamba_proj_bias": False, "mamba_chunk_size": mamba.chunk_size}
+                "mamba_conv_bias": mamba.conv.bias, "mamba_proj_bias": False, "mamba_chunk_size": mamba.chunk_size,
+                "time_step_limit": time_step_limit(mamba)}
 
     def links(self, spec) -> list[Link]:
         links = _lm_links(spec, "model.embed_tokens.weight", "model.final_layernorm.weight")
@@ -905,6 +928,114 @@ class Bamba(Architecture):
             links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
                       rename(f"{theirs}pre_ff_layernorm.weight", f"{ours}norm2.weight")]
             links += _mlp_links(f"{theirs}feed_forward.", f"{ours}mlp.", block.mlp.bias)
+        return links
+
+
+class NemotronH(Architecture):
+    """Nemotron-H: one sub-layer per layer, x + f(RMSNorm(x)), f one of Mamba2 (Δ clamped below at
+    ``time_step_min``), softmax attention without positions (GQA), a plain MLP (squared ReLU), or a
+    mixture of plain experts (sigmoid scores with a correction bias, group-limited, a shared expert):
+    ``layers_block_type``. The MLP and expert layers are blocks without a mixer (``mixer: none``)."""
+
+    model_types = ("nemotron_h",)
+    causal_lm = {"nemotron_h": "NemotronHForCausalLM"}
+    FIELDS = {"heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "expand": "expand", "state": "ssm_state_size",
+              "groups": "n_groups", "conv": "conv_kernel", "conv_bias": "use_conv_bias", "chunk": "chunk_size",
+              "bias": "use_bias", "eps": "layer_norm_epsilon", "act": "mamba_hidden_act"}
+    TYPES = ("linear_attention", "full_attention", "mlp", "moe")
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        types = config.get("layers_block_type", list)
+        if not 0 < len(types) <= limits.MAX_BLOCKS or any(t not in self.TYPES for t in types):
+            raise config.refuse("layers_block_type", f"must list 1 to {limits.MAX_BLOCKS} layers, each one of "
+                                f"{', '.join(self.TYPES)}")
+        if config.get("num_nextn_predict_layers", int, 0):
+            raise config.refuse("num_nextn_predict_layers", "multi-token prediction layers are not imported")
+        if config.get("moe_latent_size", int, None) is not None and "moe" in types:
+            raise config.refuse("moe_latent_size", "experts in a latent space of their own are not an attnspec "
+                                "MLP", [i for i, t in enumerate(types) if t == "moe"])
+        eps = config.number("layer_norm_epsilon", 1e-5)
+        layers = {}
+        if "linear_attention" in types:
+            layers["linear_attention"] = mamba2_mixer(config, self.FIELDS, (config.number("time_step_min", 0.001),
+                                                                             math.inf)), "none"
+        if "full_attention" in types:
+            heads = config.count("num_attention_heads")
+            kv_heads = config.count("num_key_value_heads", heads)
+            if heads % kv_heads:
+                raise config.refuse("num_key_value_heads", f"{heads} heads cannot share {kv_heads} key/value heads")
+            head_dim = config.count("head_dim", config.count("hidden_size") // heads)
+            attention = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
+                         "position": {"kind": "none"}, **({"kv_heads": kv_heads} if kv_heads != heads else {})}
+            layers["full_attention"] = attention, "none"
+        act = config.activation("mlp_hidden_act", allowed=("relu2", "relu", "silu", "gelu", "gelu_tanh"))
+        bias = config.get("mlp_bias", bool, False)
+        if "mlp" in types:
+            layers["mlp"] = "none", {"kind": "mlp", "hidden": config.count("intermediate_size"), "activation": act,
+                                     "bias": bias}
+        if "moe" in types:
+            if bias:
+                raise config.refuse("mlp_bias", "the shared expert's biases are not imported (experts have none)")
+            experts = config.count("n_routed_experts", limit=limits.MAX_EXPERTS)
+            groups = config.count("n_group", 1)
+            layers["moe"] = "none", {
+                "kind": "moe", "experts": experts, "top_k": config.count("num_experts_per_tok", 2),
+                "hidden": config.count("moe_intermediate_size"), "activation": act, "gated": False,
+                "scoring": "sigmoid", "score_bias": True, "normalize": config.get("norm_topk_prob", bool, True),
+                "routed_scale": config.number("routed_scaling_factor", 1.0), "groups": groups,
+                "top_groups": config.count("topk_group", 1), "shared": 1,
+                "shared_hidden": config.count("moe_shared_expert_intermediate_size")}
+        blocks = [{"mixer": layers[t][0], "mlp": layers[t][1], "norm": _rmsnorm(eps)} for t in types]
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        types = []
+        for block in blocks:
+            kind = (block.mixer.kind, block.mlp.kind)
+            if kind not in (("linear", "none"), ("softmax", "none"), ("none", "mlp"), ("none", "moe")):
+                raise NotExpressible("each nemotron_h layer is one of Mamba2, attention, an MLP or experts")
+            types.append({"linear": "linear_attention", "softmax": "full_attention"}.get(kind[0], kind[1]))
+        config = {"hidden_size": spec.d_model, "layers_block_type": types, "layer_norm_epsilon": spec.final_norm.eps}
+        mamba = next((b.mixer for b in blocks if b.mixer.kind == "linear"), None)
+        if mamba is not None:
+            config.update({"mamba_num_heads": mamba.heads, "mamba_head_dim": mamba.d_v, "ssm_state_size": mamba.d_qk,
+                           "expand": mamba.heads * mamba.d_v // spec.d_model, "n_groups": mamba.qk_groups or mamba.heads,
+                           "conv_kernel": mamba.conv.width, "use_conv_bias": mamba.conv.bias, "use_bias": False,
+                           "chunk_size": mamba.chunk_size, "mamba_hidden_act": "silu",
+                           "time_step_min": mamba.transition.dt_min or 0.0})
+        attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
+        if attention is not None:
+            config.update({"num_attention_heads": attention.heads, "head_dim": attention.d_qk,
+                           "num_key_value_heads": attention.kv_heads or attention.heads})
+        mlp = next((b.mlp for b in blocks if b.mlp.kind == "mlp"), None)
+        moe = next((b.mlp for b in blocks if b.mlp.kind == "moe"), None)
+        if mlp is not None:
+            config.update({"intermediate_size": mlp.hidden, "mlp_bias": mlp.bias})
+        if mlp is not None or moe is not None:
+            config["mlp_hidden_act"] = ACTIVATION_NAMES[(mlp or moe).activation]
+        if moe is not None:
+            config.update({"n_routed_experts": moe.experts, "num_experts_per_tok": moe.top_k,
+                           "moe_intermediate_size": moe.hidden, "norm_topk_prob": moe.normalize,
+                           "routed_scaling_factor": moe.routed_scale, "n_group": moe.groups,
+                           "topk_group": moe.top_groups or moe.groups,
+                           "moe_shared_expert_intermediate_size": moe.shared_hidden or moe.hidden})
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "backbone.embeddings.weight", "backbone.norm_f.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"backbone.layers.{index}.", _block_prefix(index)
+            if block.mixer.kind == "linear":
+                links += mamba2_links(block.mixer, f"{theirs}mixer.", f"{ours}mixer.")
+            elif block.mixer.kind == "softmax":
+                links += _attention_links(f"{theirs}mixer.", f"{ours}mixer.", False)
+            elif block.mlp.kind == "moe":
+                links += _moe_links(block.mlp, f"{theirs}mixer.", f"{ours}mlp.", shared="shared_experts")
+            else:
+                links += _plain_mlp_links(f"{theirs}mixer.", f"{ours}mlp.", block.mlp.bias)
+            links.append(rename(f"{theirs}norm.weight", f"{ours}{'norm1' if block.mlp.kind == 'none' else 'norm2'}.weight"))
         return links
 
 
@@ -946,9 +1077,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

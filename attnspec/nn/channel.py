@@ -101,13 +101,14 @@ class MoeMlp(nn.Module):
         super().__init__()
         self.experts, self.top_k = node.experts, node.top_k
         self.softmax, self.normalize, self.routed_scale = node.scoring == "softmax", node.normalize, node.routed_scale
+        self.groups, self.top_groups = node.groups, node.top_groups or node.groups
         self.router = nn.Linear(d_model, node.experts, bias=False)
         self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
         expert = SimpleNamespace(hidden=node.hidden, expansion=1, activation=node.activation, bias=False,
                                  gated=node.gated)
         self.routed = nn.ModuleList(Mlp(expert, d_model=d_model) for _ in range(node.experts))
         shared = SimpleNamespace(hidden=node.shared_hidden or node.shared * node.hidden, expansion=1,
-                                 activation=node.activation, bias=False, gated=True)
+                                 activation=node.activation, bias=False, gated=node.gated)
         self.shared = Mlp(shared, d_model=d_model) if node.shared else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if node.shared and node.shared_gate else None
         self.aux_loss: Tensor | None = None
@@ -129,11 +130,16 @@ class MoeMlp(nn.Module):
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (T, d) -> the router's scores (T, E), the chosen experts (T, k) and their weights (T, k),
-        in float32 or wider."""
+        in float32 or wider. With groups, only the ``top_groups`` best groups' experts are chosen from."""
         logits = self.router(x)
         logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
         scores = logits.softmax(-1) if self.softmax else logits.sigmoid()
         choosing = scores + self.score_bias.to(scores.dtype) if self.score_bias is not None else scores
+        if self.top_groups < self.groups:  # choose within the groups whose two best scores sum highest
+            grouped = choosing.view(-1, self.groups, self.experts // self.groups)
+            kept = grouped.topk(2, dim=-1).values.sum(-1).topk(self.top_groups, dim=-1).indices
+            mask = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter(1, kept, True)
+            choosing = grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view_as(choosing)
         chosen = choosing.topk(self.top_k, dim=-1).indices
         weights = scores.gather(-1, chosen)
         if self.normalize:

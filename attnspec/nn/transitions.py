@@ -125,7 +125,8 @@ class MambaTransition(Transition):
     """Mamba's gate: ``log a_t = -exp(A_log) softplus(W_Δ x_t + dt_bias)`` per head or key channel.
 
     A = exp(A_log) starts uniform in ``a_init``, softplus(dt_bias) log-uniform in ``dt_init`` (floored
-    at 1e-4, as Mamba2). ``input_scale(x)`` is the step Δ_t when the node scales the input, else None.
+    at 1e-4, as Mamba2); Δ clamped to [``dt_min``, ``dt_max``] where set. ``input_scale(x)`` is the step Δ_t when
+    the node scales the input, else None.
     """
 
     def __init__(self, node, *, d_model: int, heads: int, d_qk: int, **_):
@@ -142,12 +143,15 @@ class MambaTransition(Transition):
         dt = torch.exp(torch.empty(count).uniform_(math.log(low), math.log(high))).clamp(min=1e-4)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
         self.scales_input = node.scale_input
+        self.dt_min, self.dt_max = node.dt_min, node.dt_max
 
     def _step(self, x: Tensor) -> Tensor:
         """Δ_t = softplus(W_Δ x_t + dt_bias): (B, L, d_model) -> (B, H, L, width), in full precision."""
         B, L = x.shape[:2]
         wide = torch.promote_types(x.dtype, torch.float32)  # half-precision activations: the gate in float32
         rate = F.softplus(self.dt_proj(x).to(wide) + self.dt_bias.to(wide))
+        if self.dt_min is not None or self.dt_max is not None:
+            rate = rate.clamp(self.dt_min, self.dt_max)
         return rate.view(B, L, self.heads, self.width).transpose(1, 2)
 
     def forward(self, x: Tensor) -> Decay:

@@ -110,8 +110,14 @@ class MoeMlp(ChannelMixerComponent):
     score_bias: bool = False
     """A learnt per-expert bias added to the scores to choose the experts, not to weight them
     (DeepSeek-V3's `e_score_correction_bias`)."""
+    groups: Count(limits.MAX_EXPERTS) = 1
+    """Group-limited routing (DeepSeek-V3's `n_group`): the experts form this many equal groups, and each
+    token chooses its experts from the `top_groups` groups whose two best choosing scores sum highest."""
+    top_groups: Count(limits.MAX_EXPERTS) | None = None
+    """Groups each token chooses from (`topk_group`); unset: every group."""
     shared: Annotated[int, Field(ge=0, le=limits.MAX_EXPERTS)] = 0
-    """Shared experts every token passes through (as one GLU MLP of width `shared_hidden`)."""
+    """Shared experts every token passes through (as one MLP of width `shared_hidden`, gated as the
+    routed experts are)."""
     shared_hidden: Count(limits.MAX_EXPANSION * limits.MAX_D_MODEL) | None = None
     """Hidden width of the shared experts together (default shared * hidden)."""
     shared_gate: bool = False
@@ -120,6 +126,15 @@ class MoeMlp(ChannelMixerComponent):
     def problems(self) -> Iterator[tuple[tuple, str]]:
         if self.top_k > self.experts:
             yield ("top_k",), f"top_k = {self.top_k} chooses more experts than the {self.experts} there are"
+        if self.experts % self.groups:
+            yield ("groups",), f"{self.experts} experts cannot form {self.groups} equal groups; use a divisor"
+        elif self.top_groups is not None and self.top_groups > self.groups:
+            yield ("top_groups",), f"top_groups = {self.top_groups} is more than the {self.groups} groups there are"
+        elif self.top_groups is not None and self.top_groups * self.experts // self.groups < self.top_k:
+            yield ("top_groups",), (f"{self.top_groups} groups of {self.experts // self.groups} experts hold fewer than "
+                                    f"top_k = {self.top_k}")
+        elif self.groups > 1 and self.experts // self.groups < 2:
+            yield ("groups",), "a group is scored by its two best experts: groups need at least 2 experts each"
         if not self.shared and (self.shared_hidden is not None or self.shared_gate):
             yield ("shared",), "shared_hidden and shared_gate describe shared experts: set `shared` to their number"
 

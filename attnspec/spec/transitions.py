@@ -140,6 +140,11 @@ class MambaTransition(TransitionComponent):
     """A low-rank W_Δ = W_up W_down of this inner width (KDA's gate projection); full rank when unset."""
     scale_input: bool = False
     """Multiply the written input by Δ_t (Mamba2's discretisation, with the D skip taking x_t unscaled)."""
+    dt_min: Annotated[float, Field(ge=0, le=1e4)] | None = None
+    """Δ_t clamped below at this value after the softplus (Mamba2's `time_step_limit[0]`; Nemotron-H
+    clamps at its `time_step_min`). Unset: no clamp."""
+    dt_max: Annotated[float, Field(gt=0, le=1e4)] | None = None
+    """Δ_t clamped above at this value (`time_step_limit[1]`). Unset: no clamp."""
 
     @property
     def per_channel(self) -> bool:
@@ -154,6 +159,8 @@ class MambaTransition(TransitionComponent):
             low, high = getattr(self, name)
             if low > high:
                 yield (name,), f"{name} is a range [low, high]; got low {low} above high {high}"
+        if self.dt_min is not None and self.dt_max is not None and self.dt_min > self.dt_max:
+            yield ("dt_min",), f"dt_min {self.dt_min} is above dt_max {self.dt_max}"
         if self.scale_input and self.per_channel:
             yield ("scale_input",), "scale_input multiplies the input by one Δ_t per head (Mamba2); use `per: head`"
 

@@ -664,3 +664,35 @@ def test_jamba_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_
                                                                         ("mamba", "glu"), ("softmax", "moe")]
     written = native_config(spec, "jamba")
     assert (written["attn_layer_period"], written["expert_layer_period"], written["expert_layer_offset"]) == (2, 3, 0)
+
+
+def test_nemotron_h_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path):
+    """Nemotron-H: Mamba2 (Δ clamped at time_step_min), position-free attention, a squared-ReLU MLP layer and
+    an experts layer (sigmoid scores with a correction bias, 2 groups of which 1 is chosen from, a shared
+    expert), each its own block: the MLP and experts layers are blocks without a mixer."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    from attnspec.hf.convert import native_config
+
+    config = NemotronHConfig(vocab_size=VOCAB, hidden_size=32, max_position_embeddings=64, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=8, intermediate_size=48, ssm_state_size=6,
+                             mamba_num_heads=8, mamba_head_dim=8, n_groups=2, chunk_size=16, n_routed_experts=4,
+                             num_experts_per_tok=2, moe_intermediate_size=12, moe_shared_expert_intermediate_size=20,
+                             n_group=2, topk_group=1, routed_scaling_factor=1.5,
+                             layers_block_type=["linear_attention", "mlp", "full_attention", "moe", "linear_attention"])
+
+    def build():
+        model = NemotronHForCausalLM(config)
+        with torch.no_grad():  # a correction bias that changes the choice
+            model.model.layers[3].mixer.gate.e_score_correction_bias.copy_(torch.tensor([0.3, -0.2, 0.1, 0.0]))
+        return model
+
+    reference = _perturbed(build)
+    with torch.no_grad():  # Δ well above time_step_min: transformers clamps it in a prompt but not in a step
+        for index in (0, 4):
+            reference.model.layers[index].mixer.dt_bias.add_(3.0)
+    spec = _holds_to(reference, tmp_path / "checkpoint", "nemotron_h", EVERY_MODE)
+    assert [(b.mixer.kind, b.mlp.kind) for b in spec_blocks(spec)] == [
+        ("linear", "none"), ("none", "mlp"), ("softmax", "none"), ("none", "moe"), ("linear", "none")]
+    assert spec_blocks(spec)[0].mixer.transition.dt_min == 0.001
+    assert native_config(spec, "nemotron_h")["layers_block_type"] == config.layers_block_type

@@ -58,3 +58,37 @@ def test_a_soft_cap_bounds_the_logits_smoothly_and_decoding_sees_it():
                                   capped(generated[:, :4 + t])[:, -1], rtol=1e-9, atol=1e-9)
             stepped, *state = capped.step(generated[:, 4 + t], *state)
     assert math.isfinite(float(logits.sum()))
+
+
+def test_a_block_without_a_mixer_is_its_mlp_alone_and_decodes():
+    """`mixer: none` (Nemotron-H's MLP layers): x + mlp(norm(x)), no norm or weights of a mixer, an empty
+    decoding state; the model equals its first block's attention then the MLP written out by hand."""
+    mlp_only = {"mixer": "none", "mlp": {"kind": "mlp", "activation": "relu2", "bias": True}, "norm": "rmsnorm"}
+    torch.manual_seed(0)
+    model = build_model_from_spec(load_spec({**BASE, "layers": [BASE["layers"][0]["layers"][0], mlp_only]})).eval()
+    block = model.blocks[1]
+    assert block.norm1 is None
+    assert not [name for name, _ in block.named_parameters() if name.startswith("mixer.")]
+    assert model.state_layout()[1] == 0
+    with torch.no_grad():
+        h = model.blocks[0](model.embed(TOKENS))
+        mlp = block.mlp
+        by_hand = h + mlp.down(torch.relu(mlp.up(block.norm2(h))) ** 2)
+        assert torch.allclose(model.blocks[1](h), by_hand, rtol=1e-12, atol=1e-12)
+        full = model(TOKENS)
+        logits, *state = model.prefill(TOKENS[:, :5])
+        for t in range(5, TOKENS.shape[1]):
+            logits, *state = model.step(TOKENS[:, t], *state)
+            assert torch.allclose(logits, full[:, t], rtol=1e-10, atol=1e-10)
+
+
+def test_a_block_with_neither_a_mixer_nor_an_mlp_and_fields_on_no_mixer_are_located_errors():
+    import pytest
+
+    from attnspec.errors import SpecError
+
+    for override, words in (("layers[0].layers[0].mixer=none", "neither a mixer nor an MLP"),
+                            ("layers[0].layers[0].mixer={kind: none, heads: 2}", "has no `heads`")):
+        with pytest.raises(SpecError, match=words):
+            load_spec({**BASE, "layers": [{"repeat": 1, "layers": [{"mixer": {"kind": "softmax"}, "mlp": "none"}]}]},
+                      [override])

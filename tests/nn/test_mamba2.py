@@ -87,3 +87,21 @@ def test_the_shipped_mamba2_spec_is_mamba2_at_its_widths():
     mixer = spec.layers[0].layers[0].mixer
     assert mixer.heads * mixer.d_v == 2 * spec.d_model  # d_inner = expand * d_model
     assert (mixer.qk_groups, mixer.skip, mixer.gate_before_norm, mixer.transition.scale_input) == (1, True, True, True)
+
+
+def test_a_clamped_step_is_the_softplus_clamped_in_every_mode():
+    """`dt_min`/`dt_max` (Mamba2's time_step_limit, Nemotron-H's time_step_min): Δ = clamp(softplus(.)),
+    the decay and the scaled input both read the clamped Δ, and every mode agrees on it in float64."""
+    spec = _spec("float64")
+    spec["layers"][0]["mixer"]["transition"].update(dt_min=0.05, dt_max=0.08)
+    torch.manual_seed(0)
+    mixer = attnspec.build(spec).blocks[0].mixer
+    transition = mixer.transition
+    x = torch.randn(2, 40, D_MODEL, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    raw = torch.nn.functional.softplus(transition.dt_proj(x) + transition.dt_bias).transpose(1, 2).unsqueeze(-1)
+    assert (raw < 0.05).any() and (raw > 0.08).any()  # both bounds bite
+    assert torch.equal(transition.input_scale(x), raw.clamp(0.05, 0.08))
+    with torch.no_grad():
+        outputs = {mode: mixer(x, mode) for mode in mixer.modes}
+    for mode, out in outputs.items():
+        assert (out - outputs["recurrent"]).abs().max() < 1e-10, mode

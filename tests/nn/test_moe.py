@@ -1,7 +1,7 @@
 """The mixture-of-experts MLP (``mlp: {kind: moe}``) against a per-token float64 reference.
 
 The reference below is written from the definition, token by token: router scores (softmax or
-sigmoid), the top-k by score plus correction bias, the chosen scores renormalised and scaled, each
+sigmoid), the top-k by score plus correction bias (within the best groups, where experts are grouped), the chosen scores renormalised and scaled, each
 chosen expert's GLU, the shared experts behind their sigmoid gate. The module's two orders of work
 (each expert on its own tokens, eagerly; every expert on every token, compiled or exported) are held
 to it in float64 at 1e-12 relative (sums of a few dozen products), to each other, with gradients,
@@ -24,6 +24,9 @@ CASES = {
     "deepseek": dict(experts=8, top_k=3, hidden=4, scoring="sigmoid", score_bias=True, routed_scale=2.5, shared=2),
     "mixtral-unnormalised": dict(experts=4, top_k=1, hidden=6, normalize=False),
     "plain-experts-all-chosen": dict(experts=3, top_k=3, hidden=4, gated=False, activation="gelu"),
+    # Nemotron-H / DeepSeek-V3: 8 experts in 4 groups, a token chooses from the best 2 groups; plain experts
+    "grouped-plain": dict(experts=8, top_k=3, hidden=4, gated=False, activation="relu2", scoring="sigmoid",
+                          score_bias=True, groups=4, top_groups=2, shared=1, shared_hidden=6),
 }
 
 
@@ -46,7 +49,12 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
         logits = node.router.weight @ x[t]
         scores = logits.softmax(-1) if node.softmax else logits.sigmoid()
         choosing = scores + (node.score_bias if node.score_bias is not None else 0)
-        chosen = sorted(range(node.experts), key=lambda e: -float(choosing[e]))[:node.top_k]
+        size = node.experts // node.groups  # a group's score: the sum of its two best choosing scores
+        group_scores = [float(choosing[g * size:(g + 1) * size].sort(descending=True).values[:2].sum())
+                        for g in range(node.groups)]
+        kept = sorted(range(node.groups), key=lambda g: -group_scores[g])[:node.top_groups]
+        allowed = [e for e in range(node.experts) if e // size in kept]
+        chosen = sorted(allowed, key=lambda e: -float(choosing[e]))[:node.top_k]
         weights = scores[chosen]
         if node.normalize:
             weights = weights / weights.sum()
@@ -57,7 +65,9 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
                 hidden = hidden * (expert.gate.weight @ x[t])
             out[t] += w * (expert.down.weight @ hidden)
         if node.shared is not None:
-            s = node.shared.down.weight @ (F.silu(node.shared.up.weight @ x[t]) * (node.shared.gate.weight @ x[t]))
+            shared = node.shared
+            hidden = shared.activation(shared.up.weight @ x[t])
+            s = shared.down.weight @ (hidden * (shared.gate.weight @ x[t]) if shared.gate is not None else hidden)
             out[t] += torch.sigmoid(node.shared_gate.weight @ x[t])[0] * s if node.shared_gate is not None else s
     return out
 

@@ -222,7 +222,8 @@ class Link:
 
     ``theirs`` = the rows of ``ours`` concatenated, interleaved by ``groups`` (group g of each of
     ``ours`` in turn: transformers' per-key-head packing), minus ``offset`` (Qwen3-Next's norms store
-    weight - 1), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)).
+    weight - 1), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)), and its rows
+    in ``stack`` slices along a leading axis (fused experts: (experts, rows, columns)).
     """
 
     theirs: str
@@ -230,15 +231,20 @@ class Link:
     groups: int = 1
     offset: float = 0.0
     conv: bool = False
+    stack: int = 1
 
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
         parts = [t.chunk(self.groups) for t in tensors]
         joined = torch.cat([part for group in zip(*parts) for part in group]) - self.offset
+        if self.stack > 1:
+            joined = joined.reshape(self.stack, -1, *joined.shape[1:])
         return joined.unsqueeze(1) if self.conv else joined
 
     def split(self, tensor: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
         """transformers -> attnspec, into tensors of ``shapes``."""
+        if self.stack > 1:
+            tensor = tensor.reshape(-1, *tensor.shape[2:])
         if self.conv:
             tensor = tensor.squeeze(1)
         tensor = tensor + self.offset
@@ -1039,6 +1045,109 @@ class NemotronH(Architecture):
         return links
 
 
+class GraniteMoeHybrid(Architecture):
+    """Granite 4.0-H: Mamba2 layers and softmax attention layers (GQA, RoPE or none, the softmax scale
+    ``attention_multiplier``), each followed by experts (softmax over the top-k logits, i.e. renormalised
+    top-k; GLU experts stored fused) plus a shared GLU MLP, or by the shared MLP alone; muP
+    multipliers on the embeddings (``embedding_multiplier``), every residual branch
+    (``residual_multiplier``) and the logits (divided by ``logits_scaling``)."""
+
+    model_types = ("granitemoehybrid",)
+    causal_lm = {"granitemoehybrid": "GraniteMoeHybridForCausalLM"}
+    FIELDS = {**Bamba.FIELDS, "eps": "rms_norm_eps"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        eps = config.number("rms_norm_eps", 1e-6)
+        types = config.layer_types(layers, ["linear_attention"] * layers)
+        unknown = [i for i, t in enumerate(types) if t not in ("linear_attention", "full_attention")]
+        if unknown:
+            raise config.refuse("layer_types", "each layer is linear_attention (Mamba2) or full_attention", unknown)
+        heads = config.count("num_attention_heads")
+        kv_heads = config.count("num_key_value_heads", heads)
+        if d_model % heads or heads % kv_heads:
+            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
+                                f"{kv_heads} key/value heads equally")
+        bias = config.get("attention_bias", bool, False)
+        kind = config.get("position_embedding_type", str, None)
+        if kind not in (None, "rope", "nope"):
+            raise config.refuse("position_embedding_type", f"{shorten(kind)!r}: rope or none import")
+        attention = {"kind": "softmax", "heads": heads, "qkv_bias": bias, "out_bias": bias,
+                     "scale": config.number("attention_multiplier", 1.0),
+                     "position": config.rope(d_model // heads) if kind == "rope" else {"kind": "none"},
+                     **({"kv_heads": kv_heads} if kv_heads != heads else {})}
+        mamba = mamba2_mixer(config, self.FIELDS) if "linear_attention" in types else None
+        shared = config.count("shared_intermediate_size")
+        experts = config.get("num_local_experts", int, 8)
+        if experts < 0 or experts > limits.MAX_EXPERTS:
+            raise config.refuse("num_local_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
+        act = config.activation()
+        mlp = ({"kind": "moe", "experts": experts, "top_k": config.count("num_experts_per_tok", 2),
+                "hidden": config.count("intermediate_size"), "activation": act, "shared": 1, "shared_hidden": shared}
+               if experts else {"kind": "glu", "hidden": shared, "activation": act, "bias": False})
+        multiplier = config.number("residual_multiplier", 1.0)
+        blocks = [{"mixer": mamba if t == "linear_attention" else attention, "mlp": mlp, "norm": _rmsnorm(eps),
+                   **({"residual_scale": multiplier} if multiplier != 1.0 else {})} for t in types]
+        embedding, logits = config.number("embedding_multiplier", 1.0), config.number("logits_scaling", 1.0)
+        common = _common(config)
+        if embedding != 1.0:
+            common["input"]["scale"] = embedding
+        return {**common, "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": {**_head(config, False), "scale": 1.0 / logits}}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
+        mamba = next((b.mixer for b in blocks if b.mixer.kind == "linear"), None)
+        if any(b.mixer.kind not in ("softmax", "linear") for b in blocks) or any(b.mlp != blocks[0].mlp for b in blocks):
+            raise NotExpressible("granitemoehybrid has Mamba2 and attention layers, each with the same MLP")
+        mlp = blocks[0].mlp
+        config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
+                  "layer_types": ["full_attention" if b.mixer.kind == "softmax" else "linear_attention" for b in blocks],
+                  "embedding_multiplier": spec.input.scale, "residual_multiplier": blocks[0].residual_scale,
+                  "logits_scaling": 1.0 / spec.head.scale, "hidden_act": ACTIVATION_NAMES[mlp.activation]}
+        if mlp.kind == "moe":
+            config.update(num_local_experts=mlp.experts, num_experts_per_tok=mlp.top_k, intermediate_size=mlp.hidden,
+                          shared_intermediate_size=mlp.shared_hidden or mlp.hidden)
+        else:
+            config.update(num_local_experts=0, shared_intermediate_size=mlp.hidden)
+        if attention is not None:
+            rope = attention.position.kind == "rope"
+            config.update({"num_attention_heads": attention.heads,
+                           "num_key_value_heads": attention.kv_heads or attention.heads,
+                           "attention_bias": attention.qkv_bias, "attention_multiplier": attention.scale,
+                           "position_embedding_type": "rope" if rope else None,
+                           **({"rope_parameters": _rope_parameters(attention.position)} if rope else {})})
+        if mamba is not None:
+            config.update({"mamba_n_heads": mamba.heads, "mamba_d_head": mamba.d_v,
+                           "mamba_expand": mamba.heads * mamba.d_v // spec.d_model, "mamba_d_state": mamba.d_qk,
+                           "mamba_n_groups": mamba.qk_groups or mamba.heads, "mamba_d_conv": mamba.conv.width,
+                           "mamba_conv_bias": mamba.conv.bias, "mamba_proj_bias": False,
+                           "mamba_chunk_size": mamba.chunk_size, "time_step_limit": time_step_limit(mamba)})
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            if block.mixer.kind == "linear":
+                links += mamba2_links(block.mixer, f"{theirs}mamba.", f"{ours}mixer.")
+            else:
+                links += _attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
+            mlp, shared = block.mlp, f"{ours}mlp." if block.mlp.kind == "glu" else f"{ours}mlp.shared."
+            links += [Link(f"{theirs}shared_mlp.input_linear.weight", (f"{shared}up.weight", f"{shared}gate.weight")),
+                      rename(f"{theirs}shared_mlp.output_linear.weight", f"{shared}down.weight")]
+            if mlp.kind == "moe":  # experts fused: input_linear (E, 2 hidden, d) = each expert's up | gate
+                moe, routed = f"{theirs}block_sparse_moe.", [f"{ours}mlp.routed.{e}." for e in range(mlp.experts)]
+                links += [rename(f"{moe}router.layer.weight", f"{ours}mlp.router.weight"),
+                          Link(f"{moe}input_linear.weight", tuple(f"{r}{n}.weight" for r in routed for n in ("up", "gate")),
+                               stack=mlp.experts),
+                          Link(f"{moe}output_linear.weight", tuple(f"{r}down.weight" for r in routed), stack=mlp.experts)]
+        return links
+
+
 class Qwen35(Qwen3Next):
     """Qwen3.5's text models: Qwen3-Next's layers with the Gated DeltaNet's projections unpacked (q, k, v
     in one matrix, the gate, beta and Δ each their own) and, for the MoE model, a sparse MoE block in
@@ -1077,9 +1186,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

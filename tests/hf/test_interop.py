@@ -696,3 +696,22 @@ def test_nemotron_h_computes_transformers_logits_in_every_mode_and_decodes_alike
         ("linear", "none"), ("none", "mlp"), ("softmax", "none"), ("none", "moe"), ("linear", "none")]
     assert spec_blocks(spec)[0].mixer.transition.dt_min == 0.001
     assert native_config(spec, "nemotron_h")["layers_block_type"] == config.layers_block_type
+
+
+@pytest.mark.parametrize("experts", [4, 0])
+def test_granite_4_hybrid_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path, experts):
+    """Granite 4.0-H: Mamba2 and RoPE attention layers, experts stored fused (or none: the shared MLP alone),
+    and every muP multiplier away from 1 (embeddings, residual branches, attention scale, logits)."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    config = GraniteMoeHybridConfig(**{**SMALL, "num_hidden_layers": 3, "intermediate_size": 12},
+                                    layer_types=["mamba", "attention", "mamba"], num_local_experts=experts,
+                                    num_experts_per_tok=2, shared_intermediate_size=20, mamba_n_heads=8,
+                                    mamba_d_head=8, mamba_n_groups=2, mamba_d_state=6, mamba_chunk_size=16,
+                                    position_embedding_type="rope", embedding_multiplier=3.0, logits_scaling=2.0,
+                                    residual_multiplier=0.5, attention_multiplier=0.3)
+    spec = _holds_to(_perturbed(lambda: GraniteMoeHybridForCausalLM(config)), tmp_path / "checkpoint",
+                     "granitemoehybrid", EVERY_MODE)
+    block = spec_blocks(spec)[1]
+    assert (spec.input.scale, spec.head.scale, block.residual_scale, block.mixer.scale) == (3.0, 0.5, 0.5, 0.3)
+    assert block.mlp.kind == ("moe" if experts else "glu")

@@ -93,12 +93,18 @@ class Config:
             raise self.refuse("layer_types", f"must list a type for each of the {layers} layers")
         return types
 
-    def rope(self, head_dim: int, default_fraction: float = 1.0) -> dict:
+    def rope(self, head_dim: int, default_fraction: float = 1.0, layer_type: str | None = None) -> dict:
         """The rotary position node: ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``
         (transformers 4), with its scaling: linear, llama3 and yarn import; dynamic NTK (its base
-        depends on the length of each call) and the rest are refused by name."""
+        depends on the length of each call) and the rest are refused by name. Where the parameters are
+        given per layer type (Gemma 3's local and global layers), ``layer_type``'s."""
         field = "rope_parameters"
         parameters = self.get("rope_parameters", dict, None)
+        if layer_type is not None and parameters is not None and layer_type in parameters:
+            field = f"rope_parameters.{layer_type}"
+            parameters = parameters[layer_type]
+            if not isinstance(parameters, dict):
+                raise self.refuse(field, "must be a mapping of the layer type's RoPE parameters")
         if parameters is None:
             field, scaling = "rope_scaling", self.get("rope_scaling", dict, None) or {}
             parameters = {**scaling, "rope_type": scaling.get("rope_type", scaling.get("type", "default")),
@@ -1148,6 +1154,83 @@ class GraniteMoeHybrid(Architecture):
         return links
 
 
+class Gemma3(Architecture):
+    """Gemma 3's text model: sandwich norms (a norm before and after each sub-layer, RMSNorms of
+    weight 1 + w), GQA attention with QK-norm, the softmax scale ``query_pre_attn_scalar``^-1/2, sliding
+    windows and RoPE bases per layer type (local and global), a tanh-GeLU GLU MLP, embeddings times
+    sqrt(hidden_size), a tied head with an optional logit soft-cap. Multimodal Gemma 3 imports its text model."""
+
+    model_types = ("gemma3_text",)
+    causal_lm = {"gemma3_text": "Gemma3ForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        heads = config.count("num_attention_heads")
+        kv_heads, head_dim = config.count("num_key_value_heads", heads), config.count("head_dim", d_model // heads)
+        if heads % kv_heads:
+            raise config.refuse("num_key_value_heads", f"{heads} heads cannot share {kv_heads} key/value heads")
+        for field in ("attn_logit_softcapping", "use_bidirectional_attention"):
+            if config.get(field, (int, float, bool), None):
+                raise config.refuse(field, "capped attention logits and bidirectional attention are not attnspec's "
+                                    "softmax attention; unset imports")
+        eps = config.number("rms_norm_eps", 1e-6)
+        bias = config.get("attention_bias", bool, False)
+        window = config.count("sliding_window", 4096)
+        pattern = config.count("sliding_window_pattern", 6)
+        types = config.layer_types(layers, ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                            for i in range(layers)])
+        unknown = [i for i, t in enumerate(types) if t not in ("sliding_attention", "full_attention")]
+        if unknown:
+            raise config.refuse("layer_types", "each layer is sliding_attention or full_attention", unknown)
+        mlp = {"kind": "glu", "hidden": config.count("intermediate_size"), "bias": False,
+               "activation": config.activation("hidden_activation")}
+        blocks = []
+        for layer_type in types:
+            mixer = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": bias,
+                     "out_bias": bias, "qk_norm": "rmsnorm", "norm_eps": eps,
+                     "scale": config.number("query_pre_attn_scalar", 256) ** -0.5,
+                     "position": config.rope(head_dim, layer_type=layer_type),
+                     **({"kv_heads": kv_heads} if kv_heads != heads else {}),
+                     **({"window": window} if layer_type == "sliding_attention" else {})}
+            blocks.append({"mixer": mixer, "mlp": mlp, "norm": _rmsnorm(eps), "norm_placement": "sandwich"})
+        common = _common(config)
+        common["input"]["scale"] = math.sqrt(d_model)
+        softcap = config.number("final_logit_softcapping", None) if config.data.get("final_logit_softcapping") else None
+        head = {**_head(config, True), **({"softcap": softcap} if softcap else {})}
+        return {**common, "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps), "head": head}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        first = blocks[0].mixer
+        if any(b.mixer.kind != "softmax" or b.norm_placement != "sandwich" for b in blocks):
+            raise NotExpressible("gemma3 is softmax attention with sandwich norms in every block")
+        windows = [b.mixer.window for b in blocks]
+        types = ["full_attention" if w is None else "sliding_attention" for w in windows]
+        rope = {t: _rope_parameters(b.mixer.position) for t, b in zip(types, blocks)}
+        mlp = blocks[0].mlp
+        config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden, "num_hidden_layers": len(blocks),
+                  "num_attention_heads": first.heads, "num_key_value_heads": first.kv_heads or first.heads,
+                  "head_dim": first.d_qk, "hidden_activation": ACTIVATION_NAMES[mlp.activation],
+                  "rms_norm_eps": first.norm_eps, "attention_bias": first.qkv_bias, "layer_types": types,
+                  "sliding_window": next((w for w in windows if w is not None), 4096), "rope_parameters": rope,
+                  "query_pre_attn_scalar": first.scale ** -2, "final_logit_softcapping": spec.head.softcap}
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight", 1.0)
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            links += _attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
+            links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q", 1.0),
+                      rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k", 1.0)]
+            for their_norm, our_norm in (("input_layernorm", "norm1"), ("post_attention_layernorm", "post_norm1"),
+                                         ("pre_feedforward_layernorm", "norm2"),
+                                         ("post_feedforward_layernorm", "post_norm2")):
+                links.append(rename(f"{theirs}{their_norm}.weight", f"{ours}{our_norm}.weight", 1.0))
+            links += _mlp_links(f"{theirs}mlp.", f"{ours}mlp.", False)
+        return links
+
+
 class Qwen35(Qwen3Next):
     """Qwen3.5's text models: Qwen3-Next's layers with the Gated DeltaNet's projections unpacked (q, k, v
     in one matrix, the gate, beta and Δ each their own) and, for the MoE model, a sparse MoE block in
@@ -1186,9 +1269,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

@@ -34,10 +34,20 @@ ATTNSPEC_TYPE = "attnspec"
 IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
 """Tensors old checkpoints carry that are no weights (recomputed from the config)."""
 DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64}
-TEXT_MODELS = {"qwen3_5": ("qwen3_5_text", "model.language_model.", "model.visual."),
-               "qwen3_5_moe": ("qwen3_5_moe_text", "model.language_model.", "model.visual.")}
-"""Multimodal model types whose text model imports: type -> (the text model's type, the prefix its
-tensors carry in place of ``model.``, the prefix of the tensors that are not the text model's)."""
+TEXT_MODELS = {"qwen3_5": ("qwen3_5_text", {"model.": "model.language_model."}, ("model.visual.",), ()),
+               "qwen3_5_moe": ("qwen3_5_moe_text", {"model.": "model.language_model."}, ("model.visual.",), ()),
+               "gemma3": ("gemma3_text", {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."},
+                          ("vision_tower.", "multi_modal_projector."), ("final_logit_softcapping",))}
+"""Multimodal model types whose text model imports: type -> (the text model's type, the prefixes its
+tensors carry in place of the text model's own, the prefixes of the tensors that are not the text model's,
+the text config's fields the multimodal model does not apply: Gemma 3's soft-cap is Gemma3ForCausalLM's
+alone, its multimodal model's logits are uncapped)."""
+
+
+def _rewrapped(name: str, prefixes: dict[str, str]) -> str:
+    """A text model's tensor name as its multimodal release stores it (``prefixes``: own -> release's)."""
+    own = next((prefix for prefix in prefixes if name.startswith(prefix)), None)
+    return name if own is None else prefixes[own] + name[len(own):]
 
 
 def _name(directory: Path) -> str:
@@ -70,6 +80,7 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -
         if not isinstance(text, dict):
             raise InteropError(f"{source}: `text_config`: a {model_type} config holds its text model's config there")
         source += " text_config"
+        text = {field: value for field, value in text.items() if field not in TEXT_MODELS[model_type][3]}
         config = {**text, "model_type": TEXT_MODELS[model_type][0],
                   "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings"))}
         model_type = config["model_type"]
@@ -106,12 +117,11 @@ def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, 
         shapes = {name: t.shape for name, t in Model(spec).state_dict().items()}
     links = ARCHITECTURES[model_type].links(spec)
     files = weight_files(checkpoint)
-    other = None  # the prefix of a multimodal checkpoint's tensors that are not its text model's
+    other = None  # the prefixes of a multimodal checkpoint's tensors that are not its text model's
     wrapper = TEXT_MODELS.get(read_config(checkpoint).get("model_type"))
     if wrapper is not None and wrapper[0] == model_type:
         other = wrapper[2]
-        links = [dataclasses.replace(link, theirs=wrapper[1] + link.theirs[len("model."):])
-                 if link.theirs.startswith("model.") else link for link in links]
+        links = [dataclasses.replace(link, theirs=_rewrapped(link.theirs, wrapper[1])) for link in links]
     wanted = {link.theirs for link in links}
     missing = sorted(wanted - set(files))
     if missing:

@@ -30,7 +30,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class Block(nn.Module):
-    """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); a sub-layer without its residual drops the ``x +``;
+    """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); ``sandwich``: x + post_norm(f(norm(x))); a
+    sub-layer without its residual drops the ``x +``;
     ``mixer: none`` drops the mixer's sub-layer and its norm."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
@@ -39,12 +40,17 @@ class Block(nn.Module):
         self.mlp = None if node.mlp.is_identity else build("mlp", node.mlp, d_model=d_model)
         self.norm1 = None if node.mixer.is_identity else build("norm", node.norm, dim=d_model)  # `mixer: none`
         self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None else None
-        self.pre = node.norm_placement == "pre"
+        self.pre = node.norm_placement in ("pre", "sandwich")
+        sandwich = node.norm_placement == "sandwich"  # a norm of each sub-layer's output, before the residual
+        self.post_norm1 = build("norm", node.norm, dim=d_model) if sandwich and self.norm1 is not None else None
+        self.post_norm2 = build("norm", node.norm, dim=d_model) if sandwich and self.mlp is not None else None
         self.mixer_residual, self.mlp_residual = node.residuals()
         self.residual_scale = node.residual_scale
 
-    def _sublayer(self, x: Tensor, f, norm: nn.Module, residual: bool) -> Tensor:
+    def _sublayer(self, x: Tensor, f, norm: nn.Module, residual: bool, post_norm: nn.Module | None) -> Tensor:
         y = f(norm(x)) if self.pre else f(x)
+        if post_norm is not None:
+            y = post_norm(y)
         if self.residual_scale != 1.0:
             y = y * self.residual_scale
         if not residual:
@@ -53,9 +59,9 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         if self.norm1 is not None:
-            x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual)
+            x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual, self.post_norm1)
         if self.mlp is not None:
-            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual)
+            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2)
         return x
 
     def step(self, x: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
@@ -74,9 +80,9 @@ class Block(nn.Module):
             return y
 
         if self.norm1 is not None:
-            x = self._sublayer(x, mix, self.norm1, self.mixer_residual)
+            x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1)
         if self.mlp is not None:
-            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual)
+            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2)
         return x, box.get("state", ())
 
 

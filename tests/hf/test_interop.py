@@ -715,3 +715,44 @@ def test_granite_4_hybrid_computes_transformers_logits_in_every_mode_and_decodes
     block = spec_blocks(spec)[1]
     assert (spec.input.scale, spec.head.scale, block.residual_scale, block.mixer.scale) == (3.0, 0.5, 0.5, 0.3)
     assert block.mlp.kind == ("moe" if experts else "glu")
+
+
+def _gemma3_text():
+    """Gemma 3's text model with every part on: local (window 6, base 10,000) and global (base 1,000,000,
+    linear scaling) layers, QK-norm, sandwich norms, a soft-capped tied head, sqrt(d) embeddings."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(**{**SMALL, "num_hidden_layers": 3}, head_dim=12, sliding_window=6,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              query_pre_attn_scalar=20, final_logit_softcapping=5.0,
+                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                               "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                  "rope_theta": 1000000.0}})
+    return Gemma3ForCausalLM(config)
+
+
+def test_gemma3_text_computes_transformers_logits_and_decodes_alike(tmp_path):
+    spec = _holds_to(_perturbed(_gemma3_text), tmp_path / "checkpoint", "gemma3_text")
+    local, world = spec_blocks(spec)[:2]
+    assert (local.mixer.window, local.mixer.position.base, world.mixer.window, world.mixer.position.base) == \
+        (6, 10000.0, None, 1000000.0)
+    assert local.norm_placement == "sandwich" and spec.head.softcap == 5.0 and spec.input.scale == 32 ** 0.5
+
+
+def test_the_text_model_of_a_multimodal_gemma3_imports_logit_equal(tmp_path):
+    """A Gemma 3 release with its vision tower: the text config and the ``model.language_model.`` tensors
+    import; the vision tower's and the projector's are left unread."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = _gemma3_text().config.to_dict()
+    vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=8,
+                  patch_size=4)
+    reference = _perturbed(lambda: Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision,
+                                                                               mm_tokens_per_image=4)))
+    reference.save_pretrained(tmp_path / "checkpoint")
+    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
+    assert model_type == "gemma3_text"
+    model = _imported(tmp_path / "checkpoint", model_type)
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND

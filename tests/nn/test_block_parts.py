@@ -92,3 +92,22 @@ def test_a_block_with_neither_a_mixer_nor_an_mlp_and_fields_on_no_mixer_are_loca
         with pytest.raises(SpecError, match=words):
             load_spec({**BASE, "layers": [{"repeat": 1, "layers": [{"mixer": {"kind": "softmax"}, "mlp": "none"}]}]},
                       [override])
+
+
+def test_sandwich_norms_normalise_each_sub_layer_before_and_after_it():
+    """`norm_placement: sandwich` (Gemma 2 and 3): x + post_norm(f(norm(x))) for the mixer and the MLP,
+    each post norm its own weights; held to the block written out by hand, and through decoding."""
+    model = _model("blocks[*].norm_placement=sandwich")
+    block = model.blocks[0]
+    with torch.no_grad():
+        for norm in (block.post_norm1, block.post_norm2):
+            norm.weight.copy_(torch.linspace(0.5, 2.0, norm.weight.shape[0]))
+        x = model.embed(TOKENS)
+        h = x + block.post_norm1(block.mixer(block.norm1(x)))
+        by_hand = h + block.post_norm2(block.mlp(block.norm2(h)))
+        assert torch.allclose(block(x), by_hand, rtol=1e-12, atol=1e-12)
+        full = model(TOKENS)
+        logits, *state = model.prefill(TOKENS[:, :4])
+        for t in range(4, TOKENS.shape[1]):
+            logits, *state = model.step(TOKENS[:, t], *state)
+            assert torch.allclose(logits, full[:, t], rtol=1e-10, atol=1e-10)

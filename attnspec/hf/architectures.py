@@ -1231,6 +1231,96 @@ class Gemma3(Architecture):
         return links
 
 
+class Lfm2(Architecture):
+    """LFM2: gated short convolutions (``conv`` layers) and softmax attention with QK-norm, RoPE and GQA
+    (``full_attention`` layers), each followed by a SiLU GLU MLP (whose width LFM2 derives from
+    ``intermediate_size`` when ``block_auto_adjust_ff_dim``); RMSNorms, a tied head."""
+
+    model_types = ("lfm2",)
+    causal_lm = {"lfm2": "Lfm2ForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        heads = config.count("num_attention_heads")
+        kv_heads = config.count("num_key_value_heads", heads)
+        if d_model % heads or heads % kv_heads:
+            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
+                                f"{kv_heads} key/value heads equally")
+        attention_layers = config.layer_list("full_attn_idxs", layers) if "full_attn_idxs" in config.data else None
+        types = config.layer_types(layers, ["full_attention" if attention_layers is None or i in attention_layers
+                                            else "conv" for i in range(layers)])
+        unknown = [i for i, t in enumerate(types) if t not in ("conv", "full_attention")]
+        if unknown:
+            raise config.refuse("layer_types", "each layer is conv or full_attention", unknown)
+        eps = config.number("norm_eps", 1e-5)
+        bias = config.get("conv_bias", bool, False)
+        conv = {"kind": "gated_conv", "qkv_bias": bias, "out_bias": bias,
+                "conv": {"kind": "short", "width": config.count("conv_L_cache", 3, limit=limits.MAX_CONV_WIDTH),
+                         "projections": ["v"], "bias": bias}}
+        attention = {"kind": "softmax", "heads": heads, "qk_norm": "rmsnorm", "norm_eps": eps,
+                     "position": config.rope(d_model // heads), **({"kv_heads": kv_heads} if kv_heads != heads else {})}
+        mlp = {"kind": "glu", "hidden": self._hidden(config), "activation": "silu", "bias": False}
+        blocks = [{"mixer": conv if t == "conv" else attention, "mlp": mlp, "norm": _rmsnorm(eps)} for t in types]
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, True)}
+
+    @staticmethod
+    def _hidden(config: Config) -> int:
+        """The MLP's width as Lfm2MLP derives it."""
+        hidden = config.count("intermediate_size")
+        if not config.get("block_auto_adjust_ff_dim", bool, True):
+            return hidden
+        hidden = int(2 * hidden / 3)
+        multiplier = config.number("block_ffn_dim_multiplier", 1.0) if config.data.get(
+            "block_ffn_dim_multiplier") is not None else None
+        if multiplier is not None:
+            multiple = config.count("block_multiple_of", 256)
+            hidden = multiple * ((int(multiplier * hidden) + multiple - 1) // multiple)
+        if hidden <= 0:
+            raise config.refuse("intermediate_size", "the MLP width it implies is not positive")
+        return hidden
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        conv = next((b.mixer for b in blocks if b.mixer.kind == "gated_conv"), None)
+        attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
+        if any(b.mixer.kind not in ("gated_conv", "softmax") for b in blocks) or conv is None:
+            raise NotExpressible("lfm2 has gated convolution layers and attention layers")
+        config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "norm_eps": spec.final_norm.eps,
+                  "layer_types": ["conv" if b.mixer.kind == "gated_conv" else "full_attention" for b in blocks],
+                  "intermediate_size": blocks[0].mlp.hidden, "block_auto_adjust_ff_dim": False,
+                  "conv_L_cache": conv.conv.width, "conv_bias": conv.qkv_bias}
+        if attention is not None:
+            config.update({"num_attention_heads": attention.heads,
+                           "num_key_value_heads": attention.kv_heads or attention.heads,
+                           "rope_parameters": _rope_parameters(attention.position)})
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.embedding_norm.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            mixer = block.mixer
+            if mixer.kind == "gated_conv":
+                names = ["in_proj.weight", "out_proj.weight"] + (["in_proj.bias", "out_proj.bias"] if mixer.qkv_bias
+                                                                 else [])
+                links += [rename(f"{theirs}conv.{name}", f"{ours}mixer.{name}") for name in names]
+                links.append(Link(f"{theirs}conv.conv.weight", (f"{ours}mixer.conv.filters.v",), conv=True))
+                if mixer.conv.bias:
+                    links.append(rename(f"{theirs}conv.conv.bias", f"{ours}mixer.conv.biases.v"))
+            else:
+                a = f"{theirs}self_attn."
+                links += [rename(f"{a}{n}_proj.weight", f"{ours}mixer.{n}_proj.weight") for n in "qkv"]
+                links += [rename(f"{a}out_proj.weight", f"{ours}mixer.out_proj.weight"),
+                          rename(f"{a}q_layernorm.weight", f"{ours}mixer.qk_norm.q"),
+                          rename(f"{a}k_layernorm.weight", f"{ours}mixer.qk_norm.k")]
+            links += [rename(f"{theirs}operator_norm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}ffn_norm.weight", f"{ours}norm2.weight")]
+            links += [rename(f"{theirs}feed_forward.{t}.weight", f"{ours}mlp.{o}.weight")
+                      for t, o in (("w1", "up"), ("w3", "gate"), ("w2", "down"))]
+        return links
+
+
 class Qwen35(Qwen3Next):
     """Qwen3.5's text models: Qwen3-Next's layers with the Gated DeltaNet's projections unpacked (q, k, v
     in one matrix, the gate, beta and Δ each their own) and, for the MoE model, a sparse MoE block in
@@ -1269,9 +1359,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

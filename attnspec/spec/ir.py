@@ -36,8 +36,8 @@ from attnspec.spec.convs import Conv, ConvComponent, NoConv, ShortConv, TokenShi
 from attnspec.spec.supports import (BlockSupport, LinearLowRank, LocalSupport, LowRank, LowRankComponent, LshSupport,
                                     PerformerLowRank, SparseComponent, SparseSupport, TopkSupport)
 from attnspec.spec.mixers.base import MixerComponent, Mode, OutputGate
-from attnspec.spec.mixers import (DeltaMixer, LinearMixer, MambaMixer, Mixer, NoMixer, ScatterbrainMixer,
-                                  SoftmaxMixer)
+from attnspec.spec.mixers import (DeltaMixer, GatedConvMixer, LinearMixer, MambaMixer, Mixer, NoMixer,
+                                  ScatterbrainMixer, SoftmaxMixer)
 from attnspec.spec.channel import (ChannelMixer, ChannelMixerComponent, GluMlp, LayerNormNode, Mlp, NoMlp, NoNorm,
                                    Norm, NormComponent, RmsNormNode)
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
@@ -206,8 +206,8 @@ class Spec(Node):
     """The initial weights' distributions (README "Initialisation")."""
 
 
-MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MambaMixer, Residuals, Block,
-          Group, Spec]
+MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MambaMixer, GatedConvMixer,
+          Residuals, Block, Group, Spec]
 """Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
 rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
@@ -217,15 +217,14 @@ slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, r
 __all__ = ["AlibiPosition", "AogluFeatures", "Block", "BlockSupport", "ChannelMixer", "ChannelMixerComponent",
            "ClassifierHead", "Component", "Conv", "ConvComponent", "CosReweighting", "Count", "DataTransition",
            "DeltaMixer", "Elu1Features", "ExpFeatures", "FeatureInput", "FeatureMap", "FeatureMapComponent",
-           "FixedTransition", "GluFeatures", "GluMlp", "Group", "Head", "IdentityFeatures", "Init", "InitRange",
-           "Input", "L2NormFeatures", "Layer", "LayerNormNode", "LearnedPosition", "LinearLowRank", "LinearMixer",
-           "LmHead", "LocalSupport", "LowRank", "LowRankComponent", "LshSupport", "MODELS", "MambaMixer",
-           "MambaTransition",
-           "Mixer", "MixerComponent", "Mlp", "Mode", "NoConv", "NoHead", "NoMixer", "NoMlp", "NoNorm", "NoPosition",
-           "NoReweighting", "NoTransition", "Node", "NonNegativeFloat", "Norm", "NormComponent", "OgluFeatures",
-           "OutputGate", "PerformerFeatures", "PerformerLowRank", "PhaseRange", "Position", "PositionComponent",
-           "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting", "ReweightingComponent", "RmsNormNode",
-           "RotaryPosition", "ScatterbrainMixer", "Seed", "ShortConv", "SiluFeatures", "SinusoidalPosition",
-           "SoftmaxMixer", "SoftplusFeatures", "SoftplusLinearFeatures", "SparseComponent", "SparseSupport", "Spec",
-           "TokenInput", "TokenShift", "TopkSupport", "Transition", "TransitionComponent", "UnitRange",
-           "fixed_union", "iter_blocks"]
+           "FixedTransition", "GatedConvMixer", "GluFeatures", "GluMlp", "Group", "Head", "IdentityFeatures", "Init",
+           "InitRange", "Input", "L2NormFeatures", "Layer", "LayerNormNode", "LearnedPosition", "LinearLowRank",
+           "LinearMixer", "LmHead", "LocalSupport", "LowRank", "LowRankComponent", "LshSupport", "MODELS",
+           "MambaMixer", "MambaTransition", "Mixer", "MixerComponent", "Mlp", "Mode", "NoConv", "NoHead", "NoMixer",
+           "NoMlp", "NoNorm", "NoPosition", "NoReweighting", "NoTransition", "Node", "NonNegativeFloat", "Norm",
+           "NormComponent", "OgluFeatures", "OutputGate", "PerformerFeatures", "PerformerLowRank", "PhaseRange",
+           "Position", "PositionComponent", "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting",
+           "ReweightingComponent", "RmsNormNode", "RotaryPosition", "ScatterbrainMixer", "Seed", "ShortConv",
+           "SiluFeatures", "SinusoidalPosition", "SoftmaxMixer", "SoftplusFeatures", "SoftplusLinearFeatures",
+           "SparseComponent", "SparseSupport", "Spec", "TokenInput", "TokenShift", "TopkSupport", "Transition",
+           "TransitionComponent", "UnitRange", "fixed_union", "iter_blocks"]

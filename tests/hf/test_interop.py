@@ -756,3 +756,18 @@ def test_the_text_model_of_a_multimodal_gemma3_imports_logit_equal(tmp_path):
     tokens = _tokens()
     with torch.no_grad():
         assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_lfm2_computes_transformers_logits_and_decodes_alike(tmp_path, bias):
+    """LFM2: gated short convolutions (width 3; with and without biases) and QK-normed GQA attention, the
+    MLP's width derived as Lfm2MLP derives it."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    config = Lfm2Config(**{**SMALL, "num_hidden_layers": 3, "intermediate_size": 96}, conv_bias=bias,
+                        layer_types=["conv", "full_attention", "conv"], block_multiple_of=16,
+                        block_ffn_dim_multiplier=1.5)
+    spec = _holds_to(_perturbed(lambda: Lfm2ForCausalLM(config)), tmp_path / "checkpoint", "lfm2")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.kind for b in blocks] == ["gated_conv", "softmax", "gated_conv"]
+    assert blocks[0].mlp.hidden == 96  # int(1.5 * int(2 * 96 / 3)) = 96, a multiple of 16

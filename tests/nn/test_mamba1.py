@@ -104,7 +104,7 @@ def test_decoding_continues_the_prefill_as_the_full_pass(mode):
     ("d_v", 8, "one value"),
     ("causal", False, "causal: true"),
     ("conv", {"kind": "short", "projections": ["q", "v"]}, "projections: [v]"),
-    ("output_gate", "sigmoid", "fixed"),
+    ("output_gate", "sigmoid", "has no `output_gate`"),
     ("position", "rope", "remove `position`"),
 ])
 def test_what_a_mamba_mixer_cannot_have_is_a_located_error(field, value, words):

@@ -1,9 +1,10 @@
 """The mixer families, one module each (:mod:`.linear`, :mod:`.softmax`, :mod:`.scatterbrain`,
-:mod:`.delta`, :mod:`.mamba`, and :mod:`.none`, no mixer) on :class:`~attnspec.spec.mixers.base.MixerComponent`; the ``mixer`` slot lists them
+:mod:`.delta`, :mod:`.mamba`, :mod:`.conv`, and :mod:`.none`, no mixer) on :class:`~attnspec.spec.mixers.base.MixerComponent`; the ``mixer`` slot lists them
 in this order (a plugin family registers into it)."""
 
 from attnspec.spec.components import declare
 from attnspec.spec.mixers.base import MixerComponent
+from attnspec.spec.mixers.conv import GatedConvMixer
 from attnspec.spec.mixers.delta import DeltaMixer
 from attnspec.spec.mixers.linear import LinearMixer
 from attnspec.spec.mixers.mamba import MambaMixer
@@ -11,4 +12,4 @@ from attnspec.spec.mixers.none import NoMixer
 from attnspec.spec.mixers.scatterbrain import ScatterbrainMixer
 from attnspec.spec.mixers.softmax import SoftmaxMixer
 
-Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MambaMixer, NoMixer, base=MixerComponent)
+Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MambaMixer, GatedConvMixer, NoMixer, base=MixerComponent)

@@ -29,6 +29,8 @@ class MixerComponent(Component):
 
     required_overrides: ClassVar[tuple[str, ...]] = ("modes", "mode_costs")
     """What a plugin family must state itself (:func:`attnspec.spec.components.register` checks)."""
+    not_applicable: ClassVar[tuple[str, ...]] = ()
+    """Fields of the base that this family has no place for: setting one is a located error."""
     heads: Count(limits.MAX_HEADS) = 1
     """Number of heads."""
     d_qk: Count(limits.MAX_HEAD_WIDTH) | None = None
@@ -182,6 +184,9 @@ class MixerComponent(Component):
         """Rule violations of this mixer and its parts, as (path below the mixer, message)."""
         if self.mode != "auto" and self.mode not in self.modes():
             yield ("mode",), self.mode_problem(self.mode)
+        for name in self.not_applicable:
+            if name in self.model_fields_set and getattr(self, name) != type(self).model_fields[name].default:
+                yield (name,), f"a {self.kind} mixer has no `{name}` (it is a part of other families): remove it"
         transitions = self.parts_of(TransitionComponent)
         for name, transition in transitions:
             if not transition.is_identity and not self.causal:

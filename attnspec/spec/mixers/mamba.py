@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Iterator, Literal
+from typing import ClassVar, Iterator, Literal
 
 from pydantic import Field
 
@@ -14,11 +14,6 @@ from attnspec.spec.nodes import Count
 from attnspec.spec.positions import NoPosition, PositionComponent
 from attnspec.spec.transitions import InitRange
 from attnspec.spec.mixers.base import MixerComponent
-
-NOT_MAMBA = ("kv_heads", "qk_groups", "qk_norm", "output_gate", "group_norm", "gate_before_norm",
-             "shared_norm_weight", "skip")
-"""Fields of the attention-like families that Mamba-1 has no place for (its gate and D skip are fixed)."""
-
 
 class MambaMixer(MixerComponent):
     """Mamba-1's selective scan. Per channel c of ``d_inner`` and position t, from the block input u_t:
@@ -35,6 +30,9 @@ class MambaMixer(MixerComponent):
     decoding state is h (d_inner x N) and the convolution's last width - 1 inputs."""
 
     kind: Literal["mamba"]
+    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "output_gate", "group_norm",
+                                                 "gate_before_norm", "shared_norm_weight", "skip")
+    """Its output gate silu(z) and D skip are fixed; the rest are the attention-like families' parts."""
     d_inner: Count(limits.MAX_INNER) | None = None
     """Channels of the scan (Mamba's `intermediate_size`); unset: 2 d_model."""
     dt_rank: Count(limits.MAX_HEAD_WIDTH) | None = None
@@ -87,10 +85,6 @@ class MambaMixer(MixerComponent):
             yield ("scale",), "a mamba mixer reads C_t · h_t unscaled: remove `scale`"
         if self.position is not None and not self.position.is_identity:
             yield ("position",), "a mamba mixer orders positions by its scan: remove `position` (or set `none`)"
-        for name in NOT_MAMBA:
-            if name in self.model_fields_set and getattr(self, name) != type(self).model_fields[name].default:
-                yield (name,), (f"`{name}` is a part of the attention-like families; a mamba mixer's output gate "
-                                "silu(z) and D skip are fixed: remove it")
         if self.conv.kind == "shift" or self.conv.kind == "short" and self.conv.projections != ["v"]:
             yield ("conv",), "Mamba convolves x, its values, alone: `conv: {kind: short, projections: [v]}` or `none`"
 

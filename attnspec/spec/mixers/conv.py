@@ -1,0 +1,70 @@
+"""The gated short convolution's IR (LFM2's `conv` layers; the H3/Hyena-style operator at short width)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Iterator, Literal
+
+from pydantic import Field
+
+from attnspec.spec.convs import Conv, ShortConv
+from attnspec.spec.family import BYTES, Cost
+from attnspec.spec.positions import NoPosition, PositionComponent
+from attnspec.spec.mixers.base import MixerComponent
+
+
+class GatedConvMixer(MixerComponent):
+    """A gated short convolution. From the block input u_t, per channel:
+
+        b_t, c_t, x_t = W_in u_t                  (d_model each)
+        h_t = conv(b ⊙ x)_t                       (causal depthwise, `conv.width` positions)
+        out_t = W_out (c_t ⊙ h_t)
+
+    Its one mode computes the windowed sum directly (a depthwise convolution, named `quadratic` as the
+    windowed form of the other families is); its decoding state is the last width - 1 products b ⊙ x.
+    `qkv_bias` and `out_bias` put biases on W_in and W_out (LFM2's `conv_bias` sets them and the
+    convolution's together)."""
+
+    kind: Literal["gated_conv"]
+    not_applicable: ClassVar[tuple[str, ...]] = ("heads", "d_qk", "d_v", "kv_heads", "qk_groups", "qk_norm",
+                                                 "output_gate", "group_norm", "gate_before_norm", "shared_norm_weight",
+                                                 "skip")
+    conv: Conv = Field(default_factory=lambda: ShortConv(kind="short", width=3, projections=["v"]))
+    """The causal depthwise convolution of b ⊙ x: `short` with `projections: [v]` (width, bias)."""
+
+    def modes(self) -> tuple[str, ...]:
+        return ("quadratic",)
+
+    def resolved_widths(self, d_model: int) -> dict[str, int]:
+        return {"d_qk": d_model, "d_v": d_model}  # the channels, one "head" of the model's width
+
+    def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
+        return self.position or NoPosition(kind="none")  # the convolution orders positions itself
+
+    def mode_costs(self, L: int) -> dict[str, Cost]:
+        width, channels = self.conv.streams().get("v", 1), self.d_v or 1
+        return {"quadratic": Cost(macs=L * channels * (width + 2), bytes=L * channels * 4 * BYTES,
+                                  state_bytes=channels * (width - 1) * BYTES, sequential_steps=2)}
+
+    @property
+    def has_step(self) -> bool:
+        return True
+
+    def parts(self) -> list[tuple[str, str]]:
+        return [(name, text) for name, text in super().parts() if name not in ("heads", "scale")]
+
+    def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
+        yield from super().problems(max_len=max_len, d_qk=d_qk)
+        if not self.causal:
+            yield ("causal",), "the gated convolution here is causal: it needs `causal: true`"
+        if self.conv.kind != "short" or self.conv.projections != ["v"]:
+            yield ("conv",), "a gated convolution convolves b ⊙ x: `conv: {kind: short, projections: [v]}`"
+        if self.scale not in (None, 1.0):
+            yield ("scale",), "a gated convolution has no scores to scale: remove `scale`"
+        if self.position is not None and not self.position.is_identity:
+            yield ("position",), "a gated convolution orders positions itself: remove `position` (or set `none`)"
+
+    def describe(self) -> str:
+        return f"gated_conv[width {self.conv.streams().get('v', '?')}]"
+
+
+__all__ = ["GatedConvMixer"]

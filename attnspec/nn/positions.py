@@ -86,7 +86,8 @@ class SinusoidalPosition(Position):
 @register("position", "rope")
 class RotaryPosition(Position):
     """RoPE (GPT-NeoX layout) on the first r = rotary_fraction * d channels: channel i < r/2 pairs with
-    i + r/2 and both turn by t / base^(2i/r); channels from r on pass unrotated (partial RoPE)."""
+    i + r/2 and both turn by t / base^(2i/r) (``interleaved``: channel 2i with 2i + 1); channels from r on
+    pass unrotated (partial RoPE)."""
 
     def __init__(self, node, *, d_qk: int, **_):
         super().__init__()
@@ -112,7 +113,11 @@ class RotaryPosition(Position):
         cos, sin = torch.cos(angle), torch.sin(angle)
         if self.cos_sin_scale != 1.0:
             cos, sin = cos * self.cos_sin_scale, sin * self.cos_sin_scale
-        return _rotate_half(q, cos.to(q.dtype), sin.to(q.dtype)), _rotate_half(k, cos.to(q.dtype), sin.to(q.dtype))
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        if self.node.interleaved:  # pairs (2i, 2i + 1): gathered into halves, rotated, put back in place
+            rotate = lambda x: _rotate_half(x, cos, sin)  # noqa: E731
+            return _interleaved(q, rotate), _interleaved(k, rotate)
+        return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
 
 
 def scaled_frequencies(frequencies: Tensor, node, base: float, width: int) -> Tensor:
@@ -143,6 +148,13 @@ def scaled_frequencies(frequencies: Tensor, node, base: float, width: int) -> Te
     ramp = ((torch.arange(frequencies.shape[0], dtype=torch.float64, device=frequencies.device) - low)
             / (high - low)).clamp(0, 1)
     return frequencies / node.factor * ramp + frequencies * (1 - ramp)
+
+
+def _interleaved(x: Tensor, rotate) -> Tensor:
+    """``rotate`` (of the (i, i + r/2) layout) applied to channels paired (2i, 2i + 1)."""
+    shape = x.shape
+    halves = x.reshape(*shape[:-1], shape[-1] // 2, 2).transpose(-1, -2).reshape(shape)
+    return rotate(halves).reshape(*shape[:-1], 2, shape[-1] // 2).transpose(-1, -2).reshape(shape)
 
 
 def _rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ from attnspec.spec.convs import Conv, ConvComponent, NoConv, ShortConv, TokenShi
 from attnspec.spec.supports import (BlockSupport, LinearLowRank, LocalSupport, LowRank, LowRankComponent, LshSupport,
                                     PerformerLowRank, SparseComponent, SparseSupport, TopkSupport)
 from attnspec.spec.mixers.base import MixerComponent, Mode, OutputGate
-from attnspec.spec.mixers import (DeltaMixer, GatedConvMixer, LinearMixer, MambaMixer, Mixer, NoMixer,
+from attnspec.spec.mixers import (DeltaMixer, GatedConvMixer, LinearMixer, MambaMixer, Mixer, MlaMixer, NoMixer,
                                   ScatterbrainMixer, SoftmaxMixer)
 from attnspec.spec.channel import (ChannelMixer, ChannelMixerComponent, GluMlp, LayerNormNode, Mlp, NoMlp, NoNorm,
                                    Norm, NormComponent, RmsNormNode)
@@ -206,8 +206,8 @@ class Spec(Node):
     """The initial weights' distributions (README "Initialisation")."""
 
 
-MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MambaMixer, GatedConvMixer,
-          Residuals, Block, Group, Spec]
+MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MlaMixer, MambaMixer,
+          GatedConvMixer, Residuals, Block, Group, Spec]
 """Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
 rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
@@ -220,10 +220,10 @@ __all__ = ["AlibiPosition", "AogluFeatures", "Block", "BlockSupport", "ChannelMi
            "FixedTransition", "GatedConvMixer", "GluFeatures", "GluMlp", "Group", "Head", "IdentityFeatures", "Init",
            "InitRange", "Input", "L2NormFeatures", "Layer", "LayerNormNode", "LearnedPosition", "LinearLowRank",
            "LinearMixer", "LmHead", "LocalSupport", "LowRank", "LowRankComponent", "LshSupport", "MODELS",
-           "MambaMixer", "MambaTransition", "Mixer", "MixerComponent", "Mlp", "Mode", "NoConv", "NoHead", "NoMixer",
-           "NoMlp", "NoNorm", "NoPosition", "NoReweighting", "NoTransition", "Node", "NonNegativeFloat", "Norm",
-           "NormComponent", "OgluFeatures", "OutputGate", "PerformerFeatures", "PerformerLowRank", "PhaseRange",
-           "Position", "PositionComponent", "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting",
+           "MambaMixer", "MambaTransition", "Mixer", "MixerComponent", "MlaMixer", "Mlp", "Mode", "NoConv", "NoHead",
+           "NoMixer", "NoMlp", "NoNorm", "NoPosition", "NoReweighting", "NoTransition", "Node", "NonNegativeFloat",
+           "Norm", "NormComponent", "OgluFeatures", "OutputGate", "PerformerFeatures", "PerformerLowRank",
+           "PhaseRange", "Position", "PositionComponent", "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting",
            "ReweightingComponent", "RmsNormNode", "RotaryPosition", "ScatterbrainMixer", "Seed", "ShortConv",
            "SiluFeatures", "SinusoidalPosition", "SoftmaxMixer", "SoftplusFeatures", "SoftplusLinearFeatures",
            "SparseComponent", "SparseSupport", "Spec", "TokenInput", "TokenShift", "TopkSupport", "Transition",

@@ -61,6 +61,9 @@ class RotaryPosition(PositionComponent):
     rotary_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Rotate only the first fraction of each head's channels, r = fraction * d_qk of them, pairs
     (i, i + r/2) by t / base^(2i/r) (Qwen3-Next: 0.25); the rest pass unrotated."""
+    interleaved: bool = False
+    """Pair adjacent channels (2i, 2i + 1) instead of (i, i + r/2) (GPT-J's layout; DeepSeek-V3's
+    `rope_interleave`)."""
     scaling: Literal["none", "linear", "llama3", "yarn"] = "none"
     """How the frequencies f_i = base^(-2i/r) are stretched for contexts past the trained one:
     `linear` f_i / factor (position interpolation); `llama3` f_i / factor for wavelengths past

@@ -1321,6 +1321,121 @@ class Lfm2(Architecture):
         return links
 
 
+class DeepseekV3(Architecture):
+    """DeepSeek-V3: multi-head latent attention (interleaved RoPE on its decoupled part, YaRN's softmax
+    scale) in every layer, GLU MLPs in the first ``first_k_dense_replace`` layers and experts after
+    (sigmoid scores with a correction bias, group-limited routing, renormalised top-k times
+    ``routed_scaling_factor``, shared experts). transformers runs no multi-token-prediction layer."""
+
+    model_types = ("deepseek_v3",)
+    causal_lm = {"deepseek_v3": "DeepseekV3ForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        eps = config.number("rms_norm_eps", 1e-6)
+        attention = mla_mixer(config)
+        dense = config.get("first_k_dense_replace", int, 3)
+        experts = config.count("n_routed_experts", limit=limits.MAX_EXPERTS)
+        shared = config.get("n_shared_experts", int, 1)
+        if not 0 <= shared <= limits.MAX_EXPERTS:
+            raise config.refuse("n_shared_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
+        moe = {"kind": "moe", "experts": experts, "top_k": config.count("num_experts_per_tok", 8),
+               "hidden": config.count("moe_intermediate_size"), "activation": config.activation(),
+               "scoring": "sigmoid", "score_bias": True, "normalize": config.get("norm_topk_prob", bool, True),
+               "routed_scale": config.number("routed_scaling_factor", 1.0), "groups": config.count("n_group", 1),
+               "top_groups": config.count("topk_group", 1), "shared": shared,
+               **({"shared_hidden": shared * config.count("moe_intermediate_size")} if shared else {})}
+        blocks = [{"mixer": attention, "mlp": _glu(config) if i < dense else moe, "norm": _rmsnorm(eps)}
+                  for i in range(layers)]
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        if any(b.mixer.kind != "mla" for b in blocks):
+            raise NotExpressible("deepseek_v3 is latent attention in every block")
+        dense = next((i for i, b in enumerate(blocks) if b.mlp.kind == "moe"), len(blocks))
+        if any(b.mlp.kind != "moe" for b in blocks[dense:]) or any(b.mlp.kind != "glu" for b in blocks[:dense]):
+            raise NotExpressible("deepseek_v3 has dense MLPs in its first layers and experts after them")
+        config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
+                  "first_k_dense_replace": dense, **mla_config(blocks[0].mixer)}
+        mlp = blocks[0].mlp if dense else None
+        if mlp is not None:
+            config["intermediate_size"] = mlp.hidden
+        moe = blocks[dense].mlp if dense < len(blocks) else None
+        if moe is not None:
+            config.update({"n_routed_experts": moe.experts, "num_experts_per_tok": moe.top_k,
+                           "moe_intermediate_size": moe.hidden, "norm_topk_prob": moe.normalize,
+                           "routed_scaling_factor": moe.routed_scale, "n_group": moe.groups,
+                           "topk_group": moe.top_groups or moe.groups, "n_shared_experts": moe.shared})
+        config["hidden_act"] = ACTIVATION_NAMES[(mlp or moe).activation]
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            links += mla_links(block.mixer, f"{theirs}self_attn.", f"{ours}mixer.")
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
+            if block.mlp.kind == "moe":
+                links += _moe_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.", shared="shared_experts")
+            else:
+                links += _mlp_links(f"{theirs}mlp.", f"{ours}mlp.", False)
+        return links
+
+
+def mla_mixer(config: Config) -> dict:
+    """DeepSeek's latent attention as attnspec's ``mla`` mixer: its widths, its RoPE (interleaved with
+    ``rope_interleave``) and YaRN's softmax scale (qk_head_dim^-1/2 times mscale(factor, mscale_all_dim)^2)."""
+    heads, rope_dim = config.count("num_attention_heads"), config.count("qk_rope_head_dim")
+    d_qk = config.count("qk_nope_head_dim") + rope_dim
+    bias = config.get("attention_bias", bool, False)
+    position = {**config.rope(rope_dim), "interleaved": config.get("rope_interleave", bool, True)}
+    scale = d_qk ** -0.5
+    parameters = config.get("rope_parameters", dict, None) or config.get("rope_scaling", dict, None) or {}
+    mscale_all = parameters.get("mscale_all_dim")
+    if position.get("scaling", "none") != "none" and _positive(mscale_all):
+        scale *= _yarn_mscale(position["factor"], mscale_all) ** 2
+    mixer = {"kind": "mla", "heads": heads, "d_qk": d_qk, "d_v": config.count("v_head_dim"), "rope_dim": rope_dim,
+             "kv_rank": config.count("kv_lora_rank", limit=limits.MAX_D_MODEL), "qkv_bias": bias, "out_bias": bias,
+             "scale": scale, "position": position}
+    if config.data.get("q_lora_rank") is not None:
+        mixer["q_rank"] = config.count("q_lora_rank", limit=limits.MAX_D_MODEL)
+    return mixer
+
+
+def mla_config(mixer) -> dict:
+    """An ``mla`` mixer's fields as DeepSeek's config states them (the inverse of :func:`mla_mixer`)."""
+    parameters = _rope_parameters(mixer.position)
+    ratio = (mixer.scale / mixer.d_qk ** -0.5) ** 0.5  # YaRN's mscale(factor, mscale_all_dim), from the scale
+    if mixer.position.scaling != "none" and mixer.position.factor > 1 and abs(ratio - 1) > 1e-12:
+        parameters["mscale_all_dim"] = (ratio - 1) / (0.1 * math.log(mixer.position.factor))
+    return {"num_attention_heads": mixer.heads, "num_key_value_heads": mixer.heads, "kv_lora_rank": mixer.kv_rank,
+            "q_lora_rank": mixer.q_rank, "qk_rope_head_dim": mixer.rope_dim,
+            "qk_nope_head_dim": mixer.d_qk - mixer.rope_dim, "v_head_dim": mixer.d_v,
+            "attention_bias": mixer.qkv_bias, "rope_interleave": mixer.position.interleaved,
+            "rope_parameters": parameters}
+
+
+def mla_links(mixer, theirs: str, ours: str) -> list[Link]:
+    """A latent attention's tensors under DeepSeek's names."""
+    names = {"kv_a_proj_with_mqa.weight": "kv_a_proj.weight", "kv_a_layernorm.weight": "kv_norm",
+             "kv_b_proj.weight": "kv_b_proj.weight", "o_proj.weight": "out_proj.weight"}
+    if mixer.q_rank is None:
+        names["q_proj.weight"] = "q_proj.weight"
+    else:
+        names.update({"q_a_proj.weight": "q_a_proj.weight", "q_a_layernorm.weight": "q_norm",
+                      "q_b_proj.weight": "q_b_proj.weight"})
+    if mixer.qkv_bias:
+        names["kv_a_proj_with_mqa.bias"] = "kv_a_proj.bias"
+        if mixer.q_rank is not None:
+            names["q_a_proj.bias"] = "q_a_proj.bias"
+    if mixer.out_bias:
+        names["o_proj.bias"] = "out_proj.bias"
+    return [rename(f"{theirs}{their}", f"{ours}{our}") for their, our in names.items()]
+
+
 class Qwen35(Qwen3Next):
     """Qwen3.5's text models: Qwen3-Next's layers with the Gated DeltaNet's projections unpacked (q, k, v
     in one matrix, the gate, beta and Δ each their own) and, for the MoE model, a sparse MoE block in
@@ -1359,9 +1474,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2", "deepseek_v3")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

@@ -771,3 +771,32 @@ def test_lfm2_computes_transformers_logits_and_decodes_alike(tmp_path, bias):
     blocks = spec_blocks(spec)
     assert [b.mixer.kind for b in blocks] == ["gated_conv", "softmax", "gated_conv"]
     assert blocks[0].mlp.hidden == 96  # int(1.5 * int(2 * 96 / 3)) = 96, a multiple of 16
+
+
+def _deepseek_v3(**changes):
+    """DeepSeek-V3 with every part on: latent attention with a query latent, interleaved RoPE under YaRN
+    (its mscale changing the softmax scale), a dense first layer, then experts in 2 groups (1 chosen
+    from), a correction bias, a shared expert and a routed scale."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    fields = dict(SMALL, num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=12, q_lora_rank=10,
+                  qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5, n_routed_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=12, n_group=2, topk_group=1, first_k_dense_replace=1,
+                  routed_scaling_factor=2.5, n_shared_experts=1,
+                  rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                   "beta_fast": 32.0, "beta_slow": 1.0})
+    config = DeepseekV3Config(**{**fields, **changes})
+    model = DeepseekV3ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.tensor([0.2, -0.3, 0.0, 0.1]))
+    return model
+
+
+@pytest.mark.parametrize("changes", [{}, {"q_lora_rank": None, "rope_interleave": False, "attention_bias": True}])
+def test_deepseek_v3_computes_transformers_logits_and_decodes_alike(tmp_path, changes):
+    spec = _holds_to(_perturbed(lambda: _deepseek_v3(**changes)), tmp_path / "checkpoint", "deepseek_v3")
+    blocks = spec_blocks(spec)
+    assert [(b.mixer.kind, b.mlp.kind) for b in blocks] == [("mla", "glu"), ("mla", "moe"), ("mla", "moe")]
+    assert blocks[0].mixer.position.interleaved == (not changes)

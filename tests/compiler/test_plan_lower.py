@@ -9,7 +9,7 @@ from attnspec.compiler import build_model, count_parameters, plan_spec
 from attnspec.compiler.lower import as_spec
 from attnspec.compiler.calibration import Calibration
 from attnspec.errors import BuildError
-from attnspec.spec import loads_spec
+from attnspec.spec import load_spec, loads_spec
 from tests.compiler.conftest import small_overrides
 from attnspec.spec.walk import iter_blocks
 from tests.conftest import SPECS
@@ -39,6 +39,23 @@ def test_parameter_count_of_trainable_kernels_and_gates():
             model = build_model(spec)
             assert sum(p.numel() for p in model.parameters()) == count_parameters(spec) == formula_parameters(spec), \
                 (mixer, mlp)
+
+
+@pytest.mark.parametrize("block", [
+    {"mixer": {"kind": "mamba", "d_qk": 6, "selection_norm": "rmsnorm", "qkv_bias": True}, "mlp": "none"},
+    {"mixer": {"kind": "gated_conv", "qkv_bias": True, "conv": {"kind": "short", "projections": ["v"], "bias": True}}},
+    {"mixer": {"kind": "mla", "heads": 2, "d_qk": 12, "d_v": 6, "kv_rank": 8, "q_rank": 10, "rope_dim": 4,
+               "position": "rope", "qkv_bias": True}, "norm_placement": "sandwich"},
+    {"mixer": "none", "mlp": {"kind": "moe", "experts": 4, "hidden": 6, "shared": 2, "shared_gate": True}},
+    {"mixer": {"kind": "softmax", "heads": 2},
+     "mlp": {"kind": "moe", "experts": 4, "hidden": 6, "gated": False, "shared": 1, "shared_hidden": 5}},
+])
+def test_parameter_count_of_the_released_models_parts(block):
+    """Mamba-1, the gated convolution, latent attention, blocks without a mixer, experts (counted whole)."""
+    spec = load_spec({"name": "t", "input": {"kind": "tokens", "vocab_size": 10}, "d_model": 16, "max_len": 32,
+                      "layers": [block]})
+    model = build_model(spec)
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(spec) == formula_parameters(spec)
 
 
 def test_rebuilding_gives_the_same_function():
@@ -87,12 +104,19 @@ def formula_parameters(spec) -> int:
     total = spec.input.vocab_size * d if spec.input.kind == "tokens" else spec.input.dim * d + d
     norm = {"layernorm": 2 * d, "rmsnorm": d, "none": 0}
     for _, block in iter_blocks(spec, expand=True):
-        total += _mixer_parameters(block.mixer, d)
-        total += norm[block.norm.kind]
-        if block.mlp.kind != "none":
+        norms = 2 if block.norm_placement == "sandwich" else 1  # a norm before (and after) each sub-layer
+        if block.mixer.kind != "none":
+            total += _mixer_parameters(block.mixer, d) + norms * norm[block.norm.kind]
+        if block.mlp.kind == "moe":  # router, E routed experts, the shared ones, their gate (and a bias buffer)
+            moe, factor = block.mlp, 3 if block.mlp.gated else 2
+            total += moe.experts * d + moe.experts * factor * d * moe.hidden
+            total += factor * d * (moe.shared_hidden or moe.shared * moe.hidden) if moe.shared else 0
+            total += d if moe.shared_gate else 0
+        elif block.mlp.kind != "none":
             hidden, bias = block.mlp.hidden or block.mlp.expansion * d, block.mlp.bias
             total += (d * hidden + hidden * bias) * (2 if block.mlp.kind == "glu" else 1) + hidden * d + d * bias
-            total += norm[block.norm.kind]
+        if block.mlp.kind != "none":
+            total += norms * norm[block.norm.kind]
     total += norm[spec.final_norm.kind]
     if spec.head.kind == "lm" and not spec.head.tied:
         total += spec.input.vocab_size * d
@@ -102,6 +126,21 @@ def formula_parameters(spec) -> int:
 
 
 def _mixer_parameters(mixer, d: int) -> int:
+    if mixer.kind == "mamba":  # Mamba-1: in_proj (x, z), x_proj (Δ's rank, B, C), dt_proj, A_log, D, out_proj, conv
+        D, N, R = mixer.d_inner, mixer.d_qk, mixer.dt_rank
+        total = d * 2 * D + D * (R + 2 * N) + R * D + D + D * N + D + D * d
+        total += 2 * D * mixer.qkv_bias + d * mixer.out_bias
+        total += D * (mixer.conv.width + mixer.conv.bias) if mixer.conv.kind == "short" else 0
+        return total + (R + 2 * N if mixer.selection_norm == "rmsnorm" else 0)
+    if mixer.kind == "gated_conv":  # in_proj (b, c, x), out_proj, the depthwise filter
+        total = 3 * d * d + d * d + 3 * d * mixer.qkv_bias + d * mixer.out_bias
+        return total + d * (mixer.conv.width + mixer.conv.bias)
+    if mixer.kind == "mla":  # W_Q (or W_DQ, its norm, W_UQ), W_DKV + W_KR, the latent's norm, W_UK + W_UV, out
+        H, r, dr = mixer.heads, mixer.kv_rank, mixer.rope_dim
+        q = d * H * mixer.d_qk if mixer.q_rank is None else (
+            d * mixer.q_rank + mixer.q_rank * mixer.qkv_bias + mixer.q_rank + mixer.q_rank * H * mixer.d_qk)
+        kv = d * (r + dr) + (r + dr) * mixer.qkv_bias + r + r * H * (mixer.d_qk - dr + mixer.d_v)
+        return q + kv + H * mixer.d_v * d + d * mixer.out_bias
     H, dk, dv = mixer.heads, mixer.d_qk, mixer.d_v
     Gq = mixer.qk_groups or H  # heads of distinct queries, keys and values
     Gk = mixer.qk_groups or mixer.kv_heads or H

@@ -228,8 +228,9 @@ class Link:
 
     ``theirs`` = the rows of ``ours`` concatenated, interleaved by ``groups`` (group g of each of
     ``ours`` in turn: transformers' per-key-head packing), minus ``offset`` (Qwen3-Next's norms store
-    weight - 1), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)), and its rows
-    in ``stack`` slices along a leading axis (fused experts: (experts, rows, columns)).
+    weight - 1), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)), its rows in
+    ``stack`` slices along a leading axis (fused experts: (experts, rows, columns)), or the whole viewed
+    as ``view``.
     """
 
     theirs: str
@@ -238,17 +239,22 @@ class Link:
     offset: float = 0.0
     conv: bool = False
     stack: int = 1
+    view: tuple[int, ...] | None = None
 
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
         parts = [t.chunk(self.groups) for t in tensors]
         joined = torch.cat([part for group in zip(*parts) for part in group]) - self.offset
+        if self.view is not None:  # the same numbers in transformers' shape (Kimi's A_log (1, 1, H, 1))
+            return joined.reshape(self.view)
         if self.stack > 1:
             joined = joined.reshape(self.stack, -1, *joined.shape[1:])
         return joined.unsqueeze(1) if self.conv else joined
 
     def split(self, tensor: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
         """transformers -> attnspec, into tensors of ``shapes``."""
+        if self.view is not None:
+            tensor = tensor.reshape(sum(shape[0] for shape in shapes), *shapes[0][1:])
         if self.stack > 1:
             tensor = tensor.reshape(-1, *tensor.shape[2:])
         if self.conv:
@@ -333,18 +339,24 @@ def _plain_mlp_links(theirs: str, ours: str, bias: bool) -> list[Link]:
     return [rename(f"{theirs}{n}_proj.{p}", f"{ours}{n}.{p}") for n in names for p in ("weight", "bias")[:1 + bias]]
 
 
-def _moe_links(moe, theirs: str, ours: str, shared: str = "shared_expert", router: str = "gate") -> list[Link]:
+def _w123_links(theirs: str, ours: str, bias: bool) -> list[Link]:
+    """Mixtral's expert names: w2(act(w1 x) * w3 x) is attnspec's down(act(up x) * gate x)."""
+    return [rename(f"{theirs}{t}.weight", f"{ours}{o}.weight") for t, o in (("w1", "up"), ("w3", "gate"), ("w2", "down"))]
+
+
+def _moe_links(moe, theirs: str, ours: str, shared: str = "shared_expert", router: str = "gate",
+               expert_links=None) -> list[Link]:
     """A sparse MoE block as released checkpoints store it: the ``router`` (and its score correction
-    bias), one MLP per expert (``experts.{e}.gate_proj`` ...; no gate_proj for plain experts), the
-    shared expert and its gate."""
-    expert_links = _mlp_links if moe.gated else _plain_mlp_links
+    bias), one MLP per expert (``experts.{e}.gate_proj`` ...; no gate_proj for plain experts; Mixtral's
+    w1/w2/w3 with ``expert_links``), the shared expert and its gate."""
+    plain = _mlp_links if moe.gated else _plain_mlp_links
     links = [rename(f"{theirs}{router}.weight", f"{ours}router.weight")]
     if moe.score_bias:
         links.append(rename(f"{theirs}{router}.e_score_correction_bias", f"{ours}score_bias"))
     for e in range(moe.experts):
-        links += expert_links(f"{theirs}experts.{e}.", f"{ours}routed.{e}.", False)
+        links += (expert_links or plain)(f"{theirs}experts.{e}.", f"{ours}routed.{e}.", False)
     if moe.shared:
-        links += expert_links(f"{theirs}{shared}.", f"{ours}shared.", False)
+        links += plain(f"{theirs}{shared}.", f"{ours}shared.", False)
     if moe.shared_gate:
         links.append(rename(f"{theirs}{shared}_gate.weight", f"{ours}shared_gate.weight"))
     return links
@@ -1407,15 +1419,18 @@ def mla_mixer(config: Config) -> dict:
 
 def mla_config(mixer) -> dict:
     """An ``mla`` mixer's fields as DeepSeek's config states them (the inverse of :func:`mla_mixer`)."""
-    parameters = _rope_parameters(mixer.position)
+    config = {"num_attention_heads": mixer.heads, "num_key_value_heads": mixer.heads, "kv_lora_rank": mixer.kv_rank,
+              "q_lora_rank": mixer.q_rank, "qk_rope_head_dim": mixer.rope_dim,
+              "qk_nope_head_dim": mixer.d_qk - mixer.rope_dim, "v_head_dim": mixer.d_v,
+              "attention_bias": mixer.qkv_bias}
+    position = mixer.position
+    if position.kind != "rope":
+        return config
+    parameters = _rope_parameters(position)
     ratio = (mixer.scale / mixer.d_qk ** -0.5) ** 0.5  # YaRN's mscale(factor, mscale_all_dim), from the scale
-    if mixer.position.scaling != "none" and mixer.position.factor > 1 and abs(ratio - 1) > 1e-12:
-        parameters["mscale_all_dim"] = (ratio - 1) / (0.1 * math.log(mixer.position.factor))
-    return {"num_attention_heads": mixer.heads, "num_key_value_heads": mixer.heads, "kv_lora_rank": mixer.kv_rank,
-            "q_lora_rank": mixer.q_rank, "qk_rope_head_dim": mixer.rope_dim,
-            "qk_nope_head_dim": mixer.d_qk - mixer.rope_dim, "v_head_dim": mixer.d_v,
-            "attention_bias": mixer.qkv_bias, "rope_interleave": mixer.position.interleaved,
-            "rope_parameters": parameters}
+    if position.scaling != "none" and position.factor > 1 and abs(ratio - 1) > 1e-12:
+        parameters["mscale_all_dim"] = (ratio - 1) / (0.1 * math.log(position.factor))
+    return {**config, "rope_interleave": position.interleaved, "rope_parameters": parameters}
 
 
 def mla_links(mixer, theirs: str, ours: str) -> list[Link]:
@@ -1434,6 +1449,111 @@ def mla_links(mixer, theirs: str, ours: str) -> list[Link]:
     if mixer.out_bias:
         names["o_proj.bias"] = "out_proj.bias"
     return [rename(f"{theirs}{their}", f"{ours}{our}") for their, our in names.items()]
+
+
+class KimiLinear(Architecture):
+    """Kimi Linear: KDA layers (the delta rule with a per-channel gate over one A per head, a low-rank
+    gate projection and a low-rank sigmoid output gate after a per-head RMSNorm) and latent attention
+    without positions (``full_attention``), each followed by a dense GLU MLP or experts (``mlp_layer_types``:
+    sigmoid scores, a correction bias, group-limited, renormalised, scaled, shared experts)."""
+
+    model_types = ("kimi_linear",)
+    causal_lm = {"kimi_linear": "KimiLinearForCausalLM"}
+    STORED = {"model_max_length": "max_position_embeddings", "moe_renormalize": "norm_topk_prob",
+              "num_expert_group": "n_group", "num_experts_per_token": "num_experts_per_tok",
+              "num_shared_experts": "n_shared_experts"}
+    """The names KimiLinearConfig writes (its attribute_map) -> the names read here."""
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        config = Config({self.STORED.get(k, k): v for k, v in config.data.items()}, config.source)
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        eps = config.number("rms_norm_eps", 1e-5)
+        types = config.layer_types(layers, ["full_attention" if i and i % 4 == 0 else "linear_attention"
+                                            for i in range(layers)])
+        mlp_types = config.get("mlp_layer_types", list, None) or ["dense"] + ["sparse"] * (layers - 1)
+        if len(mlp_types) != layers or any(t not in ("dense", "sparse") for t in mlp_types):
+            raise config.refuse("mlp_layer_types", f"must list dense or sparse for each of the {layers} layers")
+        unknown = [i for i, t in enumerate(types) if t not in ("linear_attention", "full_attention")]
+        if unknown:
+            raise config.refuse("layer_types", "each layer is linear_attention (KDA) or full_attention", unknown)
+        heads, head_dim = config.count("linear_num_heads"), config.count("linear_head_dim")
+        kda = {"kind": "delta", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "feature_map": "l2norm",
+               "transition": {"kind": "mamba", "per": "channel", "rank": head_dim, "shared_a": True},
+               "conv": {"kind": "short", "width": config.count("linear_conv_kernel_dim", 4, limit=limits.MAX_CONV_WIDTH),
+                        "projections": ["q", "k", "v"], "activation": config.activation(allowed=("silu",))},
+               "group_norm": True, "shared_norm_weight": True, "output_gate": "sigmoid", "gate_rank": head_dim,
+               "norm_eps": eps}
+        attention = {**mla_mixer(config), "position": {"kind": "none"}}
+        attention.pop("scale")  # NoPE: the softmax scale is qk_head_dim^-1/2, the default
+        experts = config.count("num_experts", 256, limit=limits.MAX_EXPERTS)
+        shared = config.get("n_shared_experts", int, 1)
+        if not 0 <= shared <= limits.MAX_EXPERTS:
+            raise config.refuse("n_shared_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
+        moe = {"kind": "moe", "experts": experts, "top_k": config.count("num_experts_per_tok", 8),
+               "hidden": config.count("moe_intermediate_size"), "activation": config.activation(),
+               "scoring": "sigmoid", "score_bias": True, "normalize": config.get("norm_topk_prob", bool, True),
+               "routed_scale": config.number("routed_scaling_factor", 1.0), "groups": config.count("n_group", 1),
+               "top_groups": config.count("topk_group", 1), "shared": shared,
+               **({"shared_hidden": shared * config.count("moe_intermediate_size")} if shared else {})}
+        blocks = [{"mixer": kda if t == "linear_attention" else attention,
+                   "mlp": moe if m == "sparse" else _glu(config), "norm": _rmsnorm(eps)}
+                  for t, m in zip(types, mlp_types)]
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        kda = next((b.mixer for b in blocks if b.mixer.kind == "delta"), None)
+        attention = next((b.mixer for b in blocks if b.mixer.kind == "mla"), None)
+        if any(b.mixer.kind not in ("delta", "mla") for b in blocks) or kda is None:
+            raise NotExpressible("kimi_linear has KDA layers and latent attention layers")
+        config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
+                  "layer_types": ["linear_attention" if b.mixer.kind == "delta" else "full_attention" for b in blocks],
+                  "mlp_layer_types": ["sparse" if b.mlp.kind == "moe" else "dense" for b in blocks],
+                  "linear_num_heads": kda.heads, "linear_head_dim": kda.d_qk,
+                  "linear_conv_kernel_dim": kda.conv.width}
+        if attention is not None:
+            config.update(mla_config(attention))
+        dense = next((b.mlp for b in blocks if b.mlp.kind == "glu"), None)
+        moe = next((b.mlp for b in blocks if b.mlp.kind == "moe"), None)
+        if dense is not None:
+            config["intermediate_size"] = dense.hidden
+        if moe is not None:
+            config.update({"num_experts": moe.experts, "num_experts_per_tok": moe.top_k,
+                           "moe_intermediate_size": moe.hidden, "norm_topk_prob": moe.normalize,
+                           "routed_scaling_factor": moe.routed_scale, "n_group": moe.groups,
+                           "topk_group": moe.top_groups or moe.groups, "n_shared_experts": moe.shared})
+        config["hidden_act"] = ACTIVATION_NAMES[(dense or moe).activation]
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            mixer = block.mixer
+            if mixer.kind == "mla":
+                links += mla_links(mixer, f"{theirs}self_attn.", f"{ours}mixer.")
+            else:
+                a, m = f"{theirs}self_attn.", f"{ours}mixer."
+                links += [rename(f"{a}{n}_proj.weight", f"{m}{n}_proj.weight") for n in "qkv"]
+                links += [Link(f"{a}{n}_conv1d.weight", (f"{m}conv.filters.{n}",), conv=True) for n in "qkv"]
+                links += [rename(f"{a}f_a_proj.weight", f"{m}transition.dt_proj.0.weight"),
+                          rename(f"{a}f_b_proj.weight", f"{m}transition.dt_proj.1.weight"),
+                          rename(f"{a}dt_bias", f"{m}transition.dt_bias"),
+                          Link(f"{a}A_log", (f"{m}transition.A_log",), view=(1, 1, mixer.heads, 1)),
+                          rename(f"{a}b_proj.weight", f"{m}beta_proj.weight"),
+                          rename(f"{a}g_a_proj.weight", f"{m}gate_down.weight"),
+                          rename(f"{a}g_b_proj.weight", f"{m}gate.weight"),
+                          rename(f"{a}o_norm.weight", f"{m}norm_weight"),
+                          rename(f"{a}o_proj.weight", f"{m}out_proj.weight")]
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
+            mlp = f"{theirs}block_sparse_moe."  # Kimi's checkpoints keep Mixtral's names, dense layers too
+            if block.mlp.kind == "moe":
+                links += _moe_links(block.mlp, mlp, f"{ours}mlp.", shared="shared_experts", expert_links=_w123_links)
+            else:
+                links += _mlp_links(mlp, f"{ours}mlp.", False)
+        return links
 
 
 class Qwen35(Qwen3Next):
@@ -1474,9 +1594,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3(), KimiLinear()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2", "deepseek_v3")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2", "deepseek_v3", "kimi_linear")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

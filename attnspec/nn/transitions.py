@@ -138,7 +138,8 @@ class MambaTransition(Transition):
         else:  # KDA's gate projection: d_model -> rank -> count
             self.dt_proj = nn.Sequential(nn.Linear(d_model, node.rank, bias=False), nn.Linear(node.rank, count, bias=False))
         low, high = node.a_init
-        self.A_log = nn.Parameter(torch.log(torch.empty(count).uniform_(low, high)))
+        self.a_width = 1 if node.shared_a else self.width  # Kimi: one A per head over per-channel Δ
+        self.A_log = nn.Parameter(torch.log(torch.empty(heads * self.a_width).uniform_(low, high)))
         low, high = node.dt_init
         dt = torch.exp(torch.empty(count).uniform_(math.log(low), math.log(high))).clamp(min=1e-4)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
@@ -156,7 +157,7 @@ class MambaTransition(Transition):
 
     def forward(self, x: Tensor) -> Decay:
         step = self._step(x)
-        return Decay(-torch.exp(self.A_log.to(step.dtype)).view(1, self.heads, 1, self.width) * step, None)
+        return Decay(-torch.exp(self.A_log.to(step.dtype)).view(1, self.heads, 1, self.a_width) * step, None)
 
     def input_scale(self, x: Tensor) -> Tensor | None:
         return self._step(x) if self.scales_input else None

@@ -136,6 +136,9 @@ class MambaTransition(TransitionComponent):
     """Range of A = exp(A_log) at initialisation, uniform (Mamba2: [1, 16])."""
     dt_init: InitRange = Field(default_factory=lambda: [0.001, 0.1])
     """Range of Δ = softplus(dt_bias) at zero input, log-uniform (Mamba2: [0.001, 0.1], floored at 1e-4)."""
+    shared_a: bool = False
+    """One A per head, shared by the head's channels, with Δ per channel (Kimi Linear's A_log); needs
+    `per: channel`."""
     rank: Count(limits.MAX_HEAD_WIDTH) | None = None
     """A low-rank W_Δ = W_up W_down of this inner width (KDA's gate projection); full rank when unset."""
     scale_input: bool = False
@@ -161,6 +164,8 @@ class MambaTransition(TransitionComponent):
                 yield (name,), f"{name} is a range [low, high]; got low {low} above high {high}"
         if self.dt_min is not None and self.dt_max is not None and self.dt_min > self.dt_max:
             yield ("dt_min",), f"dt_min {self.dt_min} is above dt_max {self.dt_max}"
+        if self.shared_a and not self.per_channel:
+            yield ("shared_a",), "shared_a shares one A among a head's channels: it needs `per: channel`"
         if self.scale_input and self.per_channel:
             yield ("scale_input",), "scale_input multiplies the input by one Δ_t per head (Mamba2); use `per: head`"
 

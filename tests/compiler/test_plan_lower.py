@@ -47,11 +47,15 @@ def test_parameter_count_of_trainable_kernels_and_gates():
     {"mixer": {"kind": "mla", "heads": 2, "d_qk": 12, "d_v": 6, "kv_rank": 8, "q_rank": 10, "rope_dim": 4,
                "position": "rope", "qkv_bias": True}, "norm_placement": "sandwich"},
     {"mixer": "none", "mlp": {"kind": "moe", "experts": 4, "hidden": 6, "shared": 2, "shared_gate": True}},
+    {"mixer": {"kind": "delta", "heads": 2, "transition": {"kind": "mamba", "per": "channel", "rank": 4,
+                                                           "shared_a": True},
+               "group_norm": True, "output_gate": "sigmoid", "gate_rank": 3}},
     {"mixer": {"kind": "softmax", "heads": 2},
      "mlp": {"kind": "moe", "experts": 4, "hidden": 6, "gated": False, "shared": 1, "shared_hidden": 5}},
 ])
 def test_parameter_count_of_the_released_models_parts(block):
-    """Mamba-1, the gated convolution, latent attention, blocks without a mixer, experts (counted whole)."""
+    """Mamba-1, the gated convolution, latent attention, blocks without a mixer, experts (counted whole),
+    KDA's shared A and low-rank output gate."""
     spec = load_spec({"name": "t", "input": {"kind": "tokens", "vocab_size": 10}, "d_model": 16, "max_len": 32,
                       "layers": [block]})
     model = build_model(spec)
@@ -148,7 +152,9 @@ def _mixer_parameters(mixer, d: int) -> int:
     total = d * (Gq + Gk) * dk + d * Gv * dv + H * dv * d  # q, k, v and output projections
     total += 2 * dk if mixer.qk_norm != "none" else 0
     total += ((Gq + Gk) * dk + Gv * dv) * mixer.qkv_bias + d * mixer.out_bias
-    total += (d + mixer.qkv_bias) * H * dv if mixer.output_gate != "none" else 0  # the gate's bias goes with q/k/v's
+    if mixer.output_gate != "none":  # the gate (W_b W_a with gate_rank); its bias goes with q/k/v's
+        rank = mixer.gate_rank
+        total += (d + mixer.qkv_bias) * H * dv if rank is None else d * rank + (rank + mixer.qkv_bias) * H * dv
     total += (dv if mixer.shared_norm_weight else H * dv) if mixer.group_norm else 0
     total += H if mixer.skip else 0  # D
     transition = getattr(mixer, "transition", None)
@@ -156,8 +162,9 @@ def _mixer_parameters(mixer, d: int) -> int:
         width = H * (dk if transition.per == "channel" else 1)
         if transition.kind == "fixed":
             total += width * (2 if transition.complex else 1)
-        elif transition.kind == "mamba":  # W_Δ (full or low rank), A_log and dt_bias
-            total += (d * width if transition.rank is None else transition.rank * (d + width)) + 2 * width
+        elif transition.kind == "mamba":  # W_Δ (full or low rank), A_log (one per head with shared_a), dt_bias
+            total += (d * width if transition.rank is None else transition.rank * (d + width)) + width
+            total += H if transition.shared_a else width
         else:
             total += (d * width + width) * (2 if transition.phase != "none" else 1)
     fmap = mixer.feature_map if mixer.kind == "linear" else (

@@ -800,3 +800,28 @@ def test_deepseek_v3_computes_transformers_logits_and_decodes_alike(tmp_path, ch
     blocks = spec_blocks(spec)
     assert [(b.mixer.kind, b.mlp.kind) for b in blocks] == [("mla", "glu"), ("mla", "moe"), ("mla", "moe")]
     assert blocks[0].mixer.position.interleaved == (not changes)
+
+
+def test_kimi_linear_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path):
+    """Kimi Linear: KDA (one A per head over a per-channel gate, low-rank gate projections), position-free
+    latent attention, a dense first MLP then grouped experts with a correction bias and a shared expert."""
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    config = KimiLinearConfig(**{**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4},
+                              layer_types=["linear_attention", "full_attention", "linear_attention"],
+                              mlp_layer_types=["dense", "sparse", "sparse"], linear_num_heads=2, linear_head_dim=8,
+                              kv_lora_rank=12, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=6,
+                              v_head_dim=5, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+                              n_group=2, topk_group=1, routed_scaling_factor=2.0, n_shared_experts=1, pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2)
+
+    def build():
+        model = KimiLinearForCausalLM(config)
+        with torch.no_grad():
+            for layer in model.model.layers[1:]:
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.tensor([0.2, -0.3, 0.0, 0.1]))
+        return model
+
+    spec = _holds_to(_perturbed(build), tmp_path / "checkpoint", "kimi_linear", EVERY_MODE)
+    assert [(b.mixer.kind, b.mlp.kind) for b in spec_blocks(spec)] == [("delta", "glu"), ("mla", "moe"),
+                                                                        ("delta", "moe")]

@@ -46,14 +46,17 @@ class ProjectedMixer(Mixer):
                                          "k": nn.Parameter(torch.ones(self.d_qk))}) if node.qk_norm != "none" else None
         self.cache_capacity = node.cache_capacity(max_len)  # positions a key/value decoding cache holds, or None
         self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=node.out_bias)
-        self.gate = nn.Linear(d_model, self.heads * self.d_v, bias=bias) if node.output_gate != "none" else None
+        gated = node.output_gate != "none"
+        # a low-rank gate W_b W_a (`gate_rank`): gate_down is W_a, gate W_b
+        self.gate_down = nn.Linear(d_model, node.gate_rank, bias=False) if gated and node.gate_rank else None
+        self.gate = nn.Linear(node.gate_rank or d_model, self.heads * self.d_v, bias=bias) if gated else None
         self.gate_kind = node.output_gate
         norm_width = self.d_v if node.shared_norm_weight else self.heads * self.d_v
         self.norm_weight = nn.Parameter(torch.ones(norm_width)) if node.group_norm else None
         self.norm_eps, self.gate_before_norm = node.norm_eps, node.gate_before_norm
         self.D = nn.Parameter(torch.ones(self.heads)) if node.skip else None  # Mamba2's skip, D v_t
         with torch.no_grad():  # `init_scale` multiplies PyTorch's default initialisation
-            for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, self.gate):
+            for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, self.gate, self.gate_down):
                 if projection is not None:
                     projection.weight.mul_(node.init_scale)
         self.position = build_position(node.position, heads=self.heads, d_qk=self.d_qk, d_model=d_model,
@@ -64,7 +67,7 @@ class ProjectedMixer(Mixer):
     def projections(self) -> list[nn.Linear]:
         """The linear maps from and to the model width (the spec's ``init.projection_std`` draws them);
         ``out_proj`` writes into the residual stream."""
-        found = [self.q_proj, self.k_proj, self.v_proj, self.gate, self.out_proj]
+        found = [self.q_proj, self.k_proj, self.v_proj, self.gate_down, self.gate, self.out_proj]
         return [projection for projection in found if projection is not None]
 
     def state_size(self, length: int) -> int:
@@ -128,7 +131,7 @@ class ProjectedMixer(Mixer):
         if normalize_heads:  # a shared weight (Dv,) repeats over the heads
             o = o * (self.norm_weight if self.norm_weight.shape[0] == H * Dv else self.norm_weight.repeat(H))
         if self.gate is not None:
-            g = self.gate(x)
+            g = self.gate(x if self.gate_down is None else self.gate_down(x))
             o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))
         if self.gate_before_norm:  # Mamba2: RMSNorm(y silu(z)) over each group of H / qk_groups heads
             groups = o.view(B, L, self.q_heads, -1)

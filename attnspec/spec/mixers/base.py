@@ -47,6 +47,8 @@ class MixerComponent(Component):
     """Multiplier on q.k; defaults to 1/sqrt(d_qk) for exp/softmax kernels and 1 otherwise."""
     output_gate: OutputGate = "none"
     """Gate on the mixer output before the output projection: y * act(W_g x)."""
+    gate_rank: Count(limits.MAX_HEAD_WIDTH) | None = None
+    """A low-rank output gate W_g = W_b W_a of this inner width (Kimi Linear's g_a, g_b); unset: full rank."""
     group_norm: bool = False
     """Per-head normalisation (RMS) of the mixer output, as in RetNet/GateLoop."""
     position: Position | None = None
@@ -215,6 +217,8 @@ class MixerComponent(Component):
         if self.qk_groups is not None and self.kv_heads is not None:
             yield ("kv_heads",), ("kv_heads shares keys and values, qk_groups queries and keys: a mixer takes one "
                                   "of them")
+        if self.gate_rank is not None and self.output_gate == "none":
+            yield ("gate_rank",), "gate_rank factors the output gate's projection: set `output_gate` too"
         if self.gate_before_norm and not (self.group_norm and self.output_gate == "swish"):
             yield ("gate_before_norm",), ("gate_before_norm orders a gated norm, which needs `group_norm: true` "
                                           "and `output_gate: swish`")

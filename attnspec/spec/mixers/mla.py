@@ -18,7 +18,8 @@ class MlaMixer(MixerComponent):
         k_t,h = [W_UK,h c_t, k^R_t],   v_t,h = W_UV,h c_t   (d_qk = nope + rope_dim, d_v)
         q_t,h = [q^C_t,h, RoPE(q^R_t,h)] = W_UQ,h RMSNorm(W_DQ u_t)   (W_Q u_t without `q_rank`)
 
-    The RoPE part is the last rope_dim channels of each head (`position` must be rope). Decoding caches
+    The RoPE part is the last rope_dim channels of each head (`position: rope`; `none` leaves it unrotated,
+    as Kimi Linear does). Decoding caches
     the latent (c_t, k^R_t), kv_rank + rope_dim numbers per position rather than heads (d_qk + d_v), and
     attends in the absorbed form: q'_h = [W_UK,h^T q^C_h, q^R_h] against [c, k^R], then W_UV,h of the
     weighted c. `qkv_bias` puts biases on W_DQ and W_DKV (DeepSeek's `attention_bias`), `out_bias` on
@@ -61,9 +62,10 @@ class MlaMixer(MixerComponent):
 
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         yield from super().problems(max_len=max_len, d_qk=d_qk)
-        if self.position is None or self.position.kind != "rope":
-            yield ("position",), "latent attention's decoupled RoPE part needs `position: rope` (on the mixer)"
-        elif self.position.rotary_fraction != 1.0:
+        if self.position is None or self.position.kind not in ("rope", "none"):
+            yield ("position",), ("latent attention's decoupled RoPE part takes `position: rope`, or `none` to "
+                                  "carry it unrotated (Kimi Linear's NoPE)")
+        elif self.position.kind == "rope" and self.position.rotary_fraction != 1.0:
             yield ("position", "rotary_fraction"), "the RoPE part is `rope_dim` channels: leave rotary_fraction at 1"
         if self.rope_dim % 2:
             yield ("rope_dim",), f"RoPE turns channels in pairs: rope_dim must be even, got {self.rope_dim}"

@@ -1556,6 +1556,95 @@ class KimiLinear(Architecture):
         return links
 
 
+class OlmoHybrid(Architecture):
+    """OLMo hybrid: Gated DeltaNet layers (pre-norm; beta in [0, 2] with ``linear_allow_neg_eigval``) and
+    softmax attention layers in OLMo 2's placement, x + norm(f(x)), with QK-norm over the whole projection
+    width and RoPE or none; each followed by a SiLU GLU MLP."""
+
+    model_types = ("olmo_hybrid",)
+    causal_lm = {"olmo_hybrid": "OlmoHybridForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        eps = config.number("rms_norm_eps", 1e-6)
+        types = config.layer_types(layers, ["full_attention" if i % 4 == 3 else "linear_attention"
+                                            for i in range(layers)])
+        unknown = [i for i, t in enumerate(types) if t not in ("linear_attention", "full_attention")]
+        if unknown:
+            raise config.refuse("layer_types", "each layer is linear_attention or full_attention", unknown)
+        heads = config.count("num_attention_heads")
+        kv_heads = config.count("num_key_value_heads", heads)
+        if d_model % heads or heads % kv_heads:
+            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
+                                f"{kv_heads} key/value heads equally")
+        bias = config.get("attention_bias", bool, False)
+        parameters = config.get("rope_parameters", dict, None)
+        rope = parameters is not None and parameters.get("rope_theta") is not None  # released checkpoints: none
+        attention = {"kind": "softmax", "heads": heads, "qk_norm": "rmsnorm_full", "norm_eps": eps, "qkv_bias": bias,
+                     "out_bias": bias, "position": config.rope(d_model // heads) if rope else {"kind": "none"},
+                     **({"kv_heads": kv_heads} if kv_heads != heads else {})}
+        v_heads, k_heads = config.count("linear_num_value_heads", heads), config.count("linear_num_key_heads", heads)
+        if v_heads % k_heads:
+            raise config.refuse("linear_num_key_heads", f"{v_heads} value heads cannot share {k_heads} key heads")
+        d_qk = config.count("linear_key_head_dim", int(0.75 * d_model / k_heads))
+        delta = {"kind": "delta", "heads": v_heads, "d_qk": d_qk, "d_v": config.count("linear_value_head_dim", 2 * d_qk),
+                 "feature_map": "l2norm", "transition": {"kind": "mamba", "per": "head"},
+                 "beta": "2sigmoid" if config.get("linear_allow_neg_eigval", bool, True) else "sigmoid",
+                 "conv": {"kind": "short", "width": config.count("linear_conv_kernel_dim", 4, limit=limits.MAX_CONV_WIDTH),
+                          "projections": ["q", "k", "v"], "activation": config.activation(allowed=("silu",))},
+                 "group_norm": True, "shared_norm_weight": True, "output_gate": "swish", "norm_eps": 1e-5,
+                 **({"qk_groups": k_heads} if k_heads != v_heads else {})}
+        mlp = _glu(config)
+        blocks = [{"mixer": delta, "mlp": mlp, "norm": _rmsnorm(eps)} if t == "linear_attention" else
+                  {"mixer": attention, "mlp": mlp, "norm": _rmsnorm(eps), "norm_placement": "output"} for t in types]
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        delta = next((b.mixer for b in blocks if b.mixer.kind == "delta"), None)
+        attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
+        if delta is None or attention is None or any(b.mixer.kind not in ("delta", "softmax") for b in blocks):
+            raise NotExpressible("olmo_hybrid has Gated DeltaNet layers and attention layers")
+        config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
+                  "intermediate_size": blocks[0].mlp.hidden, "hidden_act": ACTIVATION_NAMES[blocks[0].mlp.activation],
+                  "layer_types": ["linear_attention" if b.mixer.kind == "delta" else "full_attention" for b in blocks],
+                  "num_attention_heads": attention.heads, "num_key_value_heads": attention.kv_heads or attention.heads,
+                  "attention_bias": attention.qkv_bias, "linear_num_value_heads": delta.heads,
+                  "linear_num_key_heads": delta.qk_groups or delta.heads, "linear_key_head_dim": delta.d_qk,
+                  "linear_value_head_dim": delta.d_v, "linear_conv_kernel_dim": delta.conv.width,
+                  "linear_allow_neg_eigval": delta.beta == "2sigmoid",
+                  "rope_parameters": _rope_parameters(attention.position) if attention.position.kind == "rope"
+                  else None}
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            if block.mixer.kind == "delta":
+                a, m = f"{theirs}linear_attn.", f"{ours}mixer."
+                links += [rename(f"{a}{n}_proj.weight", f"{m}{n}_proj.weight") for n in "qkv"]
+                links += [Link(f"{a}{n}_conv1d.weight", (f"{m}conv.filters.{n}",), conv=True) for n in "qkv"]
+                links += [rename(f"{a}a_proj.weight", f"{m}transition.dt_proj.weight"),
+                          rename(f"{a}dt_bias", f"{m}transition.dt_bias"),
+                          rename(f"{a}A_log", f"{m}transition.A_log"),
+                          rename(f"{a}b_proj.weight", f"{m}beta_proj.weight"),
+                          rename(f"{a}g_proj.weight", f"{m}gate.weight"),
+                          rename(f"{a}o_norm.weight", f"{m}norm_weight"),
+                          rename(f"{a}o_proj.weight", f"{m}out_proj.weight")]
+                norms = ("attention_layer_norm", "feedforward_layer_norm")  # OLMo-core's names, as saved
+            else:
+                links += _attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
+                links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q"),
+                          rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k")]
+                norms = ("feedforward_layer_norm", "post_feedforward_layernorm")  # on each sub-layer's output
+            links += [rename(f"{theirs}{norms[0]}.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}{norms[1]}.weight", f"{ours}norm2.weight")]
+            links += _mlp_links(f"{theirs}mlp.", f"{ours}mlp.", False)
+        return links
+
+
 class Qwen35(Qwen3Next):
     """Qwen3.5's text models: Qwen3-Next's layers with the Gated DeltaNet's projections unpacked (q, k, v
     in one matrix, the gate, beta and Δ each their own) and, for the MoE model, a sparse MoE block in
@@ -1594,9 +1683,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3(), KimiLinear()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3(), KimiLinear(), OlmoHybrid()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2", "deepseek_v3", "kimi_linear")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2", "deepseek_v3", "kimi_linear", "olmo_hybrid")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

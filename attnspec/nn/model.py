@@ -30,8 +30,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class Block(nn.Module):
-    """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); ``sandwich``: x + post_norm(f(norm(x))); a
-    sub-layer without its residual drops the ``x +``;
+    """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); ``sandwich``: x + post_norm(f(norm(x)));
+    ``output``: x + norm(f(x)); a sub-layer without its residual drops the ``x +``;
     ``mixer: none`` drops the mixer's sub-layer and its norm."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
@@ -41,6 +41,7 @@ class Block(nn.Module):
         self.norm1 = None if node.mixer.is_identity else build("norm", node.norm, dim=d_model)  # `mixer: none`
         self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None else None
         self.pre = node.norm_placement in ("pre", "sandwich")
+        self.output_norm = node.norm_placement == "output"  # x + norm(f(x)): the one norm is on the output
         sandwich = node.norm_placement == "sandwich"  # a norm of each sub-layer's output, before the residual
         self.post_norm1 = build("norm", node.norm, dim=d_model) if sandwich and self.norm1 is not None else None
         self.post_norm2 = build("norm", node.norm, dim=d_model) if sandwich and self.mlp is not None else None
@@ -48,14 +49,15 @@ class Block(nn.Module):
         self.residual_scale = node.residual_scale
 
     def _sublayer(self, x: Tensor, f, norm: nn.Module, residual: bool, post_norm: nn.Module | None) -> Tensor:
-        y = f(norm(x)) if self.pre else f(x)
+        y = f(norm(x)) if self.pre else norm(f(x)) if self.output_norm else f(x)
         if post_norm is not None:
             y = post_norm(y)
         if self.residual_scale != 1.0:
             y = y * self.residual_scale
+        after = not (self.pre or self.output_norm)  # `post`: the norm comes after the residual sum
         if not residual:
-            return y if self.pre else norm(y)
-        return x + y if self.pre else norm(x + y)
+            return norm(y) if after else y
+        return norm(x + y) if after else x + y
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         if self.norm1 is not None:

@@ -62,9 +62,10 @@ class Block(Node):
     """`mlp` (the default kind), `glu` or `none`."""
     norm: Norm = Field(default_factory=lambda: LayerNormNode(kind="layernorm"))
     """`layernorm`, `rmsnorm` or `none`."""
-    norm_placement: Literal["pre", "post", "sandwich"] = "pre"
+    norm_placement: Literal["pre", "post", "sandwich", "output"] = "pre"
     """`pre`: x + f(norm(x)); `post`: norm(x + f(x)); `sandwich`: x + norm'(f(norm(x))), a second norm of
-    its own on each sub-layer's output (Gemma 2 and 3)."""
+    its own on each sub-layer's output (Gemma 2 and 3); `output`: x + norm(f(x)), the sub-layer's output
+    normalised before the residual (OLMo 2)."""
     residual: bool | Residuals = True
     """Skip connections around the mixer and the MLP: `true`, `false` (the rank-collapse study's pure
     attention network), or each sub-layer's own: `{mixer: false, mlp: true}`."""

@@ -825,3 +825,25 @@ def test_kimi_linear_computes_transformers_logits_in_every_mode_and_decodes_alik
     spec = _holds_to(_perturbed(build), tmp_path / "checkpoint", "kimi_linear", EVERY_MODE)
     assert [(b.mixer.kind, b.mlp.kind) for b in spec_blocks(spec)] == [("delta", "glu"), ("mla", "moe"),
                                                                         ("delta", "moe")]
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_olmo_hybrid_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path, rope):
+    """OLMo hybrid: Gated DeltaNet (beta in [0, 2], 2 key heads for 4 value heads) and attention in OLMo 2's
+    norm placement with QK-norm over the whole projection width, without RoPE (as released) and with it.
+    Keys and values are equally wide here: transformers saves the convolution as OLMo-core's q/k/v_conv1d
+    by cutting it in three equal parts, right only then (the released checkpoints' parts are exact)."""
+    from transformers import OlmoHybridConfig, OlmoHybridForCausalLM
+
+    config = OlmoHybridConfig(**{**SMALL, "num_hidden_layers": 3}, layer_types=["linear_attention", "full_attention",
+                                                                                 "linear_attention"],
+                              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                              linear_value_head_dim=4, pad_token_id=0, eos_token_id=1,
+                              rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    if not rope:  # as released: no RoPE (the config class fills a default in for None at construction)
+        config.rope_parameters = None
+    spec = _holds_to(_perturbed(lambda: OlmoHybridForCausalLM(config)), tmp_path / "checkpoint", "olmo_hybrid",
+                     EVERY_MODE)
+    attention = spec_blocks(spec)[1]
+    assert attention.norm_placement == "output" and attention.mixer.qk_norm == "rmsnorm_full"
+    assert attention.mixer.position.kind == ("rope" if rope else "none")

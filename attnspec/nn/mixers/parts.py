@@ -42,8 +42,11 @@ class ProjectedMixer(Mixer):
         self.k_proj = nn.Linear(d_model, self.k_heads * self.d_qk, bias=bias)
         self.v_proj = nn.Linear(d_model, self.v_heads * self.d_v, bias=bias)
         # RMSNorm of each q and k head before positions (Qwen3's q_norm/k_norm: one weight shared by the heads)
-        self.qk_norm = nn.ParameterDict({"q": nn.Parameter(torch.ones(self.d_qk)),
-                                         "k": nn.Parameter(torch.ones(self.d_qk))}) if node.qk_norm != "none" else None
+        # (`rmsnorm_full`: OLMo's, over the whole projection, a weight per channel of it)
+        self.qk_norm_full = node.qk_norm == "rmsnorm_full"
+        widths = (self.q_heads * self.d_qk, self.k_heads * self.d_qk) if self.qk_norm_full else (self.d_qk, self.d_qk)
+        self.qk_norm = nn.ParameterDict({name: nn.Parameter(torch.ones(width)) for name, width in zip("qk", widths)}
+                                        ) if node.qk_norm != "none" else None
         self.cache_capacity = node.cache_capacity(max_len)  # positions a key/value decoding cache holds, or None
         self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=node.out_bias)
         gated = node.output_gate != "none"
@@ -87,9 +90,10 @@ class ProjectedMixer(Mixer):
         y = y.view(B, L, heads or self.heads, width).transpose(1, 2)
         return self._expand(y) if expand else y
 
-    def _normalized(self, t: Tensor, name: str) -> Tensor:
-        """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps ``norm_eps``)."""
-        if self.qk_norm is None:
+    def _normalized(self, t: Tensor, name: str, full: bool = False) -> Tensor:
+        """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps ``norm_eps``), or
+        for ``rmsnorm_full`` over the whole projection (B, L, heads * d_qk), called with ``full``."""
+        if self.qk_norm is None or full != self.qk_norm_full:
             return t
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.qk_norm[name].to(t.dtype)
 
@@ -105,6 +109,7 @@ class ProjectedMixer(Mixer):
         for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
             streams[name], new_state[name] = self.conv(name, projection(x), past.get(name))
         q, k, v = (full_precision(streams[name]) for name in ("q", "k", "v"))
+        q, k = self._normalized(q, "q", full=True), self._normalized(k, "k", full=True)
         q = self._normalized(self._heads(q, self.d_qk, self.q_heads), "q")
         k = self._normalized(self._heads(k, self.d_qk, self.k_heads, expand), "k")
         q, k = self.position.rotate(q, k, offset)

@@ -62,9 +62,10 @@ class MixerComponent(Component):
     kv_heads: Count(limits.MAX_HEADS) | None = None
     """Keys and values shared by groups of query heads: grouped-query attention (1: multi-query). Unset:
     one per head. The decoding cache holds kv_heads heads."""
-    qk_norm: Literal["none", "rmsnorm"] = "none"
+    qk_norm: Literal["none", "rmsnorm", "rmsnorm_full"] = "none"
     """RMSNorm of each query and key head (a learnt weight per channel, shared by the heads), before
-    positions and features (Qwen3, OLMo 2)."""
+    positions and features (Qwen3); `rmsnorm_full`: of the whole query and key projections, every head
+    together, a weight per channel of the projection (OLMo 2 and 3)."""
     qk_groups: Count(limits.MAX_HEADS) | None = None
     """Queries and keys shared by groups of heads: G groups of heads / G heads each (Mamba2's B and C
     `n_groups`; multi-value attention). Unset: one per head."""

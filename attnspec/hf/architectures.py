@@ -1645,6 +1645,83 @@ class OlmoHybrid(Architecture):
         return links
 
 
+class RecurrentGemma(Architecture):
+    """RecurrentGemma (Griffin): RG-LRU recurrent blocks and local multi-query attention (partial RoPE, a
+    window, a biased output projection) in ``block_types``' cycle, each followed by a biased tanh-GeLU GLU
+    MLP of half ``intermediate_size``; RMSNorms of weight 1 + w, embeddings times sqrt(hidden_size)
+    rounded to bfloat16 as transformers does, a tied head with a logit soft-cap."""
+
+    model_types = ("recurrent_gemma",)
+    causal_lm = {"recurrent_gemma": "RecurrentGemmaForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        eps = config.number("rms_norm_eps", 1e-6)
+        heads = config.count("num_attention_heads")
+        kv_heads = config.count("num_key_value_heads", heads)
+        if d_model % heads or heads % kv_heads:
+            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
+                                f"{kv_heads} key/value heads equally")
+        cycle = config.get("block_types", list, ["recurrent", "recurrent", "attention"])
+        if not cycle or any(t not in ("recurrent", "attention") for t in cycle):
+            raise config.refuse("block_types", "must list recurrent and attention blocks")
+        width = config.count("lru_width", d_model, limit=limits.MAX_INNER)
+        act = config.activation("hidden_activation")
+        recurrent = {"kind": "rglru", "heads": heads, "width": width, "activation": act, "qkv_bias": True,
+                     "out_bias": True, "conv": {"kind": "short", "width": config.count("conv1d_width", 4,
+                                                                                       limit=limits.MAX_CONV_WIDTH),
+                                                "projections": ["v"], "bias": True}}
+        attention = {"kind": "softmax", "heads": heads, "qkv_bias": config.get("attention_bias", bool, False),
+                     "out_bias": True, "window": config.count("attention_window_size", 2048),
+                     "position": config.rope(d_model // heads, 0.5),
+                     **({"kv_heads": kv_heads} if kv_heads != heads else {})}
+        mlp = {"kind": "glu", "hidden": config.count("intermediate_size") // 2, "activation": act, "bias": True}
+        blocks = [{"mixer": recurrent if cycle[i % len(cycle)] == "recurrent" else attention, "mlp": mlp,
+                   "norm": _rmsnorm(eps)} for i in range(layers)]
+        common = _common(config)
+        common["input"]["scale"] = float(torch.tensor(math.sqrt(d_model), dtype=torch.bfloat16))
+        head = {**_head(config, True), "softcap": config.number("logits_soft_cap", 30.0)}
+        return {**common, "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps), "head": head}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        recurrent = next((b.mixer for b in blocks if b.mixer.kind == "rglru"), None)
+        attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
+        if recurrent is None or attention is None or any(b.mixer.kind not in ("rglru", "softmax") for b in blocks):
+            raise NotExpressible("recurrent_gemma has RG-LRU blocks and local attention blocks")
+        types = ["recurrent" if b.mixer.kind == "rglru" else "attention" for b in blocks]
+        period = next(p for p in range(1, len(types) + 1) if all(types[i] == types[i % p] for i in range(len(types))))
+        return {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
+                "num_attention_heads": attention.heads, "num_key_value_heads": attention.kv_heads or attention.heads,
+                "lru_width": recurrent.width, "conv1d_width": recurrent.conv.width,
+                "attention_window_size": attention.window, "attention_bias": attention.qkv_bias,
+                "intermediate_size": 2 * blocks[0].mlp.hidden, "hidden_activation": ACTIVATION_NAMES[recurrent.activation],
+                "block_types": types[:period], "logits_soft_cap": spec.head.softcap,
+                "rope_parameters": {**_rope_parameters(attention.position),
+                                    "partial_rotary_factor": attention.position.rotary_fraction}}
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.final_norm.weight", 1.0)
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            t, m = f"{theirs}temporal_block.", f"{ours}mixer."
+            if block.mixer.kind == "rglru":
+                names = [f"{n}.{p}" for n in ("linear_x", "linear_y", "linear_out") for p in ("weight", "bias")]
+                links += [rename(f"{t}{n}", f"{m}{n}") for n in names]
+                lru = ["recurrent_param"] + [f"{g}_gate_{p}" for g in ("input", "recurrent") for p in ("weight", "bias")]
+                links += [rename(f"{t}rg_lru.{n}", f"{m}{n}") for n in lru]
+                links += [Link(f"{t}conv_1d.weight", (f"{m}conv.filters.v",), conv=True),
+                          rename(f"{t}conv_1d.bias", f"{m}conv.biases.v")]
+            else:
+                links += _attention_links(t, m, block.mixer.qkv_bias)
+                if not block.mixer.qkv_bias:
+                    links.append(rename(f"{t}o_proj.bias", f"{m}out_proj.bias"))
+            links += [rename(f"{theirs}temporal_pre_norm.weight", f"{ours}norm1.weight", 1.0),
+                      rename(f"{theirs}channel_pre_norm.weight", f"{ours}norm2.weight", 1.0)]
+            links += _mlp_links(f"{theirs}mlp_block.", f"{ours}mlp.", True)
+        return links
+
+
 class Qwen35(Qwen3Next):
     """Qwen3.5's text models: Qwen3-Next's layers with the Gated DeltaNet's projections unpacked (q, k, v
     in one matrix, the gate, beta and Δ each their own) and, for the MoE model, a sparse MoE block in
@@ -1683,9 +1760,9 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3(), KimiLinear(), OlmoHybrid()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3(), KimiLinear(), OlmoHybrid(), RecurrentGemma()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2", "deepseek_v3", "kimi_linear", "olmo_hybrid")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2", "deepseek_v3", "kimi_linear", "olmo_hybrid", "recurrent_gemma")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

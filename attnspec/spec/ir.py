@@ -37,7 +37,7 @@ from attnspec.spec.supports import (BlockSupport, LinearLowRank, LocalSupport, L
                                     PerformerLowRank, SparseComponent, SparseSupport, TopkSupport)
 from attnspec.spec.mixers.base import MixerComponent, Mode, OutputGate
 from attnspec.spec.mixers import (DeltaMixer, GatedConvMixer, LinearMixer, MambaMixer, Mixer, MlaMixer, NoMixer,
-                                  ScatterbrainMixer, SoftmaxMixer)
+                                  RglruMixer, ScatterbrainMixer, SoftmaxMixer)
 from attnspec.spec.channel import (ChannelMixer, ChannelMixerComponent, GluMlp, LayerNormNode, Mlp, NoMlp, NoNorm,
                                    Norm, NormComponent, RmsNormNode)
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
@@ -208,7 +208,7 @@ class Spec(Node):
 
 
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MlaMixer, MambaMixer,
-          GatedConvMixer, Residuals, Block, Group, Spec]
+          RglruMixer, GatedConvMixer, Residuals, Block, Group, Spec]
 """Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
 rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
@@ -225,7 +225,7 @@ __all__ = ["AlibiPosition", "AogluFeatures", "Block", "BlockSupport", "ChannelMi
            "NoMixer", "NoMlp", "NoNorm", "NoPosition", "NoReweighting", "NoTransition", "Node", "NonNegativeFloat",
            "Norm", "NormComponent", "OgluFeatures", "OutputGate", "PerformerFeatures", "PerformerLowRank",
            "PhaseRange", "Position", "PositionComponent", "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting",
-           "ReweightingComponent", "RmsNormNode", "RotaryPosition", "ScatterbrainMixer", "Seed", "ShortConv",
-           "SiluFeatures", "SinusoidalPosition", "SoftmaxMixer", "SoftplusFeatures", "SoftplusLinearFeatures",
-           "SparseComponent", "SparseSupport", "Spec", "TokenInput", "TokenShift", "TopkSupport", "Transition",
-           "TransitionComponent", "UnitRange", "fixed_union", "iter_blocks"]
+           "ReweightingComponent", "RglruMixer", "RmsNormNode", "RotaryPosition", "ScatterbrainMixer", "Seed",
+           "ShortConv", "SiluFeatures", "SinusoidalPosition", "SoftmaxMixer", "SoftplusFeatures",
+           "SoftplusLinearFeatures", "SparseComponent", "SparseSupport", "Spec", "TokenInput", "TokenShift",
+           "TopkSupport", "Transition", "TransitionComponent", "UnitRange", "fixed_union", "iter_blocks"]

@@ -47,6 +47,7 @@ def test_parameter_count_of_trainable_kernels_and_gates():
     {"mixer": {"kind": "mla", "heads": 2, "d_qk": 12, "d_v": 6, "kv_rank": 8, "q_rank": 10, "rope_dim": 4,
                "position": "rope", "qkv_bias": True}, "norm_placement": "sandwich"},
     {"mixer": "none", "mlp": {"kind": "moe", "experts": 4, "hidden": 6, "shared": 2, "shared_gate": True}},
+    {"mixer": {"kind": "rglru", "heads": 2, "width": 12, "qkv_bias": True}},
     {"mixer": {"kind": "delta", "heads": 2, "transition": {"kind": "mamba", "per": "channel", "rank": 4,
                                                            "shared_a": True},
                "group_norm": True, "output_gate": "sigmoid", "gate_rank": 3}},
@@ -136,6 +137,10 @@ def _mixer_parameters(mixer, d: int) -> int:
         total += 2 * D * mixer.qkv_bias + d * mixer.out_bias
         total += D * (mixer.conv.width + mixer.conv.bias) if mixer.conv.kind == "short" else 0
         return total + (R + 2 * N if mixer.selection_norm == "rmsnorm" else 0)
+    if mixer.kind == "rglru":  # W_y, W_x, the gates' blocks and biases, Λ, W_out, the convolution
+        W, H = mixer.width, mixer.heads
+        total = 2 * (d * W + W * mixer.qkv_bias) + 2 * (W * W // H + W) + W + W * d + d * mixer.out_bias
+        return total + (W * (mixer.conv.width + mixer.conv.bias) if mixer.conv.kind == "short" else 0)
     if mixer.kind == "gated_conv":  # in_proj (b, c, x), out_proj, the depthwise filter
         total = 3 * d * d + d * d + 3 * d * mixer.qkv_bias + d * mixer.out_bias
         return total + d * (mixer.conv.width + mixer.conv.bias)

@@ -847,3 +847,16 @@ def test_olmo_hybrid_computes_transformers_logits_in_every_mode_and_decodes_alik
     attention = spec_blocks(spec)[1]
     assert attention.norm_placement == "output" and attention.mixer.qk_norm == "rmsnorm_full"
     assert attention.mixer.position.kind == ("rope" if rope else "none")
+
+
+def test_recurrent_gemma_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path):
+    """RecurrentGemma: RG-LRU blocks (two gate blocks, a width apart from hidden_size) and local multi-query
+    attention (window 6, partial RoPE) in the cycle recurrent, recurrent, attention; soft-capped logits."""
+    from transformers import RecurrentGemmaConfig, RecurrentGemmaForCausalLM
+
+    config = RecurrentGemmaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=1, lru_width=24, attention_window_size=6,
+                                  logits_soft_cap=5.0, max_position_embeddings=64)
+    spec = _holds_to(_perturbed(lambda: RecurrentGemmaForCausalLM(config)), tmp_path / "checkpoint", "recurrent_gemma",
+                     EVERY_MODE)
+    assert [b.mixer.kind for b in spec_blocks(spec)] == ["rglru", "rglru", "softmax"]

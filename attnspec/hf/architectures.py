@@ -18,6 +18,7 @@ The tests hold every architecture to transformers' own model, logit for logit (t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,6 +288,11 @@ class Architecture:
 
     def links(self, spec) -> list[Link]:
         raise NotImplementedError
+
+    def unused(self, name: str, spec) -> bool:
+        """Whether a checkpoint tensor no link reads is one transformers' model also leaves unread (else the
+        import refuses it: attnspec imports nothing it would drop)."""
+        return False
 
 
 def _common(config: Config) -> dict:
@@ -1382,6 +1388,12 @@ class DeepseekV3(Architecture):
                            "topk_group": moe.top_groups or moe.groups, "n_shared_experts": moe.shared})
         config["hidden_act"] = ACTIVATION_NAMES[(mlp or moe).activation]
         return config
+
+    def unused(self, name: str, spec) -> bool:
+        """The multi-token-prediction layers released checkpoints carry past the last layer (transformers
+        leaves them unread; so does attnspec)."""
+        match = re.match(r"model\.layers\.(\d+)\.", name)
+        return match is not None and int(match.group(1)) >= len(_blocks(spec))
 
     def links(self, spec) -> list[Link]:
         links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")

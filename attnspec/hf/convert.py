@@ -128,9 +128,10 @@ def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, 
         raise InteropError(f"{checkpoint}: the weights lack {shorten(missing[0], 100)} (and {len(missing) - 1} more), "
                            f"which a {model_type} model of this config has")
     tied = spec.head.tied and "lm_head.weight" in files
+    unused = ARCHITECTURES[model_type].unused
     extra = sorted(name for name in set(files) - wanted if not IGNORED.match(name) and not (tied and
                                                                                            name == "lm_head.weight")
-                   and not (other is not None and name.startswith(other)))
+                   and not (other is not None and name.startswith(other)) and not unused(name, spec))
     if extra:
         raise InteropError(f"{checkpoint}: tensor {shorten(extra[0], 100)} (and {len(extra) - 1} more) is not part of "
                            f"the {model_type} model this config describes; attnspec imports nothing it would drop")

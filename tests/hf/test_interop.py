@@ -860,3 +860,20 @@ def test_recurrent_gemma_computes_transformers_logits_in_every_mode_and_decodes_
     spec = _holds_to(_perturbed(lambda: RecurrentGemmaForCausalLM(config)), tmp_path / "checkpoint", "recurrent_gemma",
                      EVERY_MODE)
     assert [b.mixer.kind for b in spec_blocks(spec)] == ["rglru", "rglru", "softmax"]
+
+
+def test_deepseek_v3_leaves_the_multi_token_prediction_layer_unread_as_transformers_does(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    reference = _perturbed(_deepseek_v3)
+    reference.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.3.eh_proj.weight"] = torch.zeros(32, 64)  # DeepSeek-V3's MTP layer, past the last
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    model = _imported(tmp_path, "deepseek_v3")
+    with torch.no_grad():
+        assert _relative(model(_tokens()), reference(_tokens()).logits) < BOUND
+    tensors["model.layers.0.stray.weight"] = torch.zeros(2)  # inside the model: still refused
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InteropError, match="stray"):
+        _imported(tmp_path, "deepseek_v3")

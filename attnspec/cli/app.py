@@ -414,6 +414,9 @@ def train(
                                                                                  "(default: on CUDA only)."),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files."),
+    init_weights: Optional[str] = typer.Option(None, "--init-weights", help="Start from these weights (a safetensors "
+                                               "file, or a build or run directory) where they fit by name and shape; "
+                                               "the rest from the spec's init (run.json lists them)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in -o from its latest checkpoint."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Launch N data-parallel processes with torchrun."),
 ) -> None:
@@ -431,7 +434,7 @@ def train(
     flags = {"steps": steps, "batch_size": batch, "lr": lr, "seed": seed, "accumulate": accumulate,
              "eval_every": eval_every, "target": target, "device": device, "warmup_steps": warmup_steps,
              "test_examples": test_examples, "checkpoint_every": checkpoint_every, "precision": precision,
-             "weight_decay": weight_decay,
+             "weight_decay": weight_decay, "init_weights": init_weights,
              "compile": None if compile_ is None else ("on" if compile_ else "off"),
              "tensorboard": True if tensorboard else None}
     if resume and (file or task or task_overrides or overrides or config or any(v is not None for v in flags.values())):

@@ -41,6 +41,23 @@ class GroupOverride(Node):
     """Scale of the learning rate of these parameters (None: the component's fact)."""
 
 
+class Distill(Node):
+    """Train against a teacher's outputs (knowledge distillation: the start of turning a pretrained
+    transformer into a linear or hybrid model, after initialising the new mixers from the attention they
+    replace, as LoLCATs and "Mamba in the Llama" do)."""
+
+    teacher: Annotated[str, Field(min_length=1, max_length=4096)]
+    """A build or training run directory (a run's latest checkpoint); it must read the same tokens
+    (vocabulary) through an LM head, and take the task's length."""
+    temperature: Annotated[float, Field(gt=0, le=100)] = 1.0
+    """T: both distributions are softened by T and the KL term multiplied by T² (Hinton et al. 2015)."""
+    weight: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """α: the loss is (1 - α) cross-entropy + α T² KL(teacher ‖ student), over the answer positions."""
+    hidden: Annotated[float, Field(ge=0, le=1e4)] = 0.0
+    """Weight of per-layer output matching: the mean squared difference of each block's output between
+    student and teacher, summed over the blocks (same block count and width), added to the loss."""
+
+
 class TrainConfig(Node):
     """What a training run does: the task, the optimiser and schedule, evaluation and checkpoints."""
 
@@ -68,6 +85,12 @@ class TrainConfig(Node):
     moe_aux_loss: Annotated[float, Field(ge=0, le=100)] = 0.0
     """Weight of the mixture-of-experts load-balancing loss in the training loss (Switch Transformer's,
     mean over the MoE layers; 0.001-0.01 is usual); a model with MoE MLPs logs it at any weight."""
+    init_weights: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    """Start from these weights: a safetensors file, or a build or run directory (a run's latest
+    checkpoint). Tensors that fit the spec's model by name and shape are loaded, the rest keep the spec's
+    `init` (an edited import: the swapped layer starts fresh, the rest pretrained); run.json lists them."""
+    distill: Distill | None = None
+    """Distil a teacher model's logits (and, with `hidden`, its blocks' outputs) into this one; eager."""
     groups: dict[Annotated[str, Field(max_length=100)], GroupOverride] = Field(default_factory=dict)
     """Per-slot (`transition`) or per-kind (`transition.data`) overrides of the optimiser facts."""
     eval_every: Annotated[int, Field(ge=0, le=limits.MAX_STEPS)] = 100

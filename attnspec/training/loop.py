@@ -151,7 +151,9 @@ class Trainer:
         bfloat16 = _uses_bfloat16_autocast(config.precision, self.device, spec.dtype)
         self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True, calibration=calibration,
                               device=self.device.type, dtype="bfloat16" if bfloat16 else None)
-        self.model = build_model_from_spec(spec).to(self.device)
+        self.model = build_model_from_spec(spec)
+        self.weights_fit = _load_init_weights(self.model, config.init_weights) if not resume else None
+        self.model = self.model.to(self.device)
         self.model.set_modes(self.plan.full_modes)
         self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()})
         self.names = [name for group in self.groups for name in group.names]
@@ -160,7 +162,13 @@ class Trainer:
         self.autocast = _autocast(bfloat16, self.device)
         self.wrapped = self.dist.wrap(self.model)
         self.loss_fn = _micro_loss
-        if self.compiled:
+        self.teacher = None
+        if config.distill is not None:  # eager: the block outputs are read by hooks
+            from attnspec.training.distill import load_teacher
+
+            self.teacher = load_teacher(config.distill, spec, config.task.seq_len, self.device)
+            self.compiled = False
+        elif self.compiled:
             self.loss_fn = torch.compile(_micro_loss, fullgraph=True, dynamic=False)
         self.start = 0
         self.history: list[dict] = []
@@ -211,14 +219,13 @@ class Trainer:
             lr = learning_rate(step, lr=config.lr, warmup=config.warmup(), steps=config.steps,
                                min_ratio=config.min_lr_ratio)
             set_learning_rate(self.optimizer, lr)
-            loss, grad_norm, aux = self._step(step)
+            loss, grad_norm, extra = self._step(step)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 self._diverge(step + 1, {"loss": loss, "grad_norm": grad_norm}, lr)
             seconds = time.perf_counter() - started
             record = {"step": step + 1, "split": "train", "loss": loss, "lr": lr, "grad_norm": grad_norm,
                       "tokens_per_s": config.batch_size * task.seq_len / max(seconds, 1e-9)}
-            if aux is not None:
-                record["moe_aux_loss"] = aux
+            record.update(extra)
             self.history.append(record)
             if self.writes and (step + 1) % config.log_every == 0:
                 rundir.append_metrics(self.directory, record)
@@ -246,9 +253,11 @@ class Trainer:
         self.on_progress({"event": "end", "step": final, **metrics})
         return Run(self.directory, self.model.eval(), config, final, metrics, self.history)
 
-    def _step(self, step: int) -> tuple[float, float, float | None]:
+    def _step(self, step: int) -> tuple[float, float, dict[str, float]]:
         """One optimiser step; returns the global mean loss, the gradient norm before clipping and the
-        mean load-balancing loss of the MoE MLPs over the micro-batches (None without any)."""
+        extra terms to log: the mean load-balancing loss of the MoE MLPs over the micro-batches
+        (``moe_aux_loss``, where there are experts) and the distillation terms per answer position
+        (``distill_ce``, ``distill_kl``, ``distill_hidden``)."""
         config = self.config
         inputs, targets = config.task.batch("train", step, config.batch_size, config.seed)
         answers = int((targets != IGNORE).sum())  # every process sees the global batch: no all-reduce needed
@@ -256,13 +265,18 @@ class Trainer:
         inputs = inputs[rank * self.micro * config.accumulate:(rank + 1) * self.micro * config.accumulate]
         targets = targets[rank * self.micro * config.accumulate:(rank + 1) * self.micro * config.accumulate]
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        balance = []
+        balance, distilled = [], {}
         self.optimizer.zero_grad(set_to_none=True)
         for index in range(config.accumulate):
             part = slice(index * self.micro, (index + 1) * self.micro)
             x, y = inputs[part].to(self.device), targets[part].to(self.device)
             with self.dist.no_sync(self.wrapped, last=index == config.accumulate - 1), self.autocast():
-                summed = self.loss_fn(self.wrapped, x, y)
+                if self.teacher is not None:
+                    from attnspec.training.distill import distill_loss
+
+                    summed = distill_loss(self.wrapped, self.teacher, x, y, config.distill, distilled)
+                else:
+                    summed = self.loss_fn(self.wrapped, x, y)
                 loss = summed * (self.dist.world_size / max(answers, 1))
                 regularizer = self.model.regularization_loss()
                 loss = loss + regularizer / config.accumulate
@@ -276,12 +290,16 @@ class Trainer:
         total = self.dist.all_reduce_sum(total)
         grad_norm = _clip(self.model, config.grad_clip)
         loss = float(total) / max(answers, 1)
-        aux = sum(balance) / len(balance) if balance else None
+        extra = {"moe_aux_loss": sum(balance) / len(balance)} if balance else {}
+        # each process sums its own micro-batches: the global mean is their all-reduced sum over the answers
+        extra.update({f"distill_{name}": float(self.dist.all_reduce_sum(torch.tensor(value, dtype=torch.float64,
+                                                                                      device=self.device)))
+                      / max(answers, 1) for name, value in distilled.items()})
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            return loss, grad_norm, aux  # not applied: the weights stay those of the last finite step
+            return loss, grad_norm, extra  # not applied: the weights stay those of the last finite step
         self.optimizer.step()
         redraw_random_features(self.model, step + 1)  # Performer `redraw: interval`, reproducibly from the step
-        return loss, grad_norm, aux
+        return loss, grad_norm, extra
 
     @torch.no_grad()
     def _evaluate(self, step: int) -> dict:
@@ -335,6 +353,8 @@ class Trainer:
                   "status": status, "step": step, "world_size": self.dist.world_size, "device": str(self.device),
                   "compiled": self.compiled, "spec": spec_to_data(self.spec, minimal=False), "config": config_data,
                   "plan": self.plan.to_json(), "groups": [group.to_json() for group in self.groups]}
+        if self.weights_fit is not None:
+            record["init_weights"] = self.weights_fit.to_json()
         if metrics:
             record["metrics"] = metrics
         if diverged:
@@ -400,6 +420,32 @@ def _event_writer_class():
     except ImportError:
         raise AttnSpecError("--tensorboard needs the tensorboard package: pip install 'attnspec[tensorboard]'") from None
     return SummaryWriter
+
+
+def _load_init_weights(model: nn.Module, source: str | None):
+    """The train config's ``init_weights`` loaded into ``model`` where they fit (name and shape), as a
+    :class:`~attnspec.compiler.load.WeightsFit`; None without them.
+
+    Raises:
+        SpecError: located at ``init_weights``: no such file or directory, or not weights.
+    """
+    if source is None:
+        return None
+    from attnspec.compiler.load import load_weights
+    from attnspec.io import latest_checkpoint
+
+    path = Path(source)
+    try:
+        if path.is_dir() and (path / rundir.RUN_FILE).is_file():
+            path = latest_checkpoint(path)[1] / "model.safetensors"
+        elif path.is_dir():
+            path = path / "model.safetensors"
+        if not path.is_file():
+            raise FileNotFoundError(str(path))
+        return load_weights(model, path, "give a safetensors file or a build or run directory", strict=False)
+    except (AttnSpecError, OSError) as error:
+        raise SpecError(Problem(f"{source}: not weights to start from ({error})", path="init_weights",
+                                source="training configuration")) from None
 
 
 def _micro_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:

@@ -1,0 +1,102 @@
+"""Distillation (the train config's ``distill``): a teacher model's logits, and optionally its blocks' outputs,
+as training targets beside the task's.
+
+Per micro-batch, summed over the answer positions (the loop divides by their global count, as it does
+the cross-entropy alone):
+
+    (1 - α) CE(student, targets) + α T² KL(softmax(teacher / T) ‖ softmax(student / T))
+    + β Σ_blocks mean((h_student - h_teacher)²) × answers
+
+with α = ``weight``, T = ``temperature``, β = ``hidden`` (Hinton et al. 2015; per-layer output matching
+as in LoLCATs' attention transfer, here on whole blocks). The teacher runs without gradients in eval
+mode; the step runs eager (the block outputs are read by forward hooks).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnspec.errors import AttnSpecError, Problem, SpecError
+from attnspec.training.tasks import IGNORE
+
+
+def load_teacher(distill, spec, seq_len: int, device: torch.device) -> nn.Module:
+    """The teacher of ``distill`` (a build or run directory) on ``device``, frozen, checked to fit the
+    student ``spec`` and the task's length.
+
+    Raises:
+        SpecError: located at ``distill.teacher`` (or ``distill.hidden``): not a model directory, another
+            vocabulary or head, too short a ``max_len``, or blocks that cannot be matched one to one.
+    """
+    from attnspec.training.rundir import load_trained
+
+    def refuse(message: str, field: str = "teacher") -> SpecError:
+        return SpecError(Problem(message, path=f"distill.{field}", source="training configuration"))
+
+    try:
+        teacher = load_trained(Path(distill.teacher))
+    except AttnSpecError as error:
+        raise refuse(f"{distill.teacher} is not a build or run directory to distil from: {error}") from None
+    theirs = teacher.spec
+    if theirs.input.kind != "tokens" or theirs.head.kind != "lm" or \
+            theirs.input.vocab_size != getattr(spec.input, "vocab_size", None):
+        raise refuse(f"the teacher must read the student's tokens (vocab_size {getattr(spec.input, 'vocab_size', '?')})"
+                     f" through an lm head; {distill.teacher} has {theirs.input.kind} input of "
+                     f"{getattr(theirs.input, 'vocab_size', '?')} and a {theirs.head.kind} head")
+    if theirs.max_len < seq_len:
+        raise refuse(f"the teacher takes at most {theirs.max_len} positions; the task's sequences have {seq_len}")
+    if distill.hidden and (len(teacher.blocks) != len(spec_blocks(spec)) or theirs.d_model != spec.d_model):
+        raise refuse(f"matching block outputs needs the same blocks and width: the teacher has {len(teacher.blocks)} "
+                     f"blocks of {theirs.d_model}, the student {len(spec_blocks(spec))} of {spec.d_model}; set "
+                     "`hidden: 0`", "hidden")
+    for parameter in teacher.parameters():
+        parameter.requires_grad_(False)
+    return teacher.to(device).eval()
+
+
+def spec_blocks(spec) -> list:
+    from attnspec.spec.walk import iter_blocks
+
+    return [block for _, block in iter_blocks(spec, expand=True)]
+
+
+def distill_loss(model: nn.Module, teacher: nn.Module, inputs: Tensor, targets: Tensor, distill,
+                 parts: dict[str, float]) -> Tensor:
+    """The summed objective of one micro-batch: inputs and targets (B, L) -> a scalar; ``parts`` gains
+    the summed cross-entropy, KL and block-matching terms (``ce``, ``kl``, ``hidden``) as floats."""
+    student_outputs, teacher_outputs = [], []
+    hooks = []
+    if distill.hidden:
+        hooks = [block.register_forward_hook(lambda m, a, out, store=store: store.append(out))
+                 for blocks, store in ((_blocks(model), student_outputs), (_blocks(teacher), teacher_outputs))
+                 for block in blocks]
+    try:
+        logits = model(inputs)
+        with torch.no_grad():
+            teacher_logits = teacher(inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    answer = targets != IGNORE
+    student, wanted = logits[answer].float(), teacher_logits[answer].float()
+    ce = F.cross_entropy(student, targets[answer], reduction="sum")
+    T = distill.temperature
+    kl = F.kl_div(F.log_softmax(student / T, -1), F.log_softmax(wanted / T, -1), log_target=True,
+                  reduction="sum") * T * T
+    total = (1 - distill.weight) * ce + distill.weight * kl
+    terms = {"ce": ce, "kl": kl}
+    if distill.hidden:
+        matched = sum(F.mse_loss(s.float(), t.float()) for s, t in zip(student_outputs, teacher_outputs))
+        terms["hidden"] = matched * answer.sum()
+        total = total + distill.hidden * terms["hidden"]
+    for name, term in terms.items():
+        parts[name] = parts.get(name, 0.0) + float(term.detach())
+    return total
+
+
+def _blocks(model: nn.Module):
+    return getattr(model, "module", model).blocks  # the model itself under DistributedDataParallel

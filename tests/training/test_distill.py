@@ -1,0 +1,103 @@
+"""Distillation (train config `distill`): a softmax teacher trained here, a linear student trained against
+it. The first step's logged terms equal the objective computed by hand in plain PyTorch from the same
+batch, the student's initial weights and the teacher's (KL at temperature T times T², cross-entropy,
+block-output matching); training lowers the KL; a teacher that cannot be matched is a located error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnspec
+from attnspec.errors import SpecError
+from attnspec.training.config import load_config
+from attnspec.training.rundir import load_trained
+from attnspec.training.tasks import IGNORE
+
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+TINY = ["d_model=16", "layers[0].repeat=1", "max_len=16", "input.vocab_size=32", "position=learned"]
+MQAR = ["seq_len=16", "vocab_size=32", "num_kv_pairs=2"]
+SETTINGS = {"batch_size": 8, "eval_every": 0, "test_examples": 8, "lr": 3e-3}
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("teacher") / "run"
+    attnspec.train(SPECS / "softmax-transformer.yaml", overrides=TINY, task="mqar", task_overrides=MQAR,
+                   output=directory, steps=30, **SETTINGS)
+    return directory
+
+
+def _student(teacher: Path, steps: int, output=None, spec: str = "linear-elu", **distill):
+    return attnspec.train(SPECS / f"{spec}.yaml", overrides=TINY, task="mqar", task_overrides=MQAR, output=output,
+                          steps=steps, distill={"teacher": str(teacher), **distill}, **SETTINGS)
+
+
+def test_the_first_step_is_the_objective_computed_by_hand(teacher):
+    distill = {"temperature": 2.0, "weight": 0.7, "hidden": 0.5}
+    run = _student(teacher, 1, **distill)
+    first = run.history[0]
+    # by hand: the student's initial weights, the teacher's, the same first batch
+    student = attnspec.build(SPECS / "linear-elu.yaml", *TINY).train()
+    trained_teacher = load_trained(teacher)
+    task = load_config(task="mqar", task_overrides=MQAR).task
+    inputs, targets = task.batch("train", 0, 8, 0)
+    outputs = {"s": [], "t": []}
+    for key, model in (("s", student), ("t", trained_teacher)):
+        for block in model.blocks:
+            block.register_forward_hook(lambda m, a, out, key=key: outputs[key].append(out))
+    with torch.no_grad():
+        logits, wanted = student(inputs), trained_teacher(inputs)
+    answer = targets != IGNORE
+    n = int(answer.sum())
+    ce = F.cross_entropy(logits[answer], targets[answer], reduction="sum") / n
+    p_teacher = F.softmax(wanted[answer] / 2.0, -1)
+    kl = (p_teacher * (p_teacher.log() - F.log_softmax(logits[answer] / 2.0, -1))).sum() * 4.0 / n
+    hidden = sum(((s - t) ** 2).mean() for s, t in zip(outputs["s"], outputs["t"]))
+    assert first["distill_ce"] == pytest.approx(float(ce), rel=1e-5)
+    assert first["distill_kl"] == pytest.approx(float(kl), rel=1e-5)
+    assert first["distill_hidden"] == pytest.approx(float(hidden), rel=1e-5)
+    assert first["loss"] == pytest.approx(float(0.3 * ce + 0.7 * kl + 0.5 * hidden), rel=1e-5)
+
+
+def test_distillation_lowers_the_kl_to_the_teacher(teacher, tmp_path):
+    run = _student(teacher, 25, output=tmp_path / "student", temperature=1.0, weight=1.0)
+    kls = [record["distill_kl"] for record in run.history if "distill_kl" in record]
+    assert len(kls) == 25 and sum(kls[-5:]) / 5 < 0.8 * sum(kls[:5]) / 5
+    assert (tmp_path / "student" / "metrics.jsonl").read_text().count("distill_kl") == 25
+
+
+@pytest.mark.parametrize("distill, words", [
+    ({"hidden": 1.0}, "same blocks and width"),
+    ({"teacher": "no-such-directory"}, "not a build or run directory"),
+])
+def test_a_teacher_that_cannot_be_matched_is_a_located_error_and_nothing_is_written(teacher, tmp_path, distill,
+                                                                                     words):
+    settings = {"teacher": str(teacher), **distill}
+    with pytest.raises(SpecError, match=words) as error:
+        attnspec.train(SPECS / "linear-elu.yaml", overrides=[*TINY, "layers[0].repeat=2"], task="mqar",
+                       task_overrides=MQAR, output=tmp_path / "run", steps=2, distill=settings, **SETTINGS)
+    assert "distill." in str(error.value) and not (tmp_path / "run").exists()
+
+
+def test_a_run_starts_from_another_models_weights_where_they_fit(teacher, tmp_path):
+    """`init_weights`: the teacher's run (softmax attention) starts a student of linear attention: every
+    tensor that fits by name and shape (q/k/v/o, norms, MLP, embeddings) comes from the teacher, run.json
+    says how it fitted; a path that holds no weights is a located error."""
+    import json
+
+    from attnspec.training.rundir import load_trained
+
+    run = attnspec.train(SPECS / "linear-elu.yaml", overrides=TINY, task="mqar", task_overrides=MQAR,
+                         output=tmp_path / "run", steps=1, init_weights=str(teacher), **{**SETTINGS, "lr": 1e-12})
+    record = json.loads((tmp_path / "run" / "run.json").read_text())["init_weights"]
+    assert record["loaded"] > 0 and record["ignored"] == []
+    source = load_trained(teacher).state_dict()
+    trained = run.model.state_dict()
+    assert torch.allclose(trained["blocks.0.mixer.q_proj.weight"], source["blocks.0.mixer.q_proj.weight"], atol=1e-6)
+    with pytest.raises(SpecError, match="init_weights"):
+        attnspec.train(SPECS / "linear-elu.yaml", overrides=TINY, task="mqar", task_overrides=MQAR, steps=1,
+                       init_weights=str(tmp_path / "nothing"), **SETTINGS)

@@ -645,11 +645,9 @@ class Mamba2(Architecture):
         mixer = blocks[0].mixer
         if mixer.kind != "linear" or mixer.conv.kind != "short" or mixer.heads * mixer.d_v % spec.d_model:
             raise NotExpressible("mamba2 is convolved linear attention with heads * d_v a multiple of d_model")
-        return {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "num_heads": mixer.heads,
-                "head_dim": mixer.d_v, "expand": mixer.heads * mixer.d_v // spec.d_model, "state_size": mixer.d_qk,
-                "n_groups": mixer.qk_groups or mixer.heads, "conv_kernel": mixer.conv.width,
-                "use_conv_bias": mixer.conv.bias, "use_bias": False, "layer_norm_epsilon": mixer.norm_eps,
-                "chunk_size": mixer.chunk_size, "hidden_act": "silu", "max_position_embeddings": spec.max_len,
+        return {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks),
+                **mamba2_config(mixer, spec.d_model, self.FIELDS), "layer_norm_epsilon": mixer.norm_eps,
+                "hidden_act": "silu", "max_position_embeddings": spec.max_len,
                 "residual_in_fp32": spec.dtype == "float32", "time_step_limit": time_step_limit(mixer)}
 
     def links(self, spec) -> list[Link]:
@@ -697,6 +695,14 @@ def mamba2_mixer(config: Config, fields: dict[str, str], dt_limit: tuple[float, 
     if chunk & (chunk - 1) == 0 and chunk <= 4096:  # a chunk length changes no result, only speed
         mixer["chunk_size"] = chunk
     return mixer
+
+
+def mamba2_config(mixer, d_model: int, fields: dict[str, str]) -> dict:
+    """A Mamba2 mixer's sizes as a config states them under ``fields`` (the inverse of :func:`mamba2_mixer`)."""
+    return {fields["heads"]: mixer.heads, fields["head_dim"]: mixer.d_v, fields["expand"]: mixer.heads * mixer.d_v
+            // d_model, fields["state"]: mixer.d_qk, fields["groups"]: mixer.qk_groups or mixer.heads,
+            fields["conv"]: mixer.conv.width, fields["conv_bias"]: mixer.conv.bias, fields["bias"]: False,
+            fields["chunk"]: mixer.chunk_size}
 
 
 def time_step_limit(mixer) -> list[float]:
@@ -941,11 +947,7 @@ class Bamba(Architecture):
                 "mlp_bias": mlp.bias, "rope_parameters": {**_rope_parameters(attention.position),
                                                           "partial_rotary_factor": attention.position.rotary_fraction},
                 "attn_layer_indices": [i for i, b in enumerate(blocks) if b.mixer.kind == "softmax"],
-                "mamba_n_heads": mamba.heads, "mamba_d_head": mamba.d_v,
-                "mamba_expand": mamba.heads * mamba.d_v // spec.d_model, "mamba_d_state": mamba.d_qk,
-                "mamba_n_groups": mamba.qk_groups or mamba.heads, "mamba_d_conv": mamba.conv.width,
-                "mamba_conv_bias": mamba.conv.bias, "mamba_proj_bias": False, "mamba_chunk_size": mamba.chunk_size,
-                "time_step_limit": time_step_limit(mamba)}
+                **mamba2_config(mamba, spec.d_model, self.FIELDS), "time_step_limit": time_step_limit(mamba)}
 
     def links(self, spec) -> list[Link]:
         links = _lm_links(spec, "model.embed_tokens.weight", "model.final_layernorm.weight")
@@ -1030,11 +1032,8 @@ class NemotronH(Architecture):
         config = {"hidden_size": spec.d_model, "layers_block_type": types, "layer_norm_epsilon": spec.final_norm.eps}
         mamba = next((b.mixer for b in blocks if b.mixer.kind == "linear"), None)
         if mamba is not None:
-            config.update({"mamba_num_heads": mamba.heads, "mamba_head_dim": mamba.d_v, "ssm_state_size": mamba.d_qk,
-                           "expand": mamba.heads * mamba.d_v // spec.d_model, "n_groups": mamba.qk_groups or mamba.heads,
-                           "conv_kernel": mamba.conv.width, "use_conv_bias": mamba.conv.bias, "use_bias": False,
-                           "chunk_size": mamba.chunk_size, "mamba_hidden_act": "silu",
-                           "time_step_min": mamba.transition.dt_min or 0.0})
+            config.update(mamba2_config(mamba, spec.d_model, self.FIELDS), mamba_hidden_act="silu",
+                          time_step_min=mamba.transition.dt_min or 0.0)
         attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
         if attention is not None:
             config.update({"num_attention_heads": attention.heads, "head_dim": attention.d_qk,
@@ -1143,11 +1142,7 @@ class GraniteMoeHybrid(Architecture):
                            "position_embedding_type": "rope" if rope else None,
                            **({"rope_parameters": _rope_parameters(attention.position)} if rope else {})})
         if mamba is not None:
-            config.update({"mamba_n_heads": mamba.heads, "mamba_d_head": mamba.d_v,
-                           "mamba_expand": mamba.heads * mamba.d_v // spec.d_model, "mamba_d_state": mamba.d_qk,
-                           "mamba_n_groups": mamba.qk_groups or mamba.heads, "mamba_d_conv": mamba.conv.width,
-                           "mamba_conv_bias": mamba.conv.bias, "mamba_proj_bias": False,
-                           "mamba_chunk_size": mamba.chunk_size, "time_step_limit": time_step_limit(mamba)})
+            config.update(mamba2_config(mamba, spec.d_model, self.FIELDS), time_step_limit=time_step_limit(mamba))
         return config
 
     def links(self, spec) -> list[Link]:

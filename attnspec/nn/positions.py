@@ -151,10 +151,11 @@ def scaled_frequencies(frequencies: Tensor, node, base: float, width: int) -> Te
 
 
 def _interleaved(x: Tensor, rotate) -> Tensor:
-    """``rotate`` (of the (i, i + r/2) layout) applied to channels paired (2i, 2i + 1)."""
-    shape = x.shape
-    halves = x.reshape(*shape[:-1], shape[-1] // 2, 2).transpose(-1, -2).reshape(shape)
-    return rotate(halves).reshape(*shape[:-1], 2, shape[-1] // 2).transpose(-1, -2).reshape(shape)
+    """``rotate`` (of the (i, i + r/2) layout) applied to channels paired (2i, 2i + 1): gathered into halves
+    by index (a reshape of the transposed pairs would make an exported program guard on the batch)."""
+    width = x.shape[-1]
+    halves = torch.cat([torch.arange(0, width, 2, device=x.device), torch.arange(1, width, 2, device=x.device)])
+    return rotate(x.index_select(-1, halves)).index_select(-1, torch.argsort(halves))
 
 
 def _rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

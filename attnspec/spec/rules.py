@@ -48,12 +48,12 @@ def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
     mixer = block.mixer
     at = path + ("mixer",)
     widths = mixer.resolved_widths(spec.d_model)
-    if not widths:
+    if widths is None:
         yield at + ("heads",), (f"d_model = {spec.d_model} is not divisible by heads = {mixer.heads}, so d_qk/d_v "
                                "cannot be derived; choose heads dividing d_model or set d_qk and d_v")
     if not _is_power_of_two(mixer.chunk_size):
         yield at + ("chunk_size",), f"chunk_size must be a power of two (e.g. 64), got {mixer.chunk_size}"
-    d_qk = widths.get("d_qk")
+    d_qk = (widths or {}).get("d_qk", mixer.d_qk)
     for below, message in mixer.problems(max_len=spec.max_len, d_qk=d_qk):
         yield at + below, message
     if mixer.is_identity and block.mlp.is_identity:

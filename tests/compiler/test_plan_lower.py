@@ -44,6 +44,7 @@ def test_parameter_count_of_trainable_kernels_and_gates():
 @pytest.mark.parametrize("block", [
     {"mixer": {"kind": "mamba", "d_qk": 6, "selection_norm": "rmsnorm", "qkv_bias": True}, "mlp": "none"},
     {"mixer": {"kind": "gated_conv", "qkv_bias": True, "conv": {"kind": "short", "projections": ["v"], "bias": True}}},
+    {"mixer": {"kind": "gated_conv", "d_v": 24}},
     {"mixer": {"kind": "mla", "heads": 2, "d_qk": 12, "d_v": 6, "kv_rank": 8, "q_rank": 10, "rope_dim": 4,
                "position": "rope", "qkv_bias": True}, "norm_placement": "sandwich"},
     {"mixer": "none", "mlp": {"kind": "moe", "experts": 4, "hidden": 6, "shared": 2, "shared_gate": True}},
@@ -141,9 +142,10 @@ def _mixer_parameters(mixer, d: int) -> int:
         W, H = mixer.width, mixer.heads
         total = 2 * (d * W + W * mixer.qkv_bias) + 2 * (W * W // H + W) + W + W * d + d * mixer.out_bias
         return total + (W * (mixer.conv.width + mixer.conv.bias) if mixer.conv.kind == "short" else 0)
-    if mixer.kind == "gated_conv":  # in_proj (b, c, x), out_proj, the depthwise filter
-        total = 3 * d * d + d * d + 3 * d * mixer.qkv_bias + d * mixer.out_bias
-        return total + d * (mixer.conv.width + mixer.conv.bias)
+    if mixer.kind == "gated_conv":  # in_proj (b, c, x), out_proj, the depthwise filter, on d_v channels
+        c = mixer.d_v
+        total = 3 * d * c + c * d + 3 * c * mixer.qkv_bias + d * mixer.out_bias
+        return total + c * (mixer.conv.width + mixer.conv.bias)
     if mixer.kind == "mla":  # W_Q (or W_DQ, its norm, W_UQ), W_DKV + W_KR, the latent's norm, W_UK + W_UV, out
         H, r, dr = mixer.heads, mixer.kv_rank, mixer.rope_dim
         q = d * H * mixer.d_qk if mixer.q_rank is None else (

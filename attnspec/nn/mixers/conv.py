@@ -16,9 +16,10 @@ class GatedConvMixer(Mixer):
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=node.qkv_bias)  # rows: b | c | x
-        self.conv = build("conv", node.conv, channels={"v": d_model})
-        self.out_proj = nn.Linear(d_model, d_model, bias=node.out_bias)
+        channels = node.d_v  # d_model unless the spec sets another width
+        self.in_proj = nn.Linear(d_model, 3 * channels, bias=node.qkv_bias)  # rows: b | c | x
+        self.conv = build("conv", node.conv, channels={"v": channels})
+        self.out_proj = nn.Linear(channels, d_model, bias=node.out_bias)
         with torch.no_grad():
             for projection in (self.in_proj, self.out_proj):
                 projection.weight.mul_(node.init_scale)
@@ -40,7 +41,7 @@ class GatedConvMixer(Mixer):
         return y, (state,)
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
-        """The last width - 1 products b ⊙ x: (batch, width - 1, d_model)."""
+        """The last width - 1 products b ⊙ x: (batch, width - 1, channels)."""
         return self.conv.init_state(batch, dtype, device)
 
     def step(self, u_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:

@@ -104,9 +104,10 @@ class MlaMixer(Mixer):
         q_nope, q_rope, c, k_rope = self._project(u_t.unsqueeze(1), position)
         weight = self.kv_b_proj.weight.view(self.heads, self.nope + self.d_v, self.rank)
         w_uk, w_uv = weight[:, :self.nope], weight[:, self.nope:]  # (H, nope, rank), (H, d_v, rank)
-        q_latent = torch.einsum("bhn,hnr->bhr", q_nope[:, :, 0], w_uk.to(q_nope.dtype))
+        # per-head products as bmm over the heads, (H, B, .): an einsum's reshapes make export guard the batch
+        q_latent = torch.bmm(q_nope[:, :, 0].transpose(0, 1), w_uk.to(q_nope.dtype)).transpose(0, 1)
         query = torch.cat([q_latent, q_rope[:, :, 0]], dim=-1)  # (B, H, rank + rope)
         key = torch.cat([c[:, 0], k_rope[:, 0, 0]], dim=-1).unsqueeze(1)  # (B, 1, rank + rope)
         o, cache = softmax_step(query, key, c[:, 0].unsqueeze(1), state[:3], position, scale=self.scale)
-        o = torch.einsum("bhr,hvr->bhv", o, w_uv.to(o.dtype))
-        return self.out_proj(o.reshape(o.shape[0], -1)), cache
+        o = torch.bmm(o.transpose(0, 1), w_uv.transpose(1, 2).to(o.dtype))  # (H, B, d_v)
+        return self.out_proj(torch.cat(o.unbind(0), dim=-1)), cache  # heads side by side: (B, H d_v)

@@ -52,9 +52,12 @@ class RglruMixer(Mixer):
         return [self.linear_y, self.linear_x, self.linear_out]
 
     def _gate(self, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        """sigmoid of the block-diagonal map: x (B, L, width) -> (B, L, width)."""
-        blocks = x.view(*x.shape[:2], -1, self.block)
-        return torch.sigmoid(torch.einsum("blhi,hio->blho", blocks, weight.to(x.dtype)) + bias.to(x.dtype)).flatten(2)
+        """sigmoid of the block-diagonal map x W (W's blocks (heads, block, block)): (B, L, width) -> (B, L,
+        width). Applied as one dense (width, width) product: a product per block needs the heads moved to
+        the front and back, and that reshape makes an exported program guard on the batch (the dense form
+        costs heads times the multiply-adds of the gates)."""
+        dense = torch.block_diag(*weight.to(x.dtype).unbind(0))  # (width, width): x @ dense
+        return torch.sigmoid(F.linear(x, dense.t(), bias.to(x.dtype).flatten()))
 
     def _scan_inputs(self, u: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None):
         """u (B, L, d) -> queries and keys of ones (B, width, L, 1), values (B, width, L, 1), the decay, y

@@ -159,12 +159,12 @@ class MixerComponent(Component):
             rows.append((name, _part_text(field) if isinstance(field, Component) else _value_text(value)))
         return rows
 
-    def resolved_widths(self, d_model: int) -> dict[str, int]:
-        """The widths an unset field resolves to in a model of width ``d_model`` (``d_qk`` and ``d_v``:
-        d_model / heads); empty where one is unset and d_model does not divide into the heads (a rule
-        reports it)."""
+    def resolved_widths(self, d_model: int) -> dict[str, int] | None:
+        """The widths unset fields resolve to in a model of width ``d_model`` (``d_qk`` and ``d_v``:
+        d_model / heads); None where one is unset and d_model does not divide into the heads (a rule
+        reports it). A family without such widths resolves nothing (``{}``)."""
         if (self.d_qk is None or self.d_v is None) and d_model % self.heads:
-            return {}
+            return None
         return {"d_qk": self.d_qk or d_model // self.heads, "d_v": self.d_v or d_model // self.heads}
 
     def resolved_parts(self, *, d_qk: int, max_len: int) -> dict[str, Any]:
@@ -188,7 +188,7 @@ class MixerComponent(Component):
         if self.mode != "auto" and self.mode not in self.modes():
             yield ("mode",), self.mode_problem(self.mode)
         for name in self.not_applicable:
-            if name in self.model_fields_set and getattr(self, name) != type(self).model_fields[name].default:
+            if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True):
                 yield (name,), f"a {self.kind} mixer has no `{name}` (it is a part of other families): remove it"
         transitions = self.parts_of(TransitionComponent)
         for name, transition in transitions:

@@ -15,7 +15,7 @@ from attnspec.spec.mixers.base import MixerComponent
 class GatedConvMixer(MixerComponent):
     """A gated short convolution. From the block input u_t, per channel:
 
-        b_t, c_t, x_t = W_in u_t                  (d_model each)
+        b_t, c_t, x_t = W_in u_t                  (d_v channels each; unset: d_model)
         h_t = conv(b ⊙ x)_t                       (causal depthwise, `conv.width` positions)
         out_t = W_out (c_t ⊙ h_t)
 
@@ -25,7 +25,7 @@ class GatedConvMixer(MixerComponent):
     convolution's together)."""
 
     kind: Literal["gated_conv"]
-    not_applicable: ClassVar[tuple[str, ...]] = ("heads", "d_qk", "d_v", "kv_heads", "qk_groups", "qk_norm",
+    not_applicable: ClassVar[tuple[str, ...]] = ("heads", "kv_heads", "qk_groups", "qk_norm",
                                                  "output_gate", "group_norm", "gate_before_norm", "shared_norm_weight",
                                                  "skip")
     conv: Conv = Field(default_factory=lambda: ShortConv(kind="short", width=3, projections=["v"]))
@@ -35,7 +35,8 @@ class GatedConvMixer(MixerComponent):
         return ("quadratic",)
 
     def resolved_widths(self, d_model: int) -> dict[str, int]:
-        return {"d_qk": d_model, "d_v": d_model}  # the channels, one "head" of the model's width
+        width = self.d_v or self.d_qk or d_model
+        return {"d_qk": width, "d_v": width}
 
     def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
         return self.position or NoPosition(kind="none")  # the convolution orders positions itself
@@ -60,6 +61,8 @@ class GatedConvMixer(MixerComponent):
             yield ("conv",), "a gated convolution convolves b ⊙ x: `conv: {kind: short, projections: [v]}`"
         if self.scale not in (None, 1.0):
             yield ("scale",), "a gated convolution has no scores to scale: remove `scale`"
+        if self.d_qk is not None and self.d_v is not None and self.d_qk != self.d_v:
+            yield ("d_qk",), "a gated convolution has one width, its channels `d_v`: leave d_qk unset or equal"
         if self.position is not None and not self.position.is_identity:
             yield ("position",), "a gated convolution orders positions itself: remove `position` (or set `none`)"
 

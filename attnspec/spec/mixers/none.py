@@ -30,9 +30,13 @@ class NoMixer(MixerComponent):
 
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         yield from super().problems(max_len=max_len, d_qk=d_qk)
-        resolved = {"d_qk", "d_v", "scale", "position"}  # what resolution states for every mixer
-        for name in sorted(self.model_fields_set - resolved - {"kind"}):
-            yield (name,), f"a block without a mixer (`mixer: none`) has no `{name}`: remove it"
+        resolved = {"kind", "scale", "position"}  # what resolution states for every mixer
+        for name, field in type(self).model_fields.items():
+            if name not in resolved and getattr(self, name) != field.get_default(call_default_factory=True):
+                yield (name,), f"a block without a mixer (`mixer: none`) has no `{name}`: remove it"
+
+    def resolved_widths(self, d_model: int) -> dict[str, int]:
+        return {}
 
     def describe(self) -> str:
         return "none (the block is its MLP alone)"

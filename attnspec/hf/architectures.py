@@ -347,7 +347,8 @@ def _plain_mlp_links(theirs: str, ours: str, bias: bool) -> list[Link]:
 
 def _w123_links(theirs: str, ours: str, bias: bool) -> list[Link]:
     """Mixtral's expert names: w2(act(w1 x) * w3 x) is attnspec's down(act(up x) * gate x)."""
-    return [rename(f"{theirs}{t}.weight", f"{ours}{o}.weight") for t, o in (("w1", "up"), ("w3", "gate"), ("w2", "down"))]
+    pairs = (("w1", "up"), ("w3", "gate"), ("w2", "down"))
+    return [rename(f"{theirs}{t}.weight", f"{ours}{o}.weight") for t, o in pairs]
 
 
 def _moe_links(moe, theirs: str, ours: str, shared: str = "shared_expert", router: str = "gate",
@@ -1064,7 +1065,8 @@ class NemotronH(Architecture):
                 links += _moe_links(block.mlp, f"{theirs}mixer.", f"{ours}mlp.", shared="shared_experts")
             else:
                 links += _plain_mlp_links(f"{theirs}mixer.", f"{ours}mlp.", block.mlp.bias)
-            links.append(rename(f"{theirs}norm.weight", f"{ours}{'norm1' if block.mlp.kind == 'none' else 'norm2'}.weight"))
+            norm = "norm1" if block.mlp.kind == "none" else "norm2"  # the one norm of a layer: its sub-layer's
+            links.append(rename(f"{theirs}norm.weight", f"{ours}{norm}.weight"))
         return links
 
 
@@ -1122,11 +1124,12 @@ class GraniteMoeHybrid(Architecture):
         blocks = _blocks(spec)
         attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
         mamba = next((b.mixer for b in blocks if b.mixer.kind == "linear"), None)
-        if any(b.mixer.kind not in ("softmax", "linear") for b in blocks) or any(b.mlp != blocks[0].mlp for b in blocks):
+        if any(b.mixer.kind not in ("softmax", "linear") or b.mlp != blocks[0].mlp for b in blocks):
             raise NotExpressible("granitemoehybrid has Mamba2 and attention layers, each with the same MLP")
         mlp = blocks[0].mlp
         config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
-                  "layer_types": ["full_attention" if b.mixer.kind == "softmax" else "linear_attention" for b in blocks],
+                  "layer_types": ["full_attention" if b.mixer.kind == "softmax" else "linear_attention"
+                                  for b in blocks],
                   "embedding_multiplier": spec.input.scale, "residual_multiplier": blocks[0].residual_scale,
                   "logits_scaling": 1.0 / spec.head.scale, "hidden_act": ACTIVATION_NAMES[mlp.activation]}
         if mlp.kind == "moe":
@@ -1161,9 +1164,10 @@ class GraniteMoeHybrid(Architecture):
             if mlp.kind == "moe":  # experts fused: input_linear (E, 2 hidden, d) = each expert's up | gate
                 moe, routed = f"{theirs}block_sparse_moe.", [f"{ours}mlp.routed.{e}." for e in range(mlp.experts)]
                 links += [rename(f"{moe}router.layer.weight", f"{ours}mlp.router.weight"),
-                          Link(f"{moe}input_linear.weight", tuple(f"{r}{n}.weight" for r in routed for n in ("up", "gate")),
-                               stack=mlp.experts),
-                          Link(f"{moe}output_linear.weight", tuple(f"{r}down.weight" for r in routed), stack=mlp.experts)]
+                          Link(f"{moe}input_linear.weight",
+                               tuple(f"{r}{n}.weight" for r in routed for n in ("up", "gate")), stack=mlp.experts),
+                          Link(f"{moe}output_linear.weight", tuple(f"{r}down.weight" for r in routed),
+                               stack=mlp.experts)]
         return links
 
 
@@ -1486,8 +1490,9 @@ class KimiLinear(Architecture):
         heads, head_dim = config.count("linear_num_heads"), config.count("linear_head_dim")
         kda = {"kind": "delta", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "feature_map": "l2norm",
                "transition": {"kind": "mamba", "per": "channel", "rank": head_dim, "shared_a": True},
-               "conv": {"kind": "short", "width": config.count("linear_conv_kernel_dim", 4, limit=limits.MAX_CONV_WIDTH),
-                        "projections": ["q", "k", "v"], "activation": config.activation(allowed=("silu",))},
+               "conv": {"kind": "short", "projections": ["q", "k", "v"],
+                        "width": config.count("linear_conv_kernel_dim", 4, limit=limits.MAX_CONV_WIDTH),
+                        "activation": config.activation(allowed=("silu",))},
                "group_norm": True, "shared_norm_weight": True, "output_gate": "sigmoid", "gate_rank": head_dim,
                "norm_eps": eps}
         attention = {**mla_mixer(config), "position": {"kind": "none"}}
@@ -1594,11 +1599,13 @@ class OlmoHybrid(Architecture):
         if v_heads % k_heads:
             raise config.refuse("linear_num_key_heads", f"{v_heads} value heads cannot share {k_heads} key heads")
         d_qk = config.count("linear_key_head_dim", int(0.75 * d_model / k_heads))
-        delta = {"kind": "delta", "heads": v_heads, "d_qk": d_qk, "d_v": config.count("linear_value_head_dim", 2 * d_qk),
+        delta = {"kind": "delta", "heads": v_heads, "d_qk": d_qk,
+                 "d_v": config.count("linear_value_head_dim", 2 * d_qk),
                  "feature_map": "l2norm", "transition": {"kind": "mamba", "per": "head"},
                  "beta": "2sigmoid" if config.get("linear_allow_neg_eigval", bool, True) else "sigmoid",
-                 "conv": {"kind": "short", "width": config.count("linear_conv_kernel_dim", 4, limit=limits.MAX_CONV_WIDTH),
-                          "projections": ["q", "k", "v"], "activation": config.activation(allowed=("silu",))},
+                 "conv": {"kind": "short", "projections": ["q", "k", "v"],
+                          "width": config.count("linear_conv_kernel_dim", 4, limit=limits.MAX_CONV_WIDTH),
+                          "activation": config.activation(allowed=("silu",))},
                  "group_norm": True, "shared_norm_weight": True, "output_gate": "swish", "norm_eps": 1e-5,
                  **({"qk_groups": k_heads} if k_heads != v_heads else {})}
         mlp = _glu(config)
@@ -1702,7 +1709,8 @@ class RecurrentGemma(Architecture):
                 "num_attention_heads": attention.heads, "num_key_value_heads": attention.kv_heads or attention.heads,
                 "lru_width": recurrent.width, "conv1d_width": recurrent.conv.width,
                 "attention_window_size": attention.window, "attention_bias": attention.qkv_bias,
-                "intermediate_size": 2 * blocks[0].mlp.hidden, "hidden_activation": ACTIVATION_NAMES[recurrent.activation],
+                "intermediate_size": 2 * blocks[0].mlp.hidden,
+                "hidden_activation": ACTIVATION_NAMES[recurrent.activation],
                 "block_types": types[:period], "logits_soft_cap": spec.head.softcap,
                 "rope_parameters": {**_rope_parameters(attention.position),
                                     "partial_rotary_factor": attention.position.rotary_fraction}}
@@ -1715,7 +1723,8 @@ class RecurrentGemma(Architecture):
             if block.mixer.kind == "rglru":
                 names = [f"{n}.{p}" for n in ("linear_x", "linear_y", "linear_out") for p in ("weight", "bias")]
                 links += [rename(f"{t}{n}", f"{m}{n}") for n in names]
-                lru = ["recurrent_param"] + [f"{g}_gate_{p}" for g in ("input", "recurrent") for p in ("weight", "bias")]
+                gates = [f"{g}_gate_{p}" for g in ("input", "recurrent") for p in ("weight", "bias")]
+                lru = ["recurrent_param", *gates]
                 links += [rename(f"{t}rg_lru.{n}", f"{m}{n}") for n in lru]
                 links += [Link(f"{t}conv_1d.weight", (f"{m}conv.filters.v",), conv=True),
                           rename(f"{t}conv_1d.bias", f"{m}conv.biases.v")]
@@ -1767,9 +1776,11 @@ class Qwen35(Qwen3Next):
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
-for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(), GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3(), KimiLinear(), OlmoHybrid(), RecurrentGemma()):
+for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(),
+                      GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3(), KimiLinear(), OlmoHybrid(), RecurrentGemma()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
-                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text", "lfm2", "deepseek_v3", "kimi_linear", "olmo_hybrid", "recurrent_gemma")
+                "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text",
+                "lfm2", "deepseek_v3", "kimi_linear", "olmo_hybrid", "recurrent_gemma")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

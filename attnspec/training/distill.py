@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnspec.errors import AttnSpecError, Problem, SpecError
+from attnspec.spec.walk import iter_blocks
 from attnspec.training.tasks import IGNORE
 
 
@@ -49,19 +50,13 @@ def load_teacher(distill, spec, seq_len: int, device: torch.device) -> nn.Module
                      f"{getattr(theirs.input, 'vocab_size', '?')} and a {theirs.head.kind} head")
     if theirs.max_len < seq_len:
         raise refuse(f"the teacher takes at most {theirs.max_len} positions; the task's sequences have {seq_len}")
-    if distill.hidden and (len(teacher.blocks) != len(spec_blocks(spec)) or theirs.d_model != spec.d_model):
+    blocks = sum(1 for _ in iter_blocks(spec, expand=True))
+    if distill.hidden and (len(teacher.blocks) != blocks or theirs.d_model != spec.d_model):
         raise refuse(f"matching block outputs needs the same blocks and width: the teacher has {len(teacher.blocks)} "
-                     f"blocks of {theirs.d_model}, the student {len(spec_blocks(spec))} of {spec.d_model}; set "
-                     "`hidden: 0`", "hidden")
+                     f"blocks of {theirs.d_model}, the student {blocks} of {spec.d_model}; set `hidden: 0`", "hidden")
     for parameter in teacher.parameters():
         parameter.requires_grad_(False)
     return teacher.to(device).eval()
-
-
-def spec_blocks(spec) -> list:
-    from attnspec.spec.walk import iter_blocks
-
-    return [block for _, block in iter_blocks(spec, expand=True)]
 
 
 def distill_loss(model: nn.Module, teacher: nn.Module, inputs: Tensor, targets: Tensor, distill,

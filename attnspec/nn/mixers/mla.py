@@ -82,7 +82,8 @@ class MlaMixer(Mixer):
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
         """Empty latent cache of C = max_len positions: keys [c, k^R] (batch, 1, C, rank + rope), values c
         (batch, 1, C, rank), and the (unused) decay bias (batch, H, C)."""
-        return empty_cache(batch, self.heads, 1, 1, self.cache_capacity, self.rank + self.rope, self.rank, dtype, device)
+        return empty_cache(batch, self.heads, 1, 1, self.cache_capacity, self.rank + self.rope, self.rank, dtype,
+                           device)
 
     def prefill(self, u: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         y, c, k_rope = self._attend(u)

@@ -5,7 +5,6 @@ a decay of its own. The parameters carry RecurrentGemma's names and shapes."""
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F

@@ -1,6 +1,7 @@
 """The mixer families, one module each (:mod:`.linear`, :mod:`.softmax`, :mod:`.scatterbrain`,
-:mod:`.delta`, :mod:`.mla`, :mod:`.mamba`, :mod:`.rglru`, :mod:`.conv`, and :mod:`.none`, no mixer) on :class:`~attnspec.spec.mixers.base.MixerComponent`; the ``mixer`` slot lists them
-in this order (a plugin family registers into it)."""
+:mod:`.delta`, :mod:`.mla`, :mod:`.mamba`, :mod:`.rglru`, :mod:`.conv`, and :mod:`.none`, no mixer) on
+:class:`~attnspec.spec.mixers.base.MixerComponent`; the ``mixer`` slot lists them in this order (a
+plugin family registers into it)."""
 
 from attnspec.spec.components import declare
 from attnspec.spec.mixers.base import MixerComponent

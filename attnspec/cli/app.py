@@ -417,6 +417,9 @@ def train(
     init_weights: Optional[str] = typer.Option(None, "--init-weights", help="Start from these weights (a safetensors "
                                                "file, or a build or run directory) where they fit by name and shape; "
                                                "the rest from the spec's init (run.json lists them)."),
+    init_weights_map: Optional[List[str]] = typer.Option(None, "--init-weights-map", metavar="FROM=TO",
+                                                         help="Rename --init-weights' tensors by name prefix before "
+                                                              "they fit (repeatable; the longest prefix applies)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in -o from its latest checkpoint."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Launch N data-parallel processes with torchrun."),
 ) -> None:
@@ -435,6 +438,7 @@ def train(
              "eval_every": eval_every, "target": target, "device": device, "warmup_steps": warmup_steps,
              "test_examples": test_examples, "checkpoint_every": checkpoint_every, "precision": precision,
              "weight_decay": weight_decay, "init_weights": init_weights,
+             "init_weights_map": _prefix_renames(init_weights_map),
              "compile": None if compile_ is None else ("on" if compile_ else "off"),
              "tensorboard": True if tensorboard else None}
     if resume and (file or task or task_overrides or overrides or config or any(v is not None for v in flags.values())):
@@ -449,6 +453,17 @@ def train(
         metrics = ", ".join(f"{k} {v:.4g}" for k, v in run.metrics.items())
         out.print(f"trained {run.step} steps -> {output}: {metrics}\nNext: attnspec build {output} -o "
                   f"{output}-build", markup=False)
+
+
+def _prefix_renames(pairs: Optional[List[str]]) -> Optional[dict]:
+    """``--init-weights-map FROM=TO`` flags as a mapping (None without any)."""
+    if not pairs:
+        return None
+    malformed = [pair for pair in pairs if "=" not in pair or not pair.split("=", 1)[0]]
+    if malformed:
+        raise AttnSpecError(f"--init-weights-map takes FROM=TO (a name prefix of the file's tensors, then the "
+                            f"model's), got {malformed[0]!r}")
+    return dict(pair.split("=", 1) for pair in pairs)
 
 
 @app.command()

@@ -70,8 +70,12 @@ class WeightsFit:
 
 
 def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the directory", *,
-                 strict: bool = True) -> WeightsFit:
+                 strict: bool = True, renames: dict[str, str] | None = None) -> WeightsFit:
     """Copy the tensors of the safetensors file ``path`` (or a name -> tensor dict) into ``model``.
+
+    ``renames`` maps name prefixes of the file's tensors to the model's (``{"blocks.3.mixer.o_proj.":
+    "blocks.3.mixer.out_proj."}``), applied before anything is fitted, the longest prefix first: the
+    explicit mapping from a replaced layer's tensors to its replacement's where names differ.
 
     ``strict`` (a build directory's own weights, a training checkpoint): every tensor must fit, by
     name, shape and dtype. Otherwise (``attnspec build --weights`` of an edited spec) every tensor whose
@@ -90,6 +94,8 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
             tensors = load_file(str(path))
         except (SafetensorError, OSError, ValueError, RuntimeError) as error:
             raise BuildError(f"{path} is not a valid safetensors file ({shorten(str(error), 120)}); {fix}") from None
+    if renames:
+        tensors = {_renamed(name, renames): tensor for name, tensor in tensors.items()}
     expected = model.state_dict()
     fit = WeightsFit(initialised=[name for name in expected if name not in tensors],
                      ignored=sorted(set(tensors) - set(expected)))
@@ -114,6 +120,12 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
         fit.loaded.append(name)
     model.load_state_dict(fitting, strict=False)
     return fit
+
+
+def _renamed(name: str, renames: dict[str, str]) -> str:
+    """``name`` with its longest prefix among ``renames`` replaced (unchanged where none is its prefix)."""
+    prefix = max((p for p in renames if name.startswith(p)), key=len, default=None)
+    return name if prefix is None else renames[prefix] + name[len(prefix):]
 
 
 def check_plugins(directory: Path, names: object) -> None:

@@ -89,6 +89,11 @@ class TrainConfig(Node):
     """Start from these weights: a safetensors file, or a build or run directory (a run's latest
     checkpoint). Tensors that fit the spec's model by name and shape are loaded, the rest keep the spec's
     `init` (an edited import: the swapped layer starts fresh, the rest pretrained); run.json lists them."""
+    init_weights_map: dict[Annotated[str, Field(min_length=1, max_length=400)],
+                           Annotated[str, Field(max_length=400)]] = Field(default_factory=dict, max_length=4096)
+    """Renames of `init_weights`' tensors before they are fitted: a name prefix of the file's -> the
+    model's (`{"blocks.3.mixer.o_proj.": "blocks.3.mixer.out_proj."}`), the longest matching prefix
+    first; where a replaced layer's tensors and its replacement's differ in name."""
     distill: Distill | None = None
     """Distil a teacher model's logits (and, with `hidden`, its blocks' outputs) into this one; eager."""
     groups: dict[Annotated[str, Field(max_length=100)], GroupOverride] = Field(default_factory=dict)

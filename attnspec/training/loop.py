@@ -152,7 +152,8 @@ class Trainer:
         self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True, calibration=calibration,
                               device=self.device.type, dtype="bfloat16" if bfloat16 else None)
         self.model = build_model_from_spec(spec)
-        self.weights_fit = _load_init_weights(self.model, config.init_weights) if not resume else None
+        self.weights_fit = None if resume else _load_init_weights(self.model, config.init_weights,
+                                                                   config.init_weights_map)
         self.model = self.model.to(self.device)
         self.model.set_modes(self.plan.full_modes)
         self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()})
@@ -422,9 +423,9 @@ def _event_writer_class():
     return SummaryWriter
 
 
-def _load_init_weights(model: nn.Module, source: str | None):
-    """The train config's ``init_weights`` loaded into ``model`` where they fit (name and shape), as a
-    :class:`~attnspec.compiler.load.WeightsFit`; None without them.
+def _load_init_weights(model: nn.Module, source: str | None, renames: dict[str, str]):
+    """The train config's ``init_weights`` loaded into ``model`` where they fit (name and shape, after
+    ``renames``), as a :class:`~attnspec.compiler.load.WeightsFit`; None without them.
 
     Raises:
         SpecError: located at ``init_weights``: no such file or directory, or not weights.
@@ -442,7 +443,8 @@ def _load_init_weights(model: nn.Module, source: str | None):
             path = path / "model.safetensors"
         if not path.is_file():
             raise FileNotFoundError(str(path))
-        return load_weights(model, path, "give a safetensors file or a build or run directory", strict=False)
+        return load_weights(model, path, "give a safetensors file or a build or run directory", strict=False,
+                            renames=renames)
     except (AttnSpecError, OSError) as error:
         raise SpecError(Problem(f"{source}: not weights to start from ({error})", path="init_weights",
                                 source="training configuration")) from None

@@ -101,3 +101,17 @@ def test_a_run_starts_from_another_models_weights_where_they_fit(teacher, tmp_pa
     with pytest.raises(SpecError, match="init_weights"):
         attnspec.train(SPECS / "linear-elu.yaml", overrides=TINY, task="mqar", task_overrides=MQAR, steps=1,
                        init_weights=str(tmp_path / "nothing"), **SETTINGS)
+
+
+def test_init_weights_map_renames_the_source_tensors_before_they_fit(teacher):
+    """An explicit mapping: the teacher's first MLP feeds the student's second block (longest prefix
+    first: `blocks.0.mlp.up.` before `blocks.0.`), the rest by name."""
+    from attnspec.training.rundir import load_trained
+
+    renames = {"blocks.0.": "unused.", "blocks.0.mlp.up.": "blocks.1.mlp.up."}
+    run = attnspec.train(SPECS / "linear-elu.yaml", overrides=[*TINY, "layers[0].repeat=2"], task="mqar",
+                         task_overrides=MQAR, steps=1, init_weights=str(teacher), init_weights_map=renames,
+                         **{**SETTINGS, "lr": 1e-12})
+    source, trained = load_trained(teacher).state_dict(), run.model.state_dict()
+    assert torch.allclose(trained["blocks.1.mlp.up.weight"], source["blocks.0.mlp.up.weight"], atol=1e-6)
+    assert not torch.allclose(trained["blocks.0.mlp.up.weight"], source["blocks.0.mlp.up.weight"], atol=1e-3)

@@ -148,6 +148,20 @@ class Config:
                 node["attention_factor"] = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
         return node
 
+    def attention_heads(self, head_dim_field: str | None = "head_dim") -> tuple[int, int, int]:
+        """(heads, key/value heads, head width) of the config's attention: ``num_attention_heads``,
+        ``num_key_value_heads`` (default: heads) and ``head_dim_field`` (default, or without one: hidden_size /
+        heads), refused by field where the heads do not divide the width or share the key/value heads equally."""
+        heads = self.count("num_attention_heads")
+        kv_heads = self.count("num_key_value_heads", heads)
+        width = self.count(head_dim_field, None) if head_dim_field else None
+        d_model = self.count("hidden_size")
+        if width is None and d_model % heads:
+            raise self.refuse("num_attention_heads", f"{heads} heads do not divide hidden_size {d_model}")
+        if heads % kv_heads:
+            raise self.refuse("num_key_value_heads", f"{heads} heads cannot share {kv_heads} key/value heads equally")
+        return heads, kv_heads, width or d_model // heads
+
     def activation(self, field: str = "hidden_act",
                    allowed: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu", "relu2")) -> str:
         value = self.get(field, str, "silu")
@@ -384,13 +398,8 @@ class LlamaFamily(Architecture):
                  "qwen3": "Qwen3ForCausalLM"}
 
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, heads = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("num_attention_heads")
-        d_model = config.count("hidden_size")
-        kv_heads = config.count("num_key_value_heads", heads)
-        head_dim = config.count("head_dim", d_model // heads)
-        if heads % kv_heads:
-            raise config.refuse("num_key_value_heads", f"{heads} heads cannot share {kv_heads} key/value heads "
-                                "equally")
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        heads, kv_heads, head_dim = config.attention_heads()
         eps = config.number("rms_norm_eps", 1e-6)
         bias = config.get("attention_bias", bool, False)
         mixer: dict[str, Any] = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
@@ -491,7 +500,7 @@ class Qwen3Next(Architecture):
     causal_lm = {"qwen3_next": "Qwen3NextForCausalLM"}
 
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         eps = config.number("rms_norm_eps", 1e-6)
         experts = config.get("num_experts", int, 512)
         if experts < 0 or experts > limits.MAX_EXPERTS:
@@ -507,8 +516,7 @@ class Qwen3Next(Architecture):
             raise config.refuse("layer_types", f"{types[unknown[0]]!r} is not linear_attention or full_attention",
                                 unknown)
         act = config.activation(allowed=("silu",))
-        heads = config.count("num_attention_heads")
-        kv_heads, head_dim = config.count("num_key_value_heads", heads), config.count("head_dim", d_model // heads)
+        heads, kv_heads, head_dim = config.attention_heads()
         bias = config.get("attention_bias", bool, False)
         attention = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qk_norm": "rmsnorm",
                      "norm_eps": eps, "position": config.rope(head_dim, 0.25), "output_gate": "sigmoid",
@@ -817,13 +825,9 @@ class Jamba(Architecture):
               "conv_bias": "mamba_conv_bias", "bias": "mamba_proj_bias", "rank": "mamba_dt_rank"}
 
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         eps = config.number("rms_norm_eps", 1e-6)
-        heads = config.count("num_attention_heads")
-        kv_heads = config.count("num_key_value_heads", heads)
-        if d_model % heads or heads % kv_heads:
-            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
-                                f"{kv_heads} key/value heads equally")
+        heads, kv_heads, head_dim = config.attention_heads(None)
         attention = {"kind": "softmax", "heads": heads, "position": {"kind": "none"}}
         if kv_heads != heads:
             attention["kv_heads"] = kv_heads
@@ -917,11 +921,10 @@ class Bamba(Architecture):
               "eps": "rms_norm_eps"}
 
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         eps = config.number("rms_norm_eps", 1e-5)
         attention_layers = config.layer_list("attn_layer_indices", layers)
-        heads = config.count("num_attention_heads")
-        kv_heads, head_dim = config.count("num_key_value_heads", heads), d_model // heads
+        heads, kv_heads, head_dim = config.attention_heads(None)
         bias = config.get("attention_bias", bool, False)
         attention = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": bias,
                      "out_bias": bias, "position": config.rope(head_dim, 0.5)}
@@ -993,11 +996,7 @@ class NemotronH(Architecture):
             layers["linear_attention"] = mamba2_mixer(config, self.FIELDS, (config.number("time_step_min", 0.001),
                                                                              math.inf)), "none"
         if "full_attention" in types:
-            heads = config.count("num_attention_heads")
-            kv_heads = config.count("num_key_value_heads", heads)
-            if heads % kv_heads:
-                raise config.refuse("num_key_value_heads", f"{heads} heads cannot share {kv_heads} key/value heads")
-            head_dim = config.count("head_dim", config.count("hidden_size") // heads)
+            heads, kv_heads, head_dim = config.attention_heads()
             attention = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
                          "position": {"kind": "none"}, **({"kv_heads": kv_heads} if kv_heads != heads else {})}
             layers["full_attention"] = attention, "none"
@@ -1082,24 +1081,20 @@ class GraniteMoeHybrid(Architecture):
     FIELDS = {**Bamba.FIELDS, "eps": "rms_norm_eps"}
 
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         eps = config.number("rms_norm_eps", 1e-6)
         types = config.layer_types(layers, ["linear_attention"] * layers)
         unknown = [i for i, t in enumerate(types) if t not in ("linear_attention", "full_attention")]
         if unknown:
             raise config.refuse("layer_types", "each layer is linear_attention (Mamba2) or full_attention", unknown)
-        heads = config.count("num_attention_heads")
-        kv_heads = config.count("num_key_value_heads", heads)
-        if d_model % heads or heads % kv_heads:
-            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
-                                f"{kv_heads} key/value heads equally")
+        heads, kv_heads, head_dim = config.attention_heads(None)
         bias = config.get("attention_bias", bool, False)
         kind = config.get("position_embedding_type", str, None)
         if kind not in (None, "rope", "nope"):
             raise config.refuse("position_embedding_type", f"{shorten(kind)!r}: rope or none import")
         attention = {"kind": "softmax", "heads": heads, "qkv_bias": bias, "out_bias": bias,
                      "scale": config.number("attention_multiplier", 1.0),
-                     "position": config.rope(d_model // heads) if kind == "rope" else {"kind": "none"},
+                     "position": config.rope(head_dim) if kind == "rope" else {"kind": "none"},
                      **({"kv_heads": kv_heads} if kv_heads != heads else {})}
         mamba = mamba2_mixer(config, self.FIELDS) if "linear_attention" in types else None
         shared = config.count("shared_intermediate_size")
@@ -1182,10 +1177,7 @@ class Gemma3(Architecture):
 
     def spec(self, config: Config, model_type: str) -> dict:
         layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
-        heads = config.count("num_attention_heads")
-        kv_heads, head_dim = config.count("num_key_value_heads", heads), config.count("head_dim", d_model // heads)
-        if heads % kv_heads:
-            raise config.refuse("num_key_value_heads", f"{heads} heads cannot share {kv_heads} key/value heads")
+        heads, kv_heads, head_dim = config.attention_heads()
         for field in ("attn_logit_softcapping", "use_bidirectional_attention"):
             if config.get(field, (int, float, bool), None):
                 raise config.refuse(field, "capped attention logits and bidirectional attention are not attnspec's "
@@ -1257,12 +1249,8 @@ class Lfm2(Architecture):
     causal_lm = {"lfm2": "Lfm2ForCausalLM"}
 
     def spec(self, config: Config, model_type: str) -> dict:
-        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
-        heads = config.count("num_attention_heads")
-        kv_heads = config.count("num_key_value_heads", heads)
-        if d_model % heads or heads % kv_heads:
-            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
-                                f"{kv_heads} key/value heads equally")
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        heads, kv_heads, head_dim = config.attention_heads(None)
         attention_layers = config.layer_list("full_attn_idxs", layers) if "full_attn_idxs" in config.data else None
         types = config.layer_types(layers, ["full_attention" if attention_layers is None or i in attention_layers
                                             else "conv" for i in range(layers)])
@@ -1275,7 +1263,7 @@ class Lfm2(Architecture):
                 "conv": {"kind": "short", "width": config.count("conv_L_cache", 3, limit=limits.MAX_CONV_WIDTH),
                          "projections": ["v"], "bias": bias}}
         attention = {"kind": "softmax", "heads": heads, "qk_norm": "rmsnorm", "norm_eps": eps,
-                     "position": config.rope(d_model // heads), **({"kv_heads": kv_heads} if kv_heads != heads else {})}
+                     "position": config.rope(head_dim), **({"kv_heads": kv_heads} if kv_heads != heads else {})}
         mlp = {"kind": "glu", "hidden": self._hidden(config), "activation": "silu", "bias": False}
         blocks = [{"mixer": conv if t == "conv" else attention, "mlp": mlp, "norm": _rmsnorm(eps)} for t in types]
         return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
@@ -1584,16 +1572,12 @@ class OlmoHybrid(Architecture):
         unknown = [i for i, t in enumerate(types) if t not in ("linear_attention", "full_attention")]
         if unknown:
             raise config.refuse("layer_types", "each layer is linear_attention or full_attention", unknown)
-        heads = config.count("num_attention_heads")
-        kv_heads = config.count("num_key_value_heads", heads)
-        if d_model % heads or heads % kv_heads:
-            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
-                                f"{kv_heads} key/value heads equally")
+        heads, kv_heads, head_dim = config.attention_heads(None)
         bias = config.get("attention_bias", bool, False)
         parameters = config.get("rope_parameters", dict, None)
         rope = parameters is not None and parameters.get("rope_theta") is not None  # released checkpoints: none
         attention = {"kind": "softmax", "heads": heads, "qk_norm": "rmsnorm_full", "norm_eps": eps, "qkv_bias": bias,
-                     "out_bias": bias, "position": config.rope(d_model // heads) if rope else {"kind": "none"},
+                     "out_bias": bias, "position": config.rope(head_dim) if rope else {"kind": "none"},
                      **({"kv_heads": kv_heads} if kv_heads != heads else {})}
         v_heads, k_heads = config.count("linear_num_value_heads", heads), config.count("linear_num_key_heads", heads)
         if v_heads % k_heads:
@@ -1671,11 +1655,7 @@ class RecurrentGemma(Architecture):
     def spec(self, config: Config, model_type: str) -> dict:
         layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
         eps = config.number("rms_norm_eps", 1e-6)
-        heads = config.count("num_attention_heads")
-        kv_heads = config.count("num_key_value_heads", heads)
-        if d_model % heads or heads % kv_heads:
-            raise config.refuse("num_attention_heads", f"{heads} heads must divide hidden_size {d_model} and share "
-                                f"{kv_heads} key/value heads equally")
+        heads, kv_heads, head_dim = config.attention_heads(None)
         cycle = config.get("block_types", list, ["recurrent", "recurrent", "attention"])
         if not cycle or any(t not in ("recurrent", "attention") for t in cycle):
             raise config.refuse("block_types", "must list recurrent and attention blocks")
@@ -1687,7 +1667,7 @@ class RecurrentGemma(Architecture):
                                                 "projections": ["v"], "bias": True}}
         attention = {"kind": "softmax", "heads": heads, "qkv_bias": config.get("attention_bias", bool, False),
                      "out_bias": True, "window": config.count("attention_window_size", 2048),
-                     "position": config.rope(d_model // heads, 0.5),
+                     "position": config.rope(head_dim, 0.5),
                      **({"kv_heads": kv_heads} if kv_heads != heads else {})}
         mlp = {"kind": "glu", "hidden": config.count("intermediate_size") // 2, "activation": act, "bias": True}
         blocks = [{"mixer": recurrent if cycle[i % len(cycle)] == "recurrent" else attention, "mlp": mlp,

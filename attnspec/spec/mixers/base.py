@@ -31,6 +31,12 @@ class MixerComponent(Component):
     """What a plugin family must state itself (:func:`attnspec.spec.components.register` checks)."""
     not_applicable: ClassVar[tuple[str, ...]] = ()
     """Fields of the base that this family has no place for: setting one is a located error."""
+    single_stream: ClassVar[str | None] = None
+    """For a family computed in position order over its values alone (Mamba-1, the RG-LRU, the gated
+    convolution): what it is, in words ("the RG-LRU"). The base rules then require `causal`, refuse a
+    `scale` and a `position` (it orders positions itself), and take a convolution of the values alone
+    (`short` on `[v]`, or `none` where `conv_optional`)."""
+    conv_optional: ClassVar[bool] = True
     heads: Count(limits.MAX_HEADS) = 1
     """Number of heads."""
     d_qk: Count(limits.MAX_HEAD_WIDTH) | None = None
@@ -178,15 +184,18 @@ class MixerComponent(Component):
                 if isinstance(value := getattr(self, name), slot_type)]
 
     def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
-        """The scheme this mixer applies: its own, else the model's when that acts on q/k or as a decay."""
-        if self.position is not None:
-            return self.position
+        """The scheme this mixer applies: its own, else the model's when that acts on q/k or as a decay
+        (never for a `single_stream` family, which orders positions itself)."""
+        if self.position is not None or self.single_stream:
+            return self.position or NoPosition(kind="none")
         return model_position if model_position.acts_on in ("qk", "decay") else NoPosition(kind="none")
 
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         """Rule violations of this mixer and its parts, as (path below the mixer, message)."""
         if self.mode != "auto" and self.mode not in self.modes():
             yield ("mode",), self.mode_problem(self.mode)
+        if self.single_stream:
+            yield from self._single_stream_problems()
         for name in self.not_applicable:
             if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True):
                 yield (name,), f"a {self.kind} mixer has no `{name}` (it is a part of other families): remove it"
@@ -226,6 +235,19 @@ class MixerComponent(Component):
         if self.shared_norm_weight and (not self.group_norm or self.gate_before_norm):
             yield ("shared_norm_weight",), ("a shared norm weight is the per-head output norm's: it needs "
                                             "`group_norm: true` without `gate_before_norm`")
+
+    def _single_stream_problems(self) -> Iterator[tuple[tuple, str]]:
+        what = self.single_stream
+        if not self.causal:
+            yield ("causal",), f"{what} is computed in position order: it needs `causal: true`"
+        if self.scale not in (None, 1.0):
+            yield ("scale",), f"{what} has no scores to scale: remove `scale`"
+        if self.position is not None and not self.position.is_identity:
+            yield ("position",), f"{what} orders positions itself: remove `position` (or set `none`)"
+        values_only = self.conv.kind == "short" and self.conv.projections == ["v"]
+        if not values_only and not (self.conv.is_identity and self.conv_optional):
+            yield ("conv",), (f"{what} convolves its values alone: `conv: {{kind: short, projections: [v]}}`"
+                              + (" or `none`" if self.conv_optional else ""))
 
     @property
     def scales_input(self) -> bool:

@@ -8,7 +8,6 @@ from pydantic import Field
 
 from attnspec.spec.convs import Conv, ShortConv
 from attnspec.spec.family import BYTES, Cost
-from attnspec.spec.positions import NoPosition, PositionComponent
 from attnspec.spec.mixers.base import MixerComponent
 
 
@@ -28,6 +27,8 @@ class GatedConvMixer(MixerComponent):
     not_applicable: ClassVar[tuple[str, ...]] = ("heads", "kv_heads", "qk_groups", "qk_norm",
                                                  "output_gate", "group_norm", "gate_before_norm", "shared_norm_weight",
                                                  "skip")
+    single_stream: ClassVar[str] = "a gated convolution"
+    conv_optional: ClassVar[bool] = False
     conv: Conv = Field(default_factory=lambda: ShortConv(kind="short", width=3, projections=["v"]))
     """The causal depthwise convolution of b ⊙ x: `short` with `projections: [v]` (width, bias)."""
 
@@ -37,9 +38,6 @@ class GatedConvMixer(MixerComponent):
     def resolved_widths(self, d_model: int) -> dict[str, int]:
         width = self.d_v or self.d_qk or d_model
         return {"d_qk": width, "d_v": width}
-
-    def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
-        return self.position or NoPosition(kind="none")  # the convolution orders positions itself
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
         width, channels = self.conv.streams().get("v", 1), self.d_v or 1
@@ -55,16 +53,8 @@ class GatedConvMixer(MixerComponent):
 
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         yield from super().problems(max_len=max_len, d_qk=d_qk)
-        if not self.causal:
-            yield ("causal",), "the gated convolution here is causal: it needs `causal: true`"
-        if self.conv.kind != "short" or self.conv.projections != ["v"]:
-            yield ("conv",), "a gated convolution convolves b ⊙ x: `conv: {kind: short, projections: [v]}`"
-        if self.scale not in (None, 1.0):
-            yield ("scale",), "a gated convolution has no scores to scale: remove `scale`"
         if self.d_qk is not None and self.d_v is not None and self.d_qk != self.d_v:
             yield ("d_qk",), "a gated convolution has one width, its channels `d_v`: leave d_qk unset or equal"
-        if self.position is not None and not self.position.is_identity:
-            yield ("position",), "a gated convolution orders positions itself: remove `position` (or set `none`)"
 
     def describe(self) -> str:
         return f"gated_conv[width {self.conv.streams().get('v', '?')}]"

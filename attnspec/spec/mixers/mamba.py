@@ -11,7 +11,6 @@ from attnspec.spec import limits
 from attnspec.spec.convs import Conv, ShortConv
 from attnspec.spec.family import Backend, Cost, GRAPH, KernelInputs, NATIVE_CPU, TRITON, linear_costs
 from attnspec.spec.nodes import Count
-from attnspec.spec.positions import NoPosition, PositionComponent
 from attnspec.spec.transitions import InitRange
 from attnspec.spec.mixers.base import MixerComponent
 
@@ -33,6 +32,7 @@ class MambaMixer(MixerComponent):
     not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "output_gate", "group_norm",
                                                  "gate_before_norm", "shared_norm_weight", "skip")
     """Its output gate silu(z) and D skip are fixed; the rest are the attention-like families' parts."""
+    single_stream: ClassVar[str] = "Mamba's scan"
     d_inner: Count(limits.MAX_INNER) | None = None
     """Channels of the scan (Mamba's `intermediate_size`); unset: 2 d_model."""
     dt_rank: Count(limits.MAX_HEAD_WIDTH) | None = None
@@ -56,9 +56,6 @@ class MambaMixer(MixerComponent):
         return {"d_qk": self.d_qk or 16, "d_v": 1, "d_inner": self.d_inner or 2 * d_model,
                 "dt_rank": self.dt_rank or math.ceil(d_model / 16)}
 
-    def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
-        return self.position or NoPosition(kind="none")  # the scan orders positions itself
-
     def mode_costs(self, L: int) -> dict[str, Cost]:
         return linear_costs(L, self.d_inner or 1, self.d_qk or 16, 1, self.chunk_size, True, False)
 
@@ -74,19 +71,11 @@ class MambaMixer(MixerComponent):
 
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         yield from super().problems(max_len=max_len, d_qk=d_qk)
-        if not self.causal:
-            yield ("causal",), "Mamba's scan is a recurrence in position order: it needs `causal: true`"
         if self.heads != 1:
             yield ("heads",), ("a mamba mixer has one state per channel, not heads: set its width with `d_inner` "
                                "and remove `heads`")
         if self.d_v not in (None, 1):
             yield ("d_v",), f"each of a mamba mixer's d_inner channels holds one value: d_v is 1, got {self.d_v}"
-        if self.scale not in (None, 1.0):
-            yield ("scale",), "a mamba mixer reads C_t · h_t unscaled: remove `scale`"
-        if self.position is not None and not self.position.is_identity:
-            yield ("position",), "a mamba mixer orders positions by its scan: remove `position` (or set `none`)"
-        if self.conv.kind == "shift" or self.conv.kind == "short" and self.conv.projections != ["v"]:
-            yield ("conv",), "Mamba convolves x, its values, alone: `conv: {kind: short, projections: [v]}` or `none`"
 
     def parts(self) -> list[tuple[str, str]]:
         rows = [("channels", f"{self.d_inner} (state {self.d_qk}, Δ rank {self.dt_rank})")]

@@ -11,7 +11,6 @@ from attnspec.spec.channel import Activation
 from attnspec.spec.convs import Conv, ShortConv
 from attnspec.spec.family import Backend, Cost, GRAPH, KernelInputs, NATIVE_CPU, TRITON, linear_costs
 from attnspec.spec.nodes import Count
-from attnspec.spec.positions import NoPosition, PositionComponent
 from attnspec.spec.transitions import UnitRange
 from attnspec.spec.mixers.base import MixerComponent
 
@@ -33,6 +32,7 @@ class RglruMixer(MixerComponent):
     kind: Literal["rglru"]
     not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "output_gate", "group_norm",
                                                  "gate_before_norm", "shared_norm_weight", "skip", "gate_rank")
+    single_stream: ClassVar[str] = "the RG-LRU"
     width: Count(limits.MAX_INNER) | None = None
     """Channels of the recurrence (RecurrentGemma's `lru_width`); unset: d_model. `heads` divides it into
     the gates' blocks."""
@@ -50,9 +50,6 @@ class RglruMixer(MixerComponent):
 
     def resolved_widths(self, d_model: int) -> dict[str, int]:
         return {"d_qk": 1, "d_v": 1, "width": self.width or d_model}
-
-    def resolved_position(self, model_position: PositionComponent) -> PositionComponent:
-        return self.position or NoPosition(kind="none")  # the recurrence orders positions itself
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
         return linear_costs(L, self.width or 1, 1, 1, self.chunk_size, False, False)
@@ -73,18 +70,10 @@ class RglruMixer(MixerComponent):
 
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         yield from super().problems(max_len=max_len, d_qk=d_qk)
-        if not self.causal:
-            yield ("causal",), "the RG-LRU is a recurrence in position order: it needs `causal: true`"
         if self.width is not None and self.width % self.heads:
             yield ("heads",), f"{self.heads} gate blocks cannot divide width {self.width} equally"
         if self.d_qk not in (None, 1) or self.d_v not in (None, 1):
             yield ("d_qk",), "each RG-LRU channel is its own state of one number: d_qk and d_v are 1"
-        if self.scale not in (None, 1.0):
-            yield ("scale",), "the RG-LRU has no scores to scale: remove `scale`"
-        if self.position is not None and not self.position.is_identity:
-            yield ("position",), "the RG-LRU orders positions by its recurrence: remove `position` (or set `none`)"
-        if self.conv.kind == "shift" or self.conv.kind == "short" and self.conv.projections != ["v"]:
-            yield ("conv",), "the RG-LRU block convolves x alone: `conv: {kind: short, projections: [v]}` or `none`"
         low, high = self.a_init
         if low > high:
             yield ("a_init",), f"a_init is [lo, hi] with lo <= hi, got [{low}, {high}]"

@@ -71,8 +71,10 @@ class Config:
         return value
 
     def number(self, field: str, default: Any = _MISSING) -> float:
-        """A finite real field (an integer of 400 digits is no float)."""
+        """A finite real field (an integer of 400 digits is no float); ``default`` (None too) where absent."""
         value = self.get(field, (int, float), default)
+        if value is None:
+            return None
         try:
             number = float(value)
         except OverflowError:
@@ -243,7 +245,8 @@ class Link:
 
     ``theirs`` = the rows of ``ours`` concatenated, interleaved by ``groups`` (group g of each of
     ``ours`` in turn: transformers' per-key-head packing), minus ``offset`` (Qwen3-Next's norms store
-    weight - 1), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)), its rows in
+    weight - 1), exponentiated where ours is its ``log`` (a fixed transition's log-rate, MiniMax's
+    slope), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)), its rows in
     ``stack`` slices along a leading axis (fused experts: (experts, rows, columns)), or the whole viewed
     as ``view``.
     """
@@ -255,11 +258,14 @@ class Link:
     conv: bool = False
     stack: int = 1
     view: tuple[int, ...] | None = None
+    log: bool = False
 
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
         parts = [t.chunk(self.groups) for t in tensors]
         joined = torch.cat([part for group in zip(*parts) for part in group]) - self.offset
+        if self.log:
+            joined = torch.exp(joined)
         if self.view is not None:  # the same numbers in transformers' shape (Kimi's A_log (1, 1, H, 1))
             return joined.reshape(self.view)
         if self.stack > 1:
@@ -274,6 +280,8 @@ class Link:
             tensor = tensor.reshape(-1, *tensor.shape[2:])
         if self.conv:
             tensor = tensor.squeeze(1)
+        if self.log:
+            tensor = torch.log(tensor)
         tensor = tensor + self.offset
         rows = [shape[0] // self.groups for shape in shapes]
         grouped = tensor.reshape(self.groups, sum(rows), *tensor.shape[1:])
@@ -1125,7 +1133,7 @@ class GraniteMoeHybrid(Architecture):
         config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
                   "layer_types": ["full_attention" if b.mixer.kind == "softmax" else "linear_attention"
                                   for b in blocks],
-                  "embedding_multiplier": spec.input.scale, "residual_multiplier": blocks[0].residual_scale,
+                  "embedding_multiplier": spec.input.scale, "residual_multiplier": blocks[0].scales()[0][1],
                   "logits_scaling": 1.0 / spec.head.scale, "hidden_act": ACTIVATION_NAMES[mlp.activation]}
         if mlp.kind == "moe":
             config.update(num_local_experts=mlp.experts, num_experts_per_tok=mlp.top_k, intermediate_size=mlp.hidden,
@@ -1718,6 +1726,188 @@ class RecurrentGemma(Architecture):
         return links
 
 
+class MiniMax(Architecture):
+    """MiniMax-01/M1: lightning attention layers (linear attention with SiLU on q, k and v, a fixed decay
+    per head from ALiBi's slopes scaled down with depth and stored as buffers, no normaliser, an RMSNorm
+    over the whole output width, then a sigmoid output gate) and softmax attention layers (GQA, RoPE, an
+    optional window), each followed by a Mixtral-style mixture of GLU experts. Every sub-layer keeps the
+    normalised input as its skip, α norm(x) + β f(norm(x)), with α and β per kind of sub-layer."""
+
+    model_types = ("minimax",)
+    causal_lm = {"minimax": "MiniMaxForCausalLM"}
+    DECAYS = ("query_decay", "key_decay", "diagonal_decay")
+    """Buffers computed from the slopes (the blocked form's factors): transformers' chunked loop reads
+    them, attnspec computes every mode from the slopes."""
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        eps = config.number("rms_norm_eps", 1e-5)
+        types = config.layer_types(layers, ["full_attention" if i % 2 else "linear_attention" for i in range(layers)])
+        unknown = [i for i, t in enumerate(types) if t not in ("linear_attention", "full_attention")]
+        if unknown:
+            raise config.refuse("layer_types", "each layer is linear_attention or full_attention", unknown)
+        if config.number("router_jitter_noise", 0.0):
+            raise config.refuse("router_jitter_noise", "attnspec's experts take no multiplicative jitter in training")
+        heads, kv_heads, head_dim = config.attention_heads()
+        act = config.activation(allowed=("silu",))  # lightning attention's q/k/v activation too
+        window = config.count("sliding_window", None)
+        attention = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
+                     "position": config.rope(head_dim), **({"kv_heads": kv_heads} if kv_heads != heads else {}),
+                     **({"window": window} if window is not None else {})}
+        lightning = {"kind": "linear", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "feature_map": act,
+                     "value_activation": act, "normalize": False, "position": {"kind": "none"},
+                     "transition": {"kind": "fixed", "init": "alibi", "learnable": False},
+                     "group_norm": True, "norm_span": "full", "output_gate": "sigmoid"}
+        moe = {"kind": "moe", "experts": config.count("num_local_experts", 8, limit=limits.MAX_EXPERTS),
+               "top_k": config.count("num_experts_per_tok", 2), "hidden": config.count("intermediate_size"),
+               "activation": act}
+        mlp_alpha, mlp_beta = (config.number(f"mlp_{f}_factor", 1.0) for f in ("alpha", "beta"))
+        blocks = []
+        for layer_type in types:
+            kind = "linear_attn" if layer_type == "linear_attention" else "full_attn"
+            alpha, beta = (config.number(f"{kind}_{f}_factor", 1.0) for f in ("alpha", "beta"))
+            for field, value in ((f"{kind}_alpha_factor", alpha), (f"{kind}_beta_factor", beta),
+                                 ("mlp_alpha_factor", mlp_alpha), ("mlp_beta_factor", mlp_beta)):
+                if not 0 < value <= 1e4:
+                    raise config.refuse(field, f"must be in (0, 10000] (an attnspec skip or residual scale), "
+                                        f"got {shorten(value)}")
+            blocks.append({"mixer": lightning if layer_type == "linear_attention" else attention, "mlp": moe,
+                           "norm": _rmsnorm(eps), "norm_placement": "normed_residual",
+                           "skip_scale": _scales(alpha, mlp_alpha), "residual_scale": _scales(beta, mlp_beta)})
+        return {**_common(config), "layers": compress_layers(blocks), "final_norm": _rmsnorm(eps),
+                "head": _head(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        attention = next((b.mixer for b in blocks if b.mixer.kind == "softmax"), None)
+        if (any(b.mixer.kind not in ("softmax", "linear") or b.mlp.kind != "moe" for b in blocks)
+                or attention is None or attention.position.kind != "rope"):
+            raise NotExpressible("minimax has lightning and softmax attention layers (with RoPE), each with experts")
+        moe = blocks[0].mlp
+        config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
+                  "layer_types": ["linear_attention" if b.mixer.kind == "linear" else "full_attention" for b in blocks],
+                  "num_attention_heads": attention.heads, "num_key_value_heads": attention.kv_heads or attention.heads,
+                  "head_dim": attention.d_qk, "sliding_window": getattr(attention, "window", None),
+                  "rope_parameters": _rope_parameters(attention.position),
+                  "hidden_act": ACTIVATION_NAMES[moe.activation],
+                  "num_local_experts": moe.experts, "num_experts_per_tok": moe.top_k, "intermediate_size": moe.hidden}
+        if attention.position.rotary_fraction != 1.0:
+            config["rope_parameters"]["partial_rotary_factor"] = attention.position.rotary_fraction
+        for block in blocks:  # α and β of each kind of sub-layer, read off the first block of that kind
+            (alpha, beta), (mlp_alpha, mlp_beta) = block.scales()
+            kind = "linear_attn" if block.mixer.kind == "linear" else "full_attn"
+            config.setdefault(f"{kind}_alpha_factor", alpha)
+            config.setdefault(f"{kind}_beta_factor", beta)
+            config.setdefault("mlp_alpha_factor", mlp_alpha)
+            config.setdefault("mlp_beta_factor", mlp_beta)
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
+        for index, block in enumerate(_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", _block_prefix(index)
+            a, m = f"{theirs}self_attn.", f"{ours}mixer."
+            if block.mixer.kind == "linear":  # qkv_proj packs each head's q, k and v together
+                mixer = block.mixer
+                links += [Link(f"{a}qkv_proj.weight", tuple(f"{m}{n}_proj.weight" for n in "qkv"), groups=mixer.heads),
+                          Link(f"{a}slope_rate", (f"{m}transition.nu",), view=(mixer.heads, 1, 1), log=True),
+                          rename(f"{a}norm.weight", f"{m}norm_weight"),
+                          rename(f"{a}output_gate.weight", f"{m}gate.weight"),
+                          rename(f"{a}out_proj.weight", f"{m}out_proj.weight")]
+            else:
+                links += _attention_links(a, m, False)
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
+            links += _moe_links(block.mlp, f"{theirs}block_sparse_moe.", f"{ours}mlp.", expert_links=_w123_links)
+        return links
+
+    def unused(self, name: str, spec) -> bool:
+        return name.rsplit(".", 1)[-1] in self.DECAYS and ".self_attn." in name
+
+
+class XLstm(Architecture):
+    """xLSTM 7B's architecture: every block an mLSTM layer (the `mlstm` mixer: exponential input gates and
+    sigmoid forget gates from their own projections, soft-capped; a LayerNorm per head; a sigmoid output
+    gate) then a SiLU GLU, both pre-normed with RMSNorms; logits soft-capped."""
+
+    model_types = ("xlstm",)
+    causal_lm = {"xlstm": "xLSTMForCausalLM"}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        d_model, heads = config.count("hidden_size"), config.count("num_heads")
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        if config.count("num_blocks", layers, limit=limits.MAX_BLOCKS) != layers:
+            raise config.refuse("num_blocks", "must equal num_hidden_layers (transformers builds num_blocks blocks)")
+        if config.count("embedding_dim", d_model) != d_model:
+            raise config.refuse("embedding_dim", f"must equal hidden_size {d_model} (no projection joins them)")
+        if config.get("weight_mode", str, "single") != "single":
+            raise config.refuse("weight_mode", "'fused': transformers 5's own model of it cannot be built (its "
+                                "initialisation fails), so no import could be held to it; 'single' imports")
+        if config.get("use_bias", bool, False):
+            raise config.refuse("use_bias", "biases on the norms: attnspec's RMSNorm and output norm have none")
+        widths = {}
+        for name, field in (("d_qk", "qk_dim_factor"), ("d_v", "v_dim_factor")):
+            width = int(d_model * config.number(field, 0.5 if name == "d_qk" else 1.0))
+            if width <= 0 or width % heads:
+                raise config.refuse(field, f"hidden_size times it, {width}, must be a positive multiple of "
+                                    f"num_heads {heads}")
+            widths[name] = width // heads
+        cap = config.number("gate_soft_cap", None)
+        if cap is None or not 0 < cap <= 30:
+            raise config.refuse("gate_soft_cap", "attnspec's mLSTM caps its gates at most at 30 (exp(i) then stays "
+                                f"far inside float32 in every mode); got {shorten(cap)}")
+        eps = config.number("norm_eps", 1e-6)
+        mixer = {"kind": "mlstm", "heads": heads, **widths, "gate_softcap": cap, "eps": config.number("eps", 1e-6),
+                 "norm_eps": eps}
+        multiple = config.count("ffn_round_up_to_multiple_of", 64)
+        hidden = multiple * math.ceil(d_model * config.number("ffn_proj_factor", 2.667) / multiple)
+        block = {"mixer": mixer, "mlp": {"kind": "glu", "hidden": hidden, "activation": "silu", "bias": False},
+                 "norm": _rmsnorm(eps)}
+        head = _head(config, False)
+        softcap = config.number("output_logit_soft_cap", None)
+        if softcap is not None:
+            head["softcap"] = softcap
+        return {**_common(config), "max_len": config.count("max_position_embeddings", 2048),
+                "layers": compress_layers([block] * layers), "final_norm": _rmsnorm(eps), "head": head}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = _blocks(spec)
+        mixer, mlp = blocks[0].mixer, blocks[0].mlp
+        if mixer.kind != "mlstm" or mlp.kind != "glu" or any(b != blocks[0] for b in blocks):
+            raise NotExpressible("xlstm is one mLSTM block with a GLU, repeated")
+        d = spec.d_model
+        return {"hidden_size": d, "embedding_dim": d, "num_hidden_layers": len(blocks), "num_blocks": len(blocks),
+                "num_heads": mixer.heads, "qk_dim_factor": mixer.heads * mixer.d_qk / d,
+                "v_dim_factor": mixer.heads * mixer.d_v / d, "gate_soft_cap": mixer.gate_softcap, "eps": mixer.eps,
+                "norm_eps": spec.final_norm.eps, "ffn_proj_factor": mlp.hidden / d, "ffn_round_up_to_multiple_of": 1,
+                "output_logit_soft_cap": spec.head.softcap, "weight_mode": "single", "use_bias": False,
+                "max_position_embeddings": spec.max_len}
+
+    def links(self, spec) -> list[Link]:
+        links = _lm_links(spec, "backbone.embeddings.weight", "backbone.out_norm.weight")
+        for index in range(len(_blocks(spec))):
+            theirs, ours = f"backbone.blocks.{index}.", _block_prefix(index)
+            a, m = f"{theirs}mlstm_layer.", f"{ours}mixer."
+            pairs = [("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("ogate_preact", "gate"),
+                     ("out_proj", "out_proj"), ("igate_preact", "igate"), ("fgate_preact", "fgate")]
+            links += [rename(f"{a}{t}.weight", f"{m}{o}.weight") for t, o in pairs]
+            links += [rename(f"{a}{t}.bias", f"{m}{o}.bias") for t, o in pairs[-2:]]
+            links += [rename(f"{a}multihead_norm.weight", f"{m}norm_weight"),
+                      rename(f"{theirs}norm_mlstm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}norm_ffn.weight", f"{ours}norm2.weight")]
+            # xLSTM's proj_down(silu(proj_up_gate x) * proj_up x) is attnspec's down(act(up x) * gate x)
+            f = f"{theirs}ffn."
+            links += [rename(f"{f}proj_up_gate.weight", f"{ours}mlp.up.weight"),
+                      rename(f"{f}proj_up.weight", f"{ours}mlp.gate.weight"),
+                      rename(f"{f}proj_down.weight", f"{ours}mlp.down.weight")]
+        return links
+
+
+def _scales(mixer: float, mlp: float) -> float | dict:
+    """A block's ``skip_scale`` or ``residual_scale``: one number where both sub-layers share it."""
+    return mixer if mixer == mlp else {"mixer": mixer, "mlp": mlp}
+
+
 class Qwen35(Qwen3Next):
     """Qwen3.5's text models: Qwen3-Next's layers with the Gated DeltaNet's projections unpacked (q, k, v
     in one matrix, the gate, beta and Δ each their own) and, for the MoE model, a sparse MoE block in
@@ -1757,10 +1947,12 @@ class Qwen35(Qwen3Next):
 
 ARCHITECTURES: dict[str, Architecture] = {}
 for _architecture in (LlamaFamily(), Qwen3Next(), Qwen35(), Mamba2(), Bamba(), Mamba(), Jamba(), NemotronH(),
-                      GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3(), KimiLinear(), OlmoHybrid(), RecurrentGemma()):
+                      GraniteMoeHybrid(), Gemma3(), Lfm2(), DeepseekV3(), KimiLinear(), OlmoHybrid(), RecurrentGemma(),
+                      MiniMax(), XLstm()):
     ARCHITECTURES.update(dict.fromkeys(_architecture.model_types, _architecture))
 EXPORT_ORDER = ("mistral", "qwen3", "qwen2", "llama", "qwen3_next", "mamba2", "bamba", "qwen3_5_text",
                 "qwen3_5_moe_text", "mamba", "falcon_mamba", "jamba", "nemotron_h", "granitemoehybrid", "gemma3_text",
-                "lfm2", "deepseek_v3", "kimi_linear", "olmo_hybrid", "recurrent_gemma")
+                "lfm2", "deepseek_v3", "kimi_linear", "olmo_hybrid", "recurrent_gemma", "minimax",
+                "xlstm")
 """The native types export-hf tries, most specific first: a Llama-family spec with a window is a
 Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; otherwise a Llama."""

@@ -143,7 +143,10 @@ def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, 
         if tensor.shape != expected:
             raise InteropError(f"{checkpoint}: tensor {link.theirs} is {tuple(tensor.shape)}, the config implies "
                                f"{tuple(expected)}")
-        ours.update(zip(link.ours, link.split(tensor, targets)))
+        parts = link.split(tensor, targets)
+        if link.log and not all(torch.isfinite(part).all() for part in parts):  # the log of a rate <= 0
+            raise InteropError(f"{checkpoint}: tensor {link.theirs} must be positive (attnspec holds its log)")
+        ours.update(zip(link.ours, parts))
     if set(ours) != set(shapes):  # every tensor of the model comes from the checkpoint: a mapping bug otherwise
         raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(shapes) - set(ours))[:3]} unset")
     return ours

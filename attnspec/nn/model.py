@@ -31,8 +31,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 class Block(nn.Module):
     """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); ``sandwich``: x + post_norm(f(norm(x)));
-    ``output``: x + norm(f(x)); a sub-layer without its residual drops the ``x +``;
-    ``mixer: none`` drops the mixer's sub-layer and its norm."""
+    ``output``: x + norm(f(x)); ``normed_residual``: norm(x) + f(norm(x)); each sub-layer's skip and output
+    times its own α and β (``skip_scale``, ``residual_scale``: α x + β f(x)); a sub-layer without its
+    residual drops the ``α x +``; ``mixer: none`` drops the mixer's sub-layer and its norm."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__()
@@ -40,30 +41,40 @@ class Block(nn.Module):
         self.mlp = None if node.mlp.is_identity else build("mlp", node.mlp, d_model=d_model)
         self.norm1 = None if node.mixer.is_identity else build("norm", node.norm, dim=d_model)  # `mixer: none`
         self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None else None
-        self.pre = node.norm_placement in ("pre", "sandwich")
+        self.pre = node.norm_placement in ("pre", "sandwich", "normed_residual")
+        self.normed_skip = node.norm_placement == "normed_residual"  # the skip carries norm(x), not x
         self.output_norm = node.norm_placement == "output"  # x + norm(f(x)): the one norm is on the output
         sandwich = node.norm_placement == "sandwich"  # a norm of each sub-layer's output, before the residual
         self.post_norm1 = build("norm", node.norm, dim=d_model) if sandwich and self.norm1 is not None else None
         self.post_norm2 = build("norm", node.norm, dim=d_model) if sandwich and self.mlp is not None else None
         self.mixer_residual, self.mlp_residual = node.residuals()
-        self.residual_scale = node.residual_scale
+        self.mixer_scales, self.mlp_scales = node.scales()
 
-    def _sublayer(self, x: Tensor, f, norm: nn.Module, residual: bool, post_norm: nn.Module | None) -> Tensor:
-        y = f(norm(x)) if self.pre else norm(f(x)) if self.output_norm else f(x)
+    def _sublayer(self, x: Tensor, f, norm: nn.Module, residual: bool, post_norm: nn.Module | None,
+                  scales: tuple[float, float]) -> Tensor:
+        if self.normed_skip:
+            x = norm(x)
+            y = f(x)
+        else:
+            y = f(norm(x)) if self.pre else norm(f(x)) if self.output_norm else f(x)
         if post_norm is not None:
             y = post_norm(y)
-        if self.residual_scale != 1.0:
-            y = y * self.residual_scale
+        skip_scale, out_scale = scales
+        if out_scale != 1.0:
+            y = y * out_scale
         after = not (self.pre or self.output_norm)  # `post`: the norm comes after the residual sum
         if not residual:
             return norm(y) if after else y
+        if skip_scale != 1.0:
+            x = x * skip_scale
         return norm(x + y) if after else x + y
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         if self.norm1 is not None:
-            x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual, self.post_norm1)
+            x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual, self.post_norm1,
+                               self.mixer_scales)
         if self.mlp is not None:
-            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2)
+            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
         return x
 
     def step(self, x: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
@@ -82,9 +93,9 @@ class Block(nn.Module):
             return y
 
         if self.norm1 is not None:
-            x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1)
+            x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales)
         if self.mlp is not None:
-            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2)
+            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
         return x, box.get("state", ())
 
 

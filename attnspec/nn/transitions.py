@@ -50,7 +50,8 @@ class FixedTransition(Transition):
 
     Initialisations: ``retnet`` |a| = 1 - 2^(-5-c) and theta = 10000^(-c/n) (xPos-like);
     ``lru`` |a| uniform in [0.9, 0.999] on the ring, theta uniform in [0, 2 pi);
-    ``s4d_lin`` the ZOH discretisation exp(dt (-1/2 + i pi c)) with dt log-uniform in [1e-3, 1e-1].
+    ``s4d_lin`` the ZOH discretisation exp(dt (-1/2 + i pi c)) with dt log-uniform in [1e-3, 1e-1];
+    ``alibi`` |a_h| = exp(-2^(-8 (h + 1) / H)). Not ``learnable``: buffers, kept as initialised (or loaded).
     """
 
     def __init__(self, node, *, heads: int, d_qk: int, **_):
@@ -70,6 +71,9 @@ class FixedTransition(Transition):
             u = torch.rand(count, dtype=torch.float64)
             log_mag = 0.5 * torch.log(u * (r_max ** 2 - r_min ** 2) + r_min ** 2)
             theta = 2 * math.pi * torch.rand(count, dtype=torch.float64)
+        elif node.init == "alibi":  # the slopes as ALiBi (and MiniMax) compute them, base^(h + 1)
+            log_mag = -torch.pow(2.0 ** (-8.0 / heads), index + 1)
+            theta = torch.zeros(count, dtype=torch.float64)
         else:  # s4d_lin
             dt = torch.exp(torch.rand(count, dtype=torch.float64) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
             channel = index % max(self.width, 1) if self.per_channel else index
@@ -79,8 +83,13 @@ class FixedTransition(Transition):
             log_mag = torch.log(spread(node.magnitude_init, count))
         if node.phase_init is not None:
             theta = spread(node.phase_init, count)
-        self.nu = nn.Parameter(torch.log(-log_mag).float().view(heads, self.width))
-        self.theta = nn.Parameter(theta.float().view(heads, self.width)) if self.is_complex else None
+        nu, theta = torch.log(-log_mag).float().view(heads, self.width), theta.float().view(heads, self.width)
+        if node.learnable:
+            self.nu = nn.Parameter(nu)
+            self.theta = nn.Parameter(theta) if self.is_complex else None
+        else:
+            self.register_buffer("nu", nu)
+            self.register_buffer("theta", theta if self.is_complex else None)
 
     def forward(self, x: Tensor) -> Decay:
         B, L = x.shape[:2]

@@ -36,8 +36,8 @@ from attnspec.spec.convs import Conv, ConvComponent, NoConv, ShortConv, TokenShi
 from attnspec.spec.supports import (BlockSupport, LinearLowRank, LocalSupport, LowRank, LowRankComponent, LshSupport,
                                     PerformerLowRank, SparseComponent, SparseSupport, TopkSupport)
 from attnspec.spec.mixers.base import MixerComponent, Mode, OutputGate
-from attnspec.spec.mixers import (DeltaMixer, GatedConvMixer, LinearMixer, MambaMixer, Mixer, MlaMixer, NoMixer,
-                                  RglruMixer, ScatterbrainMixer, SoftmaxMixer)
+from attnspec.spec.mixers import (DeltaMixer, GatedConvMixer, LinearMixer, MambaMixer, Mixer, MlaMixer, MlstmMixer,
+                                  NoMixer, RglruMixer, ScatterbrainMixer, SoftmaxMixer)
 from attnspec.spec.channel import (ChannelMixer, ChannelMixerComponent, GluMlp, LayerNormNode, Mlp, NoMlp, NoNorm,
                                    Norm, NormComponent, RmsNormNode)
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
@@ -53,6 +53,16 @@ class Residuals(Node):
     """x + mlp(...)"""
 
 
+Scale = Annotated[float, Field(gt=0, le=1e4)]
+
+
+class SubLayerScales(Node):
+    """A multiplier for each of a block's two sub-layers (MiniMax's attention and MLP factors differ)."""
+
+    mixer: Scale = 1.0
+    mlp: Scale = 1.0
+
+
 class Block(Node):
     """One residual block: [norm] -> mixer -> [+x] -> [norm] -> mlp -> [+x]."""
 
@@ -62,22 +72,34 @@ class Block(Node):
     """`mlp` (the default kind), `glu` or `none`."""
     norm: Norm = Field(default_factory=lambda: LayerNormNode(kind="layernorm"))
     """`layernorm`, `rmsnorm` or `none`."""
-    norm_placement: Literal["pre", "post", "sandwich", "output"] = "pre"
+    norm_placement: Literal["pre", "post", "sandwich", "output", "normed_residual"] = "pre"
     """`pre`: x + f(norm(x)); `post`: norm(x + f(x)); `sandwich`: x + norm'(f(norm(x))), a second norm of
     its own on each sub-layer's output (Gemma 2 and 3); `output`: x + norm(f(x)), the sub-layer's output
-    normalised before the residual (OLMo 2)."""
+    normalised before the residual (OLMo 2); `normed_residual`: norm(x) + f(norm(x)), the skip carrying
+    the normalised input (MiniMax)."""
     residual: bool | Residuals = True
     """Skip connections around the mixer and the MLP: `true`, `false` (the rank-collapse study's pure
     attention network), or each sub-layer's own: `{mixer: false, mlp: true}`."""
-    residual_scale: Annotated[float, Field(gt=0, le=1e4)] = 1.0
-    """Multiplier on each sub-layer's output before it is added to the residual stream, x + s f(x)
-    (Granite's `residual_multiplier`)."""
+    residual_scale: Scale | SubLayerScales = 1.0
+    """Multiplier β on each sub-layer's output before it is added to the residual stream, x + β f(x)
+    (Granite's `residual_multiplier`); `{mixer: .., mlp: ..}` for each sub-layer its own."""
+    skip_scale: Scale | SubLayerScales = 1.0
+    """Multiplier α on the skip, α x + β f(x): with `post` placement DeepNorm's norm(α x + f(x)), with
+    `normed_residual` MiniMax's α norm(x) + β f(norm(x)); `{mixer: .., mlp: ..}` for each its own."""
 
     def residuals(self) -> tuple[bool, bool]:
         """(skip around the mixer, skip around the MLP)."""
         if isinstance(self.residual, Residuals):
             return self.residual.mixer, self.residual.mlp
         return self.residual, self.residual
+
+    def scales(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """((α, β) of the mixer's sub-layer, (α, β) of the MLP's): the skip's and the output's multipliers."""
+        def pair(value: float | SubLayerScales) -> tuple[float, float]:
+            return (value.mixer, value.mlp) if isinstance(value, SubLayerScales) else (value, value)
+
+        (skip_mixer, skip_mlp), (out_mixer, out_mlp) = pair(self.skip_scale), pair(self.residual_scale)
+        return (skip_mixer, out_mixer), (skip_mlp, out_mlp)
 
 
 def _layer_tag(value: Any) -> str:
@@ -208,7 +230,7 @@ class Spec(Node):
 
 
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MlaMixer, MambaMixer,
-          RglruMixer, GatedConvMixer, Residuals, Block, Group, Spec]
+          RglruMixer, MlstmMixer, GatedConvMixer, Residuals, SubLayerScales, Block, Group, Spec]
 """Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
 rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
@@ -221,10 +243,10 @@ __all__ = ["AlibiPosition", "AogluFeatures", "Block", "BlockSupport", "ChannelMi
            "FixedTransition", "GatedConvMixer", "GluFeatures", "GluMlp", "Group", "Head", "IdentityFeatures", "Init",
            "InitRange", "Input", "L2NormFeatures", "Layer", "LayerNormNode", "LearnedPosition", "LinearLowRank",
            "LinearMixer", "LmHead", "LocalSupport", "LowRank", "LowRankComponent", "LshSupport", "MODELS",
-           "MambaMixer", "MambaTransition", "Mixer", "MixerComponent", "MlaMixer", "Mlp", "Mode", "NoConv", "NoHead",
+           "MambaMixer", "MambaTransition", "Mixer", "MixerComponent", "MlaMixer", "MlstmMixer", "Mlp", "Mode", "NoConv", "NoHead",
            "NoMixer", "NoMlp", "NoNorm", "NoPosition", "NoReweighting", "NoTransition", "Node", "NonNegativeFloat",
            "Norm", "NormComponent", "OgluFeatures", "OutputGate", "PerformerFeatures", "PerformerLowRank",
-           "PhaseRange", "Position", "PositionComponent", "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting",
+           "PhaseRange", "Position", "PositionComponent", "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting", "SubLayerScales",
            "ReweightingComponent", "RglruMixer", "RmsNormNode", "RotaryPosition", "ScatterbrainMixer", "Seed",
            "ShortConv", "SiluFeatures", "SinusoidalPosition", "SoftmaxMixer", "SoftplusFeatures",
            "SoftplusLinearFeatures", "SparseComponent", "SparseSupport", "Spec", "TokenInput", "TokenShift",

@@ -65,9 +65,11 @@ class FixedTransition(TransitionComponent):
     """A learnable but input-independent diagonal transition (RetNet, LRU, S4D-Lin)."""
 
     kind: Literal["fixed"]
-    init: Literal["retnet", "lru", "s4d_lin"] = "retnet"
+    init: Literal["retnet", "lru", "s4d_lin", "alibi"] = "retnet"
     """`retnet`: |a| = 1 - 2^(-5-i); `lru`: |a| = exp(-exp(nu)) uniform in [0.9, 0.999];
-    `s4d_lin`: ZOH discretisation of -1/2 + i pi k with a log-uniform step in [1e-3, 1e-1]."""
+    `s4d_lin`: ZOH discretisation of -1/2 + i pi k with a log-uniform step in [1e-3, 1e-1];
+    `alibi`: |a_h| = exp(-m_h) with ALiBi's slopes m_h = 2^(-8 (h + 1) / H) (MiniMax's lightning
+    attention), one per head."""
     complex: bool = False
     """Complex transition (magnitude and phase) or real (magnitude only)."""
     per: Literal["head", "channel"] = "head"
@@ -76,6 +78,8 @@ class FixedTransition(TransitionComponent):
     """Override the recipe's magnitudes: |a| of channel c of C is lo + (hi - lo) c / (C - 1)."""
     phase_init: PhaseRange | None = None
     """Override the recipe's phases (complex only): theta of channel c spread the same way over [lo, hi]."""
+    learnable: bool = True
+    """Train the transition (a parameter), or keep it as initialised (a buffer: MiniMax's decays)."""
 
     @property
     def is_complex(self) -> bool:
@@ -83,6 +87,9 @@ class FixedTransition(TransitionComponent):
 
     def problems(self) -> Iterator[tuple[tuple, str]]:
         yield from _range_problems(self.magnitude_init, self.phase_init, self.is_complex)
+        if self.init == "alibi" and (self.per_channel or self.complex):
+            yield ("init",), ("`alibi` gives one real decay per head (ALiBi's slopes); use `per: head` and "
+                              "`complex: false`, or another init")
 
     @property
     def per_channel(self) -> bool:

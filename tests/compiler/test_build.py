@@ -330,11 +330,18 @@ FAMILIES = {
          "norm": "rmsnorm"},
         {"mixer": {"kind": "delta", "heads": 2, "group_norm": True, "output_gate": "sigmoid", "gate_rank": 3,
                    "transition": {"kind": "mamba", "per": "channel", "rank": 4, "shared_a": True}},
-         "mlp": "none", "norm": "rmsnorm"}],
+         "mlp": "none", "norm": "rmsnorm"},
+        {"mixer": {"kind": "linear", "heads": 2, "feature_map": "silu", "value_activation": "silu",
+                   "normalize": False, "transition": {"kind": "fixed", "init": "alibi", "learnable": False},
+                   "group_norm": True, "norm_span": "full", "output_gate": "sigmoid"},
+         "mlp": "none", "norm": "rmsnorm", "norm_placement": "normed_residual", "skip_scale": 0.5,
+         "residual_scale": 1.5},
+        {"mixer": {"kind": "mlstm", "heads": 2, "d_qk": 8, "d_v": 12}, "mlp": "none", "norm": "rmsnorm"}],
     "final_norm": "rmsnorm"}
 """Every part the released models brought, in one spec: latent attention, the RG-LRU, a block without a
 mixer holding grouped experts, the gated convolution, Mamba-1, QK-norm over the whole width, KDA's shared
-A and low-rank gate, sandwich and output norm placements."""
+A and low-rank gate, MiniMax's lightning attention, xLSTM's mLSTM, sandwich, output and normed-residual
+placements."""
 
 
 @pytest.mark.slow  # one build with its compile check and exports (about a minute on 2 cores)

@@ -49,6 +49,11 @@ def test_parameter_count_of_trainable_kernels_and_gates():
                "position": "rope", "qkv_bias": True}, "norm_placement": "sandwich"},
     {"mixer": "none", "mlp": {"kind": "moe", "experts": 4, "hidden": 6, "shared": 2, "shared_gate": True}},
     {"mixer": {"kind": "rglru", "heads": 2, "width": 12, "qkv_bias": True}},
+    {"mixer": {"kind": "mlstm", "heads": 2, "d_qk": 4, "d_v": 6, "qkv_bias": True,
+               "conv": {"kind": "short", "projections": ["q", "k"]}}},
+    {"mixer": {"kind": "linear", "heads": 2, "feature_map": "silu", "value_activation": "silu", "normalize": False,
+               "transition": {"kind": "fixed", "init": "alibi", "learnable": False}, "group_norm": True,
+               "norm_span": "full", "output_gate": "sigmoid"}, "norm_placement": "normed_residual"},
     {"mixer": {"kind": "delta", "heads": 2, "transition": {"kind": "mamba", "per": "channel", "rank": 4,
                                                            "shared_a": True},
                "group_norm": True, "output_gate": "sigmoid", "gate_rank": 3}},
@@ -167,8 +172,8 @@ def _mixer_parameters(mixer, d: int) -> int:
     transition = getattr(mixer, "transition", None)
     if transition is not None and transition.kind != "none":
         width = H * (dk if transition.per == "channel" else 1)
-        if transition.kind == "fixed":
-            total += width * (2 if transition.complex else 1)
+        if transition.kind == "fixed":  # nu (and theta), unless kept as buffers
+            total += width * (2 if transition.complex else 1) * transition.learnable
         elif transition.kind == "mamba":  # W_Δ (full or low rank), A_log (one per head with shared_a), dt_bias
             total += (d * width if transition.rank is None else transition.rank * (d + width)) + width
             total += H if transition.shared_a else width
@@ -188,4 +193,6 @@ def _mixer_parameters(mixer, d: int) -> int:
         total += sum(channels[name] for name in mixer.conv.projections) * (mixer.conv.width + mixer.conv.bias)
     if mixer.kind == "delta":  # W_beta
         total += d * H
+    if mixer.kind == "mlstm":  # the input and forget gates, a weight row and a bias per head each
+        total += 2 * (d * H + H)
     return total

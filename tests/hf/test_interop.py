@@ -877,3 +877,75 @@ def test_deepseek_v3_leaves_the_multi_token_prediction_layer_unread_as_transform
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(InteropError, match="stray"):
         _imported(tmp_path, "deepseek_v3")
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_minimax_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path, window):
+    """MiniMax: lightning attention (blocks of 4 in transformers' loop, a partial last one) and GQA softmax
+    attention, experts in every layer, and α, β factors of every kind of sub-layer apart from 1. With a
+    window, transformers' cached `generate` departs from its own model's greedy choice from the second new
+    token (its decoding masks the window otherwise than its forward), so there the import's generation is
+    held to transformers' model run over each whole prefix."""
+    from transformers import MiniMaxConfig, MiniMaxForCausalLM
+
+    config = MiniMaxConfig(**{**SMALL, "num_hidden_layers": 3, "intermediate_size": 24}, head_dim=8,
+                           num_local_experts=4, num_experts_per_tok=2, block_size=4, sliding_window=window,
+                           layer_types=["linear_attention", "full_attention", "linear_attention"],
+                           full_attn_alpha_factor=0.9, full_attn_beta_factor=1.3, linear_attn_alpha_factor=1.1,
+                           linear_attn_beta_factor=0.7, mlp_alpha_factor=0.8, mlp_beta_factor=1.2)
+    reference = _perturbed(lambda: MiniMaxForCausalLM(config))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "minimax", EVERY_MODE, generate=window is None)
+    blocks = spec_blocks(spec)
+    assert [b.mixer.kind for b in blocks] == ["linear", "softmax", "linear"]
+    assert blocks[0].scales() == ((1.1, 0.7), (0.8, 1.2)) and blocks[0].norm_placement == "normed_residual"
+    if window is not None:
+        model, prompt = _imported(tmp_path / "checkpoint", "minimax"), _tokens(length=9)
+        with torch.no_grad():
+            expected = prompt
+            for _ in range(NEW_TOKENS):
+                expected = torch.cat([expected, reference(expected).logits[:, -1:].argmax(-1)], dim=1)
+        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), expected)
+
+
+def test_a_minimax_slope_that_is_not_positive_is_refused_by_name(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import MiniMaxConfig, MiniMaxForCausalLM
+
+    config = MiniMaxConfig(**{**SMALL, "intermediate_size": 24}, num_local_experts=2, num_experts_per_tok=1,
+                           layer_types=["linear_attention", "full_attention"])
+    _perturbed(lambda: MiniMaxForCausalLM(config)).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.0.self_attn.slope_rate"][1] = 0.0
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    spec = spec_from_checkpoint(tmp_path)[1]
+    with pytest.raises(InteropError, match="slope_rate must be positive"):
+        convert_weights(spec, tmp_path, "minimax")
+
+
+def test_xlstm_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path):
+    """xLSTM (7B's architecture): mLSTM blocks with keys narrower than values, transformers' chunks of 8 and a
+    sequential tail, a GLU rounded up to a multiple, soft-capped logits. The widths are multiples of 64:
+    transformers sizes its decoding cache by hidden_size * factor rounded up to 64 but its layers by the
+    product itself, so only such widths decode there."""
+    from transformers import xLSTMConfig, xLSTMForCausalLM
+
+    config = xLSTMConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=4, qk_dim_factor=1.0,
+                         v_dim_factor=2.0, chunk_size=8, output_logit_soft_cap=5.0, ffn_round_up_to_multiple_of=16,
+                         max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    spec = _holds_to(_perturbed(lambda: xLSTMForCausalLM(config)), tmp_path / "checkpoint", "xlstm", EVERY_MODE)
+    mixer = spec_blocks(spec)[0].mixer
+    assert (mixer.kind, mixer.d_qk, mixer.d_v, spec.head.softcap) == ("mlstm", 16, 32, 5.0)
+
+
+@pytest.mark.parametrize("change, words", [({"weight_mode": "fused"}, "weight_mode"),
+                                           ({"gate_soft_cap": None}, "gate_soft_cap"),
+                                           ({"use_bias": True}, "use_bias")])
+def test_an_xlstm_config_attnspec_cannot_hold_is_refused_by_field(tmp_path, change, words):
+    import json
+
+    from transformers import xLSTMConfig
+
+    config = xLSTMConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_heads=4).to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(InteropError, match=words):
+        spec_from_checkpoint(tmp_path)

@@ -1,14 +1,17 @@
 """The model-level parts released configs use (issue 36): an embedding multiplier (Gemma's sqrt(d),
 Granite's `embedding_multiplier`), a residual multiplier on every sub-layer (Granite's
-`residual_multiplier`) and a logit soft-cap (Gemma 2's `final_logit_softcapping`), each held to the
-same model written another way, in float64, and through decoding."""
+`residual_multiplier`), a logit soft-cap (Gemma 2's `final_logit_softcapping`), norm placements and skip
+scales (Gemma 3's sandwich, MiniMax's normalised skip, DeepNorm) and MiniMax's lightning attention, each held
+to the same model written another way, in float64, and through decoding."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from attnspec.errors import SpecError
 from attnspec.nn.model import build_model_from_spec
 from attnspec.spec import load_spec
 
@@ -24,6 +27,15 @@ TOKENS = torch.randint(0, 32, (2, 11), generator=torch.Generator().manual_seed(0
 def _model(*overrides: str):
     torch.manual_seed(0)
     return build_model_from_spec(load_spec(BASE, list(overrides))).eval()
+
+
+def _decodes_as_it_computes(model, prompt: int = 4) -> None:
+    """A prefill of ``prompt`` tokens then one step per token gives the full forward's logits."""
+    full = model(TOKENS)
+    logits, *state = model.prefill(TOKENS[:, :prompt])
+    for t in range(prompt, TOKENS.shape[1]):
+        logits, *state = model.step(TOKENS[:, t], *state)
+        assert torch.allclose(logits, full[:, t], rtol=1e-10, atol=1e-10)
 
 
 def test_an_embedding_multiplier_is_a_scaled_embedding_table():
@@ -75,18 +87,10 @@ def test_a_block_without_a_mixer_is_its_mlp_alone_and_decodes():
         mlp = block.mlp
         by_hand = h + mlp.down(torch.relu(mlp.up(block.norm2(h))) ** 2)
         assert torch.allclose(model.blocks[1](h), by_hand, rtol=1e-12, atol=1e-12)
-        full = model(TOKENS)
-        logits, *state = model.prefill(TOKENS[:, :5])
-        for t in range(5, TOKENS.shape[1]):
-            logits, *state = model.step(TOKENS[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=1e-10, atol=1e-10)
+        _decodes_as_it_computes(model, 5)
 
 
 def test_a_block_with_neither_a_mixer_nor_an_mlp_and_fields_on_no_mixer_are_located_errors():
-    import pytest
-
-    from attnspec.errors import SpecError
-
     for override, words in (("layers[0].layers[0].mixer=none", "neither a mixer nor an MLP"),
                             ("layers[0].layers[0].mixer={kind: none, heads: 2}", "has no `heads`")):
         with pytest.raises(SpecError, match=words):
@@ -106,8 +110,73 @@ def test_sandwich_norms_normalise_each_sub_layer_before_and_after_it():
         h = x + block.post_norm1(block.mixer(block.norm1(x)))
         by_hand = h + block.post_norm2(block.mlp(block.norm2(h)))
         assert torch.allclose(block(x), by_hand, rtol=1e-12, atol=1e-12)
-        full = model(TOKENS)
-        logits, *state = model.prefill(TOKENS[:, :4])
-        for t in range(4, TOKENS.shape[1]):
-            logits, *state = model.step(TOKENS[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=1e-10, atol=1e-10)
+        _decodes_as_it_computes(model)
+
+
+def test_a_normed_residual_with_skip_and_output_scales_is_minimax_s_block():
+    """`norm_placement: normed_residual` with α and β of each sub-layer (MiniMax's factors):
+    h = α norm(x) + β f(norm(x)), the skip carrying the normalised input; held to the block by hand."""
+    model = _model("blocks[*].norm_placement=normed_residual", "blocks[*].skip_scale={mixer: 0.5, mlp: 1.5}",
+                   "blocks[*].residual_scale={mixer: 2.0, mlp: 0.25}")
+    block = model.blocks[0]
+    with torch.no_grad():
+        x = model.embed(TOKENS)
+        n = block.norm1(x)
+        h = 0.5 * n + 2.0 * block.mixer(n)
+        n = block.norm2(h)
+        by_hand = 1.5 * n + 0.25 * block.mlp(n)
+        assert torch.allclose(block(x), by_hand, rtol=1e-12, atol=1e-12)
+        _decodes_as_it_computes(model)
+
+
+def test_a_skip_scale_after_a_post_norm_is_deepnorm():
+    """`norm_placement: post` with `skip_scale: α` is DeepNorm's norm(α x + f(x))."""
+    model = _model("blocks[*].norm_placement=post", "blocks[*].skip_scale=3.0")
+    block = model.blocks[0]
+    with torch.no_grad():
+        x = model.embed(TOKENS)
+        h = block.norm1(3.0 * x + block.mixer(x))
+        by_hand = block.norm2(3.0 * h + block.mlp(h))
+        assert torch.allclose(block(x), by_hand, rtol=1e-12, atol=1e-12)
+        _decodes_as_it_computes(model)
+
+
+def test_lightning_attention_is_silu_linear_attention_with_alibi_decays_and_a_full_width_norm():
+    """MiniMax's lightning attention in the linear family: SiLU on q, k and v, a fixed decay per head
+    exp(-m_h) with ALiBi's slopes m_h = 2^(-8 (h + 1) / H) kept as a buffer, no normaliser, an RMSNorm over
+    the whole output width, a sigmoid gate; held to its recurrence written out in float64, in every mode."""
+    mixer = ("blocks[*].mixer={kind: linear, heads: 4, feature_map: silu, value_activation: silu, normalize: false, "
+             "transition: {kind: fixed, init: alibi, learnable: false}, group_norm: true, norm_span: full, "
+             "output_gate: sigmoid}")
+    model = _model(mixer)
+    layer = model.blocks[0].mixer
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / 4) for h in range(4)], dtype=torch.float64)
+    assert torch.allclose(torch.exp(layer.transition.nu.double()).view(4), slopes, rtol=1e-6)
+    assert "transition.nu" not in dict(layer.named_parameters()) and "transition.nu" in layer.state_dict()
+    with torch.no_grad():
+        layer.norm_weight.copy_(torch.linspace(0.5, 2.0, layer.norm_weight.shape[0]))
+        x = torch.randn(2, 11, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        F = torch.nn.functional
+        q, k, v = (F.silu(p(x)).view(2, 11, 4, 4) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
+        decay = torch.exp(-torch.exp(layer.transition.nu.double().view(4)))
+        state, outputs = torch.zeros(2, 4, 4, 4, dtype=torch.float64), []
+        for t in range(11):
+            state = decay.view(1, 4, 1, 1) * state + k[:, t, :, :, None] * v[:, t, :, None, :]
+            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state).reshape(2, 16))
+        o = torch.stack(outputs, 1)
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6) * layer.norm_weight
+        by_hand = layer.out_proj(o * torch.sigmoid(layer.gate(x)))
+        for mode in layer.modes:
+            assert torch.allclose(layer(x, mode), by_hand, rtol=1e-10, atol=1e-12), mode
+        _decodes_as_it_computes(model)
+
+
+def test_lightning_attention_s_parts_refuse_what_they_cannot_be():
+    for override, words in (("blocks[*].mixer={kind: linear, heads: 2, norm_span: full}", "norm_span"),
+                            ("blocks[*].mixer={kind: linear, heads: 2, feature_map: exp, value_activation: silu}",
+                             "value_activation"),
+                            ("blocks[*].mixer={kind: linear, heads: 2, transition: {kind: fixed, init: alibi, "
+                             "per: channel}}", "alibi"),
+                            ("blocks[*].mixer={kind: mamba, norm_span: full}", "norm_span")):
+        with pytest.raises(SpecError, match=words):
+            _model(override)

@@ -5,6 +5,7 @@ for exp features, computed and decoded as softmax attention with a key/value cac
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attnspec.nn.mixers.base import autocast_dtype
@@ -27,6 +28,7 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
         self.reweighting = build("reweighting", node.reweighting)
         self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
         self.normalize, self.eps = node.normalize, node.eps
+        self.value_activation = node.value_activation
         self.state_width = node.feature_map.width(self.d_qk) * node.reweighting.width_factor
 
     # -- shared by forward and step
@@ -34,6 +36,8 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
         """q~, k~ (B, H, L, m), v (B, H, L, Dv), Decay or None, the per-query log scale of the kernel
         (B, H, L) or None, and the convolutions' new state, for positions offset .. offset+L-1."""
         q, k, v, conv_state = self._project(x, offset, conv_state)
+        if self.value_activation == "silu":
+            v = F.silu(v)
         q, log_scale = self.features(q, True)
         k, _ = self.features(k, False)
         if log_scale is not None and not self.normalize:  # the un-normalised estimate needs its true scale

@@ -57,6 +57,8 @@ class ProjectedMixer(Mixer):
         norm_width = self.d_v if node.shared_norm_weight else self.heads * self.d_v
         self.norm_weight = nn.Parameter(torch.ones(norm_width)) if node.group_norm else None
         self.norm_eps, self.gate_before_norm = node.norm_eps, node.gate_before_norm
+        self.norm_full = node.norm_span == "full"  # the RMS over every head's channels together (MiniMax)
+        self.norm_center = node.norm_center  # a LayerNorm: the mean subtracted first (xLSTM)
         self.D = nn.Parameter(torch.ones(self.heads)) if node.skip else None  # Mamba2's skip, D v_t
         with torch.no_grad():  # `init_scale` multiplies PyTorch's default initialisation
             for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, self.gate, self.gate_down):
@@ -123,16 +125,18 @@ class ProjectedMixer(Mixer):
         return Decay(full_precision(decay.log_mag), None if decay.phase is None else full_precision(decay.phase))
 
     def _output(self, o: Tensor, x: Tensor, v: Tensor | None = None) -> Tensor:
-        """The output stages: D skip (needs the values ``v``), per-head RMS norm, merge heads, output gate
-        (or the gate then a norm per q/k group: ``gate_before_norm``), output projection:
-        o, v (B, H, L, Dv), x (B, L, d_model) -> (B, L, d_model)."""
+        """The output stages: D skip (needs the values ``v``), per-head RMS norm (or one over the whole
+        width: ``norm_span: full``), merge heads, output gate (or the gate then a norm per q/k group:
+        ``gate_before_norm``), output projection: o, v (B, H, L, Dv), x (B, L, d_model) -> (B, L, d_model)."""
         if self.D is not None:
             o = o + self.D.to(o.dtype).view(1, -1, 1, 1) * v
         normalize_heads = self.norm_weight is not None and not self.gate_before_norm
-        if normalize_heads:
-            o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+        if normalize_heads and not self.norm_full:
+            o = self._rms_normalized(o)
         B, H, L, Dv = o.shape
         o = o.transpose(1, 2).reshape(B, L, H * Dv)
+        if normalize_heads and self.norm_full:
+            o = self._rms_normalized(o)
         if normalize_heads:  # a shared weight (Dv,) repeats over the heads
             o = o * (self.norm_weight if self.norm_weight.shape[0] == H * Dv else self.norm_weight.repeat(H))
         if self.gate is not None:
@@ -143,6 +147,12 @@ class ProjectedMixer(Mixer):
             o = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.norm_eps)).view(B, L, H * Dv)
             o = o * self.norm_weight
         return self.out_proj(o)
+
+    def _rms_normalized(self, o: Tensor) -> Tensor:
+        """The output norm without its weight over the last axis: RMS, or with ``norm_center`` LayerNorm's."""
+        if self.norm_center:
+            o = o - o.mean(-1, keepdim=True)
+        return o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.norm_eps)
 
     def _expand(self, t: Tensor) -> Tensor:
         """Shared heads (B, heads, ...) repeated to (B, H, ...) (see :meth:`_heads`)."""

@@ -1,5 +1,6 @@
 """The mixer families, one module each (:mod:`.linear`, :mod:`.softmax`, :mod:`.scatterbrain`,
-:mod:`.delta`, :mod:`.mla`, :mod:`.mamba`, :mod:`.rglru`, :mod:`.conv`, and :mod:`.none`, no mixer) on
+:mod:`.delta`, :mod:`.mla`, :mod:`.mamba`, :mod:`.rglru`, :mod:`.mlstm`, :mod:`.conv`, and :mod:`.none`, no
+mixer) on
 :class:`~attnspec.spec.mixers.base.MixerComponent`; the ``mixer`` slot lists them in this order (a
 plugin family registers into it)."""
 
@@ -10,10 +11,11 @@ from attnspec.spec.mixers.delta import DeltaMixer
 from attnspec.spec.mixers.linear import LinearMixer
 from attnspec.spec.mixers.mamba import MambaMixer
 from attnspec.spec.mixers.mla import MlaMixer
+from attnspec.spec.mixers.mlstm import MlstmMixer
 from attnspec.spec.mixers.rglru import RglruMixer
 from attnspec.spec.mixers.none import NoMixer
 from attnspec.spec.mixers.scatterbrain import ScatterbrainMixer
 from attnspec.spec.mixers.softmax import SoftmaxMixer
 
 Mixer = declare("mixer", LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MlaMixer, MambaMixer,
-                RglruMixer, GatedConvMixer, NoMixer, base=MixerComponent)
+                RglruMixer, MlstmMixer, GatedConvMixer, NoMixer, base=MixerComponent)

@@ -57,6 +57,12 @@ class MixerComponent(Component):
     """A low-rank output gate W_g = W_b W_a of this inner width (Kimi Linear's g_a, g_b); unset: full rank."""
     group_norm: bool = False
     """Per-head normalisation (RMS) of the mixer output, as in RetNet/GateLoop."""
+    norm_span: Literal["head", "full"] = "head"
+    """What the output norm (`group_norm`) takes the RMS over: each head's channels, or the whole output,
+    every head together (MiniMax's lightning attention), before the output gate."""
+    norm_center: bool = False
+    """Subtract the mean before the output norm's RMS: a LayerNorm per head (or over the whole output with
+    `norm_span: full`) rather than an RMSNorm (xLSTM's multi-head LayerNorm)."""
     position: Position | None = None
     """Position scheme of this mixer: `rope`, `alibi` or `none`; unset, the model's `position` applies
     when it acts on q/k or as a decay (resolved specs state it)."""
@@ -235,6 +241,12 @@ class MixerComponent(Component):
         if self.shared_norm_weight and (not self.group_norm or self.gate_before_norm):
             yield ("shared_norm_weight",), ("a shared norm weight is the per-head output norm's: it needs "
                                             "`group_norm: true` without `gate_before_norm`")
+        if self.norm_center and (not self.group_norm or self.gate_before_norm):
+            yield ("norm_center",), ("centring is the output norm's (`group_norm: true`), before the gate: remove "
+                                     "`gate_before_norm`")
+        if self.norm_span == "full" and (not self.group_norm or self.gate_before_norm or self.shared_norm_weight):
+            yield ("norm_span",), ("a norm over the whole output is the output norm's (`group_norm: true`) with a "
+                                   "weight per channel: remove `gate_before_norm` and `shared_norm_weight`")
 
     def _single_stream_problems(self) -> Iterator[tuple[tuple, str]]:
         what = self.single_stream

@@ -26,6 +26,9 @@ class LinearMixer(MixerComponent):
     """Divide by the same recurrence run on k~ alone (needs a non-negative feature map)."""
     eps: PositiveFloat = 1e-6
     """Lower clamp of the normaliser."""
+    value_activation: Literal["none", "silu"] = "none"
+    """An activation of the values, after their projection and convolution (MiniMax's SiLU on q, k and v:
+    `feature_map: silu` with `value_activation: silu`)."""
 
     def modes(self) -> tuple[str, ...]:
         return ("chunk", "recurrent", "scan", "quadratic") if self.feature_map.finite else ("quadratic",)
@@ -83,6 +86,9 @@ class LinearMixer(MixerComponent):
             if not self.normalize:
                 yield ("normalize",), ("exp features are the softmax kernel and are computed as softmax attention, "
                                        "which is normalised; set `normalize: true` (or use performer features)")
+            if self.value_activation != "none":
+                yield ("value_activation",), ("exp features are computed as softmax attention over the projected "
+                                              "values; remove value_activation (or use a finite feature map)")
             if self.reweighting.width_factor != 1:
                 yield ("reweighting",), (f"{self.reweighting.kind} re-weighting needs finite features; with exp "
                                          "features use `reweighting: none`, or relu/performer features")

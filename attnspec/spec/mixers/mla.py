@@ -27,7 +27,8 @@ class MlaMixer(MixerComponent):
 
     kind: Literal["mla"]
     not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "output_gate", "group_norm",
-                                                 "gate_before_norm", "shared_norm_weight", "skip", "conv")
+                                                 "norm_span", "norm_center", "gate_before_norm", "shared_norm_weight",
+                                                 "skip", "conv")
     kv_rank: Count(limits.MAX_D_MODEL)
     """Width of the latent c_t (`kv_lora_rank`)."""
     q_rank: Count(limits.MAX_D_MODEL) | None = None

@@ -147,6 +147,10 @@ def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, 
         if link.log and not all(torch.isfinite(part).all() for part in parts):  # the log of a rate <= 0
             raise InteropError(f"{checkpoint}: tensor {link.theirs} must be positive (attnspec holds its log)")
         ours.update(zip(link.ours, parts))
+    scales = ARCHITECTURES[model_type].weight_scales(spec, Config(read_config(checkpoint), str(checkpoint)))
+    for name, scale in scales.items():  # μP multipliers folded into the weights they multiply
+        if name in ours and scale != 1.0:
+            ours[name] = ours[name] * scale
     if set(ours) != set(shapes):  # every tensor of the model comes from the checkpoint: a mapping bug otherwise
         raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(shapes) - set(ours))[:3]} unset")
     return ours

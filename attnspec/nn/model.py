@@ -356,7 +356,7 @@ def initialise(model: Model, init) -> None:
             _draw_projections(block.mlp.projections() if block.mlp is not None else [], init.projection_std,
                               init.distribution)
         if init.residual_scaling:  # GPT-2: the residual stream's variance stays O(1) over 2 * blocks sums
-            writers = [block.mixer.out_proj.weight] if block.norm1 is not None else []  # `mixer: none` writes nothing
+            writers = block.mixer.residual_writers() if block.norm1 is not None else []  # `mixer: none`: nothing
             writers += block.mlp.residual_writers() if block.mlp is not None else []
             with torch.no_grad():
                 for weight in writers:

@@ -40,6 +40,7 @@ BASES: dict[str, type] = {}
 _MODELS: list[type] = []
 """Every model whose fields hold components, leaves first: the order :func:`register` rebuilds them in."""
 _FIELDS: list[tuple[type, str, str]] = []
+_LIST_FIELDS: list[tuple[type, str, str]] = []
 """(IR model, field name, slot) for every field whose type is a slot union."""
 _DECLARED: list[tuple[Any, str]] = []
 """(union, slot) for every union :func:`declare` returned."""
@@ -127,6 +128,22 @@ def slot_field(model: type, name: str, slot: str) -> None:
     _FIELDS.append((model, name, slot))
 
 
+def slot_list_field(model: type, name: str, slot: str) -> None:
+    """Make ``model.name`` a list of ``slot``'s components (its length limits kept: a parallel mixer's
+    branches) and record it, so a plugin's kind is accepted in the list too."""
+    _LIST_FIELDS.append((model, name, slot))
+    _set_list_field(model, name, slot)
+    model.model_rebuild(force=True)
+
+
+def _set_list_field(model: type, name: str, slot: str) -> None:
+    from pydantic.fields import FieldInfo
+
+    old = model.model_fields[name]
+    model.model_fields[name] = FieldInfo.from_annotated_attribute(
+        Annotated[list[union(slot)], *old.metadata], Field(description=old.description))
+
+
 def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
     """Add the IR class ``cls`` to ``slot`` (a plugin's component) and rebuild the IR around it.
 
@@ -160,6 +177,9 @@ def register(slot: str, cls: type[BaseModel]) -> type[BaseModel]:
             model.model_fields[name] = FieldInfo.from_annotated_attribute(
                 union(slot), Field(default_factory=old.default_factory, description=old.description)
                 if old.default_factory is not None else Field(description=old.description))
+    for model, name, field_slot in _LIST_FIELDS:
+        if field_slot == slot:
+            _set_list_field(model, name, slot)
     others = [model for model, _, _ in _FIELDS if model not in _MODELS]  # outside the spec (training configs)
     for model in [*_MODELS, *dict.fromkeys(others)]:  # leaves first, so every parent embeds the rebuilt children
         model.model_rebuild(force=True)

@@ -37,7 +37,7 @@ from attnspec.spec.supports import (BlockSupport, LinearLowRank, LocalSupport, L
                                     PerformerLowRank, SparseComponent, SparseSupport, TopkSupport)
 from attnspec.spec.mixers.base import MixerComponent, Mode, OutputGate
 from attnspec.spec.mixers import (DeltaMixer, GatedConvMixer, LinearMixer, MambaMixer, Mixer, MlaMixer, MlstmMixer,
-                                  NoMixer, RglruMixer, ScatterbrainMixer, SoftmaxMixer)
+                                  NoMixer, ParallelMixer, RglruMixer, ScatterbrainMixer, SoftmaxMixer)
 from attnspec.spec.channel import (ChannelMixer, ChannelMixerComponent, GluMlp, LayerNormNode, Mlp, NoMlp, NoNorm,
                                    Norm, NormComponent, RmsNormNode)
 from attnspec.spec.walk import iter_blocks  # noqa: F401  (part of the IR's API)
@@ -230,7 +230,7 @@ class Spec(Node):
 
 
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MlaMixer, MambaMixer,
-          RglruMixer, MlstmMixer, GatedConvMixer, Residuals, SubLayerScales, Block, Group, Spec]
+          RglruMixer, MlstmMixer, GatedConvMixer, ParallelMixer, Residuals, SubLayerScales, Block, Group, Spec]
 """Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
 rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
@@ -243,7 +243,7 @@ __all__ = ["AlibiPosition", "AogluFeatures", "Block", "BlockSupport", "ChannelMi
            "FixedTransition", "GatedConvMixer", "GluFeatures", "GluMlp", "Group", "Head", "IdentityFeatures", "Init",
            "InitRange", "Input", "L2NormFeatures", "Layer", "LayerNormNode", "LearnedPosition", "LinearLowRank",
            "LinearMixer", "LmHead", "LocalSupport", "LowRank", "LowRankComponent", "LshSupport", "MODELS",
-           "MambaMixer", "MambaTransition", "Mixer", "MixerComponent", "MlaMixer", "MlstmMixer", "Mlp", "Mode", "NoConv", "NoHead",
+           "MambaMixer", "MambaTransition", "Mixer", "MixerComponent", "MlaMixer", "MlstmMixer", "ParallelMixer", "Mlp", "Mode", "NoConv", "NoHead",
            "NoMixer", "NoMlp", "NoNorm", "NoPosition", "NoReweighting", "NoTransition", "Node", "NonNegativeFloat",
            "Norm", "NormComponent", "OgluFeatures", "OutputGate", "PerformerFeatures", "PerformerLowRank",
            "PhaseRange", "Position", "PositionComponent", "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting", "SubLayerScales",

@@ -25,10 +25,14 @@ def resolve(spec: Spec) -> Spec:
 def _resolve_layer(spec: Spec, item: Block | Group) -> Block | Group:
     if isinstance(item, Group):
         return item.model_copy(update={"layers": [_resolve_layer(spec, sub) for sub in item.layers]})
-    mixer = item.mixer
+    return item.model_copy(update={"mixer": _resolve_mixer(spec, item.mixer)})
+
+
+def _resolve_mixer(spec: Spec, mixer):
     update = dict(mixer.resolved_widths(spec.d_model))
     d_qk = update.get("d_qk", mixer.d_qk)
     update["scale"] = mixer.scale or (d_qk ** -0.5 if mixer.softmax_temperature else 1.0)
     update.update(mixer.resolved_parts(d_qk=d_qk, max_len=spec.max_len))
     update["position"] = mixer.resolved_position(spec.position)
-    return item.model_copy(update={"mixer": mixer.model_copy(update=update)})
+    update.update(mixer.resolved_sub_mixers(lambda sub: _resolve_mixer(spec, sub)))  # a parallel mixer's branches
+    return mixer.model_copy(update=update)

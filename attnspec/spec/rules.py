@@ -47,6 +47,15 @@ def _is_power_of_two(n: int) -> bool:
 def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
     mixer = block.mixer
     at = path + ("mixer",)
+    yield from _mixer_rules(spec, mixer, at)
+    if mixer.is_identity and block.mlp.is_identity:
+        yield at, "a block with neither a mixer nor an MLP computes nothing: give it one, or remove the block"
+    for below, message in block.mlp.problems():
+        yield path + ("mlp",) + below, message
+
+
+def _mixer_rules(spec: Spec, mixer, at: Path) -> Iterator[Violation]:
+    """A mixer's rules at ``at``, then those of the mixers it holds (a parallel mixer's branches)."""
     widths = mixer.resolved_widths(spec.d_model)
     if widths is None:
         yield at + ("heads",), (f"d_model = {spec.d_model} is not divisible by heads = {mixer.heads}, so d_qk/d_v "
@@ -56,7 +65,5 @@ def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
     d_qk = (widths or {}).get("d_qk", mixer.d_qk)
     for below, message in mixer.problems(max_len=spec.max_len, d_qk=d_qk):
         yield at + below, message
-    if mixer.is_identity and block.mlp.is_identity:
-        yield at, "a block with neither a mixer nor an MLP computes nothing: give it one, or remove the block"
-    for below, message in block.mlp.problems():
-        yield path + ("mlp",) + below, message
+    for below, sub in mixer.sub_mixers():
+        yield from _mixer_rules(spec, sub, at + below)

@@ -336,12 +336,17 @@ FAMILIES = {
                    "group_norm": True, "norm_span": "full", "output_gate": "sigmoid"},
          "mlp": "none", "norm": "rmsnorm", "norm_placement": "normed_residual", "skip_scale": 0.5,
          "residual_scale": 1.5},
-        {"mixer": {"kind": "mlstm", "heads": 2, "d_qk": 8, "d_v": 12}, "mlp": "none", "norm": "rmsnorm"}],
+        {"mixer": {"kind": "mlstm", "heads": 2, "d_qk": 8, "d_v": 12}, "mlp": "none", "norm": "rmsnorm"},
+        {"mixer": {"kind": "parallel", "weights": [0.5, 1.5], "branches": [
+            {"kind": "linear", "heads": 4, "d_qk": 4, "d_v": 8, "qk_groups": 2, "feature_map": "identity",
+             "normalize": False, "transition": {"kind": "mamba", "scale_input": True}, "skip": True,
+             "group_norm": True, "norm_span": "group", "output_gate": "swish"},
+            {"kind": "softmax", "heads": 2, "window": 8, "position": "rope"}]}, "mlp": "none", "norm": "rmsnorm"}],
     "final_norm": "rmsnorm"}
 """Every part the released models brought, in one spec: latent attention, the RG-LRU, a block without a
 mixer holding grouped experts, the gated convolution, Mamba-1, QK-norm over the whole width, KDA's shared
-A and low-rank gate, MiniMax's lightning attention, xLSTM's mLSTM, sandwich, output and normed-residual
-placements."""
+A and low-rank gate, MiniMax's lightning attention, xLSTM's mLSTM, Falcon-H1's parallel branches (Mamba2
+with a norm per group beside windowed attention), sandwich, output and normed-residual placements."""
 
 
 @pytest.mark.slow  # one build with its compile check and exports (about a minute on 2 cores)

@@ -49,6 +49,9 @@ def test_parameter_count_of_trainable_kernels_and_gates():
                "position": "rope", "qkv_bias": True}, "norm_placement": "sandwich"},
     {"mixer": "none", "mlp": {"kind": "moe", "experts": 4, "hidden": 6, "shared": 2, "shared_gate": True}},
     {"mixer": {"kind": "rglru", "heads": 2, "width": 12, "qkv_bias": True}},
+    {"mixer": {"kind": "parallel", "branches": [{"kind": "linear", "heads": 2, "qk_groups": 1, "group_norm": True,
+                                                  "norm_span": "group", "skip": True},
+                                                 {"kind": "softmax", "heads": 2, "out_bias": True}]}},
     {"mixer": {"kind": "mlstm", "heads": 2, "d_qk": 4, "d_v": 6, "qkv_bias": True,
                "conv": {"kind": "short", "projections": ["q", "k"]}}},
     {"mixer": {"kind": "linear", "heads": 2, "feature_map": "silu", "value_activation": "silu", "normalize": False,
@@ -137,6 +140,8 @@ def formula_parameters(spec) -> int:
 
 
 def _mixer_parameters(mixer, d: int) -> int:
+    if mixer.kind == "parallel":  # the branches, each a whole mixer
+        return sum(_mixer_parameters(branch, d) for branch in mixer.branches)
     if mixer.kind == "mamba":  # Mamba-1: in_proj (x, z), x_proj (Δ's rank, B, C), dt_proj, A_log, D, out_proj, conv
         D, N, R = mixer.d_inner, mixer.d_qk, mixer.dt_rank
         total = d * 2 * D + D * (R + 2 * N) + R * D + D + D * N + D + D * d

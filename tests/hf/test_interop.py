@@ -949,3 +949,46 @@ def test_an_xlstm_config_attnspec_cannot_hold_is_refused_by_field(tmp_path, chan
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(InteropError, match=words):
         spec_from_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("rms_norm, before_gate", [(False, False), (True, False), (True, True)])
+def test_falcon_h1_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path, rms_norm, before_gate):
+    """Falcon-H1: Mamba2 (an SSM width of its own, 2 groups of 3 heads, biased output projection) beside GQA
+    attention in every block, each without a norm, with Mamba2's gated norm, or with a norm per group
+    before the gate; every μP multiplier apart from 1 (folded into the weights, the branch outputs' as the
+    parallel mixer's weights, the embedding's and logits' as the spec's scales)."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    config = FalconH1Config(**SMALL, mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head="auto", mamba_n_groups=2,
+                            mamba_d_state=8, mamba_d_conv=3, mamba_chunk_size=8, mamba_rms_norm=rms_norm,
+                            mamba_norm_before_gate=before_gate, projectors_bias=True, lm_head_multiplier=0.5,
+                            embedding_multiplier=2.0, mlp_multipliers=[0.7, 1.3], key_multiplier=0.8,
+                            attention_in_multiplier=0.9, attention_out_multiplier=1.2, ssm_in_multiplier=1.4,
+                            ssm_multipliers=[0.6, 0.7, 0.8, 0.9, 1.1], ssm_out_multiplier=0.75, pad_token_id=0,
+                            eos_token_id=1, bos_token_id=2)
+    spec = _holds_to(_perturbed(lambda: FalconH1ForCausalLM(config)), tmp_path / "checkpoint", "falcon_h1", EVERY_MODE)
+    mixer = spec_blocks(spec)[0].mixer
+    assert [b.kind for b in mixer.branches] == ["linear", "softmax"] and mixer.weights == [0.75, 1.2]
+    assert (mixer.branches[0].group_norm, mixer.branches[0].norm_span) == (rms_norm, "group" if before_gate else "head")
+
+
+def test_an_imported_falcon_h1_exports_with_its_multipliers_folded_and_loads_as_itself(tmp_path):
+    """The μP multipliers folded into the weights on import are written back folded, with the config's
+    multipliers at 1: transformers loads the export as a FalconH1ForCausalLM computing the original's logits."""
+    from transformers import FalconH1Config, FalconH1ForCausalLM
+
+    config = FalconH1Config(**{**SMALL, "num_hidden_layers": 1}, mamba_d_ssm=32, mamba_n_heads=4, mamba_n_groups=1,
+                            mamba_d_state=8, mamba_chunk_size=8, key_multiplier=0.8, attention_in_multiplier=0.9,
+                            ssm_multipliers=[0.6, 0.7, 0.8, 0.9, 1.1], mlp_multipliers=[0.7, 1.3], pad_token_id=0)
+    reference = _perturbed(lambda: FalconH1ForCausalLM(config))
+    reference.save_pretrained(tmp_path / "checkpoint")
+    build, exported = tmp_path / "build", tmp_path / "hf"
+    runner = CliRunner()
+    result = runner.invoke(app, ["import-hf", str(tmp_path / "checkpoint"), "-o", str(build), "--no-compile",
+                                 "--no-calibrate"])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, ["export-hf", str(build), "-o", str(exported)]).exit_code == 0
+    loaded = AutoModelForCausalLM.from_pretrained(exported).eval()
+    assert type(loaded) is FalconH1ForCausalLM and loaded.config.ssm_multipliers == [1.0] * 5
+    with torch.no_grad():
+        assert _relative(loaded(_tokens()).logits, reference(_tokens()).logits) < 1e-5

@@ -66,6 +66,10 @@ class Mixer(nn.Module):
         """The linear maps from and to the model width (the spec's ``init.projection_std`` draws them)."""
         return []
 
+    def residual_writers(self) -> list[Tensor]:
+        """The weights that write into the residual stream (``init.residual_scaling`` scales them)."""
+        return [self.out_proj.weight]
+
     def state_size(self, length: int) -> int:
         """Numbers one sequence carries from its past at ``length`` (Zoology's state size): the decoding
         state of a mixer with a recurrent form."""

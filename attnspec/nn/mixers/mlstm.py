@@ -78,8 +78,9 @@ class MlstmMixer(ProjectedMixer):
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
         """Zero state: C | n (batch, H, Dk, Dv + 1), m (batch, H), then the convolutions'."""
-        return ((torch.zeros(batch, self.heads, self.d_qk, self.d_v + 1, dtype=dtype, device=device),
-                 torch.zeros(batch, self.heads, dtype=dtype, device=device)) + self.conv.init_state(batch, dtype, device))
+        memory = torch.zeros(batch, self.heads, self.d_qk, self.d_v + 1, dtype=dtype, device=device)
+        max_state = torch.zeros(batch, self.heads, dtype=dtype, device=device)
+        return (memory, max_state) + self.conv.init_state(batch, dtype, device)
 
     def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token: ``x_t`` (B, d_model), ``position`` (B,) 0-based -> (y_t (B, d_model), new state)."""

@@ -57,7 +57,8 @@ class ProjectedMixer(Mixer):
         norm_width = self.d_v if node.shared_norm_weight else self.heads * self.d_v
         self.norm_weight = nn.Parameter(torch.ones(norm_width)) if node.group_norm else None
         self.norm_eps, self.gate_before_norm = node.norm_eps, node.gate_before_norm
-        self.norm_full = node.norm_span == "full"  # the RMS over every head's channels together (MiniMax)
+        # the output norm's groups of channels: each head's, each q/k group's heads (Falcon-H1), or all (MiniMax)
+        self.norm_groups = {"head": None, "group": node.query_heads, "full": 1}[node.norm_span]
         self.norm_center = node.norm_center  # a LayerNorm: the mean subtracted first (xLSTM)
         self.D = nn.Parameter(torch.ones(self.heads)) if node.skip else None  # Mamba2's skip, D v_t
         with torch.no_grad():  # `init_scale` multiplies PyTorch's default initialisation
@@ -125,27 +126,26 @@ class ProjectedMixer(Mixer):
         return Decay(full_precision(decay.log_mag), None if decay.phase is None else full_precision(decay.phase))
 
     def _output(self, o: Tensor, x: Tensor, v: Tensor | None = None) -> Tensor:
-        """The output stages: D skip (needs the values ``v``), per-head RMS norm (or one over the whole
-        width: ``norm_span: full``), merge heads, output gate (or the gate then a norm per q/k group:
-        ``gate_before_norm``), output projection: o, v (B, H, L, Dv), x (B, L, d_model) -> (B, L, d_model)."""
+        """The output stages: D skip (needs the values ``v``), per-head RMS norm (or one per q/k group of
+        heads, or over the whole width: ``norm_span``), merge heads, output gate (or the gate then a norm per
+        q/k group: ``gate_before_norm``), output projection:
+        o, v (B, H, L, Dv), x (B, L, d_model) -> (B, L, d_model)."""
         if self.D is not None:
             o = o + self.D.to(o.dtype).view(1, -1, 1, 1) * v
         normalize_heads = self.norm_weight is not None and not self.gate_before_norm
-        if normalize_heads and not self.norm_full:
+        if normalize_heads and self.norm_groups is None:
             o = self._rms_normalized(o)
         B, H, L, Dv = o.shape
         o = o.transpose(1, 2).reshape(B, L, H * Dv)
-        if normalize_heads and self.norm_full:
-            o = self._rms_normalized(o)
+        if normalize_heads and self.norm_groups is not None:
+            o = self._rms_normalized(o.view(B, L, self.norm_groups, -1)).view(B, L, H * Dv)
         if normalize_heads:  # a shared weight (Dv,) repeats over the heads
             o = o * (self.norm_weight if self.norm_weight.shape[0] == H * Dv else self.norm_weight.repeat(H))
         if self.gate is not None:
             g = self.gate(x if self.gate_down is None else self.gate_down(x))
             o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))
         if self.gate_before_norm:  # Mamba2: RMSNorm(y silu(z)) over each group of H / qk_groups heads
-            groups = o.view(B, L, self.q_heads, -1)
-            o = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.norm_eps)).view(B, L, H * Dv)
-            o = o * self.norm_weight
+            o = self._rms_normalized(o.view(B, L, self.q_heads, -1)).view(B, L, H * Dv) * self.norm_weight
         return self.out_proj(o)
 
     def _rms_normalized(self, o: Tensor) -> Tensor:

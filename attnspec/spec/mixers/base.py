@@ -57,9 +57,10 @@ class MixerComponent(Component):
     """A low-rank output gate W_g = W_b W_a of this inner width (Kimi Linear's g_a, g_b); unset: full rank."""
     group_norm: bool = False
     """Per-head normalisation (RMS) of the mixer output, as in RetNet/GateLoop."""
-    norm_span: Literal["head", "full"] = "head"
-    """What the output norm (`group_norm`) takes the RMS over: each head's channels, or the whole output,
-    every head together (MiniMax's lightning attention), before the output gate."""
+    norm_span: Literal["head", "group", "full"] = "head"
+    """What the output norm (`group_norm`) takes the RMS over, before the output gate: each head's channels;
+    each query/key group's heads together (`qk_groups`; Falcon-H1's gated norm with `norm_before_gate`); or
+    the whole output, every head together (MiniMax's lightning attention)."""
     norm_center: bool = False
     """Subtract the mean before the output norm's RMS: a LayerNorm per head (or over the whole output with
     `norm_span: full`) rather than an RMSNorm (xLSTM's multi-head LayerNorm)."""
@@ -179,6 +180,15 @@ class MixerComponent(Component):
             return None
         return {"d_qk": self.d_qk or d_model // self.heads, "d_v": self.d_v or d_model // self.heads}
 
+    def sub_mixers(self) -> list[tuple[tuple, "MixerComponent"]]:
+        """The mixers this one holds, as (path below it, mixer): a parallel mixer's branches; else none.
+        Rules and resolution apply to each as to a block's mixer."""
+        return []
+
+    def resolved_sub_mixers(self, resolve_one) -> dict[str, Any]:
+        """The fields holding :meth:`sub_mixers`, each mixer passed through ``resolve_one``."""
+        return {}
+
     def resolved_parts(self, *, d_qk: int, max_len: int) -> dict[str, Any]:
         """Its parts with their derived defaults filled in (``model_copy`` updates), for resolution."""
         return {name: features.resolved(d_qk) for name, features in self.parts_of(FeatureMapComponent)}
@@ -244,8 +254,9 @@ class MixerComponent(Component):
         if self.norm_center and (not self.group_norm or self.gate_before_norm):
             yield ("norm_center",), ("centring is the output norm's (`group_norm: true`), before the gate: remove "
                                      "`gate_before_norm`")
-        if self.norm_span == "full" and (not self.group_norm or self.gate_before_norm or self.shared_norm_weight):
-            yield ("norm_span",), ("a norm over the whole output is the output norm's (`group_norm: true`) with a "
+        if self.norm_span != "head" and (not self.group_norm or self.gate_before_norm or self.shared_norm_weight):
+            span = "groups of heads" if self.norm_span == "group" else "the whole output"
+            yield ("norm_span",), (f"a norm over {span} is the output norm's (`group_norm: true`) with a "
                                    "weight per channel: remove `gate_before_norm` and `shared_norm_weight`")
 
     def _single_stream_problems(self) -> Iterator[tuple[tuple, str]]:

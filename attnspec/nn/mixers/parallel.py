@@ -1,0 +1,95 @@
+"""Parallel branches (:class:`attnspec.spec.mixers.parallel.ParallelMixer`): each branch a mixer module
+of its own family, all reading the same input, their outputs weighted and summed; the branches' decoding
+states side by side in one flat tuple."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnspec.nn.mixers.base import Mixer
+from attnspec.nn.registry import build, register
+
+
+@register("mixer", "parallel")
+class ParallelMixer(Mixer):
+    """y = Σ_b w_b branch_b(x). Setting ``mode`` sets it on every branch that has it and was not forced
+    by its spec; the others keep their own (:meth:`ParallelMixer.branch_mode` of the IR)."""
+
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+        self.branches = nn.ModuleList(build("mixer", branch, d_model=d_model, max_len=max_len, seed=seed + 104729 * i)
+                                      for i, branch in enumerate(node.branches))
+        self.forced = [branch.mode != "auto" for branch in node.branches]
+        self.weights = list(node.weights or [1.0] * len(node.branches))
+        self.decode_limit = node.decode_limit(max_len)
+        meta = torch.device("meta")
+        self.state_counts = [len(branch.init_state(1, torch.float32, meta)) if branch.has_step else 0
+                             for branch in self.branches]
+        self.mode = self._mode  # now that the branches exist, hand them the planned mode
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        self._mode = mode
+        for branch, forced in zip(self._modules.get("branches", ()), getattr(self, "forced", ())):
+            if not forced and mode in branch.modes:
+                branch.mode = mode
+
+    def _branch_mode(self, branch: Mixer, forced: bool, mode: str) -> str:
+        return mode if mode in branch.modes and not forced else branch.mode
+
+    def projections(self) -> list[nn.Linear]:
+        return [projection for branch in self.branches for projection in branch.projections()]
+
+    def residual_writers(self) -> list[Tensor]:
+        return [weight for branch in self.branches for weight in branch.residual_writers()]
+
+    def state_size(self, length: int) -> int:
+        return sum(branch.state_size(length) for branch in self.branches)
+
+    def regularization_loss(self) -> Tensor | None:
+        terms = [t for branch in self.branches if (t := branch.regularization_loss()) is not None]
+        return sum(terms) if terms else None
+
+    def _weighted(self, outputs: list[Tensor]) -> Tensor:
+        total = None
+        for weight, y in zip(self.weights, outputs):
+            y = y * weight if weight != 1.0 else y
+            total = y if total is None else total + y
+        return total
+
+    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+        mode = self._checked_mode(mode)
+        return self._weighted([branch(x, self._branch_mode(branch, forced, mode))
+                               for branch, forced in zip(self.branches, self.forced)])
+
+    # -- decoding: the branches' states in branch order
+    def _split(self, state: tuple[Tensor, ...]) -> list[tuple[Tensor, ...]]:
+        parts, start = [], 0
+        for count in self.state_counts:
+            parts.append(tuple(state[start:start + count]))
+            start += count
+        return parts
+
+    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        outputs, state = [], ()
+        for branch in self.branches:
+            y, branch_state = branch.prefill(x)
+            outputs.append(y)
+            state += tuple(branch_state)
+        return self._weighted(outputs), state
+
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
+        return tuple(t for branch in self.branches for t in branch.init_state(batch, dtype, device))
+
+    def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        outputs, new_state = [], ()
+        for branch, branch_state in zip(self.branches, self._split(state)):
+            y, branch_state = branch.step(x_t, branch_state, position)
+            outputs.append(y)
+            new_state += tuple(branch_state)
+        return self._weighted(outputs), new_state

@@ -71,6 +71,12 @@ class RunError(AttnSpecError):
     (missing, tampered, a link where attnspec writes, a file of someone else's in the way)."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C or SIGTERM; the message says what was kept (a run directory marked
+    `interrupted` to resume, or none: it had no checkpoint and was removed). Still a KeyboardInterrupt,
+    so whatever catches Ctrl-C (a sweep, the CLI) stops as it would."""
+
+
 class InteropError(AttnSpecError):
     """A transformers checkpoint attnspec cannot import, or a model it cannot export (the message names
     the config field, the layers or the tensor, and what to do)."""

@@ -390,7 +390,7 @@ RUN_FILE = "run.json"
 CHECKPOINT_POINTER = "checkpoint.json"
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
 CHECKPOINT_NAMES = frozenset(CHECKPOINT_FILES)
-STATUSES = ("running", "stopped", "done", "diverged")
+STATUSES = ("running", "stopped", "done", "diverged", "interrupted")
 MAX_STEP = 1 << 40
 """Far above any step count a configuration allows; a larger recorded step is tampering."""
 

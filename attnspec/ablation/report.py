@@ -23,10 +23,11 @@ import math
 import statistics
 from pathlib import Path
 
-from attnspec.ablation.results import NOISE, Report, ResultRow, collect, lr_table, run_counts, summary_rows
+from attnspec.ablation.results import Report, ResultRow, collect, lr_table, run_counts, summary_rows
 from attnspec.ablation.runsdir import params_text
 from attnspec.figures import log_scale
 from attnspec.io import ensure_directory, write_atomic
+from attnspec.training.tasks.base import NOISE
 
 
 def write_report(directory: str | Path) -> Report:

@@ -20,12 +20,10 @@ from pathlib import Path
 from attnspec.ablation import runsdir
 from attnspec.ablation.runsdir import params_text
 from attnspec.io import MAX_JSON_BYTES, json_lines
+from attnspec.training.tasks.base import learned
 
 HIGHER_IS_BETTER = {"accuracy": True, "perplexity": False, "loss": False}
 MAX_CURVE_POINTS = 400
-NOISE = 0.03
-"""Accuracy within this of chance (or within two seed standard deviations, if more) is "not learned":
-about two standard errors of a test set of 512 answers at accuracy 0.5."""
 
 
 @dataclass
@@ -77,9 +75,7 @@ class ResultRow:
     @property
     def learned(self) -> bool | None:
         """False when the mean is within noise of chance: below chance + max(NOISE, 2 seed stds)."""
-        if self.chance is None or self.mean is None:
-            return None
-        return self.mean > self.chance + max(NOISE, 2 * (self.std or 0.0))
+        return learned(self.mean, self.chance, self.std or 0.0)
 
 
 @dataclass

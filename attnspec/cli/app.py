@@ -19,9 +19,9 @@ import typer
 import typer.core
 from rich.markup import escape
 
-from attnspec.cli.display import (TrainingDisplay, err, evaluation_table, explain_table, out, print_build_summary,
-                                  print_report, rich_table, stage_progress, verify_table)
-from attnspec.errors import AttnSpecError, SpecError
+from attnspec.cli.display import (TrainingDisplay, err, evaluation_table, explain_table, metrics_text, out,
+                                  print_build_summary, print_report, rich_table, stage_progress, verify_table)
+from attnspec.errors import AttnSpecError, RunInterrupted, SpecError
 
 app = typer.Typer(
     name="attnspec",
@@ -446,13 +446,17 @@ def train(
     if not resume and file is None:
         raise AttnSpecError("give a spec file to train (or --resume -o RUN_DIR)")
     rank0 = os.environ.get("RANK", "0") == "0"
-    with TrainingDisplay(enabled=rank0) as display:
-        run = train_model(file, config, output=output, overrides=overrides or (), task=task,
-                          task_overrides=task_overrides or (), resume=resume, on_progress=display.update, **flags)
+    try:
+        with TrainingDisplay(enabled=rank0) as display:
+            run = train_model(file, config, output=output, overrides=overrides or (), task=task,
+                              task_overrides=task_overrides or (), resume=resume, on_progress=display.update, **flags)
+    except RunInterrupted as interrupt:  # said here: typer turns a KeyboardInterrupt into a silent exit 130
+        if rank0:
+            err.print(str(interrupt), style="red", markup=False)
+        raise typer.Exit(130) from None
     if rank0:
-        metrics = ", ".join(f"{k} {v:.4g}" for k, v in run.metrics.items())
-        out.print(f"trained {run.step} steps -> {output}: {metrics}\nNext: attnspec build {output} -o "
-                  f"{output}-build", markup=False)
+        out.print(f"trained {run.step} steps -> {output}: {metrics_text(run.metrics)}\n"
+                  f"Next: attnspec build {output} -o {output}-build", markup=False)
 
 
 def _prefix_renames(pairs: Optional[List[str]]) -> Optional[dict]:

@@ -198,8 +198,7 @@ class TrainingDisplay:
                 self.task_id = self.progress.add_task("", total=record["steps"], completed=record["step"])
         elif event == "eval":
             self.metric = f"(test at step {record['step']}: acc {record['accuracy']:.3f} ppl {record['perplexity']:.3g})"
-            out.print(f"step {record['step']}: test loss {record['loss']:.4f}, accuracy {record['accuracy']:.4f}, "
-                      f"perplexity {record['perplexity']:.4g}", markup=False)
+            out.print(f"step {record['step']}: test {metrics_text(record)}", markup=False)
         elif event == "step":
             text = f"loss {record['loss']:.4f}  {self.metric}  {record['tokens_per_s']:,.0f} tok/s"
             if self.progress is not None:
@@ -207,6 +206,20 @@ class TrainingDisplay:
             elif time.monotonic() - self.last_plain > 10 or record["step"] == record["steps"]:
                 self.last_plain = time.monotonic()
                 out.print(f"step {record['step']}/{record['steps']}: {text}", markup=False)
+
+
+def metrics_text(metrics: dict) -> str:
+    """A run's evaluation in one line: each number, the accuracy with its chance level beside it and
+    "not learned" where it is within noise of it (``learned`` False)."""
+    parts = []
+    for key, value in metrics.items():
+        if key in ("step", "chance", "learned") or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        text = f"{key} {value:.4g}"
+        if key == "accuracy" and metrics.get("chance") is not None:
+            text += f" (chance {metrics['chance']:.3g}{', not learned' if metrics.get('learned') is False else ''})"
+        parts.append(text)
+    return ", ".join(parts)
 
 
 def verify_table(report) -> Table:

@@ -15,6 +15,7 @@ from rich.text import Text
 from attnspec.ablation.ablate import SweepPlan
 from attnspec.ablation.estimate import format_flops, format_seconds
 from attnspec.ablation.sweep import MISSING
+from attnspec.cli.display import metrics_text
 
 MAX_DIFFERENCES = 12
 """Differences printed per variant before `... and N more`."""
@@ -135,8 +136,7 @@ class SweepProgress:
                 self.progress.remove_task(self.rows.pop(key))
             metrics = event.get("metrics") or {}
             first_line = str(event.get("error")).splitlines()[0] if event.get("error") else "?"
-            detail = (", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k != "step"
-                                if isinstance(v, (int, float))) if status == "done"
+            detail = (metrics_text(metrics) if status == "done"
                       else first_line if status in ("diverged", "busy") else f"FAILED: {first_line}")
             word = {"done": "finished", "diverged": "diverged", "busy": "elsewhere", "failed": "failed  "}[status]
             self.console.print(f"{word} {event.get('label')}: {detail}",

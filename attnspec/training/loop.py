@@ -32,13 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnspec.errors import AttnSpecError, Problem, SpecError, TrainingDiverged
+from attnspec.errors import AttnSpecError, Problem, RunInterrupted, SpecError, TrainingDiverged
 from attnspec.io import VERSION
 from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
 from attnspec.training.config import TrainConfig, load_config
 from attnspec.training.optim import learning_rate, make_optimizer, parameter_groups, set_learning_rate
 from attnspec.training.tasks import IGNORE, Task
+from attnspec.training.tasks.base import learned
 
 ProgressCallback = Callable[[dict], None]
 """Receives ``{"event": "start" | "step" | "eval" | "end", ...}``; the CLI draws progress from it."""
@@ -178,8 +179,10 @@ class Trainer:
         # The task's data are made before the run directory: a data error (an empty token file, an
         # unreadable corpus) leaves nothing behind, so the same command can run again once it is fixed.
         self.test_inputs, self.test_targets = config.task.batch("test", 0, config.test_examples, config.seed)
+        self.chance = config.task.chance(config.seed, config.test_examples)  # of this test set; None: perplexity
         config.task.batch("train", 0, config.batch_size, config.seed)
         self.fresh = not resume  # a new directory that holds no checkpoint yet
+        self.step = self.checkpointed = 0  # the steps taken, and the latest checkpoint's (for an interrupt)
         if resume:
             self._resume()
         elif self.writes:
@@ -205,6 +208,30 @@ class Trainer:
                     self.tensorboard.close()
                 rundir.discard_unstarted(self.directory)
             raise
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the CLI raises it as one)
+            raise self._interrupted() from None
+
+    def _interrupted(self) -> RunInterrupted:
+        """Leave the run directory resumable or gone: before the first checkpoint it holds nothing to
+        resume, so attnspec's own files are removed (the same command starts again); after it, run.json is
+        marked `interrupted` at the latest checkpoint's step (``--resume`` continues from there)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+        where = f"at step {self.step}" if self.step > self.start else "before its first step"
+        if not self.writes:
+            return RunInterrupted(f"training interrupted {where}")
+        if self.fresh and rundir.discard_unstarted(self.directory):
+            return RunInterrupted(f"training interrupted {where}, before its first checkpoint: the run directory "
+                                  f"{self.directory} was removed; the same command starts it again")
+        self._write_run_files("interrupted", self.checkpointed)
+        if self.fresh:
+            return RunInterrupted(f"training interrupted {where}, before its first checkpoint; {self.directory} "
+                                  "holds files attnspec did not write, so it was left as it is (marked interrupted): "
+                                  "remove it, or train into a new directory")
+        return RunInterrupted(f"training interrupted {where}; {self.directory} keeps its checkpoint of step "
+                              f"{self.checkpointed} (run.json: interrupted): add --resume to the same command to "
+                              "continue from there")
 
     def _loop(self, stop_after: int | None) -> Run:
         config, task = self.config, self.config.task
@@ -221,6 +248,7 @@ class Trainer:
                                min_ratio=config.min_lr_ratio)
             set_learning_rate(self.optimizer, lr)
             loss, grad_norm, extra = self._step(step)
+            self.step = step + 1
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 self._diverge(step + 1, {"loss": loss, "grad_norm": grad_norm}, lr)
             seconds = time.perf_counter() - started
@@ -322,6 +350,8 @@ class Trainer:
         if not math.isfinite(loss):
             self._diverge(step, {"test loss": loss}, None)
         metrics = {"loss": loss, "accuracy": correct / max(count, 1), "perplexity": math.exp(min(loss, 700))}
+        if self.chance is not None:  # beside the accuracy, so 0.126 at 8 pairs does not read as progress
+            metrics.update(chance=self.chance, learned=learned(metrics["accuracy"], self.chance))
         record = {"step": step, "split": "test", **metrics}
         self.history.append(record)
         if self.writes:
@@ -371,6 +401,7 @@ class Trainer:
     def _checkpoint(self, step: int) -> None:
         if self.writes:
             rundir.save_checkpoint(self.directory, step, self.model, self.optimizer, self.names, {})
+        self.fresh, self.checkpointed = False, step
         self.dist.barrier()
 
     def _diverge(self, step: int, values: dict[str, float], lr: float | None) -> None:
@@ -405,10 +436,14 @@ class Trainer:
         if record["status"] == "diverged":
             raise rundir.RunError(f"{self.directory}: this run diverged (see run.json); resuming would diverge again. "
                                   "Start a new run with a lower learning rate")
+        if not rundir.has_checkpoint(self.directory):
+            raise rundir.RunError(f"{self.directory}: holds no checkpoint to resume from (the run was stopped before "
+                                  "its first, e.g. killed); remove the directory and run the same command without "
+                                  "--resume to start again")
         step, weights, moments, _ = rundir.load_checkpoint(self.directory, max_step=self.config.steps)
         load_weights(self.model, weights)  # checked tensor by tensor against the spec's model
         rundir.restore_optimizer(self.optimizer, self.names, moments)
-        self.start = step
+        self.start = self.step = self.checkpointed = step
         if self.writes:
             rundir.truncate_metrics(self.directory, step)
             self._write_run_files("running", step)

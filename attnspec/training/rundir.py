@@ -4,7 +4,8 @@ Layout (every file written to a temporary name and renamed into place)::
 
     RUN_DIR/
       run.json          format, versions, the resolved spec and configuration as data, the plan,
-                        the parameter groups, status (running / stopped / done) and the last step
+                        the parameter groups, status (running / stopped / done / diverged /
+                        interrupted: by Ctrl-C or SIGTERM, at its latest checkpoint) and the last step
       spec.yaml         the resolved spec (``attnspec build RUN_DIR`` and humans read it)
       config.yaml       the resolved training configuration (repeat the run with --config)
       metrics.jsonl     one JSON object per line: training steps and evaluations
@@ -45,10 +46,19 @@ def create(directory: Path) -> None:
         if not directory.is_dir() or directory.is_symlink():
             raise RunError(f"{directory}: exists and is not a directory")
         if any(directory.iterdir()):
-            hint = " (resume it with --resume)" if (directory / RUN_FILE).is_file() else ""
+            hint = ""
+            if (directory / RUN_FILE).is_file():
+                hint = (" (resume it with --resume)" if has_checkpoint(directory) else
+                        " (a run stopped before its first checkpoint: nothing to resume; remove it to start again)")
             raise RunError(f"{directory}: exists and is not empty{hint}; choose a new run directory")
     ensure_directory(directory)
     ensure_directory(directory / "checkpoints")
+
+
+def has_checkpoint(directory: Path) -> bool:
+    """Whether the run directory names a latest checkpoint (``checkpoint.json``; read and checked on resume)."""
+    pointer = directory / CHECKPOINT_POINTER
+    return pointer.exists() or pointer.is_symlink()
 
 
 def recorded(directory: Path, record: dict):

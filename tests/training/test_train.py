@@ -249,3 +249,84 @@ def test_build_with_weights_file(tmp_path):
     strict = subprocess.run([*other, "-o", str(tmp_path / "d"), "--strict-weights"], capture_output=True, text=True)
     assert strict.returncode == 2 and "they must come from a model of this spec" in strict.stderr
     assert not (tmp_path / "d").exists()
+
+
+def _interrupt_at(step: int):
+    """An on_progress callback pressing Ctrl-C when ``step`` has been taken."""
+    def on_progress(record):
+        if record.get("event") == "step" and record["step"] == step:
+            raise KeyboardInterrupt
+    return on_progress
+
+
+def test_an_interrupt_before_the_first_checkpoint_removes_the_run_so_the_same_command_starts_again(tmp_path):
+    from attnspec.errors import RunInterrupted
+
+    for step in (1, 4):
+        with pytest.raises(RunInterrupted, match="was removed; the same command starts it again"):
+            _tiny_run(tmp_path / "run", checkpoint_every=5, on_progress=_interrupt_at(step))
+        assert not (tmp_path / "run").exists()
+    assert _tiny_run(tmp_path / "run", steps=5).step == 5
+
+
+def test_an_interrupt_after_a_checkpoint_marks_the_run_interrupted_and_resume_ends_as_the_whole_run(tmp_path):
+    from attnspec.errors import RunInterrupted
+
+    whole = _tiny_run(tmp_path / "whole", checkpoint_every=5)
+    with pytest.raises(RunInterrupted, match="checkpoint of step 10.*--resume"):
+        _tiny_run(tmp_path / "split", checkpoint_every=5, on_progress=_interrupt_at(13))
+    record = json.loads((tmp_path / "split" / "run.json").read_text())
+    assert (record["status"], record["step"]) == ("interrupted", 10)
+    resumed = attnspec.train(None, output=tmp_path / "split", resume=True)
+    assert resumed.metrics == whole.metrics
+    for name, tensor in whole.model.state_dict().items():
+        assert torch.equal(tensor, resumed.model.state_dict()[name]), name
+
+
+def test_a_directory_killed_before_its_first_checkpoint_says_what_to_do(tmp_path):
+    """SIGKILL leaves no chance to clean up: run.json without a checkpoint. Neither --resume nor a new run
+    into it proceeds, and each says why and what to do."""
+    import shutil
+
+    _tiny_run(tmp_path / "run", steps=2)
+    for name in ("checkpoint.json", "result.json"):  # as a run killed before its first checkpoint leaves it
+        (tmp_path / "run" / name).unlink()
+    shutil.rmtree(tmp_path / "run" / "checkpoints")
+    with pytest.raises(AttnSpecError, match="no checkpoint to resume from.*remove the directory"):
+        attnspec.train(None, output=tmp_path / "run", resume=True)
+    with pytest.raises(AttnSpecError, match="before its first checkpoint: nothing to resume; remove it"):
+        _tiny_run(tmp_path / "run")
+
+
+@pytest.mark.slow  # two CLI subprocesses
+def test_sigterm_marks_a_cli_run_interrupted_at_its_checkpoint_and_says_how_to_resume(tmp_path):
+    import signal
+
+    args = [sys.executable, "-m", "attnspec", "train", str(SPECS / "softmax-transformer.yaml"),
+            *sum((["--set", s] for s in [*TINY, "position=learned"]), []), "--task", "mqar",
+            *sum((["--task-set", s] for s in MQAR), []), "--steps", "100000", "--batch", "8", "--eval-every", "0",
+            "--lr", "3e-3"]
+    config = tmp_path / "config.yaml"
+    config.write_text("task: {kind: mqar, seq_len: 16, vocab_size: 32, num_kv_pairs: 2}\ncheckpoint_every: 20\n")
+    running = subprocess.Popen([*args, "--config", str(config), "-o", str(tmp_path / "run")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    pointer = tmp_path / "run" / "checkpoint.json"
+    deadline = time.monotonic() + 120
+    while not pointer.exists() and running.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    running.send_signal(signal.SIGTERM)
+    _, stderr = running.communicate(timeout=60)
+    assert running.returncode == 130 and "--resume" in stderr and "Traceback" not in stderr, stderr
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["status"] == "interrupted" and record["step"] % 20 == 0 and record["step"] >= 20
+
+
+def test_the_training_log_and_result_show_chance_beside_accuracy(tmp_path):
+    """MQAR at 2 pairs: accuracy is reported with the test set's chance level and whether it is beyond it."""
+    from attnspec.cli.display import metrics_text
+
+    run = _tiny_run(tmp_path / "run", steps=2)
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert 0 < result["chance"] < 1 and result["learned"] is (result["accuracy"] > result["chance"] + 0.03)
+    text = metrics_text(run.metrics)
+    assert f"(chance {result['chance']:.3g}" in text and ("not learned" in text) is (not result["learned"])

@@ -21,6 +21,19 @@ SPLITS = {"train": 0, "test": 1}
 MAX_TRAIN_EXAMPLES = 1 << 22
 
 
+
+NOISE = 0.03
+"""Accuracy within this of chance (or within two seed standard deviations, if more) is "not learned":
+about two standard errors of a test set of 512 answers at accuracy 0.5."""
+
+
+def learned(accuracy: float | None, chance: float | None, spread: float = 0.0) -> bool | None:
+    """Whether ``accuracy`` is beyond ``chance`` by more than noise, chance + max(NOISE, 2 ``spread``)
+    (``spread``: the seeds' standard deviation); None without a chance level (perplexity tasks)."""
+    if chance is None or accuracy is None:
+        return None
+    return accuracy > chance + max(NOISE, 2 * spread)
+
 class TaskError(AttnSpecError):
     """A task cannot run: its files are missing or malformed, or it does not fit the model."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from attnspec.diagnostics import OVERRIDES, SEED, Diagnostic, Parameter, Result, Table, output_option, output_directory
+from attnspec.errors import ShapeError
 import torch
 from torch import Tensor
 
@@ -28,8 +29,16 @@ def implied_attention(mixer: Any, x: Tensor, mode: str | None = None,
     in output i. With ``qk``, those queries and keys replace the mixer's projections (synthetic
     q/k of a chosen entropy; ``x`` then only feeds input-dependent decays).
     """
+    from attnspec.nn.mixers.parts import ProjectedMixer
+
+    if not isinstance(mixer, ProjectedMixer):  # the families built on shared q/k/v projections and output stages
+        raise ShapeError(f"a {mixer.kind} mixer has no query/key/value form to read an attention matrix from; "
+                         "attention diagnostics read the linear, softmax, scatterbrain, delta and mlstm families")
     captured: dict[str, Tensor] = {}
     project = mixer._project
+    activation = getattr(mixer, "value_activation", None)
+    if activation is not None:  # the weights on the values as they are summed (after MiniMax's SiLU)
+        mixer.value_activation = "none"
 
     def identity_values(h: Tensor, *args: Any, **kwargs: Any):
         q, k, v, state = project(h, *args, **kwargs)
@@ -50,6 +59,8 @@ def implied_attention(mixer: Any, x: Tensor, mode: str | None = None,
             mixer(x, mode)
     finally:
         del mixer._project, mixer._output
+        if activation is not None:
+            mixer.value_activation = activation
     return captured["A"], captured["q"], captured["k"]
 
 

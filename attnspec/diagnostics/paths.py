@@ -62,10 +62,16 @@ class PathTerms:
 
 def check_decomposable(model: Any) -> None:
     """Refuse a model whose blocks are not ``x + mixer(x)`` with a value-linear mixer (see the module doc)."""
+    from attnspec.nn.mixers.parts import ProjectedMixer
+
     problems = []
     for index, block in enumerate(model.blocks):
         mixer = block.mixer
         where = f"block {index}"
+        if not isinstance(mixer, ProjectedMixer) or getattr(mixer, "value_activation", "none") != "none":
+            problems.append(f"{where}'s {mixer.kind} mixer is not linear in its values through q/k/v projections "
+                            "(linear, softmax, scatterbrain, delta and mlstm mixers without value_activation are)")
+            continue
         if not block.mixer_residual:
             problems.append(f"{where} has no skip around its mixer (residual: true)")
         if block.mlp is not None:

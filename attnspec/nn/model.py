@@ -352,7 +352,8 @@ def initialise(model: Model, init) -> None:
         _draw(model.embed.weight, init.embedding_std, init.distribution)
     for block in model.blocks:
         if init.projection_std is not None:
-            _draw_projections(block.mixer.projections(), init.projection_std * block.mixer.init_scale, init.distribution)
+            for projections, init_scale in block.mixer.projection_groups():
+                _draw_projections(projections, init.projection_std * init_scale, init.distribution)
             _draw_projections(block.mlp.projections() if block.mlp is not None else [], init.projection_std,
                               init.distribution)
         if init.residual_scaling:  # GPT-2: the residual stream's variance stays O(1) over 2 * blocks sums

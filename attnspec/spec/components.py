@@ -40,8 +40,9 @@ BASES: dict[str, type] = {}
 _MODELS: list[type] = []
 """Every model whose fields hold components, leaves first: the order :func:`register` rebuilds them in."""
 _FIELDS: list[tuple[type, str, str]] = []
-_LIST_FIELDS: list[tuple[type, str, str]] = []
 """(IR model, field name, slot) for every field whose type is a slot union."""
+_LIST_FIELDS: list[tuple[type, str, str]] = []
+"""(IR model, field name, slot) for every field that is a list of a slot's components."""
 _DECLARED: list[tuple[Any, str]] = []
 """(union, slot) for every union :func:`declare` returned."""
 ENTRY_POINT_GROUP = "attnspec.components"

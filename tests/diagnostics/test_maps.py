@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from attnspec.diagnostics.maps import locality
 
@@ -56,3 +57,40 @@ def test_cos_reweighting_concentrates_attention_near_the_diagonal(tmp_path: Path
                               str(mine), "--samples", "2"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "did not write" in refused.stderr and "Traceback" not in refused.stderr
     assert (mine / "maps.csv").read_text() == "my data\n" and [p.name for p in mine.iterdir()] == ["maps.csv"]
+
+
+@pytest.mark.parametrize("mixer", [
+    "{kind: mamba}", "{kind: mla, heads: 2, d_qk: 8, d_v: 8, kv_rank: 8, rope_dim: 4, position: rope}",
+    "{kind: parallel, branches: [{kind: linear, heads: 2}, {kind: softmax, heads: 2}]}"])
+def test_a_mixer_without_a_query_key_value_form_is_refused_by_name_not_a_crash(mixer):
+    from attnspec.diagnostics.attention import implied_attention
+    from attnspec.diagnostics.paths import check_decomposable
+    from attnspec.errors import AttnSpecError, ShapeError
+    from attnspec.nn.model import build_model_from_spec
+    from attnspec.spec import load_spec
+
+    spec = load_spec({"name": "m", "input": {"kind": "tokens", "vocab_size": 16}, "d_model": 16, "max_len": 16,
+                      "layers": [{"mixer": yaml.safe_load(mixer), "mlp": "none", "norm": "none"}]})
+    model = build_model_from_spec(spec)
+    kind = spec.layers[0].mixer.kind
+    with pytest.raises(ShapeError, match=f"a {kind} mixer has no query/key/value form"):
+        implied_attention(model.blocks[0].mixer, torch.randn(1, 5, 16))
+    with pytest.raises(AttnSpecError, match=f"block 0's {kind} mixer is not linear in its values"):
+        check_decomposable(model)
+
+
+def test_the_map_of_lightning_attention_weighs_the_activated_values():
+    """MiniMax's SiLU on v: the implied attention is the weights on silu(v), not on silu(I)."""
+    from attnspec.diagnostics.attention import implied_attention
+    from attnspec.nn.model import build_model_from_spec
+    from attnspec.spec import load_spec
+
+    base = {"kind": "linear", "heads": 2, "feature_map": "silu", "normalize": False,
+            "transition": {"kind": "fixed", "init": "alibi", "learnable": False}}
+    maps = []
+    for activation in ("silu", "none"):
+        spec = load_spec({"name": "m", "input": {"kind": "tokens", "vocab_size": 16}, "d_model": 16, "max_len": 16,
+                          "layers": [{"mixer": {**base, "value_activation": activation}}]})
+        torch.manual_seed(0)
+        maps.append(implied_attention(build_model_from_spec(spec).blocks[0].mixer, torch.randn(1, 7, 16))[0])
+    assert torch.equal(maps[0], maps[1])

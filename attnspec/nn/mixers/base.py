@@ -66,6 +66,11 @@ class Mixer(nn.Module):
         """The linear maps from and to the model width (the spec's ``init.projection_std`` draws them)."""
         return []
 
+    def projection_groups(self) -> list[tuple[list[nn.Linear], float]]:
+        """(projections, their ``init_scale``) for ``init.projection_std`` to draw: this mixer's own, or each
+        branch's of a parallel mixer."""
+        return [(self.projections(), self.init_scale)]
+
     def residual_writers(self) -> list[Tensor]:
         """The weights that write into the residual stream (``init.residual_scaling`` scales them)."""
         return [self.out_proj.weight]

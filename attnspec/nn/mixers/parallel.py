@@ -13,8 +13,8 @@ from attnspec.nn.registry import build, register
 
 @register("mixer", "parallel")
 class ParallelMixer(Mixer):
-    """y = Σ_b w_b branch_b(x). Setting ``mode`` sets it on every branch that has it and was not forced
-    by its spec; the others keep their own (:meth:`ParallelMixer.branch_mode` of the IR)."""
+    """y = Σ_b w_b branch_b(x). Setting ``mode`` hands each branch the mode it runs then
+    (:meth:`_branch_mode`)."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
@@ -22,7 +22,6 @@ class ParallelMixer(Mixer):
                                       for i, branch in enumerate(node.branches))
         self.forced = [branch.mode != "auto" for branch in node.branches]
         self.weights = list(node.weights or [1.0] * len(node.branches))
-        self.decode_limit = node.decode_limit(max_len)
         meta = torch.device("meta")
         self.state_counts = [len(branch.init_state(1, torch.float32, meta)) if branch.has_step else 0
                              for branch in self.branches]
@@ -36,14 +35,21 @@ class ParallelMixer(Mixer):
     def mode(self, mode: str) -> None:
         self._mode = mode
         for branch, forced in zip(self._modules.get("branches", ()), getattr(self, "forced", ())):
-            if not forced and mode in branch.modes:
-                branch.mode = mode
+            branch.mode = self._branch_mode(branch, forced, mode)
 
-    def _branch_mode(self, branch: Mixer, forced: bool, mode: str) -> str:
-        return mode if mode in branch.modes and not forced else branch.mode
+    @staticmethod
+    def _branch_mode(branch: Mixer, forced: bool, mode: str) -> str:
+        """The mode ``branch`` runs in the block's ``mode``: its spec's if forced, else ``mode`` where it has
+        it, else its own first (the IR's :meth:`~attnspec.spec.mixers.parallel.ParallelMixer.branch_mode`)."""
+        if forced:
+            return branch.mode
+        return mode if mode in branch.modes else branch.modes[0]
 
     def projections(self) -> list[nn.Linear]:
         return [projection for branch in self.branches for projection in branch.projections()]
+
+    def projection_groups(self) -> list[tuple[list[nn.Linear], float]]:
+        return [group for branch in self.branches for group in branch.projection_groups()]
 
     def residual_writers(self) -> list[Tensor]:
         return [weight for branch in self.branches for weight in branch.residual_writers()]

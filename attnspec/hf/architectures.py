@@ -98,8 +98,8 @@ class Config:
 
     def rope(self, head_dim: int, default_fraction: float = 1.0, layer_type: str | None = None) -> dict:
         """The rotary position node: ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``
-        (transformers 4), with its scaling: linear, llama3 and yarn import; dynamic NTK (its base
-        depends on the length of each call) and the rest are refused by name. Where the parameters are
+        (transformers 4), with its scaling: linear, llama3, yarn and dynamic NTK (its base grown past
+        ``max_position_embeddings``) import; the rest are refused by name. Where the parameters are
         given per layer type (Gemma 3's local and global layers), ``layer_type``'s."""
         field = "rope_parameters"
         parameters = self.get("rope_parameters", dict, None)
@@ -114,11 +114,9 @@ class Config:
                           "rope_theta": self.number("rope_theta", 10000.0),
                           "partial_rotary_factor": self.number("partial_rotary_factor", default_fraction)}
         kind = parameters.get("rope_type", "default")
-        if kind not in ("default", "linear", "llama3", "yarn"):
-            reason = ("its base grows with the length of each call" if kind == "dynamic" else
-                      "it is not an attnspec position scheme")
-            raise self.refuse(f"{field}.rope_type", f"{shorten(kind)!r} RoPE scaling: {reason}; default, linear, "
-                              "llama3 and yarn import")
+        if kind not in ("default", "linear", "llama3", "yarn", "dynamic"):
+            raise self.refuse(f"{field}.rope_type", f"{shorten(kind)!r} RoPE scaling: it is not an attnspec "
+                              "position scheme; default, linear, llama3, yarn and dynamic import")
         theta = parameters.get("rope_theta", 10000.0)
         fraction = parameters.get("partial_rotary_factor", self.number("partial_rotary_factor", default_fraction))
         if not all(_positive(v) for v in (theta, fraction)):
@@ -132,6 +130,8 @@ class Config:
         wanted = {"factor": "factor", "original_max_position_embeddings": "original_max_len",
                   "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
                   "beta_fast": "beta_fast", "beta_slow": "beta_slow", "attention_factor": "attention_factor"}
+        if kind == "dynamic":  # transformers grows the base past max_position_embeddings
+            parameters = {**parameters, "original_max_position_embeddings": self.count("max_position_embeddings")}
         trained = parameters.get("original_max_position_embeddings")
         if kind == "yarn" and parameters.get("factor") is None and _positive(trained):  # the implied stretch
             parameters = {**parameters, "factor": self.count("max_position_embeddings") / trained}
@@ -196,7 +196,7 @@ def _rope_parameters(position) -> dict:
                                   "rope_theta": position.base}
     if position.scaling != "none":
         parameters["factor"] = position.factor
-    if position.scaling in ("llama3", "yarn"):
+    if position.scaling in ("llama3", "yarn"):  # dynamic's is the config's max_position_embeddings
         parameters["original_max_position_embeddings"] = position.original_max_len
     if position.scaling == "llama3":
         parameters.update(low_freq_factor=position.low_freq_factor, high_freq_factor=position.high_freq_factor)

@@ -106,8 +106,11 @@ class RotaryPosition(Position):
         L, half = q.shape[2], width // 2
         # angles in float64: t * frequency loses digits in float32 at long lengths
         t = positions(L, offset, q.device, torch.float64)
-        frequencies = self.base ** (-torch.arange(half, device=q.device, dtype=torch.float64) / half)
-        frequencies = scaled_frequencies(frequencies, self.node, self.base, width)
+        exponents = -torch.arange(half, device=q.device, dtype=torch.float64) / half
+        if self.node.scaling == "dynamic":
+            frequencies = dynamic_base(t.max() + 1, self.node, self.base, width) ** exponents
+        else:
+            frequencies = scaled_frequencies(self.base ** exponents, self.node, self.base, width)
         angle = t.unsqueeze(-1) * frequencies  # (L, half) or (B, L, half)
         angle = angle.view(1, 1, L, half) if angle.dim() == 2 else angle.unsqueeze(1)
         cos, sin = torch.cos(angle), torch.sin(angle)
@@ -122,7 +125,8 @@ class RotaryPosition(Position):
 
 def scaled_frequencies(frequencies: Tensor, node, base: float, width: int) -> Tensor:
     """RoPE's frequencies f_i = base^(-2i/width) (``half`` of them, float64) stretched as ``node.scaling``
-    says (:class:`attnspec.spec.positions.RotaryPosition`): none, linear, llama3 (Llama 3.1) or yarn."""
+    says (:class:`attnspec.spec.positions.RotaryPosition`): none, linear, llama3 (Llama 3.1) or yarn
+    (dynamic changes the base: :func:`dynamic_base`)."""
     if node.scaling == "none":
         return frequencies
     if node.scaling == "linear":
@@ -148,6 +152,15 @@ def scaled_frequencies(frequencies: Tensor, node, base: float, width: int) -> Te
     ramp = ((torch.arange(frequencies.shape[0], dtype=torch.float64, device=frequencies.device) - low)
             / (high - low)).clamp(0, 1)
     return frequencies / node.factor * ramp + frequencies * (1 - ramp)
+
+
+def dynamic_base(length: Tensor, node, base: float, width: int) -> Tensor:
+    """Dynamic NTK's base at a call reaching ``length`` positions (a float64 scalar tensor: the batch's
+    furthest, as transformers takes it): base (factor n / original_max_len - factor + 1)^(width / (width - 2))
+    once n > original_max_len, else base."""
+    old, factor = node.original_max_len, node.factor
+    grown = base * (factor * length / old - (factor - 1)) ** (width / (width - 2))
+    return torch.where(length > old, grown, torch.full_like(grown, base))
 
 
 def _interleaved(x: Tensor, rotate) -> Tensor:

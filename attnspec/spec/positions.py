@@ -64,17 +64,22 @@ class RotaryPosition(PositionComponent):
     interleaved: bool = False
     """Pair adjacent channels (2i, 2i + 1) instead of (i, i + r/2) (GPT-J's layout; DeepSeek-V3's
     `rope_interleave`)."""
-    scaling: Literal["none", "linear", "llama3", "yarn"] = "none"
+    scaling: Literal["none", "linear", "llama3", "yarn", "dynamic"] = "none"
     """How the frequencies f_i = base^(-2i/r) are stretched for contexts past the trained one:
     `linear` f_i / factor (position interpolation); `llama3` f_i / factor for wavelengths past
     original_max_len / low_freq_factor, unchanged below original_max_len / high_freq_factor, a smooth
     blend between (Llama 3.1); `yarn` a blend of f_i and f_i / factor ramped over the dimensions that
     turn between beta_slow and beta_fast times in original_max_len positions, with cos and sin scaled
-    by `attention_factor` (YaRN). transformers' `rope_type` of the same names."""
+    by `attention_factor` (YaRN); `dynamic` (dynamic NTK) the base itself grown with the length n a
+    call reaches, base (factor n / original_max_len - factor + 1)^(r / (r - 2)) once n is past
+    original_max_len: a sequence is rotated with its whole length's base, while a decoding step rotates
+    its token with its own position's and the cached keys keep theirs (as transformers' `generate`), so
+    past original_max_len decoding a sequence and computing it at once differ. transformers' `rope_type`
+    of the same names."""
     factor: Annotated[float, Field(gt=0, le=1e6)] = 1.0
     """The stretch of a scaled rope."""
     original_max_len: Annotated[int, Field(gt=0, le=limits.MAX_LEN)] | None = None
-    """The context the model was trained at (`original_max_position_embeddings`; llama3 and yarn)."""
+    """The context the model was trained at (`original_max_position_embeddings`; llama3, yarn and dynamic)."""
     low_freq_factor: Annotated[float, Field(gt=0, le=1e6)] = 1.0
     """llama3: wavelengths past original_max_len / low_freq_factor are divided by factor."""
     high_freq_factor: Annotated[float, Field(gt=0, le=1e6)] = 4.0
@@ -103,12 +108,13 @@ class RotaryPosition(PositionComponent):
         return int(d_qk * self.rotary_fraction)
 
     def problems(self, *, causal: bool, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
-        if self.scaling in ("llama3", "yarn") and self.original_max_len is None:
+        if self.scaling in ("llama3", "yarn", "dynamic") and self.original_max_len is None:
             yield ("original_max_len",), f"{self.scaling} scaling needs the trained context: set original_max_len"
         if self.scaling == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             yield ("high_freq_factor",), "llama3 scaling blends between low_freq_factor and a larger high_freq_factor"
         if self.scaling == "none" and (self.factor != 1.0 or self.original_max_len is not None):
-            yield ("scaling",), "factor and original_max_len stretch a scaled rope: set scaling (linear, llama3, yarn)"
+            yield ("scaling",), ("factor and original_max_len stretch a scaled rope: set scaling (linear, llama3, yarn, "
+                                 "dynamic)")
         if d_qk is not None and self.rotary_fraction == 1 and d_qk % 2:
             yield (), f"rope rotates pairs of query/key channels, so d_qk must be even, got {d_qk}"
         elif d_qk is not None and (self.rotary_width(d_qk) % 2 or self.rotary_width(d_qk) == 0):

@@ -341,12 +341,15 @@ FAMILIES = {
             {"kind": "linear", "heads": 4, "d_qk": 4, "d_v": 8, "qk_groups": 2, "feature_map": "identity",
              "normalize": False, "transition": {"kind": "mamba", "scale_input": True}, "skip": True,
              "group_norm": True, "norm_span": "group", "output_gate": "swish"},
-            {"kind": "softmax", "heads": 2, "window": 8, "position": "rope"}]}, "mlp": "none", "norm": "rmsnorm"}],
+            {"kind": "softmax", "heads": 2, "window": 8,
+             "position": {"kind": "rope", "scaling": "dynamic", "factor": 2.0, "original_max_len": 16}}]},
+         "mlp": "none", "norm": "rmsnorm"}],
     "final_norm": "rmsnorm"}
 """Every part the released models brought, in one spec: latent attention, the RG-LRU, a block without a
 mixer holding grouped experts, the gated convolution, Mamba-1, QK-norm over the whole width, KDA's shared
 A and low-rank gate, MiniMax's lightning attention, xLSTM's mLSTM, Falcon-H1's parallel branches (Mamba2
-with a norm per group beside windowed attention), sandwich, output and normed-residual placements."""
+with a norm per group beside windowed attention with dynamic NTK RoPE), sandwich, output and normed-residual
+placements."""
 
 
 @pytest.mark.slow  # one build with its compile check and exports (about a minute on 2 cores)

@@ -324,8 +324,6 @@ def test_an_impossible_mixture_of_experts_is_a_located_refusal_and_nothing_is_wr
 
 @pytest.mark.parametrize("change, words", [
     ({"model_type": "gpt2"}, ["model_type", "supported"]),
-    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 8.0}},
-     ["rope_type", "dynamic", "grows with the length"]),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0}}, ["rope_type", "longrope"]),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": -2}}, ["factor", "positive"]),
     ({"hidden_act": "quick_gelu"}, ["hidden_act", "quick_gelu"]),
@@ -992,3 +990,38 @@ def test_an_imported_falcon_h1_exports_with_its_multipliers_folded_and_loads_as_
     assert type(loaded) is FalconH1ForCausalLM and loaded.config.ssm_multipliers == [1.0] * 5
     with torch.no_grad():
         assert _relative(loaded(_tokens()).logits, reference(_tokens()).logits) < 1e-5
+
+
+def test_dynamic_ntk_rope_imports_logit_equal_and_decodes_as_transformers_generates(tmp_path):
+    """Dynamic NTK past a trained context of 12: a sequence of 21 is rotated with the base its length gives,
+    and greedy decoding from 9 tokens to 17 rotates each new token with its own position's base, as a fresh
+    transformers model computes and generates (its rotary module keeps the largest length it has seen, so
+    each comparison loads it anew). Below the trained context nothing is scaled: decoding equals the whole
+    sequence computed at once there, and departs from it past it, as transformers' does."""
+    from attnspec.hf.convert import native_config
+
+    config = LlamaConfig(**{**SMALL, "max_position_embeddings": 12},
+                         rope_parameters={"rope_theta": 500.0, "rope_type": "dynamic", "factor": 4.0})
+    _perturbed(lambda: LlamaForCausalLM(config)).save_pretrained(tmp_path)
+
+    def fresh():
+        reference = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+        reference.generation_config.eos_token_id = None
+        return reference
+
+    assert native_config(spec_from_checkpoint(tmp_path)[1], "llama")["rope_parameters"]["rope_type"] == "dynamic"
+    spec = spec_from_checkpoint(tmp_path, max_len=64)[1]
+    model = build_model_from_spec(spec)
+    model.load_state_dict(convert_weights(spec, tmp_path, "llama"))
+    model.eval()
+    tokens, prompt = _tokens(), _tokens(length=9)
+    with torch.no_grad():
+        assert _relative(model(tokens), fresh()(tokens).logits) < BOUND
+        out = fresh().generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                               attention_mask=torch.ones_like(prompt))
+        assert torch.equal(model.generate(prompt, 8, temperature=0.0), out)
+        logits, *state = model.prefill(tokens[:, :4])
+        for t in range(4, 14):
+            logits, *state = model.step(tokens[:, t], *state)
+            whole = model(tokens[:, :t + 1])[:, t]
+            assert (_relative(logits, whole) < 1e-5) is (t < 12), t

@@ -155,3 +155,17 @@ def test_every_command_and_flag_the_docs_show_exists():
         options = set(re.findall(r"--[a-z][a-z0-9-]*", result.output))
         missing += [f"attnspec {' '.join(key)} {flag}" for flag in sorted(flags - options)]
     assert not missing, missing
+
+
+def test_the_command_line_lets_idle_openmp_threads_sleep_unless_told_otherwise(tmp_path):
+    """OMP_WAIT_POLICY=PASSIVE by default (benchmarks/threads.py: spinning threads collapse under load);
+    a user's own setting is kept."""
+    import os
+
+    probe = ("import os, sys; sys.argv = ['attnspec', '--help']\nfrom attnspec.cli import main\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\nprint('POLICY', os.environ.get('OMP_WAIT_POLICY'))")
+    for given, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given}
+                                                                                if given else {})
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert f"POLICY {expected}" in out.stdout, out.stderr

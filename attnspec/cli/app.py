@@ -634,6 +634,11 @@ def main() -> None:
     Usage errors (unknown option, missing argument) are reported by typer with exit
     code 2; attnspec errors are printed here with exit code 2.
     """
+    # OpenMP threads that sleep when idle rather than spin (read when torch loads, and by every child
+    # process: sweep workers, compile checks, torchrun ranks): with other processes on the cores, a
+    # spinning second thread made a training step 5-20x slower than one thread, a sleeping one 1.1-1.2x
+    # (benchmarks/threads.py; README "Threads"). A user's own setting stands.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     signal.signal(signal.SIGTERM, _terminate)
     try:
         app()

@@ -44,6 +44,8 @@ def explain_table(spec, length: int, mixers: list, plans: list, sizes: list) -> 
             for mode in regime_modes(mixer, regime):
                 measured = (entry.measured or {}).get(mode)
                 shown = milliseconds(measured) if measured is not None else entry.skipped.get(mode, "-")
+                if measured is not None and entry.spread.get(mode):  # the runs' interquartile range / median
+                    shown += f" ±{entry.spread[mode] / 2:.0%}"
                 times.append(f"{mode}: {shown} / {milliseconds(entry.candidates[mode])}")
             chosen = f"{entry.full_mode} · {entry.backend}"
             if entry.export_backend != entry.backend and regime == "inference":

@@ -26,13 +26,18 @@ the ratio). The others run at full length, interleaved round-robin (the machine 
 ``MAX_BYTES`` is not run at all (a quadratic per-channel form at L = 4096 would need gigabytes).
 Training at a large batch is measured at ``MAX_MEASURED_BATCH`` and scaled linearly (time per
 example is flat there).
+
+Sanity: each mode's spread (the interquartile range of its timed runs over their median) is stored
+beside its time and shown by ``explain``. A measurement where a mode's spread is over ``MAX_SPREAD``
+(the machine's load changed while it ran) is taken again once; if it is still that noisy it is not
+stored, and the plan for that mixer comes from the cost model until a quieter calibration.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,6 +52,7 @@ TIME_PER_MODE = 0.6  # seconds of timed runs per mode at most, after the first
 MAX_MEASURED_BATCH = 8
 PROBE_MIN = 64  # shorter probes measure fixed overheads only
 MAX_GROWTH = 2.0  # a probe's prediction assumes at most twice linear growth from L / 4 to L
+MAX_SPREAD = 0.5  # a mode whose timed runs' interquartile range is over half their median is noise-bound
 
 
 @dataclass
@@ -56,6 +62,13 @@ class Measured:
     seconds: dict[str, float]
     skipped: dict[str, str]
     measured_batch: int
+    spread: dict[str, float] = field(default_factory=dict)
+    """Per mode, the interquartile range of the timed runs over their median (0 with fewer than 4 runs)."""
+
+    @property
+    def noisy(self) -> list[str]:
+        """The modes measured with a spread over ``MAX_SPREAD``."""
+        return [mode for mode, spread in self.spread.items() if spread > MAX_SPREAD]
 
 
 def calibrate_spec(spec: Spec, *, regime: str, batch: int, length: int, calibration: Calibration | None = None,
@@ -84,9 +97,13 @@ def calibrate_spec(spec: Spec, *, regime: str, batch: int, length: int, calibrat
         modes = regime_modes(block.mixer, regime)
         if len(modes) < 2:
             continue  # nothing to choose
-        measured = measure_mixer(spec, block.mixer, regime=regime, batch=batch, length=length, modes=modes,
-                                 seed=spec.seed + 7919 * index)
-        calibration.store(signature, regime, batch, length, measured.seconds, measured.skipped)
+        for _ in range(2):  # a noisy measurement (the load changed while it ran) is taken once more
+            measured = measure_mixer(spec, block.mixer, regime=regime, batch=batch, length=length, modes=modes,
+                                     seed=spec.seed + 7919 * index)
+            if not measured.noisy:
+                calibration.store(signature, regime, batch, length, measured.seconds, measured.skipped,
+                                  measured.spread)
+                break
     calibration.save()
     return calibration
 
@@ -129,14 +146,24 @@ def measure_mixer(spec: Spec, node, *, regime: str, batch: int, length: int, mod
     # Inference is measured on the graph path: the exported programs a build writes run it (the CPU
     # chunk kernel is not in them, so that they load without attnspec). Training never uses the kernel.
     with native.disabled():
-        seconds = _measure(call, order, length, measured_batch, node, training, estimates, skipped, skip_slow)
+        runs = _measure(call, order, length, measured_batch, node, training, estimates, skipped, skip_slow)
     mixer.zero_grad(set_to_none=True)
-    return Measured({mode: t * scale for mode, t in seconds.items()}, skipped, measured_batch)
+    return Measured({mode: statistics.median(times) * scale for mode, times in runs.items()}, skipped, measured_batch,
+                    {mode: spread(times) for mode, times in runs.items()})
+
+
+def spread(times: list[float]) -> float:
+    """The interquartile range of ``times`` over their median (0 for fewer than 4: no spread to read)."""
+    if len(times) < 4:
+        return 0.0
+    low, _, high = statistics.quantiles(times, n=4)
+    return (high - low) / statistics.median(times)
 
 
 def _measure(call, order: list[str], length: int, batch: int, node, training: bool, estimates: dict, skipped: dict,
-             skip_slow: bool) -> dict[str, float]:
-    """Median seconds per ``call(mode, length)`` of each mode in ``order``; adds the modes it skips to ``skipped``."""
+             skip_slow: bool) -> dict[str, list[float]]:
+    """The timed seconds of ``call(mode, length)`` for each mode in ``order`` (interleaved runs); adds the
+    modes it skips to ``skipped``."""
     # Probe at a quarter of the length (two calls: the first pays lazy initialisation) and predict
     # the time at L by the cost model's growth from L/4 to L, capped at MAX_GROWTH (fixed costs make
     # real growth slower than the model's: a quadratic form measured growing 6x where the model said
@@ -160,7 +187,7 @@ def _measure(call, order: list[str], length: int, batch: int, node, training: bo
     for _ in range(rounds - 1):  # interleaved: a noisy moment hits every mode alike
         for mode in candidates:
             runs[mode].append(call(mode, length))
-    return {mode: statistics.median(times) for mode, times in runs.items()}
+    return runs
 
 
 @dataclass

@@ -35,7 +35,9 @@ def calibration_path() -> Path:
 
 
 def machine_key() -> str:
-    """This machine and software, as far as speed goes: attnspec and torch versions, CPU model and count."""
+    """This machine and software, as far as speed goes: attnspec and torch versions, CPU model and count,
+    and the threads asked for (``OMP_NUM_THREADS``, as sweep workers set it; a measurement at 1 thread
+    does not plan a run at 2)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -50,13 +52,15 @@ def machine_key() -> str:
                 break
     except OSError:
         pass
-    return f"attnspec {VERSION}, torch {torch_version}, {cpu}, {os.cpu_count()} cpus"
+    threads = os.environ.get("OMP_NUM_THREADS", "default")
+    return f"attnspec {VERSION}, torch {torch_version}, {cpu}, {os.cpu_count()} cpus, {threads} threads"
 
 
 class Calibration:
     """This machine's measured mode times (:mod:`attnspec.compiler.calibrate`), from a JSON cache file.
 
-    ``entries`` maps ``"signature|regime|B|L"`` to ``{"seconds": {mode: s}, "skipped": {mode: why}}``.
+    ``entries`` maps ``"signature|regime|B|L"`` to ``{"seconds": {mode: s}, "skipped": {mode: why},
+    "spread": {mode: interquartile range / median}}``.
     An unreadable or oversized file is treated as empty (it is a cache, rewritten on save).
     """
 
@@ -82,8 +86,9 @@ class Calibration:
         return self.entries.get(self.key(signature, regime, batch, length))
 
     def store(self, signature: str, regime: str, batch: int, length: int, seconds: dict[str, float],
-              skipped: dict[str, str]) -> None:
-        self.entries[self.key(signature, regime, batch, length)] = {"seconds": seconds, "skipped": skipped}
+              skipped: dict[str, str], spread: dict[str, float] | None = None) -> None:
+        self.entries[self.key(signature, regime, batch, length)] = {"seconds": seconds, "skipped": skipped,
+                                                                    "spread": spread or {}}
 
     def save(self) -> None:
         """Merge into the file (other processes may have added entries) and replace it atomically."""
@@ -104,9 +109,10 @@ def _valid_entry(entry: object) -> bool:
     """A cache entry as :meth:`Calibration.store` writes it: finite non-negative seconds, reasons as text."""
     if not isinstance(entry, dict) or not isinstance(entry.get("seconds"), dict):
         return False
-    seconds, skipped = entry["seconds"], entry.get("skipped", {})
-    return (all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
-                for t in seconds.values())
+    seconds, skipped, spread = entry["seconds"], entry.get("skipped", {}), entry.get("spread", {})
+    return (isinstance(spread, dict) and all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                             and math.isfinite(t) and t >= 0
+                                             for t in (*seconds.values(), *spread.values()))
             and isinstance(skipped, dict)
             and all(isinstance(why, str) and len(why) <= MAX_REASON_CHARS for why in skipped.values()))
 

@@ -55,6 +55,7 @@ class PlanLayer(_Strict):
     candidates: dict[Text, float]
     measured: dict[Text, float] | None = None
     skipped: dict[Text, Text] = Field(default_factory=dict)
+    spread: dict[Text, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
     backend: BackendName = "graph"
     export_backend: BackendName = "graph"
     decode_cache: Annotated[int, Field(gt=0, le=limits.MAX_LEN)] | None = None

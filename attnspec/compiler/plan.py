@@ -66,6 +66,8 @@ class LayerPlan:
     """Measured seconds of the modes this machine's calibration ran (None: not calibrated)."""
     skipped: dict[str, str] = field(default_factory=dict)
     """Modes the calibration did not run, and why."""
+    spread: dict[str, float] = field(default_factory=dict)
+    """Per measured mode, the interquartile range of its timed runs over their median."""
     backend: str = "graph"
     """What runs ``full_mode`` in the plan's regime on its device (:meth:`MixerComponent.backends`)."""
     export_backend: str = "graph"
@@ -195,8 +197,10 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, train
     seconds = {name: cost.seconds for name, cost in costs.items()}
     decode = mixer.decode_mode
     measured = skipped = None
+    spread = {}
     if calibrated is not None:
         measured = {mode: t for mode, t in calibrated["seconds"].items() if mode in valid}
+        spread = {mode: s for mode, s in calibrated.get("spread", {}).items() if mode in valid}
         skipped = {mode: why for mode, why in calibrated.get("skipped", {}).items() if mode in valid}
     if mixer.is_identity:
         return LayerPlan(path, mixer.describe(), mixer.modes()[0], decode, costs[mixer.modes()[0]],
@@ -229,7 +233,8 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, train
             reason += "; recurrent cannot be exported with a dynamic length"
     if decode is None:
         reason += "; no decoding step (" + ("the family has none)" if mixer.causal else "non-causal)")
-    return LayerPlan(path, mixer.describe(), chosen, decode, costs[chosen], reason, seconds, measured, skipped or {})
+    return LayerPlan(path, mixer.describe(), chosen, decode, costs[chosen], reason, seconds, measured, skipped or {},
+                     spread=spread)
 
 
 def _ms(seconds: float) -> str:

@@ -316,6 +316,12 @@ class Architecture:
         import refuses it: attnspec imports nothing it would drop)."""
         return False
 
+    def derived_tensors(self, spec, tensors: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
+        """Tensors a checkpoint of this type stores that are computed from others (the ones :meth:`unused`
+        leaves unread on import), for export: ``tensors`` are the linked ones, ``config`` the config
+        written beside them. Empty for most types."""
+        return {}
+
     def weight_scales(self, spec, config: Config) -> dict[str, float]:
         """attnspec tensor -> the constant its checkpoint tensor is multiplied by in transformers' forward
         (μP multipliers inside a layer, folded into the weight they multiply on import; the exported
@@ -1831,6 +1837,23 @@ class MiniMax(Architecture):
 
     def unused(self, name: str, spec) -> bool:
         return name.rsplit(".", 1)[-1] in self.DECAYS and ".self_attn." in name
+
+    def derived_tensors(self, spec, tensors: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
+        """The blocked form's decay factors of each lightning layer, as MiniMaxLightningAttention computes
+        them from its slopes s (H, 1, 1) and ``block_size`` b: exp(-s i) and exp(-s (b - i)) for i = 1..b,
+        and exp(-s (i - j)) for i >= j (0 above the diagonal)."""
+        block = config.get("block_size", 256)
+        derived = {}
+        for name, slope in tensors.items():
+            if not name.endswith(".self_attn.slope_rate"):
+                continue
+            steps = torch.arange(block, dtype=slope.dtype) + 1
+            prefix = name.removesuffix("slope_rate")
+            gap = slope * (steps[:, None] - steps[None, :])[None]
+            derived[f"{prefix}query_decay"] = torch.exp(-slope * steps[:, None])
+            derived[f"{prefix}key_decay"] = torch.exp(-slope * (block - steps[:, None]))
+            derived[f"{prefix}diagonal_decay"] = torch.exp(torch.where(gap >= 0, -gap, -math.inf))[None]
+        return derived
 
 
 class XLstm(Architecture):

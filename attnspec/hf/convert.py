@@ -291,6 +291,7 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
     if config is not None:
         tensors = {link.theirs: link.join([ours[name] for name in link.ours])
                    for link in ARCHITECTURES[model_type].links(spec)}
+        tensors.update(ARCHITECTURES[model_type].derived_tensors(spec, tensors, config))
     else:
         model_type = ATTNSPEC_TYPE
         config = attnspec_config(spec, [block.mixer.mode for block in model.blocks])

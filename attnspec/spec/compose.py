@@ -382,13 +382,16 @@ def _assign(data: dict, smap: SourceMap, path: Path, value: Any, where: Position
     elif not isinstance(node, dict):
         raise fail(f"'{format_path(path[:-1])}' is not a mapping")
     elif last == "kind" and len(path) > 1 and isinstance(path[-2], str):
-        _keep_fields_of_kind(node, path[-2], value)
+        _keep_fields_of_kind(node, components._FIELDS, path[-2], value)
+    elif last == "kind" and len(path) > 2 and isinstance(path[-2], int) and isinstance(path[-3], str):
+        _keep_fields_of_kind(node, components._LIST_FIELDS, path[-3], value)  # a parallel mixer's branches[i]
     node[last] = value
 
 
-def _keep_fields_of_kind(node: dict, key: str, new_kind: Any) -> None:
-    """Changing the ``kind`` of the component under ``key``: drop the fields the new kind lacks."""
-    slots = {slot for _, name, slot in components._FIELDS if name == key}
+def _keep_fields_of_kind(node: dict, fields: list, key: str, new_kind: Any) -> None:
+    """Changing the ``kind`` of the component under ``key`` (a slot field, or an item of a list of a slot's
+    components, as ``fields`` records them): drop the fields the new kind lacks."""
+    slots = {slot for _, name, slot in fields if name == key}
     if len(slots) != 1 or not isinstance(new_kind, str):
         return
     slot = slots.pop()

@@ -110,3 +110,37 @@ def test_built_is_marked_constant_exactly_as_torch_would():
 
     marked = torch._dynamo.assume_constant_result(lambda: True)
     assert set(vars(marked)) == {"_dynamo_marked_constant"} and native.built._dynamo_marked_constant is True
+
+
+def test_a_noisy_measurement_is_taken_again_and_never_stored(tmp_path, monkeypatch):
+    """A mode whose timed runs spread over MAX_SPREAD (interquartile range / median: the load changed while
+    it ran) is measured once more; still noisy, nothing is stored and the plan comes from the cost model.
+    A quiet one is stored with its spread, which the plan carries for `explain`."""
+    from attnspec.compiler import calibrate
+
+    spec = as_spec(SPEC_DIR / "linear-elu.yaml")
+    attempts = []
+
+    def fake(spread):
+        def measure(*args, **kwargs):
+            attempts.append(spread)
+            return calibrate.Measured({"chunk": 1.0, "scan": 2.0}, {}, 1, {"chunk": spread, "scan": 0.1})
+        return measure
+
+    monkeypatch.setattr(calibrate, "measure_mixer", fake(0.9))
+    calibration = calibrate.calibrate_spec(spec, regime="inference", batch=1, length=64,
+                                           calibration=Calibration(tmp_path / "c.json", {}, "test"))
+    assert attempts == [0.9, 0.9] and calibration.entries == {}
+    assert "not calibrated" in plan_spec(spec, 64, calibration=calibration).layers[0].reason
+    monkeypatch.setattr(calibrate, "measure_mixer", fake(0.2))
+    calibration = calibrate.calibrate_spec(spec, regime="inference", batch=1, length=64, calibration=calibration)
+    layer = plan_spec(spec, 64, calibration=calibration).layers[0]
+    assert layer.measured == {"chunk": 1.0, "scan": 2.0} and layer.spread == {"chunk": 0.2, "scan": 0.1}
+
+
+def test_spread_is_the_interquartile_range_over_the_median():
+    from attnspec.compiler.calibrate import spread
+
+    assert spread([1.0, 1.0, 1.0]) == 0.0  # too few runs to read a spread
+    assert spread([1.0, 1.0, 1.0, 1.0, 1.0]) == 0.0
+    assert spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4.5 - 1.5) / 3.0)

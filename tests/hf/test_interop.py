@@ -905,7 +905,7 @@ def test_minimax_computes_transformers_logits_in_every_mode_and_decodes_alike(tm
         assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), expected)
 
 
-def test_a_minimax_slope_that_is_not_positive_is_refused_by_name(tmp_path):
+def test_minimax_slopes_are_read_positive_and_their_decays_written_back_as_transformers_computes_them(tmp_path):
     from safetensors.torch import load_file, save_file
     from transformers import MiniMaxConfig, MiniMaxForCausalLM
 
@@ -913,6 +913,11 @@ def test_a_minimax_slope_that_is_not_positive_is_refused_by_name(tmp_path):
                            layer_types=["linear_attention", "full_attention"])
     _perturbed(lambda: MiniMaxForCausalLM(config)).save_pretrained(tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")
+    from attnspec.hf.architectures import ARCHITECTURES  # export writes the decays derived from the slopes:
+    slopes = {k: v for k, v in tensors.items() if k.endswith("slope_rate")}
+    derived = ARCHITECTURES["minimax"].derived_tensors(None, slopes, {"block_size": config.block_size})
+    assert derived.keys() == {k for k in tensors if k.endswith("_decay")}
+    assert all(torch.allclose(derived[k], tensors[k], rtol=1e-6, atol=0) for k in derived)  # as transformers'
     tensors["model.layers.0.self_attn.slope_rate"][1] = 0.0
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     spec = spec_from_checkpoint(tmp_path)[1]

@@ -93,3 +93,10 @@ def test_a_resolved_parallel_spec_states_each_branch_and_rebuilds_the_same_model
 def test_what_a_parallel_mixer_cannot_be_is_a_located_error(mixer, where):
     with pytest.raises(SpecError, match=where):
         load_spec(_spec(mixer))
+
+
+def test_one_edit_swaps_a_branch_s_family_dropping_the_fields_the_new_one_lacks():
+    relu = {"kind": "linear", "heads": 2, "feature_map": "relu"}
+    spec = load_spec(_spec({"kind": "parallel", "branches": [relu, ATTENTION]}),
+                     ["layers[0].mixer.branches[0].kind=softmax"])
+    assert [branch.kind for branch in spec.layers[0].mixer.branches] == ["softmax", "softmax"]

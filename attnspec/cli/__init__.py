@@ -1,5 +1,5 @@
 """The ``attnspec`` command line: :mod:`.app` holds the commands (each calls one library function),
-:mod:`.display` and :mod:`.sweeps` what they show. Renders, never computes."""
+:mod:`.display`, :mod:`.sweeps` and :mod:`.metrics` what they show. Renders, never computes."""
 
 from attnspec.cli.app import app, main
 

@@ -19,8 +19,9 @@ import typer
 import typer.core
 from rich.markup import escape
 
-from attnspec.cli.display import (TrainingDisplay, err, evaluation_table, explain_table, metrics_text, out,
-                                  print_build_summary, print_report, rich_table, stage_progress, verify_table)
+from attnspec.cli.display import (TrainingDisplay, err, evaluation_table, explain_table, out, print_build_summary,
+                                  print_report, rich_table, stage_progress, verify_table)
+from attnspec.cli.metrics import metrics_text
 from attnspec.errors import AttnSpecError, RunInterrupted, SpecError
 
 app = typer.Typer(

@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from attnspec.cli.metrics import metrics_text
+
 # Piped output (CI logs, files) gets a wide fixed width: rich's 80-column default truncates table cells.
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -208,20 +210,6 @@ class TrainingDisplay:
             elif time.monotonic() - self.last_plain > 10 or record["step"] == record["steps"]:
                 self.last_plain = time.monotonic()
                 out.print(f"step {record['step']}/{record['steps']}: {text}", markup=False)
-
-
-def metrics_text(metrics: dict) -> str:
-    """A run's evaluation in one line: each number, the accuracy with its chance level beside it and
-    "not learned" where it is within noise of it (``learned`` False)."""
-    parts = []
-    for key, value in metrics.items():
-        if key in ("step", "chance", "learned") or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        text = f"{key} {value:.4g}"
-        if key == "accuracy" and metrics.get("chance") is not None:
-            text += f" (chance {metrics['chance']:.3g}{', not learned' if metrics.get('learned') is False else ''})"
-        parts.append(text)
-    return ", ".join(parts)
 
 
 def verify_table(report) -> Table:

@@ -15,7 +15,7 @@ from rich.text import Text
 from attnspec.ablation.ablate import SweepPlan
 from attnspec.ablation.estimate import format_flops, format_seconds
 from attnspec.ablation.sweep import MISSING
-from attnspec.cli.display import metrics_text
+from attnspec.cli.metrics import metrics_text
 
 MAX_DIFFERENCES = 12
 """Differences printed per variant before `... and N more`."""

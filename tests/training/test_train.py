@@ -323,7 +323,7 @@ def test_sigterm_marks_a_cli_run_interrupted_at_its_checkpoint_and_says_how_to_r
 
 def test_the_training_log_and_result_show_chance_beside_accuracy(tmp_path):
     """MQAR at 2 pairs: accuracy is reported with the test set's chance level and whether it is beyond it."""
-    from attnspec.cli.display import metrics_text
+    from attnspec.cli.metrics import metrics_text
 
     run = _tiny_run(tmp_path / "run", steps=2)
     result = json.loads((tmp_path / "run" / "result.json").read_text())

@@ -13,14 +13,16 @@ from attnspec.nn.registry import build, register
 
 @register("mixer", "parallel")
 class ParallelMixer(Mixer):
-    """y = Σ_b w_b branch_b(x). Setting ``mode`` hands each branch the mode it runs then
-    (:meth:`_branch_mode`)."""
+    """y = Σ_b w_b branch_b(x). Setting ``mode`` hands each branch the mode it runs then (the IR's
+    :meth:`~attnspec.spec.mixers.parallel.ParallelMixer.branch_mode`, tabled at build)."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
         self.branches = nn.ModuleList(build("mixer", branch, d_model=d_model, max_len=max_len, seed=seed + 104729 * i)
                                       for i, branch in enumerate(node.branches))
-        self.forced = [branch.mode != "auto" for branch in node.branches]
+        # block mode -> each branch's mode, from the IR's one rule
+        self.branch_modes = {mode: tuple(node.branch_mode(branch, mode) for branch in node.branches)
+                             for mode in node.modes()}
         self.weights = list(node.weights or [1.0] * len(node.branches))
         meta = torch.device("meta")
         self.state_counts = [len(branch.init_state(1, torch.float32, meta)) if branch.has_step else 0
@@ -34,16 +36,9 @@ class ParallelMixer(Mixer):
     @mode.setter
     def mode(self, mode: str) -> None:
         self._mode = mode
-        for branch, forced in zip(self._modules.get("branches", ()), getattr(self, "forced", ())):
-            branch.mode = self._branch_mode(branch, forced, mode)
-
-    @staticmethod
-    def _branch_mode(branch: Mixer, forced: bool, mode: str) -> str:
-        """The mode ``branch`` runs in the block's ``mode``: its spec's if forced, else ``mode`` where it has
-        it, else its own first (the IR's :meth:`~attnspec.spec.mixers.parallel.ParallelMixer.branch_mode`)."""
-        if forced:
-            return branch.mode
-        return mode if mode in branch.modes else branch.modes[0]
+        if "branches" in self._modules:  # the base class sets the planned mode before the branches exist
+            for branch, branch_mode in zip(self.branches, self.branch_modes[mode]):
+                branch.mode = branch_mode
 
     def projections(self) -> list[nn.Linear]:
         return [projection for branch in self.branches for projection in branch.projections()]
@@ -70,8 +65,8 @@ class ParallelMixer(Mixer):
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         mode = self._checked_mode(mode)
-        return self._weighted([branch(x, self._branch_mode(branch, forced, mode))
-                               for branch, forced in zip(self.branches, self.forced)])
+        return self._weighted([branch(x, branch_mode)
+                               for branch, branch_mode in zip(self.branches, self.branch_modes[mode])])
 
     # -- decoding: the branches' states in branch order
     def _split(self, state: tuple[Tensor, ...]) -> list[tuple[Tensor, ...]]:

@@ -6,9 +6,11 @@ Readable top to bottom: ``Model.forward`` is the whole computation.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnspec.nn.channel  # noqa: F401  (registers the norms and MLPs)
@@ -33,13 +35,18 @@ class Block(nn.Module):
     """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); ``sandwich``: x + post_norm(f(norm(x)));
     ``output``: x + norm(f(x)); ``normed_residual``: norm(x) + f(norm(x)); each sub-layer's skip and output
     times its own α and β (``skip_scale``, ``residual_scale``: α x + β f(x)); a sub-layer without its
-    residual drops the ``α x +``; ``mixer: none`` drops the mixer's sub-layer and its norm."""
+    residual drops the ``α x +``; ``mixer: none`` drops the mixer's sub-layer and its norm. A block that
+    calls a shared block (``shared_use``) adds its output to the mixer's input: x + f(norm(x + P S(..)))."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None,
+                 shared_use: "SharedUse | None" = None):
         super().__init__()
-        self.mixer = build("mixer", node.mixer, d_model=d_model, max_len=max_len, seed=seed)
+        # d_in: the mixer's input width where a shared block reads [hidden, embeddings] (its mixer projects it)
+        wide = {"d_in": d_in} if d_in not in (None, d_model) else {}
+        self.shared_use = shared_use
+        self.mixer = build("mixer", node.mixer, d_model=d_model, max_len=max_len, seed=seed, **wide)
         self.mlp = None if node.mlp.is_identity else build("mlp", node.mlp, d_model=d_model)
-        self.norm1 = None if node.mixer.is_identity else build("norm", node.norm, dim=d_model)  # `mixer: none`
+        self.norm1 = None if node.mixer.is_identity else build("norm", node.norm, dim=d_in or d_model)  # `mixer: none`
         self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None else None
         self.pre = node.norm_placement in ("pre", "sandwich", "normed_residual")
         self.normed_skip = node.norm_placement == "normed_residual"  # the skip carries norm(x), not x
@@ -51,10 +58,12 @@ class Block(nn.Module):
         self.mixer_scales, self.mlp_scales = node.scales()
 
     def _sublayer(self, x: Tensor, f, norm: nn.Module, residual: bool, post_norm: nn.Module | None,
-                  scales: tuple[float, float]) -> Tensor:
+                  scales: tuple[float, float], feed: Tensor | None = None) -> Tensor:
         if self.normed_skip:
             x = norm(x)
             y = f(x)
+        elif feed is not None:  # a shared block's output joins the mixer's input, not the skip (`pre` only)
+            y = f(norm(x + feed))
         else:
             y = f(norm(x)) if self.pre else norm(f(x)) if self.output_norm else f(x)
         if post_norm is not None:
@@ -69,23 +78,59 @@ class Block(nn.Module):
             x = x * skip_scale
         return norm(x + y) if after else x + y
 
-    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+    def forward(self, x: Tensor, mode: str | None = None, embeddings: Tensor | None = None) -> Tensor:
+        """x (B, L, d_in) -> (B, L, d_model); ``embeddings`` (B, L, d_model): the model's first hidden state,
+        which a shared block reading [hidden, embeddings] takes beside x."""
+        feed = None if self.shared_use is None else self.shared_use(x, embeddings)
         if self.norm1 is not None:
             x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual, self.post_norm1,
-                               self.mixer_scales)
+                               self.mixer_scales, feed)
         if self.mlp is not None:
             x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
         return x
 
-    def step(self, x: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """One position: x (B, d_model) and the mixer's state -> (B, d_model) and its new state."""
-        return self._stateful(x, lambda h: self.mixer.step(h, state, position))
+    @property
+    def has_step(self) -> bool:
+        """Its mixer decodes one token at a time, and so does the shared block it calls."""
+        return self.mixer.has_step and (self.shared_use is None or self.shared_use.tied_view.has_step)
 
-    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """A whole prompt: x (B, L, d_model) -> (B, L, d_model) and the mixer's state after it."""
-        return self._stateful(x, self.mixer.prefill)
+    @property
+    def decode_limit(self) -> int | None:
+        """The positions its decoding state holds (the mixer's, or the shared block's when fewer); None: unbounded."""
+        limits_ = [self.mixer.decode_limit] + ([] if self.shared_use is None else [self.shared_use.tied_view.decode_limit])
+        bounded = [limit for limit in limits_ if limit is not None]
+        return min(bounded) if bounded else None
 
-    def _stateful(self, x: Tensor, mixer_call) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def init_state(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
+        """The decoding state: the mixer's tensors, then those of the shared block this block calls (its own
+        cache: each call reads its own input)."""
+        state = tuple(self.mixer.init_state(batch, dtype, device))
+        return state if self.shared_use is None else state + self.shared_use.tied_view.init_state(batch, dtype, device)
+
+    def state_size(self, length: int) -> int:
+        """Numbers one sequence carries from its past at ``length`` (the mixer's, and its shared call's)."""
+        own = self.mixer.state_size(length)
+        return own if self.shared_use is None else own + self.shared_use.tied_view.state_size(length)
+
+    def step(self, x: Tensor, state: tuple[Tensor, ...], position: Tensor,
+             embeddings: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One position: x (B, d_in) and the block's state -> (B, d_model) and its new state."""
+        feed, shared_state = None, ()
+        if self.shared_use is not None:
+            count = len(state) - self.shared_use.state_count
+            state, (feed, shared_state) = state[:count], self.shared_use.step(x, embeddings, state[count:], position)
+        x, state = self._stateful(x, lambda h: self.mixer.step(h, state, position), feed)
+        return x, state + shared_state
+
+    def prefill(self, x: Tensor, embeddings: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """A whole prompt: x (B, L, d_in) -> (B, L, d_model) and the block's state after it."""
+        feed, shared_state = None, ()
+        if self.shared_use is not None:
+            feed, shared_state = self.shared_use.prefill(x, embeddings)
+        x, state = self._stateful(x, self.mixer.prefill, feed)
+        return x, state + shared_state
+
+    def _stateful(self, x: Tensor, mixer_call, feed: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         box = {}
 
         def mix(h: Tensor) -> Tensor:
@@ -93,10 +138,108 @@ class Block(nn.Module):
             return y
 
         if self.norm1 is not None:
-            x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales)
+            x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales, feed)
         if self.mlp is not None:
             x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
-        return x, box.get("state", ())
+        return x, tuple(box.get("state", ()))
+
+
+class LowRankAdapter(nn.Module):
+    """One use's adapter of a shared projection W (out, d_in): x -> B A x, A = ``down`` (rank, d_in) drawn as
+    nn.Linear draws, B = ``up`` (out, rank) zero, so a new adapter changes nothing (LoRA's start)."""
+
+    def __init__(self, d_in: int, rank: int, out: int):
+        super().__init__()
+        self.down = nn.Linear(d_in, rank, bias=False)
+        self.up = nn.Linear(rank, out, bias=False)
+        nn.init.zeros_(self.up.weight)
+
+
+class Adapted(nn.Module):
+    """A shared projection with one use's adapter: base(x) + B[rows] A x (``rows``: the part of the adapter's
+    output that is this projection's, when one adapter spans several, as a GLU's two input projections)."""
+
+    def __init__(self, base: nn.Linear, adapter: LowRankAdapter, rows: tuple[int, int]):
+        super().__init__()
+        self.base, self.adapter, self.rows = base, adapter, rows
+
+    def forward(self, x: Tensor) -> Tensor:
+        start, stop = self.rows
+        return self.base(x) + F.linear(self.adapter.down(x), self.adapter.up.weight[start:stop])
+
+
+VIEW = "tied_view"
+"""The attribute of a :class:`SharedUse` holding its view of the shared block: every tensor there is
+the shared block's or the use's adapters', so its names are aliases, left out of the state dict."""
+
+
+class SharedUse(nn.Module):
+    """One block's call of a shared block (:class:`attnspec.spec.ir.SharedUse`): S(x) or S([x, embeddings]),
+    through this use's ``proj`` (d_model, d_model) where the spec asks.
+
+    ``tied_view`` is the shared block as this use runs it: a copy whose every parameter and buffer *is* the
+    shared block's (tied: one tensor, trained by every use), with the projections the spec's ``adapt``
+    names wrapped in this use's :class:`Adapted` (``adapters``). It has its own decoding state and plan.
+    Its names are aliases: the state dict leaves them out (the shared block's own are under
+    ``shared_blocks.<name>``) and loading does not ask for them.
+    """
+
+    def __init__(self, use, shared, canonical: Block, *, d_model: int):
+        super().__init__()
+        self.wide = shared.reads == "hidden_and_embeddings"
+        self.proj = nn.Linear(d_model, d_model, bias=False) if use.projection else None
+        view = copy.deepcopy(canonical)
+        for mine, theirs in zip(view.modules(), canonical.modules()):  # the same structure, module by module
+            mine._parameters.update(theirs._parameters)
+            mine._buffers.update(theirs._buffers)
+        self.adapters = nn.ModuleDict()
+        if shared.adapter_rank is not None:
+            d_in = 2 * d_model if self.wide else d_model
+            for target in shared.adapt:
+                owner, names = (view.mlp, ["up", "gate"]) if target == "mlp" else (view.mixer, [f"{target}_proj"])
+                bases = [getattr(owner, name) for name in names if getattr(owner, name, None) is not None]
+                adapter = LowRankAdapter(d_in if target != "mlp" else d_model, shared.adapter_rank,
+                                         sum(base.out_features for base in bases))
+                self.adapters[target] = adapter
+                start = 0
+                for name, base in zip(names, bases):
+                    setattr(owner, name, Adapted(base, adapter, (start, start + base.out_features)))
+                    start += base.out_features
+        setattr(self, VIEW, view)
+        # how many tensors of the calling block's state are this use's (its last ones)
+        self.state_count = len(view.init_state(1, torch.float32, torch.device("meta"))) if view.has_step else 0
+        self.register_state_dict_post_hook(_drop_view_names)
+        self.register_load_state_dict_post_hook(_view_names_not_missing)
+
+    def _input(self, x: Tensor, embeddings: Tensor | None) -> Tensor:
+        return torch.cat([x, embeddings], dim=-1) if self.wide else x
+
+    def _output(self, y: Tensor) -> Tensor:
+        return y if self.proj is None else self.proj(y)
+
+    def forward(self, x: Tensor, embeddings: Tensor | None) -> Tensor:
+        """x, embeddings (B, L, d_model) -> what joins the calling block's mixer input (B, L, d_model)."""
+        return self._output(self.tied_view(self._input(x, embeddings)))
+
+    def step(self, x: Tensor, embeddings: Tensor | None, state: tuple[Tensor, ...],
+             position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One position (B, d_model) through the shared block and its state at this use."""
+        y, state = self.tied_view.step(self._input(x, embeddings), state, position)
+        return self._output(y), state
+
+    def prefill(self, x: Tensor, embeddings: Tensor | None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """A prompt (B, L, d_model) through the shared block, and its state at this use after it."""
+        y, state = self.tied_view.prefill(self._input(x, embeddings))
+        return self._output(y), state
+
+
+def _drop_view_names(module: SharedUse, state_dict: dict, prefix: str, local_metadata) -> None:
+    for name in [name for name in state_dict if name.startswith(f"{prefix}{VIEW}.")]:
+        del state_dict[name]
+
+
+def _view_names_not_missing(module: SharedUse, incompatible) -> None:
+    incompatible.missing_keys[:] = [name for name in incompatible.missing_keys if f".{VIEW}." not in name]
 
 
 class Model(nn.Module):
@@ -115,10 +258,18 @@ class Model(nn.Module):
         # learned/sinusoidal positions join the embeddings; rope/alibi live in the mixers (resolved there)
         self.position = (build_position(spec.position, d_model=d, max_len=spec.max_len)
                          if spec.position.acts_on == "embedding" else Position())
-        self.blocks = nn.ModuleList(
-            Block(node, d_model=d, max_len=spec.max_len, seed=spec.seed + 7919 * i)
-            for i, (_, node) in enumerate(iter_blocks(spec, expand=True))
-        )
+        # shared blocks first: their tensors' names are the ones the state dict keeps (each use's view aliases them)
+        shared = {node.name: node for node in spec.shared}
+        self.shared_blocks = nn.ModuleDict({
+            node.name: Block(node.block, d_model=d, max_len=spec.max_len, seed=spec.seed + 7919 * (limits.MAX_BLOCKS + j),
+                             d_in=2 * d if node.reads == "hidden_and_embeddings" else d)
+            for j, node in enumerate(spec.shared)})
+        blocks = []
+        for i, (_, node) in enumerate(iter_blocks(spec, expand=True)):
+            use = node.shared
+            call = None if use is None else SharedUse(use, shared[use.name], self.shared_blocks[use.name], d_model=d)
+            blocks.append(Block(node, d_model=d, max_len=spec.max_len, seed=spec.seed + 7919 * i, shared_use=call))
+        self.blocks = nn.ModuleList(blocks)
         self.final_norm = build("norm", spec.final_norm, dim=d)
         head = spec.head
         self.head_kind = head.kind
@@ -138,14 +289,14 @@ class Model(nn.Module):
     def has_step(self) -> bool:
         """True for a token LM whose mixers all decode one token at a time: with a recurrent state, a
         key/value cache or their inputs so far (every causal mixer does)."""
-        return self.token_input and self.head_kind == "lm" and all(block.mixer.has_step for block in self.blocks)
+        return self.token_input and self.head_kind == "lm" and all(block.has_step for block in self.blocks)
 
     @property
     def decode_limit(self) -> int | None:
         """The most positions one sequence can reach by decoding: ``max_len`` where a full key/value
         cache, a mixer's cached inputs or a learned position table hold them, else None (unbounded:
         recurrent states, sliding windows and computed positions)."""
-        bounded = self.spec.position.bounded or any(block.mixer.decode_limit is not None for block in self.blocks)
+        bounded = self.spec.position.bounded or any(block.decode_limit is not None for block in self.blocks)
         return self.spec.max_len if bounded else None
 
     def generate(self, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
@@ -205,9 +356,9 @@ class Model(nn.Module):
 
     def forward(self, inputs: Tensor, mode: str | None = None) -> Tensor:
         self.check_inputs(inputs)
-        x = self.position.embed(self._embedded(inputs))
+        x = embeddings = self.position.embed(self._embedded(inputs))
         for block in self.blocks:
-            x = block(x, mode)
+            x = block(x, mode, embeddings)
         return self._head(self.final_norm(x))
 
     def _embedded(self, inputs: Tensor) -> Tensor:
@@ -236,7 +387,7 @@ class Model(nn.Module):
         dtype = self.embed.weight.dtype
         tensors = [torch.zeros(batch, dtype=torch.long, device=device)]
         for block in self.blocks:
-            tensors.extend(block.mixer.init_state(batch, dtype, device))
+            tensors.extend(block.init_state(batch, dtype, device))
         return tuple(tensors)
 
     def state_signature(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
@@ -269,12 +420,12 @@ class Model(nn.Module):
     def state_size(self, length: int) -> int:
         """Numbers one sequence carries from its past at ``length``, over every block (Zoology's
         "state size": a recurrent state, or a key-value cache that grows with the length)."""
-        return sum(block.mixer.state_size(length) for block in self.blocks)
+        return sum(block.state_size(length) for block in self.blocks)
 
     def state_layout(self) -> list[int]:
-        """How many tensors each block's mixer state has (the flat state splits by these counts)."""
+        """How many tensors each block's state has (the flat state splits by these counts)."""
         meta = torch.device("meta")
-        return [len(block.mixer.init_state(1, self.embed.weight.dtype, meta)) for block in self.blocks]
+        return [len(block.init_state(1, self.embed.weight.dtype, meta)) for block in self.blocks]
 
     def prefill(self, tokens: Tensor) -> tuple[Tensor, ...]:
         """A prompt in one pass: ``tokens`` (B, L) -> (logits (B, L, vocab), *state after position L - 1).
@@ -287,10 +438,10 @@ class Model(nn.Module):
             raise ShapeError("this model has no decoding step: prefill needs a causal token model with an lm head")
         self.check_inputs(tokens)
         self.check_decode_state(tokens.shape[0])
-        x = self.position.embed(self._embedded(tokens))
+        x = embeddings = self.position.embed(self._embedded(tokens))
         state: list[Tensor] = [torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)]
         for block in self.blocks:
-            x, block_state = block.prefill(x)
+            x, block_state = block.prefill(x, embeddings)
             state.extend(block_state)
         return (self._head(self.final_norm(x)), *state)
 
@@ -302,11 +453,11 @@ class Model(nn.Module):
         self.check_inputs(token, per_position=False)
         position, rest = state[0], list(state[1:])
         self._check_position(position)
-        x = self.position.embed(self._embedded(token).unsqueeze(1), position).squeeze(1)
+        x = embeddings = self.position.embed(self._embedded(token).unsqueeze(1), position).squeeze(1)
         new_state: list[Tensor] = [position + 1]
         for block, count in zip(self.blocks, self.state_layout()):
             block_state, rest = tuple(rest[:count]), rest[count:]
-            x, block_state = block.step(x, block_state, position)
+            x, block_state = block.step(x, block_state, position, embeddings)
             new_state.extend(block_state)
         return (self._head(self.final_norm(x)), *new_state)
 
@@ -326,7 +477,8 @@ class Model(nn.Module):
 
     def regularization_loss(self) -> Tensor:
         """Sum of the orthogonality regularisers of the trainable kernels (add it to the training loss)."""
-        terms = [t for block in self.blocks if (t := block.mixer.regularization_loss()) is not None]
+        blocks = [*self.blocks, *self.shared_blocks.values()]
+        terms = [t for block in blocks if (t := block.mixer.regularization_loss()) is not None]
         if not terms:
             return torch.zeros((), dtype=self.embed.weight.dtype, device=self.embed.weight.device)
         return torch.stack(terms).sum()
@@ -334,7 +486,8 @@ class Model(nn.Module):
     def moe_aux_loss(self) -> Tensor | None:
         """The mean load-balancing loss of the mixture-of-experts MLPs over their last call
         (:class:`attnspec.nn.channel.MoeMlp`), or None when the model has none."""
-        mlps = [block.mlp for block in self.blocks if block.mlp is not None]
+        runs = [*self.blocks, *(block.shared_use.tied_view for block in self.blocks if block.shared_use is not None)]
+        mlps = [block.mlp for block in runs if block.mlp is not None]
         terms = [mlp.aux_loss for mlp in mlps if mlp.aux_loss is not None]
         return torch.stack(terms).mean() if terms else None
 
@@ -350,7 +503,7 @@ def initialise(model: Model, init) -> None:
     defaults nothing is drawn again, so PyTorch's own initialisation stands."""
     if model.token_input and (init.embedding_std != 1.0 or init.distribution != "normal"):
         _draw(model.embed.weight, init.embedding_std, init.distribution)
-    for block in model.blocks:
+    for block in [*model.shared_blocks.values(), *model.blocks]:  # a shared block's weights once (its uses tie them)
         if init.projection_std is not None:
             for projections, init_scale in block.mixer.projection_groups():
                 _draw_projections(projections, init.projection_std * init_scale, init.distribution)
@@ -361,7 +514,7 @@ def initialise(model: Model, init) -> None:
             writers += block.mlp.residual_writers() if block.mlp is not None else []
             with torch.no_grad():
                 for weight in writers:
-                    weight.mul_(1.0 / math.sqrt(2 * len(model.blocks)))
+                    weight.mul_(1.0 / math.sqrt(2 * (len(model.blocks) + len(model.shared_blocks))))
 
 
 def _draw(weight: torch.Tensor, std: float, distribution: str) -> None:

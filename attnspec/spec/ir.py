@@ -86,6 +86,10 @@ class Block(Node):
     skip_scale: Scale | SubLayerScales = 1.0
     """Multiplier α on the skip, α x + β f(x): with `post` placement DeepNorm's norm(α x + f(x)), with
     `normed_residual` MiniMax's α norm(x) + β f(norm(x)); `{mixer: .., mlp: ..}` for each its own."""
+    shared: "SharedUse | None" = None
+    """A call of one of the spec's `shared` blocks before this block's mixer (Zamba): the shared block's
+    output, through this use's own map, is added to the mixer's input x + P S(..) before the norm (the
+    residual stays x). Unset: none."""
 
     def residuals(self) -> tuple[bool, bool]:
         """(skip around the mixer, skip around the MLP)."""
@@ -100,6 +104,46 @@ class Block(Node):
 
         (skip_mixer, skip_mlp), (out_mixer, out_mlp) = pair(self.skip_scale), pair(self.residual_scale)
         return (skip_mixer, out_mixer), (skip_mlp, out_mlp)
+
+
+ShareName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class SharedUse(Node):
+    """One block's call of a shared block (:class:`SharedBlock`), with the weights of this use alone: the
+    `projection` and, where the shared block has `adapter_rank`, its low-rank adapters."""
+
+    name: ShareName
+    """The `name` of a block under the spec's `shared`."""
+    projection: bool = True
+    """Map the shared block's output by this use's own d_model x d_model matrix (no bias) before it is
+    added (Zamba's per-use `linear`); false: add it as it is."""
+
+
+AdapterTarget = Literal["q", "k", "v", "mlp"]
+
+
+class SharedBlock(Node):
+    """A block whose weights every use shares (Zamba's shared attention block): written once under the
+    spec's `shared`, called by each block whose `shared` names it; each call reads its own input and
+    keeps its own decoding state (a use is a layer of its own with tied weights)."""
+
+    name: ShareName
+    """What blocks call it by (`shared: {name: ...}`)."""
+    reads: Literal["hidden", "hidden_and_embeddings"] = "hidden"
+    """Its input: `hidden`, the calling block's input (width d_model); `hidden_and_embeddings`, that and
+    the token embeddings concatenated (width 2 d_model: Zamba's), which its mixer's input norm and
+    projections read (a family that `projects_input`: softmax, linear, delta, mlstm, scatterbrain)."""
+    block: Block
+    """Its mixer, MLP, norms and residuals, as any block's (Zamba: `residual: false`: its output is the
+    MLP's alone); the mixer's d_qk and d_v default to the input width / heads."""
+    adapter_rank: Count(limits.MAX_HEAD_WIDTH * 4) | None = None
+    """Each use's own low-rank adapters of this rank (Zamba2's LoRA), added to the projections `adapt`
+    names: W x + B_u A_u x with A_u, B_u this use's (B_u starts at zero); unset: none."""
+    adapt: Annotated[list[AdapterTarget], Field(min_length=1, max_length=4)] = Field(
+        default_factory=lambda: ["q", "k", "v", "mlp"])
+    """The projections the adapters change: the mixer's `q`, `k`, `v`; `mlp`, the MLP's input
+    projections together (a GLU's two, one adapter over both, as Zamba2's fused gate_up)."""
 
 
 def _layer_tag(value: Any) -> str:
@@ -120,6 +164,7 @@ Layer = Annotated[
     Discriminator(_layer_tag),
 ]
 Group.model_rebuild()
+Block.model_rebuild()
 
 
 class TokenInput(Node):
@@ -222,6 +267,9 @@ class Spec(Node):
     position: Position = Field(default_factory=lambda: NoPosition(kind="none"))
     """Position information: `learned` or `sinusoidal` (added to the embeddings), `rope` or `alibi`
     (in every mixer that does not name its own `position`), or `none`."""
+    shared: Annotated[list[SharedBlock], Field(max_length=limits.MAX_BLOCKS)] = Field(default_factory=list)
+    """Blocks whose weights are shared by the blocks that call them by name (`shared: {name: ...}` on a
+    block: Zamba's shared attention). Empty: none."""
     layers: Annotated[list[Layer], Field(min_length=1, max_length=limits.MAX_BLOCKS)]
     final_norm: Norm = Field(default_factory=lambda: LayerNormNode(kind="layernorm"))
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
@@ -230,7 +278,8 @@ class Spec(Node):
 
 
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MlaMixer, MambaMixer,
-          RglruMixer, MlstmMixer, GatedConvMixer, ParallelMixer, Residuals, SubLayerScales, Block, Group, Spec]
+          RglruMixer, MlstmMixer, GatedConvMixer, ParallelMixer, Residuals, SubLayerScales, SharedUse, Block,
+          SharedBlock, Group, Spec]
 """Every model that holds components, leaves first (the order :func:`attnspec.spec.components.register`
 rebuilds them in when a plugin adds a kind)."""
 slot_fields_of(MODELS, globals())  # the fields that hold a slot's components, read from the annotations above
@@ -247,7 +296,7 @@ __all__ = ["AlibiPosition", "AogluFeatures", "Block", "BlockSupport", "ChannelMi
            "NoMixer", "NoMlp", "NoNorm", "NoPosition", "NoReweighting", "NoTransition", "Node", "NonNegativeFloat",
            "Norm", "NormComponent", "OgluFeatures", "OutputGate", "PerformerFeatures", "PerformerLowRank",
            "PhaseRange", "Position", "PositionComponent", "PositiveFloat", "ReluFeatures", "Residuals", "Reweighting", "SubLayerScales",
-           "ReweightingComponent", "RglruMixer", "RmsNormNode", "RotaryPosition", "ScatterbrainMixer", "Seed",
+           "ReweightingComponent", "RglruMixer", "RmsNormNode", "RotaryPosition", "ScatterbrainMixer", "Seed", "SharedBlock", "SharedUse",
            "ShortConv", "SiluFeatures", "SinusoidalPosition", "SoftmaxMixer", "SoftplusFeatures",
            "SoftplusLinearFeatures", "SparseComponent", "SparseSupport", "Spec", "TokenInput", "TokenShift",
            "TopkSupport", "Transition", "TransitionComponent", "UnitRange", "fixed_union", "iter_blocks"]

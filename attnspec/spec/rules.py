@@ -20,6 +20,7 @@ Violation = tuple[Path, str]
 def check_rules(spec: Spec) -> list[Violation]:
     """All rule violations of a structurally valid spec, in document order."""
     found: list[Violation] = list(_model_rules(spec))
+    found.extend(_shared_rules(spec))
     for path, block in iter_blocks(spec):
         found.extend(_block_rules(spec, block, path))
     return found
@@ -44,21 +45,80 @@ def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def _block_rules(spec: Spec, block: Block, path: Path) -> Iterator[Violation]:
+def _shared_rules(spec: Spec) -> Iterator[Violation]:
+    """A shared block's own rules (its block's, at its input width), its name's, and the uses' names."""
+    names = [shared.name for shared in spec.shared]
+    used = {block.shared.name for _, block in iter_blocks(spec) if block.shared is not None}
+    for i, shared in enumerate(spec.shared):
+        at = ("shared", i)
+        if names.index(shared.name) != i:
+            yield at + ("name",), f"another shared block is named '{shared.name}' already; give each its own name"
+        if shared.name not in used:
+            yield at + ("name",), (f"no block calls the shared block '{shared.name}': name it in a block's `shared: "
+                                   f"{{name: {shared.name}}}`, or remove it")
+        block, width = shared.block, input_width(spec, shared)
+        if block.shared is not None:
+            yield at + ("block", "shared"), "a shared block cannot itself call a shared block"
+        if block.mixer.is_identity and shared.reads != "hidden":
+            yield at + ("reads",), (f"`reads: {shared.reads}` feeds the mixer's input, and this shared block has "
+                                    "no mixer; read `hidden`, or give it a mixer")
+        if width != spec.d_model and block.residuals()[0]:
+            yield at + ("block", "residual"), (
+                f"this shared block reads width {width} and its mixer writes d_model = {spec.d_model}, so there is "
+                "no skip around the mixer to add: set `residual: {mixer: false}` (Zamba: `residual: false`)")
+        if width != spec.d_model and block.norm_placement not in ("pre", "sandwich"):
+            yield at + ("block", "norm_placement"), (
+                f"a shared block reading width {width} normalises its input before the mixer (`pre` or `sandwich`); "
+                f"`{block.norm_placement}` would normalise the mixer's output at the input's width")
+        if width != spec.d_model and not block.mixer.projects_input:
+            yield at + ("block", "mixer", "kind"), (
+                f"a {block.mixer.kind} mixer reads inputs of width d_model only, and this shared block reads "
+                f"{width} (`reads: {shared.reads}`); use a family that projects its input (softmax, linear, "
+                "delta, mlstm, scatterbrain), or `reads: hidden`")
+        if shared.adapter_rank is not None:
+            for target in shared.adapt:
+                if target in "qkv" and not block.mixer.projects_input:
+                    yield at + ("adapt",), (f"a {block.mixer.kind} mixer has no `{target}` projection for an adapter;"
+                                            " adapt `mlp` only, or use a family with q/k/v projections")
+                if target == "mlp" and block.mlp.kind not in ("mlp", "glu"):
+                    yield at + ("adapt",), (f"an `mlp` adapter needs a dense MLP (`mlp` or `glu`); this shared "
+                                            f"block's is `{block.mlp.kind}`")
+        yield from _block_rules(spec, block, at + ("block",), width)
+    for path, block in iter_blocks(spec):
+        if block.shared is None:
+            continue
+        if block.shared.name not in names:
+            known = f": the spec's are {', '.join(names)}" if names else "; the spec has no `shared` blocks"
+            yield path + ("shared", "name"), f"no shared block is named '{block.shared.name}'{known}"
+        if block.mixer.is_identity:
+            yield path + ("shared",), "a shared block's output is added to the mixer's input, and this block has no mixer"
+        elif block.norm_placement != "pre":
+            yield path + ("norm_placement",), ("a block calling a shared block adds its output before the mixer's "
+                                               f"norm, which `pre` placement has; this block's is `{block.norm_placement}`")
+
+
+def input_width(spec: Spec, shared) -> int:
+    """The width a shared block's mixer reads: d_model, or 2 d_model for [hidden, embeddings]."""
+    return spec.d_model * (2 if shared.reads == "hidden_and_embeddings" else 1)
+
+
+def _block_rules(spec: Spec, block: Block, path: Path, width: int | None = None) -> Iterator[Violation]:
     mixer = block.mixer
     at = path + ("mixer",)
-    yield from _mixer_rules(spec, mixer, at)
+    yield from _mixer_rules(spec, mixer, at, width or spec.d_model)
     if mixer.is_identity and block.mlp.is_identity:
         yield at, "a block with neither a mixer nor an MLP computes nothing: give it one, or remove the block"
     for below, message in block.mlp.problems():
         yield path + ("mlp",) + below, message
 
 
-def _mixer_rules(spec: Spec, mixer, at: Path) -> Iterator[Violation]:
-    """A mixer's rules at ``at``, then those of the mixers it holds (a parallel mixer's branches)."""
-    widths = mixer.resolved_widths(spec.d_model)
+def _mixer_rules(spec: Spec, mixer, at: Path, width: int) -> Iterator[Violation]:
+    """A mixer's rules at ``at``, reading inputs of ``width``, then those of the mixers it holds (a parallel
+    mixer's branches)."""
+    widths = mixer.resolved_widths(width)
     if widths is None:
-        yield at + ("heads",), (f"d_model = {spec.d_model} is not divisible by heads = {mixer.heads}, so d_qk/d_v "
+        name = "d_model" if width == spec.d_model else "its input width"
+        yield at + ("heads",), (f"{name} = {width} is not divisible by heads = {mixer.heads}, so d_qk/d_v "
                                "cannot be derived; choose heads dividing d_model or set d_qk and d_v")
     if not _is_power_of_two(mixer.chunk_size):
         yield at + ("chunk_size",), f"chunk_size must be a power of two (e.g. 64), got {mixer.chunk_size}"
@@ -66,4 +126,4 @@ def _mixer_rules(spec: Spec, mixer, at: Path) -> Iterator[Violation]:
     for below, message in mixer.problems(max_len=spec.max_len, d_qk=d_qk):
         yield at + below, message
     for below, sub in mixer.sub_mixers():
-        yield from _mixer_rules(spec, sub, at + below)
+        yield from _mixer_rules(spec, sub, at + below, width)

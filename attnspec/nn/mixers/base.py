@@ -45,9 +45,12 @@ class Mixer(nn.Module):
     :meth:`~attnspec.spec.ir.MixerComponent.decode_limit`). Every mixer has an ``out_proj``, its map
     into the residual stream (``init.residual_scaling`` draws it)."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
         super().__init__()
         self.kind = node.kind
+        # the input's width: d_model, or wider for a family that `projects_input` (a shared block reading
+        # [hidden, embeddings]); the output is always d_model wide
+        self.d_in = d_in or d_model
         self.modes: tuple[str, ...] = node.modes()
         self.reference_mode = node.reference_mode  # what verification holds the other modes to
         self.has_step = node.has_step

@@ -16,13 +16,13 @@ from attnspec.ops.delta import delta_rule, delta_step
 class DeltaMixer(ProjectedMixer):
     """The delta rule (DeltaNet, Gated DeltaNet, KDA) on unit-norm q and k; see the IR's DeltaMixer."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
-        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         self.features = build("feature_map", node.feature_map, dim=self.d_qk, heads=self.heads, scale=self.scale,
                               seed=seed)
         self.beta_scale = 2.0 if node.beta == "2sigmoid" else 1.0
-        self.beta_proj = nn.Linear(d_model, self.heads, bias=False)
-        self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
+        self.beta_proj = nn.Linear(self.d_in, self.heads, bias=False)
+        self.transition = build("transition", node.transition, d_model=self.d_in, heads=self.heads, d_qk=self.d_qk)
 
     def projections(self) -> list[nn.Linear]:
         """The projections, with beta's before the output projection (the order ``init`` draws them in)."""

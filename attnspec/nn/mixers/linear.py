@@ -18,15 +18,15 @@ from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_st
 class LinearMixer(KeyValueCache, ProjectedMixer):
     """The gated linear family: feature map, cos re-weighting, transition, normaliser (DESIGN sec. 4)."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
-        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         self.softmax_kernel = node.softmax_kernel  # exp features: computed as softmax attention, cached to decode
         self.window = None
         self.features = build("feature_map", node.feature_map, dim=self.d_qk, heads=self.heads, scale=self.scale,
                               seed=seed)
         self.feature_scale = 1.0 if node.feature_map.consumes_scale else self.scale
         self.reweighting = build("reweighting", node.reweighting)
-        self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
+        self.transition = build("transition", node.transition, d_model=self.d_in, heads=self.heads, d_qk=self.d_qk)
         self.normalize, self.eps = node.normalize, node.eps
         self.value_activation = node.value_activation
         self.state_width = node.feature_map.width(self.d_qk) * node.reweighting.width_factor

@@ -20,10 +20,10 @@ from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_st
 class MlstmMixer(ProjectedMixer):
     """The mLSTM: gates i_t, f_t per head; C, n by the linear family's ops; h = C q / (max(|n q|, 1) + eps e^m)."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
-        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
-        self.igate = nn.Linear(d_model, self.heads)
-        self.fgate = nn.Linear(d_model, self.heads)
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
+        self.igate = nn.Linear(self.d_in, self.heads)
+        self.fgate = nn.Linear(self.d_in, self.heads)
         self.softcap, self.eps = node.gate_softcap, node.eps
         # xLSTM's start: gates from their biases alone, writing little and forgetting slowly (the gates are
         # not among ``projections``, so `init.projection_std` leaves them so)

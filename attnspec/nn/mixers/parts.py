@@ -33,14 +33,15 @@ class ProjectedMixer(Mixer):
     convolutions, output gate and per-head output norm (created in this order, before the family's
     own parts: the order draws the random initialisation)."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
-        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
+        d_in = self.d_in
         # heads of distinct queries, keys and values: `qk_groups` share q and k, `kv_heads` k and v by groups of heads
         self.q_heads, self.k_heads, self.v_heads = node.query_heads, node.key_heads, node.value_heads
         bias = node.qkv_bias
-        self.q_proj = nn.Linear(d_model, self.q_heads * self.d_qk, bias=bias)
-        self.k_proj = nn.Linear(d_model, self.k_heads * self.d_qk, bias=bias)
-        self.v_proj = nn.Linear(d_model, self.v_heads * self.d_v, bias=bias)
+        self.q_proj = nn.Linear(d_in, self.q_heads * self.d_qk, bias=bias)
+        self.k_proj = nn.Linear(d_in, self.k_heads * self.d_qk, bias=bias)
+        self.v_proj = nn.Linear(d_in, self.v_heads * self.d_v, bias=bias)
         # RMSNorm of each q and k head before positions (Qwen3's q_norm/k_norm: one weight shared by the heads)
         # (`rmsnorm_full`: OLMo's, over the whole projection, a weight per channel of it)
         self.qk_norm_full = node.qk_norm == "rmsnorm_full"
@@ -51,8 +52,8 @@ class ProjectedMixer(Mixer):
         self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=node.out_bias)
         gated = node.output_gate != "none"
         # a low-rank gate W_b W_a (`gate_rank`): gate_down is W_a, gate W_b
-        self.gate_down = nn.Linear(d_model, node.gate_rank, bias=False) if gated and node.gate_rank else None
-        self.gate = nn.Linear(node.gate_rank or d_model, self.heads * self.d_v, bias=bias) if gated else None
+        self.gate_down = nn.Linear(d_in, node.gate_rank, bias=False) if gated and node.gate_rank else None
+        self.gate = nn.Linear(node.gate_rank or d_in, self.heads * self.d_v, bias=bias) if gated else None
         self.gate_kind = node.output_gate
         norm_width = self.d_v if node.shared_norm_weight else self.heads * self.d_v
         self.norm_weight = nn.Parameter(torch.ones(norm_width)) if node.group_norm else None
@@ -67,7 +68,7 @@ class ProjectedMixer(Mixer):
                     projection.weight.mul_(node.init_scale)
         self.position = build_position(node.position, heads=self.heads, d_qk=self.d_qk, d_model=d_model,
                                        max_len=max_len)
-        self.conv = build("conv", node.conv, channels={"x": d_model, "q": self.q_heads * self.d_qk,
+        self.conv = build("conv", node.conv, channels={"x": d_in, "q": self.q_heads * self.d_qk,
                                                         "k": self.k_heads * self.d_qk, "v": self.v_heads * self.d_v})
 
     def projections(self) -> list[nn.Linear]:
@@ -221,12 +222,12 @@ class PrefixRerun:
 
     # -- decoding by recomputing the prefix (causal mixers with neither a recurrent form nor a cache)
     def _init_prefix(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
-        """The mixer's inputs so far: (batch, max_len, d_model), zeros where nothing is written yet."""
-        return (torch.zeros(batch, self.max_len, self.d_model, dtype=dtype, device=device),)
+        """The mixer's inputs so far: (batch, max_len, d_in), zeros where nothing is written yet."""
+        return (torch.zeros(batch, self.max_len, self.d_in, dtype=dtype, device=device),)
 
     def _prefix_prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """The planned mode over the prompt; the state holds its inputs."""
-        inputs = torch.zeros(x.shape[0], self.max_len, self.d_model, dtype=x.dtype, device=x.device)
+        inputs = torch.zeros(x.shape[0], self.max_len, self.d_in, dtype=x.dtype, device=x.device)
         return self.forward(x), (torch.cat([x, inputs[:, x.shape[1]:]], dim=1),)
 
     def _prefix_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
@@ -236,9 +237,9 @@ class PrefixRerun:
             raise ShapeError(f"decoding keeps max_len = {self.max_len} inputs; position {int(position.max())} is "
                              "past it (raise max_len)")
         B = x_t.shape[0]
-        where = position.view(B, 1, 1).expand(B, 1, self.d_model)
-        inputs = state[0].scatter(1, where, x_t.unsqueeze(1).to(state[0].dtype))
-        return self.forward(inputs).gather(1, where)[:, 0], (inputs,)
+        where = position.view(B, 1, 1)
+        inputs = state[0].scatter(1, where.expand(B, 1, self.d_in), x_t.unsqueeze(1).to(state[0].dtype))
+        return self.forward(inputs).gather(1, where.expand(B, 1, self.d_model))[:, 0], (inputs,)
 
 
 __all__ = ["KeyValueCache", "PrefixRerun", "ProjectedMixer"]

@@ -18,8 +18,8 @@ from attnspec.ops.scatterbrain import scatterbrain_attention
 class ScatterbrainMixer(PrefixRerun, ProjectedMixer):
     """Low-rank (Performer or a linear feature map) plus an exact sparse correction on a support."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
-        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         features = node.lowrank.features()
         self.features = build("feature_map", features, dim=self.d_qk, heads=self.heads, scale=self.scale, seed=seed)
         self.sqrt_scale = 1.0 if features.consumes_scale else math.sqrt(self.scale)

@@ -14,10 +14,10 @@ from attnspec.nn.registry import build, register
 class SoftmaxMixer(KeyValueCache, ProjectedMixer):
     """Softmax attention; a real per-head decay becomes an additive log-bias (GateLoop sec. 3.4)."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
-        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
+        super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         self.window = node.window  # a sliding window: its cache is a ring buffer
-        self.transition = build("transition", node.transition, d_model=d_model, heads=self.heads, d_qk=self.d_qk)
+        self.transition = build("transition", node.transition, d_model=self.d_in, heads=self.heads, d_qk=self.d_qk)
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
         self._checked_mode(mode)

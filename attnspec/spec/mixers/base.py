@@ -37,6 +37,10 @@ class MixerComponent(Component):
     `scale` and a `position` (it orders positions itself), and take a convolution of the values alone
     (`short` on `[v]`, or `none` where `conv_optional`)."""
     conv_optional: ClassVar[bool] = True
+    projects_input: ClassVar[bool] = False
+    """The family reads its input only through q/k/v projections and its own input maps (the attention-like
+    families built on ``ProjectedMixer``), so it can read an input wider than d_model (a shared block
+    reading [hidden, embeddings]) and carry per-use adapters on its `q`, `k` and `v` projections."""
     heads: Count(limits.MAX_HEADS) = 1
     """Number of heads."""
     d_qk: Count(limits.MAX_HEAD_WIDTH) | None = None

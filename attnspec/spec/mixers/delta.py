@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Literal
+from typing import ClassVar, Iterator, Literal
 
 from pydantic import Field
 
@@ -22,6 +22,7 @@ class DeltaMixer(MixerComponent):
     I - beta k kᵀ down to -1: the state-tracking variant). Gated DeltaNet's output stage is
     `group_norm: true` with `output_gate: swish` (per-head RMSNorm, then the SiLU gate)."""
 
+    projects_input: ClassVar[bool] = True
     kind: Literal["delta"]
     feature_map: FeatureMap = Field(default_factory=lambda: L2NormFeatures(kind="l2norm"))
     """Applied to q and k per head; it must give unit-norm keys (`l2norm`)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Literal
+from typing import ClassVar, Iterator, Literal
 
 from pydantic import Field
 
@@ -18,6 +18,7 @@ from attnspec.spec.mixers.base import MixerComponent, _linear_family_costs, _sof
 class LinearMixer(MixerComponent):
     """The gated linear family: q~ = rho(t) phi(q), S_t = diag(a_t) S_(t-1) + k~_t^T v_t, y_t = Re(q~_t S_t)."""
 
+    projects_input: ClassVar[bool] = True
     kind: Literal["linear"]
     feature_map: FeatureMap = Field(default_factory=lambda: Elu1Features(kind="elu1"))
     reweighting: Reweighting = Field(default_factory=lambda: NoReweighting(kind="none"))

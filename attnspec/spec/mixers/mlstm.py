@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Iterator, Literal
+from typing import Annotated, ClassVar, Iterator, Literal
 
 from pydantic import Field
 
@@ -28,6 +28,7 @@ class MlstmMixer(MixerComponent):
     m_t = b_t + max(0, max_(j<=t) (i_j - b_j)) with b_t = Σ_(r<=t) log σ(f_r). The decoding state is C
     with n beside it (d_qk x (d_v + 1) per head), m per head, and the convolutions' last inputs."""
 
+    projects_input: ClassVar[bool] = True
     kind: Literal["mlstm"]
     gate_softcap: Annotated[float, Field(gt=0, le=30)] = 15.0
     """The soft cap of both gates' pre-activations, cap tanh(x / cap) (xLSTM 7B's `gate_soft_cap`): it

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, ClassVar, Iterator, Literal
 
 from pydantic import Field
 
@@ -16,6 +16,7 @@ from attnspec.spec.mixers.base import MixerComponent, _linear_family_costs
 class ScatterbrainMixer(MixerComponent):
     """Scatterbrain: a low-rank estimate of exp(q.k) plus an exact sparse correction on a support."""
 
+    projects_input: ClassVar[bool] = True
     kind: Literal["scatterbrain"]
     lowrank: LowRank = Field(default_factory=lambda: PerformerLowRank(kind="performer"))
     sparse: SparseSupport = Field(default_factory=lambda: LshSupport(kind="lsh"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Literal
+from typing import ClassVar, Iterator, Literal
 
 from pydantic import Field
 
@@ -16,6 +16,7 @@ from attnspec.spec.mixers.base import MixerComponent, _softmax_decay_problems
 class SoftmaxMixer(MixerComponent):
     """Softmax attention (quadratic only), optionally with a real decay as an additive log-bias."""
 
+    projects_input: ClassVar[bool] = True
     kind: Literal["softmax"]
     transition: Transition = Field(default_factory=lambda: NoTransition(kind="none"))
     """Decay applied as the log-bias sum(log a) between positions (GateLoop sec. 3.4); real only."""

@@ -267,14 +267,27 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
 
     directory, output = Path(directory), Path(output)
     check_output(output, force, EXPORT)
+    _check_model_type(model_type)
+    return export_model_hf(load_trained(directory), output, model_type=model_type, force=force, source=str(directory))
+
+
+def _check_model_type(model_type: str | None) -> None:
     if model_type is not None and model_type != ATTNSPEC_TYPE and model_type not in ARCHITECTURES:
         raise InteropError(f"--model-type {shorten(model_type)}: attnspec writes {', '.join(sorted(ARCHITECTURES))} "
                            f"or {ATTNSPEC_TYPE}")
-    model = load_trained(directory)
+
+
+def export_model_hf(model, output: Path | str, *, model_type: str | None = None, force: bool = False,
+                    source: str = "the model") -> tuple[Path, str]:
+    """An attnspec model (built, loaded or trained in Python) as a transformers directory: what
+    :func:`export_hf` writes for a build directory; ``source`` names the model in errors."""
+    output = Path(output)
+    check_output(output, force, EXPORT)
+    _check_model_type(model_type)
     spec = model.spec
     problem = _lm_problem(spec)
     if problem:
-        raise InteropError(f"{directory}: {problem}")
+        raise InteropError(f"{source}: {problem}")
     ours = {name: t.detach().cpu() for name, t in model.state_dict().items()}
     candidates = EXPORT_ORDER if model_type is None else () if model_type == ATTNSPEC_TYPE else (model_type,)
     config = None
@@ -283,7 +296,7 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
             config = native_config(spec, candidate)
         except NotExpressible as reason:
             if model_type is not None:
-                raise InteropError(f"{directory}: its spec is not a {model_type} model ({reason}); export it as "
+                raise InteropError(f"{source}: its spec is not a {model_type} model ({reason}); export it as "
                                    f"`--model-type {ATTNSPEC_TYPE}` or leave --model-type out") from None
             continue
         model_type = candidate

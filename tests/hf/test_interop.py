@@ -997,6 +997,38 @@ def test_an_imported_falcon_h1_exports_with_its_multipliers_folded_and_loads_as_
         assert _relative(loaded(_tokens()).logits, reference(_tokens()).logits) < 1e-5
 
 
+@pytest.mark.parametrize("variant", ["adapters", "grouped"])
+def test_zamba2_computes_transformers_logits_in_every_mode_decodes_alike_and_exports_as_itself(tmp_path, variant):
+    """Zamba2: Mamba2 blocks, the hybrid ones calling shared attention blocks in turn on [hidden, embeddings]
+    with per-call LoRA adapters (on the MLP, and on q/k/v with RoPE and two shared blocks; or GQA without
+    attention adapters or RoPE and one shared block), a per-call output map; exported back, transformers
+    loads it as a Zamba2ForCausalLM computing the original's logits."""
+    from transformers import Zamba2Config, Zamba2ForCausalLM
+
+    from attnspec.hf.convert import export_model_hf
+
+    if variant == "adapters":
+        config = Zamba2Config(**{**SMALL, "num_hidden_layers": 5, "num_key_value_heads": 4}, num_mem_blocks=2,
+                              layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid", "hybrid"],
+                              use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True, n_mamba_heads=4,
+                              mamba_d_state=6, mamba_ngroups=2, chunk_size=8, hidden_act="gelu")
+    else:
+        config = Zamba2Config(**{**SMALL, "num_hidden_layers": 3}, layers_block_type=["hybrid", "linear_attention",
+                              "hybrid"], num_mem_blocks=1, adapter_rank=3, n_mamba_heads=4, mamba_d_state=6, chunk_size=8)
+    reference = _perturbed(lambda: Zamba2ForCausalLM(config))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "zamba2", EVERY_MODE)
+    uses = [block.shared.name if block.shared else None for block in spec_blocks(spec)]
+    if variant == "adapters":
+        assert uses == [None, "memory0", None, "memory1", "memory0"] and spec.shared[0].adapt == ["q", "k", "v", "mlp"]
+        return
+    assert uses == ["memory0", None, "memory0"] and spec.shared[0].adapt == ["mlp"]
+    assert export_model_hf(_imported(tmp_path / "checkpoint", "zamba2"), tmp_path / "hf")[1] == "zamba2"
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(loaded) is Zamba2ForCausalLM
+    with torch.no_grad():
+        assert _relative(loaded(_tokens()).logits, reference(_tokens()).logits) < 1e-6
+
+
 def test_dynamic_ntk_rope_imports_logit_equal_and_decodes_as_transformers_generates(tmp_path):
     """Dynamic NTK past a trained context of 12: a sequence of 21 is rotated with the base its length gives,
     and greedy decoding from 9 tokens to 17 rotates each new token with its own position's base, as a fresh

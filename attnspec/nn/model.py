@@ -354,12 +354,18 @@ class Model(nn.Module):
         if per_position and inputs.shape[1] > spec.max_len:
             raise ShapeError(f"the sequence has {inputs.shape[1]} positions, more than max_len = {spec.max_len}")
 
-    def forward(self, inputs: Tensor, mode: str | None = None) -> Tensor:
+    def forward(self, inputs: Tensor, mode: str | None = None,
+                hidden_states: bool = False) -> Tensor | tuple[Tensor, tuple[Tensor, ...]]:
+        """The head's output for ``inputs``; with ``hidden_states``, also every block's output (B, L, d_model) in
+        order (distillation matches them; a plain return keeps the graph free of hooks, so it compiles)."""
         self.check_inputs(inputs)
         x = embeddings = self.position.embed(self._embedded(inputs))
+        outputs = []
         for block in self.blocks:
             x = block(x, mode, embeddings)
-        return self._head(self.final_norm(x))
+            outputs.append(x)
+        out = self._head(self.final_norm(x))
+        return (out, tuple(outputs)) if hidden_states else out
 
     def _embedded(self, inputs: Tensor) -> Tensor:
         """Token embeddings times the input's ``scale`` (feature inputs: their projection)."""

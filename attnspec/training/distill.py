@@ -9,7 +9,8 @@ the cross-entropy alone):
 
 with α = ``weight``, T = ``temperature``, β = ``hidden`` (Hinton et al. 2015; per-layer output matching
 as in LoLCATs' attention transfer, here on whole blocks). The teacher runs without gradients in eval
-mode; the step runs eager (the block outputs are read by forward hooks).
+mode. The objective is one pure function of the two models (the block outputs are returned by the
+models' forward, not read by hooks), so a compiled run compiles it whole, teacher included.
 """
 
 from __future__ import annotations
@@ -59,39 +60,32 @@ def load_teacher(distill, spec, seq_len: int, device: torch.device) -> nn.Module
     return teacher.to(device).eval()
 
 
-def distill_loss(model: nn.Module, teacher: nn.Module, inputs: Tensor, targets: Tensor, distill,
-                 parts: dict[str, float]) -> Tensor:
-    """The summed objective of one micro-batch: inputs and targets (B, L) -> a scalar; ``parts`` gains
-    the summed cross-entropy, KL and block-matching terms (``ce``, ``kl``, ``hidden``) as floats."""
-    student_outputs, teacher_outputs = [], []
-    hooks = []
+def distill_loss(model: nn.Module, teacher: nn.Module, inputs: Tensor, targets: Tensor,
+                 distill) -> tuple[Tensor, dict[str, Tensor]]:
+    """The summed objective of one micro-batch: inputs and targets (B, L) -> (a scalar, the summed
+    cross-entropy, KL and block-matching terms ``ce``, ``kl``, ``hidden`` as detached scalars)."""
     if distill.hidden:
-        hooks = [block.register_forward_hook(lambda m, a, out, store=store: store.append(out))
-                 for blocks, store in ((_blocks(model), student_outputs), (_blocks(teacher), teacher_outputs))
-                 for block in blocks]
-    try:
+        logits, student_outputs = model(inputs, hidden_states=True)
+        with torch.no_grad():
+            teacher_logits, teacher_outputs = teacher(inputs, hidden_states=True)
+    else:
         logits = model(inputs)
         with torch.no_grad():
             teacher_logits = teacher(inputs)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    answer = targets != IGNORE
-    student, wanted = logits[answer].float(), teacher_logits[answer].float()
-    ce = F.cross_entropy(student, targets[answer], reduction="sum")
+    # the answer positions by a 0/1 weight, not by indexing: no shape depends on the data, so it compiles
+    answer = (targets != IGNORE).float()
+    student, wanted = logits.float(), teacher_logits.float()
+    ce = F.cross_entropy(student.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
     T = distill.temperature
-    kl = F.kl_div(F.log_softmax(student / T, -1), F.log_softmax(wanted / T, -1), log_target=True,
-                  reduction="sum") * T * T
+    kl_each = F.kl_div(F.log_softmax(student / T, -1), F.log_softmax(wanted / T, -1), log_target=True,
+                       reduction="none").sum(-1)
+    kl = (kl_each * answer).sum() * T * T
     total = (1 - distill.weight) * ce + distill.weight * kl
     terms = {"ce": ce, "kl": kl}
     if distill.hidden:
         matched = sum(F.mse_loss(s.float(), t.float()) for s, t in zip(student_outputs, teacher_outputs))
         terms["hidden"] = matched * answer.sum()
         total = total + distill.hidden * terms["hidden"]
-    for name, term in terms.items():
-        parts[name] = parts.get(name, 0.0) + float(term.detach())
-    return total
+    return total, {name: term.detach() for name, term in terms.items()}
 
 
-def _blocks(model: nn.Module):
-    return getattr(model, "module", model).blocks  # the model itself under DistributedDataParallel

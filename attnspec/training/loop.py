@@ -165,13 +165,14 @@ class Trainer:
         self.wrapped = self.dist.wrap(self.model)
         self.loss_fn = _micro_loss
         self.teacher = None
-        if config.distill is not None:  # eager: the block outputs are read by hooks
-            from attnspec.training.distill import load_teacher
+        if config.distill is not None:
+            from attnspec.training.distill import distill_loss, load_teacher
 
             self.teacher = load_teacher(config.distill, spec, config.task.seq_len, self.device)
-            self.compiled = False
-        elif self.compiled:
-            self.loss_fn = torch.compile(_micro_loss, fullgraph=True, dynamic=False)
+            distill = config.distill
+            self.loss_fn = lambda model, x, y: distill_loss(model, self.teacher, x, y, distill)
+        if self.compiled:  # one graph for the whole objective (the teacher's forward too when distilling)
+            self.loss_fn = torch.compile(self.loss_fn, fullgraph=True, dynamic=False)
         self.start = 0
         self.history: list[dict] = []
         self.writes = directory is not None and self.dist.rank == 0
@@ -300,12 +301,11 @@ class Trainer:
             part = slice(index * self.micro, (index + 1) * self.micro)
             x, y = inputs[part].to(self.device), targets[part].to(self.device)
             with self.dist.no_sync(self.wrapped, last=index == config.accumulate - 1), self.autocast():
-                if self.teacher is not None:
-                    from attnspec.training.distill import distill_loss
-
-                    summed = distill_loss(self.wrapped, self.teacher, x, y, config.distill, distilled)
-                else:
-                    summed = self.loss_fn(self.wrapped, x, y)
+                summed = self.loss_fn(self.wrapped, x, y)
+                if self.teacher is not None:  # (objective, its terms)
+                    summed, terms = summed
+                    for name, term in terms.items():
+                        distilled[name] = distilled.get(name, 0.0) + float(term)
                 loss = summed * (self.dist.world_size / max(answers, 1))
                 regularizer = self.model.regularization_loss()
                 loss = loss + regularizer / config.accumulate

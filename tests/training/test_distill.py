@@ -63,6 +63,24 @@ def test_the_first_step_is_the_objective_computed_by_hand(teacher):
     assert first["loss"] == pytest.approx(float(0.3 * ce + 0.7 * kl + 0.5 * hidden), rel=1e-5)
 
 
+@pytest.mark.slow  # compiles the student's and the teacher's forward into one graph (about 30 s here)
+def test_a_compiled_distillation_takes_the_steps_the_eager_one_takes(teacher):
+    """`compile: on`: the whole objective (student, teacher, block matching) is one fullgraph compiled
+    function; three steps of it log the terms the eager run logs and end at its weights (float32; 1e-5
+    relative: the compiled kernels sum in another order)."""
+    distill = {"temperature": 2.0, "weight": 0.5, "hidden": 0.5}
+    eager = _student(teacher, 3, **distill)
+    compiled = attnspec.train(SPECS / "linear-elu.yaml", overrides=TINY, task="mqar", task_overrides=MQAR, steps=3,
+                              distill={"teacher": str(teacher), **distill}, compile="on", **SETTINGS)
+    steps = [[record for record in run.history if record["split"] == "train"] for run in (compiled, eager)]
+    assert len(steps[0]) == len(steps[1]) == 3
+    for mine, theirs in zip(*steps):
+        for name in ("loss", "distill_ce", "distill_kl", "distill_hidden"):
+            assert mine[name] == pytest.approx(theirs[name], rel=1e-5), name
+    for (name, mine), theirs in zip(compiled.model.state_dict().items(), eager.model.state_dict().values()):
+        assert torch.allclose(mine, theirs, rtol=1e-4, atol=1e-6), name
+
+
 def test_distillation_lowers_the_kl_to_the_teacher(teacher, tmp_path):
     run = _student(teacher, 25, output=tmp_path / "student", temperature=1.0, weight=1.0)
     kls = [record["distill_kl"] for record in run.history if "distill_kl" in record]

@@ -192,9 +192,10 @@ def explain(
 
         for regime, B, _ in regimes:
             calibrate_spec(spec, regime=regime, batch=B, length=L, refresh=refresh)
-    mixers = [block.mixer for _, block in iter_blocks(spec, expand=True)]
+    blocks = [block for _, block in iter_blocks(spec, expand=True)]
     plans = [(regime, plan_spec(spec, length=L, batch=B, training=training)) for regime, B, training in regimes]
-    table = explain_table(spec, L, mixers, plans, layer_sizes(spec))
+    table = explain_table(spec, L, [block.mixer for block in blocks], plans, layer_sizes(spec),
+                          [block.shared.name if block.shared else None for block in blocks])
     out.print(table)
     out.print(f"[dim]{escape(COMPILE_AUTO_REASON)}[/dim]")
     if not any(entry.measured for _, plan in plans for entry in plan.layers):

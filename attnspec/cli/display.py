@@ -23,9 +23,10 @@ out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty()
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def explain_table(spec, length: int, mixers: list, plans: list, sizes: list) -> Table:
+def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, calls: list | None = None) -> Table:
     """The plan of ``spec`` at ``length``: per block (``mixers``; ``sizes`` from
-    :func:`~attnspec.compiler.sizes.layer_sizes`) its parts, parameters and decoding state, and per
+    :func:`~attnspec.compiler.sizes.layer_sizes``; ``calls``: the shared block each calls, or None) its parts,
+    parameters and decoding state, and per
     regime of ``plans`` (``[(regime, Plan)]``, inference first) the mode and kernel chosen, every valid
     mode's measured and estimated time, and why; then its one-token decoding."""
     from attnspec.compiler.plan import decoding_text, regime_modes
@@ -35,7 +36,9 @@ def explain_table(spec, length: int, mixers: list, plans: list, sizes: list) -> 
                    "why"):
         table.add_column(column)
     for index, mixer in enumerate(mixers):
+        call = (calls or [None] * len(mixers))[index]
         block = "\n".join([mixer.describe(), *(f"  {name}: {what}" for name, what in mixer.parts()),
+                           *([f"calls shared block '{call}' (its own cache and adapters)"] if call else []),
                            f"parameters {sizes[index].parameters:,}" + (
                                f" ({sizes[index].active_parameters:,} active per token)"
                                if sizes[index].active_parameters != sizes[index].parameters else ""),

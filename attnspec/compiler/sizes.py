@@ -40,14 +40,16 @@ class LayerSize:
 
 def layer_sizes(spec: Spec) -> list[LayerSize]:
     """One :class:`LayerSize` per block of ``spec`` in execution order (``blocks[i]``), counted on the
-    meta device like :func:`count_parameters`; the embedding, final norm and head are not in any."""
+    meta device like :func:`count_parameters`; the embedding, final norm, head and shared blocks are not in
+    any (a block calling a shared block holds its call's projection and adapters, and its cache)."""
     with torch.device("meta"):
         model = Model(spec)
     dtype, meta = model.embed.weight.dtype, torch.device("meta")
+    shared = {id(parameter) for parameter in model.shared_blocks.parameters()}  # counted with the model, not a block
     sizes = []
     for block in model.blocks:
-        state = block.mixer.init_state(1, dtype, meta) if block.mixer.has_step else ()
-        total = sum(parameter.numel() for parameter in block.parameters())
+        state = block.init_state(1, dtype, meta) if block.has_step else ()  # a shared block's cache at this call too
+        total = sum(parameter.numel() for parameter in block.parameters() if id(parameter) not in shared)
         mlp = block.mlp
         idle = sum(p.numel() for p in mlp.parameters()) - mlp.active_parameters() if mlp is not None else 0
         sizes.append(LayerSize(total, total - idle, sum(math.prod(t.shape) * t.element_size() for t in state)))

@@ -515,12 +515,14 @@ def initialise(model: Model, init) -> None:
                 _draw_projections(projections, init.projection_std * init_scale, init.distribution)
             _draw_projections(block.mlp.projections() if block.mlp is not None else [], init.projection_std,
                               init.distribution)
+            if block.shared_use is not None and block.shared_use.proj is not None:
+                _draw_projections([block.shared_use.proj], init.projection_std, init.distribution)
         if init.residual_scaling:  # GPT-2: the residual stream's variance stays O(1) over 2 * blocks sums
             writers = block.mixer.residual_writers() if block.norm1 is not None else []  # `mixer: none`: nothing
             writers += block.mlp.residual_writers() if block.mlp is not None else []
             with torch.no_grad():
                 for weight in writers:
-                    weight.mul_(1.0 / math.sqrt(2 * (len(model.blocks) + len(model.shared_blocks))))
+                    weight.mul_(1.0 / math.sqrt(2 * len(model.blocks)))
 
 
 def _draw(weight: torch.Tensor, std: float, distribution: str) -> None:

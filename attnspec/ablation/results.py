@@ -71,6 +71,9 @@ class ResultRow:
     """lr -> (mean over finished seeds, finished seeds)."""
     chance: float | None = None
     """The task point's chance accuracy (:meth:`~attnspec.training.tasks.base.Task.chance`), if any."""
+    per_seed: list[tuple[int, float | None]] = field(default_factory=list)
+    """(seed, metric) of every run at the chosen learning rate, by seed (None: the run did not finish), so
+    a reader can check any one run."""
 
     @property
     def learned(self) -> bool | None:
@@ -197,7 +200,8 @@ def _results(runs: list[RunRow], metric: str) -> list[ResultRow]:
                               ordered[-1] if ordered else None, ordered[0] if ordered else None, len(values),
                               members[0].parameters, members[0].state_size, _mean(speeds),
                               [r.directory for r in chosen],
-                              {lr: (means[lr], sum(r.metric is not None for r in group)) for lr, group in by_lr.items()}))
+                              {lr: (means[lr], sum(r.metric is not None for r in group)) for lr, group in by_lr.items()},
+                              per_seed=sorted((r.seed, r.metric) for r in chosen)))
     return rows
 
 
@@ -229,19 +233,26 @@ def format_value(value: float | None, std: float | None = None, metric: str = "a
 def summary_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """The headline table (header, rows): variant, task, task point, metric at best lr, lr, seeds,
     parameters, state size, tokens/s. The CLI prints it; results.md and report.html contain it."""
-    header = ["variant", "task", "point", f"{report.metric} (mean ± std)", "chance", "worst / best seed", "best lr",
-              "seeds", "parameters", "state size", "tokens/s"]
+    header = ["variant", "task", "point", f"{report.metric} (mean ± std)", "chance", "worst / best seed", "per seed",
+              "best lr", "seeds", "parameters", "state size", "tokens/s"]
     rows = []
     for row in report.results:
         spread = f"{format_value(row.worst, None, report.metric)} / {format_value(row.best, None, report.metric)}" \
             if row.seeds > 1 else "—"
         value = format_value(row.mean, row.std, report.metric) + (" not learned" if row.learned is False else "")
         rows.append([row.variant, row.task, params_text(row.task_params), value,
-                     format_value(row.chance, None, report.metric), spread, f"{row.lr:g}" if row.lr is not None else "—", str(row.seeds),
+                     format_value(row.chance, None, report.metric), spread, per_seed_text(row, report.metric),
+                     f"{row.lr:g}" if row.lr is not None else "—", str(row.seeds),
                      f"{row.parameters:,}" if row.parameters is not None else "—",
                      f"{row.state_size:,}" if row.state_size is not None else "—",
                      f"{row.tokens_per_s:,.0f}" if row.tokens_per_s is not None else "—"])
     return header, rows
+
+
+def per_seed_text(row: ResultRow, metric: str) -> str:
+    """Each seed's value at the chosen learning rate, ``s0 0.981 · s1 0.975`` (``—`` for a run that did not finish)."""
+    return " · ".join(f"s{seed} {format_value(value, None, metric) if value is not None else '—'}"
+                      for seed, value in row.per_seed) or "—"
 
 
 def lr_table(report: Report) -> tuple[list[str], list[list[str]]]:

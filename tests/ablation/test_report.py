@@ -87,6 +87,11 @@ def test_report_files_link_every_number_to_its_runs(reported: Path):
     assert len(list(csv.DictReader((out / "runs.csv").open()))) == 16
     markdown = (out / "results.md").read_text()
     assert "| variant | task | point | accuracy (mean ± std) | chance |" in markdown and "## By learning rate" in markdown
+    runs = {row["run"]: row for row in csv.DictReader((out / "runs.csv").open())}
+    for row in rows:  # every seed's own value beside the mean, the value its run directory holds
+        chosen = sorted((runs[run] for run in row["runs"].split()), key=lambda run: int(run["seed"]))
+        shown = " · ".join(f"s{run['seed']} {float(run['accuracy']):.4f}" for run in chosen)
+        assert shown in markdown, shown
     assert {float(row["chance"]) for row in rows} == {1.0, 0.5}  # 1 / num_kv_pairs at 1 and 2 pairs
     assert "torch " in markdown and "attnspec " in markdown
 

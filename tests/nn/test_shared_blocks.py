@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import save
 
 from attnspec.errors import SpecError
-from attnspec.nn.model import VIEW, build_model_from_spec
+from attnspec.nn.model import build_model_from_spec
+from attnspec.nn.shared import VIEW
 from attnspec.spec import load_spec
 
 SHARED = {"name": "memory", "reads": "hidden_and_embeddings", "adapter_rank": 3,

@@ -184,6 +184,7 @@ class Model(nn.Module):
         self.head_scale = (head.scale or head.default_scale(d, spec.version)) if head.kind == "lm" else 1.0
         self.softcap = head.softcap if head.kind == "lm" else None
         self.embedding_scale = spec.input.scale if self.token_input else 1.0
+        self._state_layout: list[int] | None = None
         initialise(self, spec.init)
 
     @property
@@ -330,9 +331,12 @@ class Model(nn.Module):
         return sum(block.state_size(length) for block in self.blocks)
 
     def state_layout(self) -> list[int]:
-        """How many tensors each block's state has (the flat state splits by these counts)."""
-        meta = torch.device("meta")
-        return [len(block.init_state(1, self.embed.weight.dtype, meta)) for block in self.blocks]
+        """How many tensors each block's state has (the flat state splits by these counts). Counted once, on
+        the meta device, and kept: the structure fixes it, and every decoding step reads it."""
+        if self._state_layout is None:
+            meta = torch.device("meta")
+            self._state_layout = [len(block.init_state(1, self.embed.weight.dtype, meta)) for block in self.blocks]
+        return self._state_layout
 
     def prefill(self, tokens: Tensor) -> tuple[Tensor, ...]:
         """A prompt in one pass: ``tokens`` (B, L) -> (logits (B, L, vocab), *state after position L - 1).

@@ -225,7 +225,8 @@ class Model(nn.Module):
                              "the positions this model's cache (or position table) holds; raise max_len or "
                              "generate fewer")
         return decode(self.step, self.init_state(tokens.shape[0]), tokens, max_new_tokens, temperature=temperature,
-                      top_k=top_k, top_p=top_p, seed=seed, eos=eos, prefill=self.prefill)
+                      top_k=top_k, top_p=top_p, seed=seed, eos=eos,
+                      prefill=lambda prompt: self.prefill(prompt, last_only=True))
 
     def check_inputs(self, inputs: Tensor, per_position: bool = True) -> None:
         """Refuse inputs the model cannot take, naming the limit (eager calls only: traced code has
@@ -338,8 +339,10 @@ class Model(nn.Module):
             self._state_layout = [len(block.init_state(1, self.embed.weight.dtype, meta)) for block in self.blocks]
         return self._state_layout
 
-    def prefill(self, tokens: Tensor) -> tuple[Tensor, ...]:
-        """A prompt in one pass: ``tokens`` (B, L) -> (logits (B, L, vocab), *state after position L - 1).
+    def prefill(self, tokens: Tensor, last_only: bool = False) -> tuple[Tensor, ...]:
+        """A prompt in one pass: ``tokens`` (B, L) -> (logits (B, L, vocab), *state after position L - 1);
+        with ``last_only`` the logits of the last position alone, (B, 1, vocab) (what generation reads: the
+        head over every prompt position would cost L times as much).
 
         Each mixer runs its planned full-sequence mode and hands over the state its decoding step
         continues from (recurrent states from the op's final state, caches filled from the keys and
@@ -354,7 +357,7 @@ class Model(nn.Module):
         for block in self.blocks:
             x, block_state = block.prefill(x, embeddings)
             state.extend(block_state)
-        return (self._head(self.final_norm(x)), *state)
+        return (self._head(self.final_norm(x[:, -1:] if last_only else x)), *state)
 
     def step(self, token: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
         """One decoding step: ``token`` (B,) int64 and the flat state -> (logits (B, vocab), *new state).

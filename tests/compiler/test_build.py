@@ -63,7 +63,7 @@ def test_exported_programs_run_without_attnspec_at_unseen_lengths(built_specs, t
     cases = []
     for name, result in built_specs.items():
         model = attnspec.load(result.directory)
-        lengths = [n for n in (37, 300, 1000) if n <= model.spec.max_len]
+        lengths = [n for n in (37, 300) if n <= model.spec.max_len]  # traced at 17; 300 spans several chunks
         for length in lengths:
             inputs = example_input(model, 2, length, torch.Generator().manual_seed(length))
             with torch.no_grad():
@@ -216,8 +216,10 @@ def test_hybrids_generate_alike_from_weights_and_from_the_exported_step(built_sp
         assert built_specs[name].manifest["has_step"], name
         eager = run_directory(directory, "3 1 4 1 5", 6)
         assert eager == run_directory(directory, "3 1 4 1 5", 6, programs=True), name
-        sampled = run_directory(directory, "3 1 4", 5, temperature=0.9, top_k=8, seed=3)
-        assert sampled == run_directory(directory, "3 1 4", 5, temperature=0.9, top_k=8, seed=3, programs=True)
+    # sampling draws the same tokens from either (one spec: the sampler is the same code for all)
+    directory = built_specs["qwen3-next-style"].directory
+    sampled = run_directory(directory, "3 1 4", 5, temperature=0.9, top_k=8, seed=3)
+    assert sampled == run_directory(directory, "3 1 4", 5, temperature=0.9, top_k=8, seed=3, programs=True)
 
 
 def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value_caches(tmp_path):

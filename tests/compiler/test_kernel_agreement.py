@@ -92,7 +92,10 @@ def test_eager_calls_run_the_kernel_the_plan_names(path, ran):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
 def test_exported_programs_hold_the_kernel_the_plan_names(path, ran, tmp_path):
-    for dtype in DTYPES:
+    # float32 only: on the CPU it is the one dtype whose eager calls may take a kernel (the native chunk
+    # kernel), which export must turn away; in float64 and bfloat16 the kernels refuse the call by dtype
+    # before export is asked (the eager test above holds every dtype to its plan)
+    for dtype in ["float32"]:
         plan, model = _model(path, dtype, training=False)
         runs = ran(model)
         with _precision(dtype):

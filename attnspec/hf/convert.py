@@ -190,6 +190,7 @@ def _comparable(spec) -> dict:
         return value
 
     data["blocks"] = [without_modes(block.model_dump(mode="json")) for _, block in iter_blocks(spec, expand=True)]
+    data["shared"] = without_modes(data.get("shared", []))
     return data
 
 

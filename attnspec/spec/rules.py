@@ -77,7 +77,7 @@ def _shared_rules(spec: Spec) -> Iterator[Violation]:
                 "delta, mlstm, scatterbrain), or `reads: hidden`")
         if shared.adapter_rank is not None:
             for target in shared.adapt:
-                if target in "qkv" and not block.mixer.projects_input:
+                if target != "mlp" and not block.mixer.projects_input:
                     yield at + ("adapt",), (f"a {block.mixer.kind} mixer has no `{target}` projection for an adapter;"
                                             " adapt `mlp` only, or use a family with q/k/v projections")
                 if target == "mlp" and block.mlp.kind not in ("mlp", "glu"):

@@ -25,9 +25,8 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, calls: list | None = None) -> Table:
     """The plan of ``spec`` at ``length``: per block (``mixers``; ``sizes`` from
-    :func:`~attnspec.compiler.sizes.layer_sizes``; ``calls``: the shared block each calls, or None) its parts,
-    parameters and decoding state, and per
-    regime of ``plans`` (``[(regime, Plan)]``, inference first) the mode and kernel chosen, every valid
+    :func:`~attnspec.compiler.sizes.layer_sizes`; ``calls``: the shared block each calls, or None) its parts,
+    parameters and decoding state, and per regime of ``plans`` (``[(regime, Plan)]``, inference first) the mode and kernel chosen, every valid
     mode's measured and estimated time, and why; then its one-token decoding."""
     from attnspec.compiler.plan import decoding_text, regime_modes
 

@@ -155,3 +155,29 @@ def test_an_impossible_use_of_a_shared_block_is_a_located_error(change, path, wo
         load_spec(_with(change))
     problems = [(problem.path, problem.message) for problem in caught.value.problems]
     assert any(where == path and words in message for where, message in problems), problems
+
+
+@pytest.mark.parametrize("mixer", [
+    {"kind": "linear", "heads": 2, "causal": True, "transition": "data",
+     "conv": {"kind": "short", "projections": ["q", "k", "v"]}, "output_gate": "sigmoid"},
+    {"kind": "delta", "heads": 2, "causal": True, "transition": {"kind": "mamba"}},
+    {"kind": "mlstm", "heads": 2, "group_norm": True, "norm_center": True, "output_gate": "sigmoid"},
+    {"kind": "scatterbrain", "heads": 2, "causal": True},
+], ids=lambda mixer: mixer["kind"])
+def test_every_family_that_projects_its_input_reads_hidden_and_embeddings_and_decodes(mixer):
+    """The families `projects_input` names take the 2 d_model input in every input map (projections,
+    data-dependent gates and transitions) and decode as their forward computes."""
+    data = _data()
+    data["shared"][0]["block"]["mixer"] = mixer
+    data["shared"][0]["adapt"] = ["q", "k", "v"]
+    model = _model(data)
+    assert model.shared_blocks["memory"].mixer.q_proj.in_features == 32
+    tokens = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = model(tokens)
+        state = model.init_state(2)
+        stepped = []
+        for t in range(9):
+            logits, *state = model.step(tokens[:, t], *state)
+            stepped.append(logits)
+    assert (torch.stack(stepped, 1) - expected).abs().max() < 1e-10

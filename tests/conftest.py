@@ -17,6 +17,13 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 # A fresh mode calibration for the run: plans do not depend on what this machine measured before.
 os.environ["ATTNSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnspec-calibration-")
 
+# The suite runs in one pytest-xdist worker per core (pyproject's addopts). Each worker computes with one
+# intra-op thread, and so do the processes it starts: at two threads per worker the workers' threads
+# would contend for the same cores, which this project measured at 4-58x slower per op on 2 cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+
 # Without a CUDA device the Triton kernels run on Triton's CPU interpreter, so CI tests them too. The
 # variable is read when a kernel is defined, so it is set before anything imports them; nothing else
 # in attnspec or torch's CPU path uses Triton.
@@ -24,6 +31,8 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))

@@ -45,14 +45,16 @@ def _state_at(model, batch: int, position: int) -> list[torch.Tensor]:
 
 
 def _tokens_per_second(step, state: list[torch.Tensor], steps: int) -> float:
+    """Tokens/s of ``step`` held at the state's position (the step advances it in place; it is set back)."""
     token = torch.zeros(state[0].shape[0], dtype=torch.long)
+    position = state[0].clone()
     with torch.no_grad():
         step(token, *state)  # warm-up
+        state[0].copy_(position)
         start = time.perf_counter()
-        current = list(state)
         for _ in range(steps):
-            _, *current = step(token, *current)
-            current[0] = state[0]  # stay at the measured position
+            step(token, *state)
+            state[0].copy_(position)  # stay at the measured position
     return token.shape[0] * steps / (time.perf_counter() - start)
 
 

@@ -219,7 +219,8 @@ def build(
                                            "the spec's init and are listed (an edited import builds)."),
     strict_weights: bool = typer.Option(False, "--strict-weights", help="Refuse --weights unless every tensor fits "
                                         "(no tensor initialised, none left over)."),
-    aot: bool = typer.Option(False, "--aot", help="Also write AOTInductor packages (model.aoti.pt2, step.aoti.pt2)."),
+    aot: bool = typer.Option(False, "--aot", help="Also write AOTInductor packages (model.aoti.pt2, step.aoti.pt2, "
+                                                        "prefill.aoti.pt2)."),
     no_calibrate: bool = NoCalibrateOption,
     no_compile: bool = NoCompileOption,
     force: bool = ForceOption,
@@ -229,8 +230,8 @@ def build(
     """Validate, plan, lower, verify, compile and export a spec into a build directory.
 
     The directory holds spec.yaml (resolved), model.safetensors, model.pt2 (torch.export,
-    dynamic batch and length), step.pt2 (one-token decoding, when every mixer has a
-    recurrent form) and manifest.json. It is written atomically: a failing stage leaves
+    dynamic batch and length), prefill.pt2 and step.pt2 (a prompt's pass to the decoding
+    state, and one-token decoding, for a causal token model) and manifest.json. It is written atomically: a failing stage leaves
     nothing behind.
     """
     from attnspec.compiler.build import build_directory

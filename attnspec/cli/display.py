@@ -117,8 +117,8 @@ def print_build_summary(directory: Path, manifest: dict) -> None:
     for name, info in manifest["files"].items():
         table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB" + artifact_speed(export.get(name)))
     if "model.aoti.pt2" not in manifest["files"]:
-        table.add_row("model.aoti.pt2", "not built: --aot adds AOTInductor packages of both programs (compiled native "
-                                        "code; 0.5-1.5 min more on 2 cores, decoding 6-15x faster: README)")
+        table.add_row("model.aoti.pt2", "not built: --aot adds AOTInductor packages of every program (compiled "
+                                        "native code; minutes more on 2 cores, decoding 6-15x faster: README)")
     table.add_row("stages", ", ".join(f"{k} {v:.1f}s" for k, v in manifest["stage_seconds"].items()))
     out.print(table)
     run = (f"attnspec run {directory} --tokens \"1 2 3\"" + (" --generate 8" if manifest["has_step"] else "")
@@ -126,10 +126,14 @@ def print_build_summary(directory: Path, manifest: dict) -> None:
     lines = [f"\nNext: {run}", f"      python -c \"import attnspec; model = attnspec.load('{directory}')\"",
              "Load each artifact from plain PyTorch:",
              f"  model.pt2       program = torch.export.load('{directory}/model.pt2').module(); program(tokens)"]
+    if "prefill.pt2" in manifest["files"]:
+        lines.append(f"  prefill.pt2     prefill = torch.export.load('{directory}/prefill.pt2').module(); "
+                     "logits, *state = prefill(prompt)  (prompt: (batch, length >= 2))")
     if manifest["has_step"]:
         lines.append(f"  step.pt2        step = torch.export.load('{directory}/step.pt2').module(); "
-                     "logits, *state = step(token, *state)  (state: zeros as manifest.json export.step.pt2.state)")
-    for name in ("model.aoti.pt2", "step.aoti.pt2"):
+                     "logits, *state = step(token, *state)  (state: updated in place; from prefill, or zeros as "
+                     "manifest.json export.step.pt2.state)")
+    for name in ("model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2"):
         if name in manifest["files"]:
             lines.append(f"  {name:<15} program = torch._inductor.aoti_load_package('{directory}/{name}')  "
                          "(native code: load only your own)")

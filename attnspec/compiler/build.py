@@ -21,7 +21,7 @@ import torch
 from attnspec.io import VERSION, save_tensors
 from attnspec.compiler.compile import BackgroundCheck
 from attnspec.compiler.compile_cache import check_key, passed_before, remember_pass
-from attnspec.compiler.export import export_model, export_step, state_signature
+from attnspec.compiler.export import export_model, export_prefill, export_step, state_signature
 from attnspec.compiler.speed import DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, sequence_speed
 from attnspec.compiler.tracing import example_input
 from attnspec.compiler.load import load_weights
@@ -202,29 +202,33 @@ def save_model(model, directory: Path | str, *, force: bool = False, aot: bool =
 
 
 def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
-    """Export ``model.pt2`` (and ``step.pt2``), with ``aot`` their AOTInductor packages too, and check the
-    full-sequence program against eager. Returns the manifest's ``export`` entries and the programs
-    by file name (for :func:`_measure_speeds`)."""
+    """Export ``model.pt2`` (and, for a model that decodes, ``prefill.pt2`` and ``step.pt2``), with ``aot``
+    their AOTInductor packages too, and check the full-sequence and prefill programs against eager.
+    Returns the manifest's ``export`` entries and the programs by file name (for :func:`_measure_speeds`)."""
     program = export_model(model, scratch / "model.pt2")
     check_length = max(2, min(model.spec.max_len, 37))
     inputs = example_input(model, 2, check_length, torch.Generator().manual_seed(1))
     with torch.no_grad():
         diff = (program.module()(inputs) - model(inputs)).abs().max().item()
     info = {"model.pt2": {"checked_length": check_length, "max_abs_diff_vs_eager": diff}}
-    programs = {"model.pt2": program.module()}
-    step_program = None
+    exported = {"model.pt2": program}
     if model.has_step:
-        step_program = export_step(model, scratch / "step.pt2")
+        prefill = export_prefill(model, scratch / "prefill.pt2")
+        with torch.no_grad():  # the logits at the last position and every state tensor
+            diff = max((got.double() - want.double()).abs().max().item()
+                       for got, want in zip(prefill.module()(inputs), model.prefill(inputs, last_only=True)))
+        info["prefill.pt2"] = {"checked_length": check_length, "max_abs_diff_vs_eager": diff}
+        exported["prefill.pt2"] = prefill
+        exported["step.pt2"] = export_step(model, scratch / "step.pt2")
         info["step.pt2"] = {"state": state_signature(model)}
-        programs["step.pt2"] = step_program.module()
+    programs = {name: program.module() for name, program in exported.items()}
     if aot:
         from torch._inductor import aoti_compile_and_package, aoti_load_package
 
-        package = aoti_compile_and_package(program, package_path=str(scratch / "model.aoti.pt2"))
-        info["model.aoti.pt2"], programs["model.aoti.pt2"] = {}, aoti_load_package(package)
-        if step_program is not None:
-            package = aoti_compile_and_package(step_program, package_path=str(scratch / "step.aoti.pt2"))
-            info["step.aoti.pt2"], programs["step.aoti.pt2"] = {}, aoti_load_package(package)
+        for name, program in exported.items():
+            aot_name = name.replace(".pt2", ".aoti.pt2")
+            package = aoti_compile_and_package(program, package_path=str(scratch / aot_name))
+            info[aot_name], programs[aot_name] = {}, aoti_load_package(package)
     return info, programs
 
 
@@ -239,10 +243,13 @@ def _measure_speeds(model, programs: dict, info: dict) -> None:
     steps = DECODE_STEPS if model.decode_limit is None else max(1, min(DECODE_STEPS, model.decode_limit - 1))
     decode_at = {"batch": 1, "steps": steps}
     for name, program in programs.items():
-        if name.startswith("model"):
+        if name.startswith(("model", "prefill")):
             info[name].update(tokens_per_second=sequence_speed(program, inputs), speed_at=sequence_at)
             if name == "model.pt2":
                 info[name]["eager_tokens_per_second"] = sequence_speed(model, inputs)
+            if name == "prefill.pt2":
+                info[name]["eager_tokens_per_second"] = sequence_speed(lambda x: model.prefill(x, last_only=True),
+                                                                       inputs)
         else:
             info[name].update(tokens_per_second=decode_speed(program, model.init_state(1), steps), speed_at=decode_at)
             if name == "step.pt2":

@@ -1,4 +1,5 @@
-"""Exporting with ``torch.export``: the model with dynamic batch and length, and the decoding step.
+"""Exporting with ``torch.export``: the model with dynamic batch and length, the prompt's prefill (dynamic
+batch and length) and the decoding step (dynamic batch).
 
 The exported programs load with ``torch.export.load`` and run without attnspec installed.
 """
@@ -16,7 +17,8 @@ from attnspec.nn.model import Model
 
 
 class DecodeStep(nn.Module):
-    """``forward(token, *state) -> (logits, *state)``: the model's one-token step as a plain module."""
+    """``forward(token, *state) -> (logits, *state)``: the model's one-token step as a plain module (the
+    state is updated in place and returned as the same tensors, in the exported program too)."""
 
     def __init__(self, model: Model):
         super().__init__()
@@ -24,6 +26,18 @@ class DecodeStep(nn.Module):
 
     def forward(self, token: torch.Tensor, *state: torch.Tensor):
         return self.model.step(token, *state)
+
+
+class Prefill(nn.Module):
+    """``forward(tokens (B, L)) -> (logits (B, 1, vocab) at the last position, *state)``: the model's prompt
+    pass as a plain module, leaving the state :class:`DecodeStep` continues from."""
+
+    def __init__(self, model: Model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor):
+        return self.model.prefill(tokens, last_only=True)
 
 
 def export_model(model: Model, path: Path) -> torch.export.ExportedProgram:
@@ -47,6 +61,18 @@ def export_step(model: Model, path: Path) -> torch.export.ExportedProgram:
     shapes = ({0: batch},) + tuple({0: batch} for _ in state)
     with size_oblivious():
         program = torch.export.export(step, (token, *state), dynamic_shapes=(shapes[0], shapes[1:]), strict=False)
+    torch.export.save(program, str(path))
+    return program
+
+
+def export_prefill(model: Model, path: Path) -> torch.export.ExportedProgram:
+    """Export the prompt's prefill (:class:`Prefill`) with dynamic batch (1..4096) and length (2..max_len)."""
+    max_len = model.spec.max_len
+    tokens = example_input(model, 3, min(17, max_len))
+    batch = Dim("batch", min=1, max=4096)
+    length = Dim("length", min=2, max=max(max_len, 3))
+    with size_oblivious():
+        program = torch.export.export(Prefill(model), (tokens,), dynamic_shapes=({0: batch, 1: length},), strict=False)
     torch.export.save(program, str(path))
     return program
 

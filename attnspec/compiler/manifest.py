@@ -26,7 +26,7 @@ FORMAT = 2
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
 REQUIRED_FILES = ("spec.yaml", "model.safetensors", "model.pt2")
-OPTIONAL_FILES = ("step.pt2", "model.aoti.pt2", "step.aoti.pt2")
+OPTIONAL_FILES = ("step.pt2", "prefill.pt2", "model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2")
 FILE_NAMES = REQUIRED_FILES + OPTIONAL_FILES
 """Every file a build may write besides the manifest: plain names, so nothing outside the directory
 can be named."""
@@ -102,8 +102,11 @@ class AotExport(_Strict):
 class ExportRecord(_Strict):
     model: ModelExport = Field(alias="model.pt2")
     step: StepExport | None = Field(default=None, alias="step.pt2")
+    prefill: ModelExport | None = Field(default=None, alias="prefill.pt2")
+    """The prompt's pass to logits at its last position and the decoding state (builds before it have none)."""
     model_aoti: AotExport | None = Field(default=None, alias="model.aoti.pt2")
     step_aoti: AotExport | None = Field(default=None, alias="step.aoti.pt2")
+    prefill_aoti: AotExport | None = Field(default=None, alias="prefill.aoti.pt2")
 
 
 class MismatchRecord(_Strict):

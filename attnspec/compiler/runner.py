@@ -43,15 +43,17 @@ def parse_tokens(text: str, vocab_size: int | None = None, max_len: int | None =
     return tokens
 
 
-def _generate(directory: Path, name: str, step, state: list, prompt: list[int], count: int, sampling: dict
-              ) -> list[int]:
-    """Feed ``prompt`` through ``step(token (1,), *state) -> (logits (1, vocab), *state)`` and generate
-    ``count`` tokens (:func:`attnspec.nn.generate.decode`, on the state's device)."""
+def _generate(directory: Path, name: str, step, state: list, prompt: list[int], count: int, sampling: dict,
+              prefill=None) -> list[int]:
+    """Feed ``prompt`` through ``prefill(tokens (1, T)) -> (logits, *state)`` where given (and the prompt
+    has the 2 or more tokens a prefill program takes), else token by token through ``step(token (1,),
+    *state) -> (logits (1, vocab), *state)``, and generate ``count`` tokens
+    (:func:`attnspec.nn.generate.decode`, on the state's device)."""
     from attnspec.nn.generate import decode
 
     tokens = torch.tensor([prompt], device=state[0].device)
     try:
-        out = decode(step, state, tokens, count, **sampling)
+        out = decode(step, state, tokens, count, **sampling, prefill=prefill if len(prompt) > 1 else None)
     except AttnSpecError:
         raise
     except Exception as error:  # noqa: BLE001 - a step that fails on its own state is a damaged build
@@ -123,11 +125,15 @@ class _Runner:
 
     def generate(self, prompt: list[int], count: int, sampling: dict) -> list[int]:
         if self.model is not None:
-            return _generate(self.directory, "model.safetensors", self.model.step, list(self.model.init_state(1)),
-                             prompt, count, sampling)
+            model = self.model
+            return _generate(self.directory, "model.safetensors", model.step, list(model.init_state(1)),
+                             prompt, count, sampling, prefill=lambda tokens: model.prefill(tokens, last_only=True))
         state = [torch.zeros(1, *shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in self.state]
         step = load_program(self.directory / "step.pt2").module()
-        return _generate(self.directory, "step.pt2", step, state, prompt, count, sampling)
+        prefill, name = None, "step.pt2"
+        if "prefill.pt2" in self.manifest.files:  # builds before prefill programs step through the prompt
+            prefill, name = load_program(self.directory / "prefill.pt2").module(), "prefill.pt2 and step.pt2"
+        return _generate(self.directory, name, step, state, prompt, count, sampling, prefill=prefill)
 
 
 def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, programs: bool = False,

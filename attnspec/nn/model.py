@@ -360,20 +360,25 @@ class Model(nn.Module):
         return (self._head(self.final_norm(x[:, -1:] if last_only else x)), *state)
 
     def step(self, token: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
-        """One decoding step: ``token`` (B,) int64 and the flat state -> (logits (B, vocab), *new state).
+        """One decoding step: ``token`` (B,) int64 and the flat state -> (logits (B, vocab), *state).
 
-        Equals ``forward`` on the whole prefix at the last position (tests check it).
+        The state is updated in place and returned as the same tensors (key/value caches are written
+        where they are, a block's new recurrent state is copied into its old one), so decoding allocates
+        nothing the size of a cache per token. Equals ``forward`` on the whole prefix at the last
+        position (tests check it).
         """
         self.check_inputs(token, per_position=False)
         position, rest = state[0], list(state[1:])
         self._check_position(position)
         x = embeddings = self.position.embed(self._embedded(token).unsqueeze(1), position).squeeze(1)
-        new_state: list[Tensor] = [position + 1]
         for block, count in zip(self.blocks, self.state_layout()):
             block_state, rest = tuple(rest[:count]), rest[count:]
-            x, block_state = block.step(x, block_state, position, embeddings)
-            new_state.extend(block_state)
-        return (self._head(self.final_norm(x)), *new_state)
+            x, new_state = block.step(x, block_state, position, embeddings)
+            for old, new in zip(block_state, new_state):
+                if new is not old:  # a state the block computed afresh (recurrent states, convolution windows)
+                    old.copy_(new)
+        position.add_(1)
+        return (self._head(self.final_norm(x)), *state)
 
     def _check_position(self, position: Tensor) -> None:
         """Refuse a step at a position past :attr:`decode_limit` (a full cache would wrap into a silent

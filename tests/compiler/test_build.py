@@ -30,7 +30,9 @@ def test_every_spec_builds_compiles_verifies_and_exports_in_one_process(built_sp
         assert manifest["export"]["model.pt2"]["max_abs_diff_vs_eager"] < 1e-4, name
         files = set(os.listdir(result.directory))
         assert {"spec.yaml", "model.safetensors", "model.pt2", "manifest.json"} <= files, name
-        assert ("step.pt2" in files) == manifest["has_step"], name
+        assert ("step.pt2" in files) == manifest["has_step"] == ("prefill.pt2" in files), name
+        if manifest["has_step"]:  # the prompt's logits and every state tensor
+            assert manifest["export"]["prefill.pt2"]["max_abs_diff_vs_eager"] < 1e-4, name
 
 
 @pytest.mark.parametrize("name, mode", [("retnet", "chunk"), ("lru", "chunk"), ("gateloop", "scan"),
@@ -67,7 +69,10 @@ def test_exported_programs_run_without_attnspec_at_unseen_lengths(built_specs, t
         for length in lengths:
             inputs = example_input(model, 2, length, torch.Generator().manual_seed(length))
             with torch.no_grad():
-                cases.append((str(result.directory / "model.pt2"), inputs, model(inputs)))
+                cases.append((str(result.directory / "model.pt2"), inputs, (model(inputs),)))
+                if model.has_step and length == lengths[0]:  # the prompt's logits and state, at one length
+                    cases.append((str(result.directory / "prefill.pt2"), inputs,
+                                  model.prefill(inputs, last_only=True)))
     torch.save(cases, tmp_path / "cases.pt")
     script = textwrap.dedent(f"""
         import sys, torch
@@ -76,8 +81,9 @@ def test_exported_programs_run_without_attnspec_at_unseen_lengths(built_specs, t
             if program_path not in programs:  # each program loaded once, run at every length
                 programs[program_path] = torch.export.load(program_path).module()
             got = programs[program_path](inputs)
-            worst = max(worst, (got - expected).abs().max().item())
-            assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (program_path, inputs.shape)
+            for got, expected in zip(got if isinstance(got, tuple) else (got,), expected, strict=True):
+                worst = max(worst, (got.double() - expected.double()).abs().max().item())
+                assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (program_path, inputs.shape)
         assert not any(name.startswith("attnspec") for name in sys.modules), "attnspec was imported"
         print("ok", worst)
     """)
@@ -209,8 +215,8 @@ def test_cli_build_prints_summary_and_next_steps(tmp_path):
 
 
 def test_hybrids_generate_alike_from_weights_and_from_the_exported_step(built_specs):
-    """Every shipped causal token spec decodes from its build directory: the step.pt2 program (caches as
-    fixed-shape state) generates what the model rebuilt from the weights generates."""
+    """Every shipped causal token spec decodes from its build directory: the prefill.pt2 and step.pt2
+    programs (caches as fixed-shape state) generate what the model rebuilt from the weights generates."""
     from attnspec.compiler.runner import run_directory
 
     for name in ("hybrid", "qwen3-next-style", "sliding-window-hybrid", "softmax-transformer", "scatterbrain"):
@@ -224,17 +230,21 @@ def test_hybrids_generate_alike_from_weights_and_from_the_exported_step(built_sp
     assert sampled == run_directory(directory, "3 1 4", 5, temperature=0.9, top_k=8, seed=3, programs=True)
 
 
-def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value_caches(tmp_path):
-    """One AOTInductor build (two packages, the costliest compile of the suite): the full-sequence package
-    equals eager at lengths it was not traced at, and the step package carries a ring buffer and a full
-    cache through the compiled code."""
+def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value_caches(tmp_path, monkeypatch):
+    """One AOTInductor build (three packages, the costliest compile of the suite): the full-sequence package
+    equals eager at lengths it was not traced at, the step package carries a ring buffer and a full
+    cache through the compiled code (updated in place, read by prefixes of 8, 16, 32 and 64 slots chosen
+    inside the package), and the prefill package leaves the state the steps continue from."""
+    import attnspec.ops.softmax.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "MIN_READ", 8)  # several read lengths within max_len 64
     spec = {"name": "swa", "input": {"kind": "tokens", "vocab_size": 40}, "d_model": 16, "max_len": 64,
             "layers": [{"mixer": {"kind": "linear", "heads": 2, "transition": "data"}},
                        {"mixer": {"kind": "softmax", "heads": 4, "kv_heads": 2, "window": 5, "qk_norm": "rmsnorm",
                                   "position": {"kind": "rope", "rotary_fraction": 0.5}}},
                        {"mixer": {"kind": "softmax", "heads": 2}}]}
     result = build_directory(spec, tmp_path / "aot", aot=True, compile_check=False)
-    assert {"model.aoti.pt2", "step.aoti.pt2"} <= set(result.manifest["files"])
+    assert {"model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2"} <= set(result.manifest["files"])
     model = attnspec.load(result.directory)
     runner = torch._inductor.aoti_load_package(str(result.directory / "model.aoti.pt2"))
     for length in (23, 61):
@@ -250,6 +260,16 @@ def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value
             # contiguous: a package reads inputs with its traced strides and does not check them
             # (measured: tokens[:, t] of a (2, 30) tensor gave logits off by 1.6)
             got, *compiled = step(tokens[:, t].contiguous(), *compiled)
+            assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4), t
+    prefill = torch._inductor.aoti_load_package(str(result.directory / "prefill.aoti.pt2"))
+    with torch.no_grad():  # a 20-token prompt in one pass, then steps past 32 cached positions
+        logits, *state = model.prefill(tokens[:, :20], last_only=True)
+        got, *compiled = prefill(tokens[:, :20].contiguous())
+        assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4)
+        for t in range(20, 40):
+            token = tokens[:, t % 30].contiguous()
+            logits, *state = model.step(token, *state)
+            got, *compiled = step(token, *compiled)
             assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4), t
 
 

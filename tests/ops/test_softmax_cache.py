@@ -63,6 +63,49 @@ def test_the_cache_step_equals_the_full_pass_at_every_position(window, kv_heads,
     assert all(t.shape[2] == capacity for t in cache)  # constant memory: the ring never grows
 
 
+class _Step(torch.nn.Module):
+    def forward(self, q, k, v, keys, values, bias, position, log_a):
+        o, _ = softmax_step(q, k, v, (keys, values, bias), position, log_a=log_a)
+        return o
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_the_step_reads_the_shortest_written_prefix_in_eager_and_exported_code(monkeypatch, window):
+    """With reads from 4 slots up (4, 8, 16, 32, 64 for a full cache of 64), every read length the steps
+    pass through equals the full pass, in eager code and in one exported program (``torch.cond`` picks the
+    length by the position: no program per length); rows at different positions read the longest's prefix,
+    the other's unwritten slots (NaN) masked."""
+    import attnspec.ops.softmax.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "MIN_READ", 4)
+    capacity = window if window is not None else 64
+    assert cache_module.read_lengths(64) == [4, 8, 16, 32, 64] and cache_module.read_lengths(4) == [4]
+    L = 45
+    q, k, v, log_a = _inputs(L, 2, True, seed=4)
+    full = softmax_attention(q, k, v, log_a, window=window)
+    lag = torch.tensor([0, 3])  # row 1 runs 3 positions ahead of row 0
+    rows = torch.arange(B)
+    eager = tuple(torch.full_like(t, float("nan")) for t in empty_cache(B, H, 2, 2, capacity, DK, DV, torch.float64))
+    ahead = tuple(t[1:].clone() for t in eager)
+    for t in range(3):  # row 1 decodes its first 3 positions alone
+        softmax_step(q[1:, :, t], k[1:, :, t], v[1:, :, t], ahead, torch.tensor([t]), log_a=log_a[1:, :, t])
+    for cache, row in zip(eager, ahead):
+        cache[1:] = row
+    traced = tuple(t.clone() for t in eager)
+    args = (q[:, :, 0], k[:, :, 0], v[:, :, 0], *traced, lag, log_a[:, :, 0])
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(_Step(), args, dynamic_shapes=tuple({0: batch} for _ in args), strict=False).module()
+    for t in range(L - 3):
+        index = t + lag
+        inputs = (q[rows, :, index], k[rows, :, index], v[rows, :, index])
+        o, returned = softmax_step(*inputs, eager, index, log_a=log_a[rows, :, index])
+        assert all(a is b for a, b in zip(returned, eager))  # written in place
+        exported = program(*inputs, *traced, index, log_a[rows, :, index])
+        for row in range(B):
+            assert (o[row] - full[row, :, int(index[row])]).abs().max() < 1e-12, (t, row)
+        assert (exported - o).abs().max() < 1e-12, t
+
+
 def test_each_sequence_of_a_batch_decodes_at_its_own_position():
     L = 12
     q, k, v, _ = _inputs(L, 2, False, seed=2)

@@ -231,14 +231,14 @@ class PrefixRerun:
         return self.forward(x), (torch.cat([x, inputs[:, x.shape[1]:]], dim=1),)
 
     def _prefix_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """Write ``x_t`` (B, d_model) at ``position`` (B,) and run the planned mode over all max_len inputs:
-        causal, the output there sees the written positions only. Exact, O(a full pass) per token."""
+        """Write ``x_t`` (B, d_model) at ``position`` (B,) in place and run the planned mode over all max_len
+        inputs: causal, the output there sees the written positions only. Exact, O(a full pass) per token."""
         if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and int(position.max()) >= self.max_len:
             raise ShapeError(f"decoding keeps max_len = {self.max_len} inputs; position {int(position.max())} is "
                              "past it (raise max_len)")
         B = x_t.shape[0]
         where = position.view(B, 1, 1)
-        inputs = state[0].scatter(1, where.expand(B, 1, self.d_in), x_t.unsqueeze(1).to(state[0].dtype))
+        inputs = state[0].scatter_(1, where.expand(B, 1, self.d_in), x_t.unsqueeze(1).to(state[0].dtype))
         return self.forward(inputs).gather(1, where.expand(B, 1, self.d_model))[:, 0], (inputs,)
 
 

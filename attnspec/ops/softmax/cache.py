@@ -3,9 +3,10 @@
 The cache holds C positions in place: the token at absolute position t goes to slot ``t % C``. With
 ``C > t`` for every decoded t (capacity ``max_len``) it is full causal attention; with C = a window
 it is a ring buffer of the last C positions (sliding-window attention in constant memory). Tensors
-never change shape, so an exported step program carries the cache as fixed-shape state. Slots not
-written yet are masked by value (``where``), so whatever they hold (zeros, NaN) never reaches
-the output.
+never change shape, so an exported step program carries the cache as fixed-shape state, and a step
+writes it in place. A step reads the shortest prefix (of a few fixed lengths) holding every written
+slot, so its cost follows the position rather than the capacity. Slots not written yet are masked by
+value (``where``), so whatever they hold (zeros, NaN) never reaches the output.
 
 A decay (:func:`attnspec.ops.softmax.softmax_attention`'s ``log_a``) is carried as a per-slot bias
 ``sum_{s=j+1..t} log a_s``: every step adds ``log a_t`` to the slots already written and starts the
@@ -31,21 +32,39 @@ def empty_cache(batch: int, heads: int, k_heads: int, v_heads: int, capacity: in
             torch.zeros(batch, heads, capacity, dtype=dtype, device=device))
 
 
+MIN_READ = 256
+"""The shortest cache prefix a step reads: below it, a step's fixed costs outweigh reading a few more slots."""
+
+
+def read_lengths(capacity: int) -> list[int]:
+    """The cache prefixes a step chooses among, ascending: MIN_READ, doubling, then ``capacity`` itself.
+
+    A step reads the shortest one that holds every written slot, so its cost follows the position, not
+    the capacity; a traced step holds one static branch per length (``torch.cond``), so exported and
+    compiled steps need no recompile as the position grows, and there are at most log2(C / MIN_READ) + 1."""
+    lengths, n = [], MIN_READ
+    while n < capacity:
+        lengths.append(n)
+        n *= 2
+    return lengths + [capacity]
+
+
 def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor, *, log_a: Tensor | None = None,
                  scale: float | None = None) -> tuple[Tensor, Cache]:
-    """Attend from one new position over the cache, after writing its key and value.
+    """Attend from one new position over the cache, after writing its key and value into it in place.
 
     Args:
         q: ``(B, H, Dk)`` the query at ``position``.
         k: ``(B, H_k, Dk)``, v: ``(B, H_v, Dv)``: its key and value (H_k and H_v divide H; query head h
             reads key head ``h // (H / H_k)``: grouped-query attention).
-        cache: ``(keys, values, bias)`` as :func:`empty_cache` makes them, holding positions before this one.
+        cache: ``(keys, values, bias)`` as :func:`empty_cache` makes them, holding positions before this one;
+            updated in place (nothing the size of the cache is allocated).
         position: ``(B,)`` int64, the absolute position of this token (0 for the first).
         log_a: ``(B, H)`` real log-decay of this position, or None (no decay).
         scale: score multiplier, default ``Dk ** -0.5``.
 
     Returns:
-        ``o`` ``(B, H, Dv)`` and the cache with this position written.
+        ``o`` ``(B, H, Dv)`` and the cache (the same tensors, with this position written).
     """
     keys, values, bias = cache
     B, H, Dk = q.shape
@@ -56,23 +75,55 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
                          f"{tuple(values.shape)}, {tuple(bias.shape)}; got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     slot = (position % capacity).long()  # (B,)
-    keys = keys.scatter(2, slot.view(B, 1, 1, 1).expand(B, k_heads, 1, Dk), k.unsqueeze(2).to(keys.dtype))
-    values = values.scatter(2, slot.view(B, 1, 1, 1).expand(B, v_heads, 1, Dv), v.unsqueeze(2).to(values.dtype))
+    keys.scatter_(2, slot.view(B, 1, 1, 1).expand(B, k_heads, 1, Dk), k.unsqueeze(2).to(keys.dtype))
+    values.scatter_(2, slot.view(B, 1, 1, 1).expand(B, v_heads, 1, Dv), v.unsqueeze(2).to(values.dtype))
     if log_a is not None:
-        bias = bias + log_a.unsqueeze(-1).to(bias.dtype)  # one more decay between every written slot and now
-    bias = bias.scatter(2, slot.view(B, 1, 1).expand(B, H, 1), torch.zeros(B, H, 1, dtype=bias.dtype,
-                                                                                  device=bias.device))
-    written = torch.arange(capacity, device=q.device).view(1, capacity) < torch.clamp(position + 1, max=capacity).view(B, 1)
-    read_keys = keys.repeat_interleave(H // k_heads, dim=1) if k_heads != H else keys  # (B, H, C, Dk)
-    read_values = values.repeat_interleave(H // v_heads, dim=1) if v_heads != H else values
+        bias.add_(log_a.unsqueeze(-1).to(bias.dtype))  # one more decay between every written slot and now
+    bias.scatter_(2, slot.view(B, 1, 1).expand(B, H, 1), torch.zeros(B, H, 1, dtype=bias.dtype, device=bias.device))
+    filled = torch.clamp(position + 1, max=capacity)  # (B,) slots written: 0..filled-1 (a ring: all of them)
     scale = Dk ** -0.5 if scale is None else scale
-    scores = scale * torch.einsum("bhd,bhcd->bhc", q.to(keys.dtype), read_keys) + bias
-    valid = written.view(B, 1, capacity)
-    scores = torch.where(valid, scores, torch.full_like(scores, float("-inf")))
+    q = q.to(keys.dtype)
+    lengths = read_lengths(capacity)
+    heads = (H, k_heads, v_heads)
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        o = _read_traced(q, keys, values, bias, filled, scale, heads, lengths)
+    else:  # eager: the shortest prefix holding every row's written slots (one host read of the position)
+        most = int(filled.max())
+        o = _read_prefix(q, keys, values, bias, filled, scale, heads, next(n for n in lengths if n >= most))
+    return o.reshape(B, H, Dv).to(v.dtype), (keys, values, bias)
+
+
+def _read_traced(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, filled: Tensor, scale: float,
+                 heads: tuple[int, int, int], lengths: list[int]) -> Tensor:
+    """:func:`_read_prefix` at the shortest of ``lengths`` that holds ``filled.max()``, chosen by data
+    (nested ``torch.cond``, one static branch per length)."""
+    if len(lengths) == 1:
+        return _read_prefix(q, keys, values, bias, filled, scale, heads, lengths[0])
+    n = lengths[0]
+    return torch.cond(filled.max() <= n,
+                      lambda *args: _read_prefix(*args, scale, heads, n),
+                      lambda *args: _read_traced(*args, scale, heads, lengths[1:]),
+                      (q, keys, values, bias, filled))
+
+
+def _read_prefix(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, filled: Tensor, scale: float,
+                 heads: tuple[int, int, int], n: int) -> Tensor:
+    """Softmax attention of ``q`` (B, H, Dk) over the first ``n`` cache slots, the slots at or past
+    ``filled`` (B,) masked by value (whatever they hold, NaN included, never reaches the output); shared
+    key/value heads are read in place (no copy per query head). ``heads``: (H, H_k, H_v), given as
+    numbers rather than read from the shapes, and the batch left as -1, so that a ``torch.cond`` branch,
+    traced with symbolic shapes, sees plain sizes. Returns (B, H_v, H / H_v, Dv)."""
+    H, k_heads, v_heads = heads
+    for size, expected in ((q.shape[1], H), (keys.shape[1], k_heads), (values.shape[1], v_heads)):
+        torch._check(size == expected)  # pins a traced branch's head counts (eager: true already)
+    read_keys, read_values, read_bias = keys[:, :, :n], values[:, :, :n], bias[:, :, :n]
+    grouped_q = q.reshape(-1, k_heads, H // k_heads, q.shape[-1])
+    scores = torch.einsum("bgjd,bgcd->bgjc", grouped_q, read_keys).reshape(-1, H, n)
+    valid = (torch.arange(n, device=q.device).view(1, n) < filled.view(-1, 1)).view(-1, 1, n)
+    scores = torch.where(valid, scale * scores + read_bias, torch.full_like(scores, float("-inf")))
     weights = torch.softmax(scores, dim=-1)
     read_values = torch.where(valid.unsqueeze(-1), read_values, torch.zeros_like(read_values))
-    o = torch.einsum("bhc,bhcd->bhd", weights, read_values)
-    return o.to(v.dtype), (keys, values, bias)
+    return torch.einsum("bgjc,bgcd->bgjd", weights.view(-1, v_heads, H // v_heads, n), read_values).contiguous()
 
 
-__all__ = ["Cache", "empty_cache", "softmax_step"]
+__all__ = ["Cache", "MIN_READ", "empty_cache", "read_lengths", "softmax_step"]

@@ -1,0 +1,151 @@
+"""Generation side by side with transformers: the same released model (random tiny weights, built from its
+config here; nothing is downloaded), imported into attnspec, generating 32 greedy tokens after a prompt.
+
+    python benchmarks/versus_transformers.py                    # llama, mamba2, qwen3_next at 1 thread
+    python benchmarks/versus_transformers.py --models llama --aot
+
+Candidates, timed interleaved (median of --rounds): transformers' ``generate`` with its DynamicCache and
+with ``cache_implementation="static"``; attnspec's eager ``model.generate``; the exported ``step.pt2``
+(the prompt through the eager prefill, then the program's steps); with ``--aot`` its AOTInductor package.
+Columns are seconds for transformers' DynamicCache and the ratio of every candidate to it (and to the
+StaticCache): below 1.00 attnspec is faster. Before timing, each attnspec candidate's tokens are checked
+equal to transformers' (greedy). Run at one intra-op thread by default (--threads): on these 2-core
+machines two threads collapse when anything else holds a core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from attnspec.compiler.export import export_step  # noqa: E402
+from attnspec.hf.convert import convert_weights, spec_from_checkpoint  # noqa: E402
+from attnspec.nn.generate import decode  # noqa: E402
+from attnspec.nn.model import build_model_from_spec  # noqa: E402
+
+NEW_TOKENS = 32
+VOCAB = 8192
+
+
+def _reference(name: str, max_len: int):
+    """The transformers model ``name`` at the widths of the issue's measurements, weights drawn here."""
+    import transformers as tf
+
+    if name == "llama":
+        config = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_len)
+        return tf.LlamaForCausalLM(config)
+    if name == "mamba2":
+        config = tf.Mamba2Config(vocab_size=VOCAB, hidden_size=256, num_heads=8, head_dim=64, expand=2,
+                                 state_size=64, n_groups=1, num_hidden_layers=4, chunk_size=64)
+        return tf.Mamba2ForCausalLM(config)
+    if name == "qwen3_next":  # Gated DeltaNet x3 then gated attention, dense MLPs
+        config = tf.Qwen3NextConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=64,
+                                    linear_value_head_dim=64, num_experts=0, max_position_embeddings=max_len)
+        return tf.Qwen3NextForCausalLM(config)
+    raise SystemExit(f"unknown model {name!r}: llama, mamba2 or qwen3_next")
+
+
+def _imported(reference, scratch: Path, max_len: int):
+    """``reference`` saved and imported into attnspec (the path ``attnspec import-hf`` takes)."""
+    reference.save_pretrained(scratch)
+    spec = spec_from_checkpoint(scratch, max_len=max_len)[1]
+    model = build_model_from_spec(spec)
+    model.load_state_dict(convert_weights(spec, scratch, spec_from_checkpoint(scratch, max_len=max_len)[2]))
+    return model.eval()
+
+
+def _candidates(reference, model, scratch: Path, aot: bool) -> dict:
+    """name -> generate(prompt (B, T)) -> (B, T + NEW_TOKENS) int64."""
+    def transformers_generate(**options):
+        return lambda prompt: reference.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                                 max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                                 do_sample=False, pad_token_id=0, **options)
+
+    def program_generate(step):
+        def run(prompt):
+            state = model.init_state(prompt.shape[0])
+            return decode(step, state, prompt, NEW_TOKENS, temperature=0,
+                          prefill=lambda tokens: model.prefill(tokens, last_only=True))
+        return run
+
+    candidates = {"transformers DynamicCache": transformers_generate(),
+                  "transformers StaticCache": transformers_generate(cache_implementation="static"),
+                  "attnspec eager": lambda prompt: model.generate(prompt, NEW_TOKENS, temperature=0)}
+    program = export_step(model, scratch / "step.pt2")
+    candidates["attnspec step.pt2"] = program_generate(program.module())
+    if aot:
+        from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+        package = aoti_compile_and_package(program, package_path=str(scratch / "step.aoti.pt2"))
+        candidates["attnspec step.aoti.pt2"] = program_generate(aoti_load_package(package))
+    return candidates
+
+
+def _seconds(generate, prompt: torch.Tensor) -> tuple[float, torch.Tensor]:
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = generate(prompt)
+        return time.perf_counter() - start, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", default=["llama", "mamba2", "qwen3_next"])
+    parser.add_argument("--prompts", nargs="*", type=int, default=[256, 1536])
+    parser.add_argument("--batches", nargs="*", type=int, default=[1, 16])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--aot", action="store_true", help="also the step's AOTInductor package (minutes to build)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    max_len = max(args.prompts) + NEW_TOKENS
+    table = Table(title=f"generate {NEW_TOKENS} greedy tokens: attnspec / transformers "
+                        f"(torch {torch.__version__}, {torch.get_num_threads()} thread(s))")
+    for column in ("model", "prompt", "batch", "candidate", "seconds", "/ Dynamic", "/ Static"):
+        table.add_column(column, justify="left" if column in ("model", "candidate") else "right")
+    for name in args.models:
+        with tempfile.TemporaryDirectory() as scratch:
+            torch.manual_seed(0)
+            reference = _reference(name, max_len).eval()
+            with torch.no_grad():  # perturbed: no zero-initialised part may hide a difference
+                for parameter in reference.parameters():
+                    parameter.add_(0.02 * torch.randn_like(parameter))
+            model = _imported(reference, Path(scratch), max_len)
+            candidates = _candidates(reference, model, Path(scratch), args.aot)
+            for prompt_length in args.prompts:
+                for batch in args.batches:
+                    prompt = torch.randint(0, VOCAB, (batch, prompt_length), generator=torch.Generator().manual_seed(1))
+                    expected = _seconds(candidates["transformers DynamicCache"], prompt)[1]
+                    for candidate, generate in candidates.items():  # warm-up, and the tokens checked
+                        out = _seconds(generate, prompt)[1]
+                        if not torch.equal(out, expected):
+                            print(f"note: {name} {candidate}: tokens differ from transformers' at prompt "
+                                  f"{prompt_length}, batch {batch}")
+                    times = {candidate: [] for candidate in candidates}
+                    for _ in range(args.rounds):  # interleaved
+                        for candidate, generate in candidates.items():
+                            times[candidate].append(_seconds(generate, prompt)[0])
+                    median = {candidate: statistics.median(values) for candidate, values in times.items()}
+                    dynamic, static = median["transformers DynamicCache"], median["transformers StaticCache"]
+                    for candidate, seconds in median.items():
+                        table.add_row(name, str(prompt_length), str(batch), candidate, f"{seconds:.3f}",
+                                      f"{seconds / dynamic:.2f}", f"{seconds / static:.2f}")
+    Console(width=160).print(table)
+
+
+if __name__ == "__main__":
+    main()

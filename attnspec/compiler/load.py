@@ -191,7 +191,7 @@ def load_model(directory: Path | str, manifest: Manifest | None = None, device=N
     try:  # the manifest's copy of spec.yaml, as data: the IR validates it, no front-end is needed
         spec = validate_data(manifest.spec)
     except AttnSpecError as error:
-        raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 300)}); rebuild "
+        raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 600)}); rebuild "
                          "the directory") from None
     try:
         check_model_size(spec)  # on the meta device, before anything the spec asks for is allocated

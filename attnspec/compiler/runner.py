@@ -75,7 +75,7 @@ def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, lis
     try:
         spec = validate_data(manifest.spec)
     except AttnSpecError as error:
-        raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 300)}); rebuild "
+        raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 600)}); rebuild "
                          "the directory") from None
     with torch.device("meta"):
         model = Model(spec)

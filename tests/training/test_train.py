@@ -161,13 +161,15 @@ def test_training_plan_picks_a_mode_near_the_fastest_measured():
     model = attnspec.build(SPECS / "gateloop.yaml", "layers[0].repeat=1").train()
     plan = plan_spec(model.spec, 64, batch=32, training=True)
     tokens = torch.randint(0, 64, (32, 64))
-    seconds = {}
-    for mode in model.blocks[0].mixer.modes:
-        model.set_modes([mode])
-        model(tokens).logsumexp(-1).mean().backward()  # warm-up
-        start = time.perf_counter()
-        model(tokens).logsumexp(-1).mean().backward()
-        seconds[mode] = time.perf_counter() - start
+    modes = model.blocks[0].mixer.modes
+    seconds = {mode: float("inf") for mode in modes}
+    for round_ in range(4):  # interleaved rounds, the best of each (the first is a warm-up): another
+        for mode in modes:  # process on the cores slows whichever mode it overlaps, not every round
+            model.set_modes([mode])
+            start = time.perf_counter()
+            model(tokens).logsumexp(-1).mean().backward()
+            if round_:
+                seconds[mode] = min(seconds[mode], time.perf_counter() - start)
     chosen = plan.full_modes[0]
     assert seconds[chosen] <= 2 * min(seconds.values()), (chosen, seconds)
     assert seconds["quadratic"] > 3 * seconds[chosen], "the regime matters: quadratic is far slower here"

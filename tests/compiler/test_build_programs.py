@@ -1,0 +1,130 @@
+"""Builds beside the shipped specs' (tests/compiler/test_build.py): the compiled modes across lengths
+without recompiling, one AOTInductor build with its three packages, and the released models' parts
+through a build. A file of its own so that a second test worker takes it while the first builds
+every shipped spec."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnspec
+from attnspec.compiler.build import build_directory
+from attnspec.compiler.compile import check_compiled
+from attnspec.compiler.tracing import example_input
+from tests.conftest import SPECS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name, mode", [("retnet", "chunk"), ("lru", "chunk"), ("gateloop", "scan"),
+                                        ("linear-elu", "quadratic")])
+def test_compiled_equals_eager_without_recompiling_at_new_lengths(name, mode):
+    """``torch.compile(dynamic=True)`` of each mode's code path (per-head and per-channel complex
+    decays in chunk mode, the scan, the quadratic form) across lengths, with recompiles forbidden.
+    Builds check fixed shapes only (``check_model``); this is where the dynamic property is held."""
+    model = attnspec.build(SPECS[0].parent / f"{name}.yaml", "d_model=32", "layers[0].repeat=1",
+                           *(["layers[0].layers[0].mixer.heads=2"] if name == "gateloop" else []))
+    model.set_modes([mode])
+    inputs = [example_input(model, 2, n) for n in (100, 37, 300, 1000, 63)]
+    report = check_compiled(model, inputs, atol=1e-4, rtol=1e-4)  # raises on any recompile
+    assert report["lengths"] == [100, 37, 300, 1000, 63] and report["graphs"] == 1
+
+
+def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value_caches(tmp_path, monkeypatch):
+    """One AOTInductor build (three packages, the costliest compile of the suite): the full-sequence package
+    equals eager at lengths it was not traced at, the step package carries a ring buffer and a full
+    cache through the compiled code (updated in place, read by prefixes of 8, 16, 32 and 64 slots chosen
+    inside the package), and the prefill package leaves the state the steps continue from."""
+    import attnspec.ops.softmax.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "MIN_READ", 8)  # several read lengths within max_len 64
+    spec = {"name": "swa", "input": {"kind": "tokens", "vocab_size": 40}, "d_model": 16, "max_len": 64,
+            "layers": [{"mixer": {"kind": "linear", "heads": 2, "transition": "data"}},
+                       {"mixer": {"kind": "softmax", "heads": 4, "kv_heads": 2, "window": 5, "qk_norm": "rmsnorm",
+                                  "position": {"kind": "rope", "rotary_fraction": 0.5}}},
+                       {"mixer": {"kind": "softmax", "heads": 2}}]}
+    result = build_directory(spec, tmp_path / "aot", aot=True, compile_check=False)
+    assert {"model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2"} <= set(result.manifest["files"])
+    model = attnspec.load(result.directory)
+    runner = torch._inductor.aoti_load_package(str(result.directory / "model.aoti.pt2"))
+    for length in (23, 61):
+        inputs = example_input(model, 2, length)
+        with torch.no_grad():
+            assert torch.allclose(runner(inputs), model(inputs), atol=1e-4, rtol=1e-4), length
+    step = torch._inductor.aoti_load_package(str(result.directory / "step.aoti.pt2"))
+    tokens = torch.randint(0, 40, (2, 30), generator=torch.Generator().manual_seed(0))
+    state, compiled = model.init_state(2), model.init_state(2)
+    with torch.no_grad():
+        for t in range(30):  # past the window: the ring buffer wraps inside the compiled package
+            logits, *state = model.step(tokens[:, t], *state)
+            # contiguous: a package reads inputs with its traced strides and does not check them
+            # (measured: tokens[:, t] of a (2, 30) tensor gave logits off by 1.6)
+            got, *compiled = step(tokens[:, t].contiguous(), *compiled)
+            assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4), t
+    prefill = torch._inductor.aoti_load_package(str(result.directory / "prefill.aoti.pt2"))
+    with torch.no_grad():  # a 20-token prompt in one pass, then steps past 32 cached positions
+        logits, *state = model.prefill(tokens[:, :20], last_only=True)
+        got, *compiled = prefill(tokens[:, :20].contiguous())
+        assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4)
+        for t in range(20, 40):
+            token = tokens[:, t % 30].contiguous()
+            logits, *state = model.step(token, *state)
+            got, *compiled = step(token, *compiled)
+            assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4), t
+
+
+FAMILIES = {
+    "name": "families", "input": {"kind": "tokens", "vocab_size": 64}, "d_model": 32, "max_len": 128,
+    "layers": [
+        {"mixer": {"kind": "mla", "heads": 2, "d_qk": 12, "d_v": 8, "kv_rank": 8, "q_rank": 6, "rope_dim": 4,
+                   "position": {"kind": "rope", "interleaved": True}},
+         "mlp": {"kind": "glu", "hidden": 48}, "norm": "rmsnorm", "norm_placement": "sandwich"},
+        {"mixer": {"kind": "rglru", "heads": 2, "width": 24, "qkv_bias": True, "out_bias": True}, "mlp": "none",
+         "norm": "rmsnorm"},
+        {"mixer": "none", "norm": "rmsnorm",
+         "mlp": {"kind": "moe", "experts": 4, "hidden": 12, "scoring": "sigmoid", "score_bias": True, "groups": 2,
+                 "top_groups": 1, "shared": 1}},
+        {"mixer": {"kind": "gated_conv", "d_v": 24}, "mlp": "mlp", "norm": "rmsnorm", "norm_placement": "output"},
+        {"mixer": {"kind": "mamba", "d_qk": 4, "selection_norm": "rmsnorm"}, "mlp": "none", "norm": "rmsnorm"},
+        {"mixer": {"kind": "softmax", "heads": 2, "qk_norm": "rmsnorm_full", "kv_heads": 1}, "mlp": "none",
+         "norm": "rmsnorm"},
+        {"mixer": {"kind": "delta", "heads": 2, "group_norm": True, "output_gate": "sigmoid", "gate_rank": 3,
+                   "transition": {"kind": "mamba", "per": "channel", "rank": 4, "shared_a": True}},
+         "mlp": "none", "norm": "rmsnorm"},
+        {"mixer": {"kind": "linear", "heads": 2, "feature_map": "silu", "value_activation": "silu",
+                   "normalize": False, "transition": {"kind": "fixed", "init": "alibi", "learnable": False},
+                   "group_norm": True, "norm_span": "full", "output_gate": "sigmoid"},
+         "mlp": "none", "norm": "rmsnorm", "norm_placement": "normed_residual", "skip_scale": 0.5,
+         "residual_scale": 1.5},
+        {"mixer": {"kind": "mlstm", "heads": 2, "d_qk": 8, "d_v": 12}, "mlp": "none", "norm": "rmsnorm"},
+        {"mixer": {"kind": "parallel", "weights": [0.5, 1.5], "branches": [
+            {"kind": "linear", "heads": 4, "d_qk": 4, "d_v": 8, "qk_groups": 2, "feature_map": "identity",
+             "normalize": False, "transition": {"kind": "mamba", "scale_input": True}, "skip": True,
+             "group_norm": True, "norm_span": "group", "output_gate": "swish"},
+            {"kind": "softmax", "heads": 2, "window": 8,
+             "position": {"kind": "rope", "scaling": "dynamic", "factor": 2.0, "original_max_len": 16}}]},
+         "mlp": "none", "norm": "rmsnorm"}],
+    "final_norm": "rmsnorm"}
+"""Every part the released models brought, in one spec: latent attention, the RG-LRU, a block without a
+mixer holding grouped experts, the gated convolution, Mamba-1, QK-norm over the whole width, KDA's shared
+A and low-rank gate, MiniMax's lightning attention, xLSTM's mLSTM, Falcon-H1's parallel branches (Mamba2
+with a norm per group beside windowed attention with dynamic NTK RoPE), sandwich, output and normed-residual
+placements."""
+
+
+@pytest.mark.slow  # one build with its compile check and exports (about a minute on 2 cores)
+def test_the_released_models_parts_compile_export_and_decode_from_the_step_program(tmp_path):
+    """Compiled (fullgraph, across lengths) equals eager, the resolved spec reloads, model.pt2 computes the
+    model, and step.pt2 (a dynamic batch) generates what the rebuilt model generates."""
+    from attnspec.compiler.runner import run_directory
+
+    result = build_directory(FAMILIES, tmp_path / "families")
+    assert result.manifest["has_step"] and result.manifest["compile"]["max_abs_diff"] < 1e-4
+    program = torch.export.load(str(result.directory / "model.pt2")).module()
+    model = attnspec.load(result.directory)
+    tokens = torch.randint(0, 64, (3, 37), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(program(tokens), model(tokens), atol=1e-4, rtol=1e-4)
+    eager = run_directory(result.directory, "3 1 4 1 5", 6)
+    assert eager == run_directory(result.directory, "3 1 4 1 5", 6, programs=True)

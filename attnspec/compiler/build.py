@@ -202,7 +202,8 @@ def save_model(model, directory: Path | str, *, force: bool = False, aot: bool =
 
 
 def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
-    """Export ``model.pt2`` (and, for a model that decodes, ``prefill.pt2`` and ``step.pt2``), with ``aot``
+    """Export ``model.pt2`` (and, for a model that decodes, ``step.pt2``, and ``prefill.pt2`` where every
+    mixer computes its prompt in one pass: :attr:`Model.prefills_in_one_pass`), with ``aot``
     their AOTInductor packages too, and check the full-sequence and prefill programs against eager.
     Returns the manifest's ``export`` entries and the programs by file name (for :func:`_measure_speeds`)."""
     program = export_model(model, scratch / "model.pt2")
@@ -212,13 +213,14 @@ def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
         diff = (program.module()(inputs) - model(inputs)).abs().max().item()
     info = {"model.pt2": {"checked_length": check_length, "max_abs_diff_vs_eager": diff}}
     exported = {"model.pt2": program}
-    if model.has_step:
+    if model.prefills_in_one_pass:
         prefill = export_prefill(model, scratch / "prefill.pt2")
         with torch.no_grad():  # the logits at the last position and every state tensor
             diff = max((got.double() - want.double()).abs().max().item()
                        for got, want in zip(prefill.module()(inputs), model.prefill(inputs, last_only=True)))
         info["prefill.pt2"] = {"checked_length": check_length, "max_abs_diff_vs_eager": diff}
         exported["prefill.pt2"] = prefill
+    if model.has_step:
         exported["step.pt2"] = export_step(model, scratch / "step.pt2")
         info["step.pt2"] = {"state": state_signature(model)}
     programs = {name: program.module() for name, program in exported.items()}

@@ -194,6 +194,14 @@ class Model(nn.Module):
         return self.token_input and self.head_kind == "lm" and all(block.has_step for block in self.blocks)
 
     @property
+    def prefills_in_one_pass(self) -> bool:
+        """True for a model that decodes and whose every mixer computes its prompt in one full-sequence
+        pass (a plugin family without its own prefill steps through the prompt): the condition for an
+        exported ``prefill.pt2`` that takes prompts of any length."""
+        blocks = [*self.blocks, *self.shared_blocks.values()]
+        return self.has_step and all(block.mixer.prefills_in_one_pass for block in blocks)
+
+    @property
     def decode_limit(self) -> int | None:
         """The most positions one sequence can reach by decoding: ``max_len`` where a full key/value
         cache, a mixer's cached inputs or a learned position table hold them, else None (unbounded:
@@ -354,9 +362,14 @@ class Model(nn.Module):
         self.check_decode_state(tokens.shape[0])
         x = embeddings = self.position.embed(self._embedded(tokens))
         state: list[Tensor] = [torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)]
+        tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
         for block in self.blocks:
             x, block_state = block.prefill(x, embeddings)
-            state.extend(block_state)
+            # contiguous (conv windows are slices, recurrent states transposes): a compiled step package
+            # reads its state with the strides it was traced with. Traced, a copy: .contiguous() would
+            # guard on the batch (a size-1 batch is contiguous either way)
+            state.extend(t.clone(memory_format=torch.contiguous_format) if tracing else t.contiguous()
+                         for t in block_state)
         return (self._head(self.final_norm(x[:, -1:] if last_only else x)), *state)
 
     def step(self, token: Tensor, *state: Tensor) -> tuple[Tensor, ...]:

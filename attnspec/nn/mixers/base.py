@@ -104,6 +104,12 @@ class Mixer(nn.Module):
         return mode
 
     # -- prefill: a prompt in one pass, and the state the step continues from
+    @property
+    def prefills_in_one_pass(self) -> bool:
+        """Whether :meth:`prefill` is a full-sequence computation (the family's own) rather than the
+        default's loop over positions: only then can an exported prefill take prompts of any length."""
+        return type(self).prefill is not Mixer.prefill
+
     def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """x (B, L, d_model) -> (y (B, L, d_model), the decoding state after position L - 1). This default
         steps through the positions; the families build the state from their full-sequence mode."""

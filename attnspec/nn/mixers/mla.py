@@ -13,7 +13,7 @@ from attnspec.errors import ShapeError
 from attnspec.nn.mixers.base import Mixer
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import register
-from attnspec.ops.softmax import empty_cache, softmax_attention, softmax_step
+from attnspec.ops.softmax import empty_cache, last_positions, softmax_attention, softmax_step
 
 
 @register("mixer", "mla")
@@ -88,12 +88,9 @@ class MlaMixer(Mixer):
     def prefill(self, u: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         y, c, k_rope = self._attend(u)
         keys, values, bias = self.init_state(u.shape[0], u.dtype, u.device)
-        L = u.shape[1]
-        kept = min(L, self.cache_capacity)
-        slots = torch.arange(L - kept, L, device=u.device) % self.cache_capacity
-        latent = torch.cat([c.unsqueeze(1), k_rope], dim=-1)[:, :, L - kept:]
+        slots, latent = last_positions(torch.cat([c.unsqueeze(1), k_rope], dim=-1), self.cache_capacity)
         keys = keys.index_copy(2, slots, latent.to(keys.dtype))
-        values = values.index_copy(2, slots, c.unsqueeze(1)[:, :, L - kept:].to(values.dtype))
+        values = values.index_copy(2, slots, last_positions(c.unsqueeze(1), self.cache_capacity)[1].to(values.dtype))
         return y, (keys, values, bias)
 
     def step(self, u_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:

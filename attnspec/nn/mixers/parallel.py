@@ -76,6 +76,10 @@ class ParallelMixer(Mixer):
             start += count
         return parts
 
+    @property
+    def prefills_in_one_pass(self) -> bool:
+        return all(branch.prefills_in_one_pass for branch in self.branches)
+
     def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         outputs, state = [], ()
         for branch in self.branches:

@@ -25,7 +25,7 @@ from attnspec.nn.mixers.base import Mixer, full_precision
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import build
 from attnspec.ops.linear import Decay, combine_decays
-from attnspec.ops.softmax import empty_cache, softmax_attention, softmax_step
+from attnspec.ops.softmax import empty_cache, last_positions, softmax_attention, softmax_step
 
 
 class ProjectedMixer(Mixer):
@@ -191,15 +191,14 @@ class KeyValueCache:
         log_a = None if decay is None else decay.log_mag[..., 0]
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
         keys, values, bias = self._init_cache(x.shape[0], x.dtype, x.device)[:3]
-        L, C = x.shape[1], self.cache_capacity
-        kept = min(L, C)
-        slots = torch.arange(L - kept, L, device=x.device) % C
-        keys = keys.index_copy(2, slots, k[:, :, L - kept:].to(keys.dtype))
-        values = values.index_copy(2, slots, v[:, :, L - kept:].to(values.dtype))
+        C = self.cache_capacity
+        slots, last_keys = last_positions(k, C)
+        keys = keys.index_copy(2, slots, last_keys.to(keys.dtype))
+        values = values.index_copy(2, slots, last_positions(v, C)[1].to(values.dtype))
         if log_a is not None:
             suffix = torch.flip(torch.cumsum(torch.flip(log_a, [-1]), -1), [-1])  # sum_{s=p..L-1} log a_s
             after = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], -1)  # sum_{s=p+1..L-1}
-            bias = bias.index_copy(2, slots, after[..., L - kept:].to(bias.dtype))
+            bias = bias.index_copy(2, slots, last_positions(after, C)[1].to(bias.dtype))
         return self._output(o, x, self._expand(v)), (keys, values, bias) + conv_state
 
     def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:

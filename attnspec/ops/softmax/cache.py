@@ -16,6 +16,7 @@ new slot at 0, so the bias is a sum of at most C terms and stays accurate howeve
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attnspec.errors import ShapeError
@@ -30,6 +31,16 @@ def empty_cache(batch: int, heads: int, k_heads: int, v_heads: int, capacity: in
     return (torch.zeros(batch, k_heads, capacity, d_k, dtype=dtype, device=device),
             torch.zeros(batch, v_heads, capacity, d_v, dtype=dtype, device=device),
             torch.zeros(batch, heads, capacity, dtype=dtype, device=device))
+
+
+def last_positions(t: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
+    """The cache slots (C,) of the last C = ``capacity`` positions of ``t`` (B, H, L, ...) and their
+    entries (B, H, C, ...): position p goes to slot p % C, and where L < C zeros stand for the positions
+    before 0 (slots a step masks as unwritten). Written without ``min(L, C)``, so an exported prefill
+    has no guard on the length."""
+    L = t.shape[2]
+    padded = F.pad(t, [0, 0] * (t.dim() - 3) + [capacity, 0])
+    return torch.arange(L - capacity, L, device=t.device) % capacity, padded[:, :, L:]
 
 
 MIN_READ = 256
@@ -126,4 +137,4 @@ def _read_prefix(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, filled: 
     return torch.einsum("bgjc,bgcd->bgjd", weights.view(-1, v_heads, H // v_heads, n), read_values).contiguous()
 
 
-__all__ = ["Cache", "MIN_READ", "empty_cache", "read_lengths", "softmax_step"]
+__all__ = ["Cache", "MIN_READ", "empty_cache", "last_positions", "read_lengths", "softmax_step"]

@@ -29,25 +29,31 @@ class DecodeStep(nn.Module):
 
 
 class Prefill(nn.Module):
-    """``forward(tokens (B, L)) -> (logits (B, 1, vocab) at the last position, *state)``: the model's prompt
+    """``forward(inputs (B, L) tokens) -> (logits (B, 1, vocab) at the last position, *state)``: the prompt's
     pass as a plain module, leaving the state :class:`DecodeStep` continues from."""
 
     def __init__(self, model: Model):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens: torch.Tensor):
-        return self.model.prefill(tokens, last_only=True)
+    def forward(self, inputs: torch.Tensor):
+        return self.model.prefill(inputs, last_only=True)
 
 
 def export_model(model: Model, path: Path) -> torch.export.ExportedProgram:
     """Export ``model.forward`` with dynamic batch (1..4096) and length (2..max_len) to ``path``."""
+    return _export_over_prompts(model, model, path)
+
+
+def _export_over_prompts(module: nn.Module, model: Model, path: Path) -> torch.export.ExportedProgram:
+    """Export ``module(inputs)`` (``model``'s inputs (B, L[, dim])) with dynamic batch (1..4096) and length
+    (2..max_len) to ``path``."""
     max_len = model.spec.max_len
     inputs = example_input(model, 3, min(17, max_len))
     batch = Dim("batch", min=1, max=4096)
     length = Dim("length", min=2, max=max(max_len, 3))
     with size_oblivious():
-        program = torch.export.export(model, (inputs,), dynamic_shapes={"inputs": {0: batch, 1: length}}, strict=False)
+        program = torch.export.export(module, (inputs,), dynamic_shapes={"inputs": {0: batch, 1: length}}, strict=False)
     torch.export.save(program, str(path))
     return program
 
@@ -67,14 +73,7 @@ def export_step(model: Model, path: Path) -> torch.export.ExportedProgram:
 
 def export_prefill(model: Model, path: Path) -> torch.export.ExportedProgram:
     """Export the prompt's prefill (:class:`Prefill`) with dynamic batch (1..4096) and length (2..max_len)."""
-    max_len = model.spec.max_len
-    tokens = example_input(model, 3, min(17, max_len))
-    batch = Dim("batch", min=1, max=4096)
-    length = Dim("length", min=2, max=max(max_len, 3))
-    with size_oblivious():
-        program = torch.export.export(Prefill(model), (tokens,), dynamic_shapes=({0: batch, 1: length},), strict=False)
-    torch.export.save(program, str(path))
-    return program
+    return _export_over_prompts(Prefill(model), model, path)
 
 
 def state_signature(model: Model) -> list[dict]:

@@ -123,6 +123,19 @@ def kernel_candidates(B, H, L, D, backward: bool) -> dict:
     return {name: _with_backward(call, grad, leaves) for name, call in calls.items()}
 
 
+def output_errors(candidates: dict) -> dict[str, float]:
+    """Each gated forward candidate's max error relative to the largest entry of the graph path's output
+    (float32 arithmetic on the same bf16 inputs); SDPA (no decay) and the per-channel pair are left out."""
+    truth = candidates["graph"]().float()
+    errors = {}
+    for name in ("triton", "compiled", "fla"):
+        if name in candidates:
+            out = candidates[name]().float()
+            out = out if out.shape == truth.shape else out.transpose(1, 2)  # FLA returns (B, L, H, D)
+            errors[name] = ((out - truth).abs().max() / truth.abs().max()).item()
+    return errors
+
+
 def _no_grad(call):
     def run():
         with torch.no_grad():
@@ -142,6 +155,7 @@ def _with_backward(call, grad, leaves):
 
 def kernel_table(console: Console, B: int, H: int, dims, lengths, repeats: int) -> None:
     peak = matmul_tflops()
+    progress = Console(stderr=True, highlight=False)
     console.print(f"bf16 matmul rate of this device, measured: {peak:.0f} TFLOP/s")
     for backward in (False, True):
         table = Table(title=f"{'forward+backward' if backward else 'forward'}, bf16, B={B} H={H}: ms (ratio to FLA "
@@ -152,7 +166,12 @@ def kernel_table(console: Console, B: int, H: int, dims, lengths, repeats: int) 
         for D in dims:
             for L in lengths:
                 try:
-                    times = interleaved(kernel_candidates(B, H, L, D, backward), repeats)
+                    candidates = kernel_candidates(B, H, L, D, backward)
+                    if not backward:  # a time means nothing for a wrong answer: check the outputs first
+                        progress.print(f"fwd D={D} L={L} max error / max|out| against graph (float32): "
+                                       + ", ".join(f"{name} {error:.1e}" for name, error
+                                                   in output_errors(candidates).items()))
+                    times = interleaved(candidates, repeats)
                 except torch.cuda.OutOfMemoryError:
                     table.add_row(str(D), str(L), *["OOM"] * len(names))
                     torch.cuda.empty_cache()
@@ -172,6 +191,9 @@ def kernel_table(console: Console, B: int, H: int, dims, lengths, repeats: int) 
                     rate = flops / times[name] / 1e12
                     cells.append(f"{times[name] * 1e3:.2f}{ratio} [{rate:.0f}, {100 * rate / peak:.0f}%]")
                 table.add_row(str(D), str(L), *cells)
+                # each row as it comes too, so a run cut short still leaves what it measured
+                progress.print(f"{'fwd+bwd' if backward else 'fwd'} D={D} L={L}: " + " | ".join(
+                    f"{name} {cell}" for name, cell in zip(names, cells)))
                 torch.cuda.empty_cache()
         console.print(table)
 

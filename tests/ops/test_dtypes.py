@@ -76,7 +76,11 @@ def test_linear_attention_in_half_precision(device, dtype, mode, decay, normaliz
     _within_bound(out, ref, dtype, device, mode)
     S_out = state[0] if normalize else state
     assert S_out.dtype in (torch.float32, torch.complex64)  # the state stays in the accumulation dtype
-    assert (S_out.cpu().to(torch.complex128) - S).abs().max() <= 1e-5 * S.abs().max()
+    # the graph path keeps the state to float32's digits; the Triton kernels round the decayed keys to
+    # the input dtype before the tensor-core product (as FLA does: observed 0.4u bfloat16, 0.5u
+    # float16 on an H200), so their state is held to the output's 8u of the largest value
+    tolerance = 8 * ROUNDOFF[dtype] if device == "cuda" and mode == "chunk" else 1e-5
+    assert (S_out.cpu().to(torch.complex128) - S).abs().max() <= tolerance * S.abs().max()
 
 
 @pytest.mark.parametrize("device", DEVICES)

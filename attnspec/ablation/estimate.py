@@ -23,6 +23,9 @@ class RunEstimate:
     """Training and evaluation FLOPs of the whole run."""
     seconds: float
     """Cost-model time of the whole run on this kind of machine (one process)."""
+    modes: list[str] | None = None
+    """The full mode of every block the run trains with (``planning: model``: the cost model's, the same on
+    every machine); None where the run measures its modes when it starts (``planning: measured``)."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -36,13 +39,18 @@ class Estimator:
 
     def __call__(self, spec, config) -> RunEstimate:
         """The estimate for a resolved ``spec`` trained with the :class:`TrainConfig` ``config``."""
+        from attnspec.compiler.calibration import Calibration
         from attnspec.compiler.plan import plan_spec
         from attnspec.spec.family import MAC_RATE
 
         L = config.task.seq_len
         parameters, dense, model = self._model(spec)
         micro = max(1, config.batch_size // config.accumulate)
-        training_plan = plan_spec(spec, L, batch=micro, training=True)
+        modes = None
+        if config.planning == "model":
+            modes = plan_spec(spec, L, batch=micro, training=True, calibration=Calibration.empty()).full_modes
+        # this machine's measured times of those modes where it has them, else estimates
+        training_plan = plan_spec(spec, L, batch=micro, training=True, recorded=modes)
         inference_plan = plan_spec(spec, L, batch=1)
         mixer_macs = sum(layer.cost.macs for layer in inference_plan.layers)  # one sequence, forward
         forward = 2 * (dense * L + mixer_macs)  # FLOPs of one sequence, forward
@@ -52,7 +60,7 @@ class Estimator:
                         + 3 * dense * L * config.batch_size / MAC_RATE)
         eval_seconds = config.test_examples * forward / 2 / MAC_RATE
         return RunEstimate(parameters, model.state_size(L), flops,
-                           config.steps * step_seconds + evaluations * eval_seconds)
+                           config.steps * step_seconds + evaluations * eval_seconds, modes)
 
     def _model(self, spec) -> tuple[int, int, object]:
         """(parameters, multiply-adds per token of the dense layers, the model), cached by spec."""

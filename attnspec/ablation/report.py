@@ -58,9 +58,9 @@ def _runs_csv(report: Report, path: Path) -> None:
     from attnspec.figures import write_csv
 
     write_csv(path, ["run", "variant", "task", "point", "seed", "lr", "status", report.metric, "parameters",
-                     "state_size", "tokens_per_s", "error"],
+                     "state_size", "tokens_per_s", "modes", "error"],
               [[run.directory, run.variant, run.task, params_text(run.task_params), run.seed, run.lr, run.status,
-                run.metric, run.parameters, run.state_size, run.tokens_per_s, run.error or ""]
+                run.metric, run.parameters, run.state_size, run.tokens_per_s, " ".join(run.modes), run.error or ""]
                for run in report.runs])
 
 

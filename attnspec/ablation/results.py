@@ -43,6 +43,8 @@ class RunRow:
     tokens_per_s: float | None
     error: str | None = None
     curve: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    modes: list[str] = field(default_factory=list)
+    """The full mode of every block: as trained (result.json), else as planned (the sweep's estimate)."""
 
     @property
     def directory(self) -> str:
@@ -167,7 +169,17 @@ def _run_row(directory: Path, run: dict, metric: str) -> RunRow:
                   int(run.get("seed", 0)), float(run.get("lr", 0)), status,
                   float(value) if finite else None, estimate.get("parameters"),
                   estimate.get("state_size"), statistics.median(speeds[1:] or speeds) if speeds else None,
-                  str(error) if error is not None else None, curve)
+                  str(error) if error is not None else None, curve, _modes(result, run.get("estimate")))
+
+
+def _modes(result: dict | None, estimate: object) -> list[str]:
+    """The modes a run trained with (its result.json's plan), else those its sweep planned; strings only."""
+    trained = result.get("plan") if isinstance(result, dict) else None
+    for plan in (trained, estimate):
+        modes = plan.get("modes") if isinstance(plan, dict) else None
+        if isinstance(modes, list) and all(isinstance(mode, str) and len(mode) <= 40 for mode in modes):
+            return modes[:1000]
+    return []
 
 
 def _metrics_lines(path: Path) -> list[dict]:

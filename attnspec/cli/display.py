@@ -201,7 +201,8 @@ class TrainingDisplay:
         event = record["event"]
         if event == "start":
             line = (f"training {record['parameters']:,} parameters on {record['device']} "
-                    f"({record['world_size']} process(es), modes {', '.join(record['plan'])}, "
+                    f"({record['world_size']} process(es), modes {', '.join(record['plan'])} "
+                    f"({'measured' if record.get('planning') == 'measured' else 'cost model'}), "
                     f"{'compiled' if record['compiled'] else 'eager'}), from step {record['step']}")
             out.print(line, markup=False)
             if self.progress is not None:

@@ -29,8 +29,10 @@ example is flat there).
 
 Sanity: each mode's spread (the interquartile range of its timed runs over their median) is stored
 beside its time and shown by ``explain``. A measurement where a mode's spread is over ``MAX_SPREAD``
-(the machine's load changed while it ran) is taken again once; if it is still that noisy it is not
-stored, and the plan for that mixer comes from the cost model until a quieter calibration.
+(the machine's load changed while it ran), or where the modes' measured / estimated ratios are more
+than ``MAX_DISAGREEMENT`` apart (one mode ran under load: :attr:`Measured.disagreement`), is taken
+again once; if it is still so it is not stored, and the plan for that mixer comes from the cost
+model until a quieter calibration.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ MAX_MEASURED_BATCH = 8
 PROBE_MIN = 64  # shorter probes measure fixed overheads only
 MAX_GROWTH = 2.0  # a probe's prediction assumes at most twice linear growth from L / 4 to L
 MAX_SPREAD = 0.5  # a mode whose timed runs' interquartile range is over half their median is noise-bound
+MAX_DISAGREEMENT = 20.0  # modes' measured / estimated ratios this far apart: one of them was measured under load
 
 
 @dataclass
@@ -65,10 +68,30 @@ class Measured:
     spread: dict[str, float] = field(default_factory=dict)
     """Per mode, the interquartile range of the timed runs over their median (0 with fewer than 4 runs)."""
 
+    ratios: dict[str, float] = field(default_factory=dict)
+    """Per mode, its measured time over the cost model's estimate at the measured shapes."""
+
     @property
     def noisy(self) -> list[str]:
         """The modes measured with a spread over ``MAX_SPREAD``."""
         return [mode for mode, spread in self.spread.items() if spread > MAX_SPREAD]
+
+    @property
+    def disagreement(self) -> float:
+        """The largest over the smallest of the modes' measured / estimated ratios (1 with one mode).
+
+        The cost model is off by a factor that depends on the machine and the shapes (2-6x at the
+        MQAR-Zoology sizes on a 2-core CPU) but moves little from mode to mode of one mixer (at most
+        3.5x there, once per-channel decays were costed); a mode measured hundreds of times slower than
+        the others relative to their estimates (3,400x was seen) ran while something else held the cores.
+        """
+        values = [ratio for ratio in self.ratios.values() if ratio > 0]
+        return max(values) / min(values) if len(values) > 1 else 1.0
+
+    @property
+    def trusted(self) -> bool:
+        """Neither noisy nor in disagreement with the cost model beyond ``MAX_DISAGREEMENT``: storable."""
+        return not self.noisy and self.disagreement <= MAX_DISAGREEMENT
 
 
 def calibrate_spec(spec: Spec, *, regime: str, batch: int, length: int, calibration: Calibration | None = None,
@@ -100,7 +123,7 @@ def calibrate_spec(spec: Spec, *, regime: str, batch: int, length: int, calibrat
         for _ in range(2):  # a noisy measurement (the load changed while it ran) is taken once more
             measured = measure_mixer(spec, block.mixer, regime=regime, batch=batch, length=length, modes=modes,
                                      seed=spec.seed + 7919 * index)
-            if not measured.noisy:
+            if measured.trusted:
                 calibration.store(signature, regime, batch, length, measured.seconds, measured.skipped,
                                   measured.spread)
                 break
@@ -149,7 +172,8 @@ def measure_mixer(spec: Spec, node, *, regime: str, batch: int, length: int, mod
         runs = _measure(call, order, length, measured_batch, node, training, estimates, skipped, skip_slow)
     mixer.zero_grad(set_to_none=True)
     return Measured({mode: statistics.median(times) * scale for mode, times in runs.items()}, skipped, measured_batch,
-                    {mode: spread(times) for mode, times in runs.items()})
+                    {mode: spread(times) for mode, times in runs.items()},
+                    {mode: statistics.median(times) / estimates[mode].seconds for mode, times in runs.items()})
 
 
 def spread(times: list[float]) -> float:

@@ -127,7 +127,7 @@ class Plan:
 
 def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False, batch: int = 1,
               training: bool = False, calibration: "Calibration | None" = None, device: str = "cpu",
-              dtype: str | None = None) -> Plan:
+              dtype: str | None = None, recorded: list[str] | None = None) -> Plan:
     """Plan every block of a resolved spec at ``length`` (default ``max_len``).
 
     With ``for_build`` a forced mode that cannot be compiled with a dynamic length is an error.
@@ -137,6 +137,8 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
     if any; pass ``Calibration.empty()`` to plan from the cost model alone). ``device``: the device
     type the model runs on ("cpu" or "cuda"), which decides the backends, with ``dtype``: the dtype the
     mixers compute in (default the spec's; ``"bfloat16"`` for a run under bfloat16 autocast).
+    ``recorded``: one full mode per block that ``mode: auto`` blocks keep (a resumed run's recorded
+    plan), whatever the cost model or a calibration would choose now.
     """
     L = length or spec.max_len
     if L < 1:
@@ -146,9 +148,14 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
     calibration = calibration if calibration is not None else Calibration.load()
     regime = "training" if training else "inference"
     layers = []
-    for label, (_, block) in zip(block_labels(spec), iter_blocks(spec, expand=True)):
+    blocks = list(zip(block_labels(spec), iter_blocks(spec, expand=True)))
+    if recorded is not None and len(recorded) != len(blocks):
+        raise BuildError(f"the recorded plan has {len(recorded)} modes for {len(blocks)} blocks: it is not this "
+                         "spec's plan")
+    for index, (label, (_, block)) in enumerate(blocks):
         entry = calibration.lookup(mixer_signature(spec, block.mixer), regime, batch, L)
-        layer = _plan_mixer(block.mixer, label, L, for_build, batch, training, entry)
+        layer = _plan_mixer(block.mixer, label, L, for_build, batch, training, entry,
+                            None if recorded is None else recorded[index])
         layer.decode_cache = block.mixer.cache_capacity(spec.max_len)
         computes_in = dtype or spec.dtype
         layer.backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=computes_in,
@@ -191,7 +198,7 @@ def estimated_costs(mixer, L: int, batch: int = 1, training: bool = False) -> di
 
 
 def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, training: bool = False,
-                calibrated: dict | None = None) -> LayerPlan:
+                calibrated: dict | None = None, recorded: str | None = None) -> LayerPlan:
     costs = estimated_costs(mixer, L, batch, training)
     valid = regime_modes(mixer, "training" if training else "inference")
     seconds = {name: cost.seconds for name, cost in costs.items()}
@@ -217,6 +224,12 @@ def _plan_mixer(mixer, path: str, L: int, for_build: bool, batch: int = 1, train
                              "uses the recurrent form anyway)")
         chosen = mixer.mode
         reason = f"forced by the spec (mode: {mixer.mode})"
+    elif recorded is not None:
+        if recorded not in valid:
+            raise BuildError(f"{path}: the recorded mode {str(recorded)[:40]!r} is not one of this mixer's modes "
+                             f"({', '.join(valid)})")
+        chosen = recorded
+        reason = "as recorded by the run (a resumed run keeps its modes)"
     else:
         prefix = ("training " if training else "") + (f"at batch {batch}, " if batch > 1 else "")
         if measured and all(mode in measured or mode in skipped for mode in valid):

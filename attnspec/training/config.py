@@ -118,6 +118,12 @@ class TrainConfig(Node):
     (benchmarks/train.py, table 3)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto`: CUDA when available (the local rank's GPU under torchrun), else the CPU."""
+    planning: Literal["model", "measured"] = "model"
+    """How each `mode: auto` mixer's mode is chosen. `model`: by the cost model from the spec and the
+    run's shapes alone, so the same run trains the same computation, bit for bit, on every machine;
+    `measured`: by timing every mode on this machine first (faster where the cost model misranks,
+    but a different mode changes float rounding, and so the numbers, from machine to machine). The
+    modes chosen are recorded in run.json and result.json, and a resumed run keeps them."""
     tensorboard: bool = False
     """Also write TensorBoard event files to RUN_DIR/tensorboard (needs the `tensorboard` package)."""
     log_every: Count(limits.MAX_STEPS) = 1

@@ -140,18 +140,12 @@ class Trainer:
                                     f"accumulate = {config.accumulate} micro-batches", path="batch_size"))
         self.micro = config.batch_size // (world * config.accumulate)
         self.compiled = config.compile == "on" or (config.compile == "auto" and self.device.type == "cuda")
-        from attnspec.compiler.device import device_calibration
-
-        calibration = device_calibration(self.device)  # a GPU plans by the cost model (CPU measurements do not apply)
-        # The calibration measures eager CPU steps; ranks of a distributed run plan from the cache
-        # alone, so that they do not measure at once on shared cores and plan alike.
-        if self.device.type == "cpu" and not self.compiled and world == 1:
-            from attnspec.compiler.calibrate import calibrate_spec
-
-            calibration = calibrate_spec(spec, regime="training", batch=self.micro, length=config.task.seq_len)
         bfloat16 = _uses_bfloat16_autocast(config.precision, self.device, spec.dtype)
-        self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True, calibration=calibration,
-                              device=self.device.type, dtype="bfloat16" if bfloat16 else None)
+        recorded = rundir.recorded_modes(rundir.read_run(directory)) if resume else None
+        self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True,
+                              calibration=self._calibration(spec, config, world, resumed=recorded is not None),
+                              device=self.device.type,
+                              dtype="bfloat16" if bfloat16 else None, recorded=recorded)
         self.model = build_model_from_spec(spec)
         self.weights_fit = None if resume else _load_init_weights(self.model, config.init_weights,
                                                                    config.init_weights_map)
@@ -237,6 +231,7 @@ class Trainer:
     def _loop(self, stop_after: int | None) -> Run:
         config, task = self.config, self.config.task
         self.on_progress({"event": "start", "step": self.start, "steps": config.steps, "plan": self.plan.full_modes,
+                          "planning": config.planning,
                           "parameters": sum(p.numel() for p in self.model.parameters()), "device": str(self.device),
                           "compiled": self.compiled, "world_size": self.dist.world_size})
         self.model.train()
@@ -367,6 +362,24 @@ class Trainer:
                     self.tensorboard.add_scalar(f"{split}/{key}", value, record["step"])
             self.tensorboard.flush()
 
+    def _calibration(self, spec, config: TrainConfig, world: int, resumed: bool):
+        """What the plan chooses modes by: the cost model alone (``planning: model``, the default: the
+        same modes on every machine), or this machine's measurements (``planning: measured``). A resumed
+        run keeps its recorded modes, so it measures nothing."""
+        from attnspec.compiler.calibration import Calibration
+        from attnspec.compiler.device import device_calibration
+
+        if config.planning == "model" or resumed:
+            return Calibration.empty()
+        calibration = device_calibration(self.device)  # a GPU plans by the cost model (CPU measurements do not apply)
+        # The calibration measures eager CPU steps; ranks of a distributed run plan from the cache
+        # alone, so that they do not measure at once on shared cores and plan alike.
+        if self.device.type == "cpu" and not self.compiled and world == 1:
+            from attnspec.compiler.calibrate import calibrate_spec
+
+            calibration = calibrate_spec(spec, regime="training", batch=self.micro, length=config.task.seq_len)
+        return calibration
+
     def _reached(self, metrics: dict) -> bool:
         target = self.config.target
         if target is None:
@@ -427,7 +440,10 @@ class Trainer:
         if self.writes:
             self._write_run_files(status, step, metrics, diverged)
             if status == "done":
-                rundir.write_atomic(self.directory / "result.json", json.dumps({"step": step, **metrics}, indent=2))
+                trained = {"planning": self.config.planning, "modes": self.plan.full_modes,
+                           "backends": self.plan.backends}
+                rundir.write_atomic(self.directory / "result.json",
+                                    json.dumps({"step": step, **metrics, "plan": trained}, indent=2))
 
     def _resume(self) -> None:
         from attnspec.compiler.load import load_weights

@@ -76,6 +76,22 @@ def recorded(directory: Path, record: dict):
                        f"({error.problems[0]}); this run directory was changed or written by another attnspec") from None
 
 
+def recorded_modes(record: dict) -> list[str] | None:
+    """The full mode of every block that the run's recorded plan (from :func:`read_run`) trained with, so
+    a resumed run keeps its computation; None where run.json records no plan. A plan that is not a list
+    of layers each naming a mode is a RunError (run.json was changed)."""
+    plan = record.get("plan")
+    if plan is None:
+        return None
+    layers = plan.get("layers") if isinstance(plan, dict) else None
+    modes = [layer.get("full_mode") if isinstance(layer, dict) else None for layer in layers] \
+        if isinstance(layers, list) else None
+    if modes is None or not all(isinstance(mode, str) and len(mode) <= 40 for mode in modes):
+        raise RunError(f"{RUN_FILE}: the recorded plan has no mode per block; this run directory was changed "
+                       "or written by another attnspec")
+    return modes
+
+
 RUN_FILES = (RUN_FILE, "spec.yaml", "config.yaml", "metrics.jsonl", CHECKPOINT_POINTER, "result.json")
 
 

@@ -85,6 +85,7 @@ def test_report_files_link_every_number_to_its_runs(reported: Path):
         assert float(row["worst"]) <= float(row["mean"]) <= float(row["best"])  # the seeds' range, worst first
         assert int(row["parameters"]) > 0 and int(row["state_size"]) > 0 and float(row["tokens_per_s"]) > 0
     assert len(list(csv.DictReader((out / "runs.csv").open()))) == 16
+    assert all(row["modes"] for row in csv.DictReader((out / "runs.csv").open())), "each run's modes are listed"
     markdown = (out / "results.md").read_text()
     assert "| variant | task | point | accuracy (mean ± std) | chance |" in markdown and "## By learning rate" in markdown
     runs = {row["run"]: row for row in csv.DictReader((out / "runs.csv").open())}

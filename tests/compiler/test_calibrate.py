@@ -138,6 +138,32 @@ def test_a_noisy_measurement_is_taken_again_and_never_stored(tmp_path, monkeypat
     assert layer.measured == {"chunk": 1.0, "scan": 2.0} and layer.spread == {"chunk": 0.2, "scan": 0.1}
 
 
+def test_a_measurement_that_disagrees_with_the_cost_model_across_modes_is_not_stored(tmp_path, monkeypatch):
+    """Issue 38: a mode whose measured / estimated ratio is over MAX_DISAGREEMENT times another mode's (it
+    ran under load: 3,400x was seen) is measured once more; still so, nothing is stored. Ratios a
+    machine-wide factor apart (every mode 5x its estimate) are stored."""
+    from attnspec.compiler import calibrate
+
+    spec = as_spec(SPEC_DIR / "linear-elu.yaml")
+    attempts = []
+
+    def fake(ratio):
+        def measure(*args, **kwargs):
+            attempts.append(ratio)
+            return calibrate.Measured({"chunk": 1.0, "scan": 2.0}, {}, 1, {"chunk": 0.1, "scan": 0.1},
+                                      {"chunk": 5.0, "scan": ratio})
+        return measure
+
+    assert calibrate.Measured({}, {}, 1, {}, {"chunk": 5.0, "scan": 3400.0}).disagreement == 680.0
+    monkeypatch.setattr(calibrate, "measure_mixer", fake(3400.0))
+    calibration = calibrate.calibrate_spec(spec, regime="inference", batch=1, length=64,
+                                           calibration=Calibration(tmp_path / "c.json", {}, "test"))
+    assert attempts == [3400.0, 3400.0] and calibration.entries == {}
+    monkeypatch.setattr(calibrate, "measure_mixer", fake(6.0))
+    calibration = calibrate.calibrate_spec(spec, regime="inference", batch=1, length=64, calibration=calibration)
+    assert plan_spec(spec, 64, calibration=calibration).layers[0].measured == {"chunk": 1.0, "scan": 2.0}
+
+
 def test_spread_is_the_interquartile_range_over_the_median():
     from attnspec.compiler.calibrate import spread
 

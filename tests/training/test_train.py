@@ -332,3 +332,55 @@ def test_the_training_log_and_result_show_chance_beside_accuracy(tmp_path):
     assert 0 < result["chance"] < 1 and result["learned"] is (result["accuracy"] > result["chance"] + 0.03)
     text = metrics_text(run.metrics)
     assert f"(chance {result['chance']:.3g}" in text and ("not learned" in text) is (not result["learned"])
+
+
+def test_training_plans_by_the_cost_model_so_a_calibration_cannot_change_the_numbers(tmp_path, monkeypatch):
+    """Issue 38: a run's modes come from the spec, the cost model and its shapes, not from a timing taken
+    as it starts. A calibration cache claiming another mode is fastest leaves the weights bit-identical;
+    `planning: measured` follows the cache, records the modes, and a resumed run keeps them whatever
+    the cache on the machine that resumes says."""
+    from attnspec.compiler.calibration import Calibration, calibration_path, machine_key, mixer_signature
+    from attnspec.spec import load_spec
+    from attnspec.spec.ir import iter_blocks
+
+    overrides = [*TINY, "position=learned"]
+    spec = load_spec(SPECS / "linear-elu.yaml", overrides)
+
+    def claim(cache: str, fastest: str | None):
+        """A calibration cache in ``cache`` where ``fastest`` beats every other mode by 1000x."""
+        monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path / cache))
+        if fastest is not None:
+            calibration = Calibration(calibration_path(), {}, machine_key())
+            for _, block in iter_blocks(spec, expand=True):
+                seconds = {mode: 1e-6 if mode == fastest else 1e-3
+                           for mode in ("chunk", "scan", "recurrent", "quadratic")}
+                calibration.store(mixer_signature(spec, block.mixer), "training", 8, 16, seconds, {})
+            calibration.save()
+
+    def run(name: str, **flags):
+        return _tiny_run(tmp_path / name, spec="linear-elu", steps=4, eval_every=2, **flags)
+
+    def modes(name: str, file: str = "run.json") -> list[str]:
+        record = json.loads((tmp_path / name / file).read_text())
+        if file == "run.json":
+            return [layer["full_mode"] for layer in record["plan"]["layers"]]
+        return record["plan"]["modes"]
+
+    claim("none", None)
+    plain = run("plain")
+    model_modes = modes("plain")
+    other = next(mode for mode in ("recurrent", "scan", "chunk") if mode not in model_modes)
+    claim("claims", other)
+    claimed = run("claimed")
+    assert modes("claimed") == model_modes == modes("claimed", "result.json")
+    assert claimed.losses == plain.losses
+    weights = zip(plain.model.state_dict().values(), claimed.model.state_dict().values())
+    assert all(torch.equal(a, b) for a, b in weights)
+    assert run("again").losses == plain.losses, "repeated runs are bit-identical"
+
+    measured = run("measured", planning="measured", stop_after=2)
+    assert modes("measured") == [other] * len(model_modes)
+    claim("none-again", None)  # another machine, whose cache holds nothing (it would measure and choose afresh)
+    resumed = attnspec.train(None, output=tmp_path / "measured", resume=True)
+    assert resumed.step == 4 and modes("measured") == [other] * len(model_modes) == modes("measured", "result.json")
+    assert not (tmp_path / "none-again").exists(), "the resumed run measured nothing"

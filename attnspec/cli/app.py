@@ -416,6 +416,9 @@ def train(
     compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the training step "
                                                                                  "(default: on CUDA only)."),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda."),
+    planning: Optional[str] = typer.Option(None, "--planning", help="How each `mode: auto` mixer's mode is chosen: "
+                                           "model (the cost model: the same computation on every machine; default) "
+                                           "or measured (time every mode on this machine first)."),
     tensorboard: bool = typer.Option(False, "--tensorboard", help="Also write TensorBoard event files."),
     init_weights: Optional[str] = typer.Option(None, "--init-weights", help="Start from these weights (a safetensors "
                                                "file, or a build or run directory) where they fit by name and shape; "
@@ -438,7 +441,8 @@ def train(
     from attnspec.training.loop import train as train_model
 
     flags = {"steps": steps, "batch_size": batch, "lr": lr, "seed": seed, "accumulate": accumulate,
-             "eval_every": eval_every, "target": target, "device": device, "warmup_steps": warmup_steps,
+             "eval_every": eval_every, "target": target, "device": device, "planning": planning,
+             "warmup_steps": warmup_steps,
              "test_examples": test_examples, "checkpoint_every": checkpoint_every, "precision": precision,
              "weight_decay": weight_decay, "init_weights": init_weights,
              "init_weights_map": _prefix_renames(init_weights_map),

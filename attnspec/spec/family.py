@@ -151,18 +151,19 @@ def delta_costs(L: int, H: int, dk: int, dv: int, chunk: int, per_channel: bool)
     """
     state = H * dk * dv
     n = -(-L // chunk)
-    gate = dk * PAIRWISE_PASSES if per_channel else 1  # a per-channel gate's pairwise decays are materialised
+    gate = dk if per_channel else 1
+    gate_passes = gate * PAIRWISE_PASSES if per_channel else 1  # a per-channel gate's pair decays are materialised
     levels = scan_depth(n)
     return {
         "recurrent": Cost(macs=H * L * dk * dv * 3, bytes=H * L * (2 * dk + 2 * dv) * BYTES + L * state * BYTES,
                           state_bytes=state * BYTES, sequential_steps=L),
         "chunk": Cost(macs=H * (L * chunk * (2 * dk + 2 * dv) + n * chunk ** 3 / 3 + 4 * L * dk * dv
                                 + L * chunk * gate + n * levels * dk * dk * (dk + dv)),
-                      bytes=H * (L * chunk * (2 + gate) + n * dk * (dk + dv) * (2 + 2 * levels)
+                      bytes=H * (L * chunk * (2 + gate_passes) + n * dk * (dk + dv) * (2 + 2 * levels)
                                  + L * (3 * dk + 3 * dv)) * BYTES,
                       state_bytes=state * BYTES, sequential_steps=levels + 8),
         "quadratic": Cost(macs=H * (L ** 3 / 3 + L * L * (2 * dk + dv) + L * L * gate),
-                          bytes=H * L * L * (3 + gate) * BYTES, state_bytes=state * BYTES, sequential_steps=6),
+                          bytes=H * L * L * (3 + gate_passes) * BYTES, state_bytes=state * BYTES, sequential_steps=6),
     }
 
 

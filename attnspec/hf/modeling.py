@@ -39,12 +39,14 @@ class AttnspecCache:
 
     is_compileable = False
 
-    def __init__(self, state: tuple[Tensor, ...]):
+    def __init__(self, state: tuple[Tensor, ...], columns: int):
         self.state = state
+        self.columns = columns
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Positions the state has seen (equal for every row)."""
-        return int(self.state[0][0])
+        """Input columns the state has seen, left padding included (a padded row's own position, in the
+        state, is fewer)."""
+        return self.columns
 
 
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -185,15 +187,31 @@ class AttnspecForCausalLM(PreTrainedModel, GenerationMixin):
         """Logits (B, L, vocab) of ``input_ids`` (B, L), continuing the cache if given (``cache``, or
         ``past_key_values`` before transformers 5.24): one decoding step per new token; without one, a
         prefill of the whole prompt. With ``use_cache`` the state after them; with ``labels`` the mean
-        next-token cross-entropy (-100 ignored)."""
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("attnspec models take prompts of equal length without padding (the attention mask "
-                             "must be all ones); batch prompts of equal length or generate them one at a time")
+        next-token cross-entropy (-100 ignored). Prompts of different lengths come left-padded with an
+        ``attention_mask`` 0 on the padding (as ``generate`` passes them): the prefill takes each length's
+        rows without their padding (:func:`attnspec.nn.generate.prefill_left_padded`; the padding's
+        logits are 0), and each row then decodes from its own position."""
+        from attnspec.nn.generate import prefill_left_padded, prompt_lengths
+
         model = self.model
         use_cache = self.config.use_cache if use_cache is None else use_cache
         cache = cache if cache is not None else past_key_values
+        lengths = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            if cache is not None:  # the padding was left behind at the prefill; new tokens are never padding
+                if not bool(attention_mask[:, -input_ids.shape[1]:].all()):
+                    raise ValueError("new tokens after the prompt cannot be padding (the attention mask's last "
+                                     "columns must be ones)")
+            elif not (use_cache and model.has_step):
+                raise ValueError("a padded batch runs through the decoding state (use_cache=True, a causal "
+                                 "model); without it, give prompts of equal length (an attention mask of ones)")
+            else:
+                lengths = prompt_lengths(input_ids, attention_mask)
         state = None
-        if cache is not None:
+        if lengths is not None:
+            logits, state = prefill_left_padded(model.step, model.init_state(input_ids.shape[0]), input_ids, lengths,
+                                                model.prefill, last_only=False)
+        elif cache is not None:
             state, steps = cache.state, []
             for t in range(input_ids.shape[1]):
                 logits_t, *state = model.step(input_ids[:, t].contiguous(), *state)
@@ -206,5 +224,6 @@ class AttnspecForCausalLM(PreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        new_cache = AttnspecCache(tuple(state)) if use_cache and state is not None else None
+        seen = (cache.columns if cache is not None else 0) + input_ids.shape[1]
+        new_cache = AttnspecCache(tuple(state), seen) if use_cache and state is not None else None
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: new_cache})

@@ -210,11 +210,14 @@ class Model(nn.Module):
         return self.spec.max_len if bounded else None
 
     def generate(self, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None, eos: int | None = None) -> Tensor:
-        """Continue the prompts ``tokens`` (B, T) int64 (equal lengths) by up to ``max_new_tokens`` tokens:
-        :meth:`prefill` over the prompts, then one decoding step per token; greedy at ``temperature=0``,
-        else sampled (``top_k``, ``top_p``) from a generator seeded with ``seed`` if given; rows stop at
-        ``eos`` (and repeat it).
+                 top_p: float | None = None, seed: int | None = None, eos: int | None = None,
+                 attention_mask: Tensor | None = None) -> Tensor:
+        """Continue the prompts ``tokens`` (B, T) int64 by up to ``max_new_tokens`` tokens: :meth:`prefill`
+        over the prompts, then one decoding step per token; greedy at ``temperature=0``, else sampled
+        (``top_k``, ``top_p``) from a generator seeded with ``seed`` if given; rows stop at ``eos`` (and
+        repeat it). Prompts of different lengths are left-padded, with ``attention_mask`` (B, T) 0 on the
+        padding as transformers' ``generate`` takes them; each row continues as it would alone
+        (:func:`attnspec.nn.generate.decode`).
 
         Returns (B, T + n) int64. Raises ShapeError for a model without a decoding step or a total
         length past :attr:`decode_limit` (the message names ``max_len``).
@@ -234,7 +237,7 @@ class Model(nn.Module):
                              "generate fewer")
         return decode(self.step, self.init_state(tokens.shape[0]), tokens, max_new_tokens, temperature=temperature,
                       top_k=top_k, top_p=top_p, seed=seed, eos=eos,
-                      prefill=lambda prompt: self.prefill(prompt, last_only=True))
+                      prefill=lambda prompt: self.prefill(prompt, last_only=True), attention_mask=attention_mask)
 
     def check_inputs(self, inputs: Tensor, per_position: bool = True) -> None:
         """Refuse inputs the model cannot take, naming the limit (eager calls only: traced code has

@@ -155,6 +155,27 @@ def test_an_imported_model_decodes_as_transformers_does(checkpoints, model_type)
         assert _relative(mine, theirs) < BOUND, position
 
 
+@pytest.mark.parametrize("model_type", list(MODELS))
+def test_an_imported_model_decodes_left_padded_prompts_as_transformers_does(checkpoints, model_type):
+    """Issue 37: prompts of 3, 9 and 6 tokens left-padded with an attention mask (transformers' way):
+    the same greedy tokens as transformers' generate, whose attention, Gated DeltaNet and Mamba2 layers
+    mask the padding their own ways, and as each prompt generated alone."""
+    reference, directory = checkpoints[model_type]
+    model = _imported(directory, model_type)
+    whole = _tokens(batch=3, length=9)
+    mask = torch.ones_like(whole)
+    mask[0, :6], mask[2, :3] = 0, 0
+    tokens = whole.masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        theirs = reference.generate(tokens, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                    pad_token_id=0)
+        ours = model.generate(tokens, NEW_TOKENS, temperature=0.0, attention_mask=mask)
+        alone = [model.generate(tokens[row:row + 1, 9 - int(mask[row].sum()):], NEW_TOKENS, temperature=0.0)
+                 for row in range(3)]
+    assert torch.equal(ours, theirs)
+    assert all(torch.equal(ours[row, 9:], alone[row][0, -NEW_TOKENS:]) for row in range(3))
+
+
 @pytest.mark.parametrize("model_type", ["mistral", pytest.param("qwen3_next", marks=pytest.mark.slow), "mamba2"])
 def test_import_then_export_returns_the_native_model(checkpoints, tmp_path, model_type):
     """``attnspec import-hf`` writes a build directory; ``export-hf`` writes it back as its own class,
@@ -206,6 +227,25 @@ def test_a_spec_transformers_lacks_exports_as_the_attnspec_type_and_generates_al
         sampled = loaded.generate(prompt, max_new_tokens=12, do_sample=True, top_k=20, pad_token_id=0)
     assert sampled.shape == (2, 19) and bool((sampled >= 0).all() and (sampled < VOCAB).all())
     assert torch.equal(sampled[:, :7], prompt)
+
+
+def test_attnspec_type_generates_left_padded_prompts_as_attnspec_does(tmp_path):
+    """Issue 37: transformers' own generate over the exported attnspec type with a left-padded batch
+    (a hybrid: linear blocks and softmax attention) gives attnspec's tokens for the same mask; a
+    padded batch without the decoding state is refused by name."""
+    torch.manual_seed(0)
+    model = attnspec.build("specs/hybrid.yaml", "d_model=32", "max_len=32").eval()
+    attnspec.save(model, tmp_path / "build", compile_check=False)
+    export_hf(tmp_path / "build", tmp_path / "hf")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = _tokens(batch=3, length=7).remainder(model.spec.input.vocab_size)
+    mask = torch.ones_like(tokens)
+    mask[0, :4], mask[2, :6] = 0, 0
+    with torch.no_grad():
+        theirs = loaded.generate(tokens, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(theirs, model.generate(tokens, 6, temperature=0.0, attention_mask=mask))
+        with pytest.raises(ValueError, match="padded batch runs through the decoding state"):
+            loaded(tokens, attention_mask=mask, use_cache=False)
 
 
 def test_attnspec_type_generate_prefills_once_and_steps_once_per_token(tmp_path):

@@ -9,6 +9,8 @@ decays and ALiBi) are also checked inside models here; the op itself in tests/op
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import Tensor
@@ -264,3 +266,69 @@ def test_generate_samples_reproducibly_and_stops_at_eos():
                          ({"temperature": float("nan")}, "temperature"), ({"top_p": 0.0}, "top_p")):
         with pytest.raises(ShapeError, match=message):
             model.generate(prompt, 2, **bad)
+
+
+def _left_padded(prompts: list[Tensor], pad: int = 0) -> tuple[Tensor, Tensor]:
+    """Prompts of different lengths as transformers' generate takes them: (tokens, attention_mask) (B, T)."""
+    T = max(len(prompt) for prompt in prompts)
+    tokens = torch.full((len(prompts), T), pad, dtype=torch.int64)
+    mask = torch.zeros(len(prompts), T, dtype=torch.int64)
+    for row, prompt in enumerate(prompts):
+        tokens[row, T - len(prompt):], mask[row, T - len(prompt):] = prompt, 1
+    return tokens, mask
+
+
+@pytest.mark.parametrize("path", CAUSAL_LMS, ids=lambda p: p.stem)
+def test_prompts_of_different_lengths_continue_as_each_would_alone(path):
+    """Issue 37: left-padded prompts with an attention mask (lengths 1, 6, 9, 6: a one-token group is
+    stepped, the others prefilled) give each row the tokens and last logits it gets alone, in float64
+    within 1e-10, whatever the pad token."""
+    torch.manual_seed(0)
+    model = attnspec.build(path, *_small(path))
+    vocab = model.spec.input.vocab_size
+    source = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, vocab, (n,), generator=source) for n in (1, 6, 9, 6)]
+    with torch.no_grad():
+        alone = [model.generate(prompt.unsqueeze(0), 7, temperature=0)[0, len(prompt):] for prompt in prompts]
+        for pad in (0, vocab - 1):
+            tokens, mask = _left_padded(prompts, pad)
+            together = model.generate(tokens, 7, temperature=0, attention_mask=mask)
+            assert torch.equal(together[:, :tokens.shape[1]], tokens)
+            assert all(torch.equal(row, mine) for row, mine in zip(together[:, tokens.shape[1]:], alone))
+
+
+def test_a_mask_that_is_not_left_padding_is_refused_by_name():
+    model = attnspec.build(SPECS_BY_NAME["hybrid"], *_small(SPECS_BY_NAME["hybrid"]))
+    tokens = torch.ones(2, 4, dtype=torch.int64)
+    for mask, words in [(torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]), "pad on the left"),
+                        (torch.tensor([[0, 0, 0, 0], [1, 1, 1, 1]]), "all padding"),
+                        (torch.tensor([[0, 2, 1, 1], [1, 1, 1, 1]]), "0 (padding) and 1"),
+                        (torch.ones(2, 3, dtype=torch.int64), "shaped like the prompts"),
+                        (torch.ones(2, 4), "bool or integer")]:
+        with pytest.raises(ShapeError, match=re.escape(words)):
+            model.generate(tokens, 2, temperature=0, attention_mask=mask)
+    same = model.generate(tokens, 2, temperature=0, attention_mask=torch.ones(2, 4, dtype=torch.bool))
+    assert torch.equal(same, model.generate(tokens, 2, temperature=0))
+
+
+@pytest.mark.slow
+def test_exported_programs_decode_prompts_of_different_lengths_as_eager_does(tmp_path):
+    """The built prefill.pt2 and step.pt2 (loaded without pickle) over left-padded prompts of lengths 1,
+    5 and 8: greedy and sampled tokens equal eager generation's (the hybrid: linear blocks and softmax
+    attention)."""
+    from attnspec.compiler.archive import load_program
+    from attnspec.nn.generate import decode
+
+    torch.manual_seed(0)
+    model = attnspec.build(SPECS_BY_NAME["hybrid"], "d_model=32", "max_len=32").eval()
+    attnspec.save(model, tmp_path / "build", compile_check=False)
+    step = load_program(tmp_path / "build" / "step.pt2").module()
+    prefill = load_program(tmp_path / "build" / "prefill.pt2").module()
+    source = torch.Generator().manual_seed(4)
+    tokens, mask = _left_padded([torch.randint(0, model.spec.input.vocab_size, (n,), generator=source)
+                                 for n in (1, 5, 8)])
+    for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "top_k": 20, "seed": 3}):
+        eager = model.generate(tokens, 6, attention_mask=mask, **sampling)
+        exported = decode(step, list(model.init_state(3)), tokens, 6, prefill=prefill, attention_mask=mask,
+                          **sampling)
+        assert torch.equal(exported, eager), sampling

@@ -35,7 +35,8 @@ def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value
     """One AOTInductor build (three packages, the costliest compile of the suite): the full-sequence package
     equals eager at lengths it was not traced at, the step package carries a ring buffer and a full
     cache through the compiled code (updated in place, read by prefixes of 8, 16, 32 and 64 slots chosen
-    inside the package), and the prefill package leaves the state the steps continue from."""
+    inside the package), and the prefill package leaves the state the steps continue from; with both, a
+    left-padded batch of two prompt lengths generates eager's greedy and sampled tokens."""
     import attnspec.ops.softmax.cache as cache_module
 
     monkeypatch.setattr(cache_module, "MIN_READ", 8)  # several read lengths within max_len 64
@@ -72,6 +73,14 @@ def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value
             logits, *state = model.step(token, *state)
             got, *compiled = step(token, *compiled)
             assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4), t
+    from attnspec.nn.generate import decode
+
+    mixed, mask = tokens[:, :12].clone(), torch.ones(2, 12, dtype=torch.int64)
+    mask[1, :9] = 0  # prompts of 12 and 3 tokens, left-padded: each length prefilled by the package alone
+    for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "top_k": 10, "seed": 5}):
+        eager = model.generate(mixed, 10, attention_mask=mask, **sampling)
+        assert torch.equal(decode(step, list(model.init_state(2)), mixed, 10, prefill=prefill, attention_mask=mask,
+                                  **sampling), eager), sampling
 
 
 FAMILIES = {

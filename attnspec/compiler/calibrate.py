@@ -16,7 +16,8 @@ Measurements are keyed by the mixer's structure (its spec node without ``mode``,
 ``max_len`` and dtype: :func:`attnspec.compiler.plan.mixer_signature`), the regime and the shapes,
 and cached per machine and attnspec version in a JSON file (:mod:`attnspec.compiler.plan` reads it
 without importing torch). ``attnspec explain SPEC --calibrate [--refresh]`` measures on demand;
-``attnspec build`` and ``attnspec train`` measure what they plan for when the cache lacks it.
+``attnspec build`` (and ``attnspec train`` with ``planning: measured``) measure what they plan for when the
+cache lacks it; training plans by the cost model alone by default, so that a run repeats on any machine.
 
 Bounds: every mode first runs at a quarter of the length (at least ``PROBE_MIN``), and its time at
 L is predicted from that by the cost model's growth in L, capped at ``MAX_GROWTH`` x linear; one

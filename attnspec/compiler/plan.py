@@ -30,6 +30,9 @@ Where this machine has a calibration (:class:`~attnspec.compiler.calibration.Cal
 :mod:`attnspec.compiler.calibrate`) for a mixer's structure, regime and shapes, ``auto`` takes the
 fastest *measured* mode instead of the cheapest estimate; the estimates stay beside the
 measurements in ``explain``. This module reads the calibration file without importing torch.
+Training passes an empty calibration unless its configuration says ``planning: measured`` (a run's
+modes must not depend on a timing taken on one machine), and a resumed run passes the modes it
+recorded (``recorded``).
 """
 
 from __future__ import annotations

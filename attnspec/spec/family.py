@@ -110,7 +110,6 @@ def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, 
     n = -(-L // chunk)
     levels = max(0, math.ceil(math.log(max(n / 128, 1), 16)))  # grouping levels of the cross-chunk scan (chunk.TOP)
     intra_decay = L * chunk * (m if per_channel else 1)
-    pairwise = PAIRWISE_PASSES if per_channel else 1
     depth = scan_depth(L)
     return {
         "recurrent": Cost(macs=H * L * m * d * 2 * c, bytes=H * L * (2 * m + d) * BYTES + L * state * BYTES,
@@ -119,11 +118,11 @@ def linear_costs(L: int, H: int, m: int, d: int, chunk: int, per_channel: bool, 
                      state_bytes=state * BYTES, sequential_steps=depth),
         # the cross-chunk scan is a recurrence over chunk states: ~2 multiply-adds and ~5 passes per entry
         "chunk": Cost(macs=H * (L * chunk * (m + d) + 2 * L * m * d * c + intra_decay + 2 * n * m * d * c),
-                      bytes=H * (L * chunk * (1 + (m * pairwise if per_channel else 0)) + n * m * d * c * 5
+                      bytes=H * (L * chunk * (1 + (m * PAIRWISE_PASSES if per_channel else 0)) + n * m * d * c * 5
                                  + L * (2 * m + 2 * d)) * BYTES,
                       state_bytes=state * BYTES, sequential_steps=2 * levels + 6),
         "quadratic": Cost(macs=H * (L * L * (m + d) + (L * L * m if per_channel else 0)),
-                          bytes=H * L * L * (2 + (m * pairwise if per_channel else 0)) * BYTES,
+                          bytes=H * L * L * (2 + (m * PAIRWISE_PASSES if per_channel else 0)) * BYTES,
                           state_bytes=state * BYTES, sequential_steps=4),
     }
 

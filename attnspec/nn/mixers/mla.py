@@ -13,7 +13,7 @@ from attnspec.errors import ShapeError
 from attnspec.nn.mixers.base import Mixer
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import register
-from attnspec.ops.softmax import empty_cache, last_positions, softmax_attention, softmax_step
+from attnspec.ops.softmax import cache_of, empty_cache, softmax_attention, softmax_step
 
 
 @register("mixer", "mla")
@@ -87,10 +87,9 @@ class MlaMixer(Mixer):
 
     def prefill(self, u: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         y, c, k_rope = self._attend(u)
-        keys, values, bias = self.init_state(u.shape[0], u.dtype, u.device)
-        slots, latent = last_positions(torch.cat([c.unsqueeze(1), k_rope], dim=-1), self.cache_capacity)
-        keys = keys.index_copy(2, slots, latent.to(keys.dtype))
-        values = values.index_copy(2, slots, last_positions(c.unsqueeze(1), self.cache_capacity)[1].to(values.dtype))
+        bias = torch.zeros(u.shape[0], self.heads, self.cache_capacity, dtype=u.dtype, device=u.device)  # no decay
+        keys = cache_of(torch.cat([c.unsqueeze(1), k_rope], dim=-1), self.cache_capacity).to(u.dtype)
+        values = cache_of(c.unsqueeze(1), self.cache_capacity).to(u.dtype)
         return y, (keys, values, bias)
 
     def step(self, u_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:

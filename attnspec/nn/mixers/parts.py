@@ -25,7 +25,7 @@ from attnspec.nn.mixers.base import Mixer, full_precision
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import build
 from attnspec.ops.linear import Decay, combine_decays
-from attnspec.ops.softmax import empty_cache, last_positions, softmax_attention, softmax_step
+from attnspec.ops.softmax import cache_of, empty_cache, softmax_attention, softmax_step
 
 
 class ProjectedMixer(Mixer):
@@ -190,15 +190,14 @@ class KeyValueCache:
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
-        keys, values, bias = self._init_cache(x.shape[0], x.dtype, x.device)[:3]
         C = self.cache_capacity
-        slots, last_keys = last_positions(k, C)
-        keys = keys.index_copy(2, slots, last_keys.to(keys.dtype))
-        values = values.index_copy(2, slots, last_positions(v, C)[1].to(values.dtype))
-        if log_a is not None:
+        keys, values = cache_of(k, C).to(x.dtype), cache_of(v, C).to(x.dtype)
+        if log_a is None:
+            bias = torch.zeros(x.shape[0], self.heads, C, dtype=x.dtype, device=x.device)
+        else:
             suffix = torch.flip(torch.cumsum(torch.flip(log_a, [-1]), -1), [-1])  # sum_{s=p..L-1} log a_s
             after = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], -1)  # sum_{s=p+1..L-1}
-            bias = bias.index_copy(2, slots, last_positions(after, C)[1].to(bias.dtype))
+            bias = cache_of(after.unsqueeze(-1), C)[..., 0].to(x.dtype)
         return self._output(o, x, self._expand(v)), (keys, values, bias) + conv_state
 
     def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:

@@ -2,6 +2,6 @@
 and its float64 reference by loops (:mod:`.naive`)."""
 
 from attnspec.ops.softmax.attention import decay_bias, softmax_attention, window_mask
-from attnspec.ops.softmax.cache import Cache, empty_cache, last_positions, softmax_step
+from attnspec.ops.softmax.cache import Cache, cache_of, empty_cache, softmax_step
 
-__all__ = ["Cache", "decay_bias", "empty_cache", "last_positions", "softmax_attention", "softmax_step", "window_mask"]
+__all__ = ["Cache", "cache_of", "decay_bias", "empty_cache", "softmax_attention", "softmax_step", "window_mask"]

@@ -15,6 +15,8 @@ new slot at 0, so the bias is a sum of at most C terms and stays accurate howeve
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -33,14 +35,21 @@ def empty_cache(batch: int, heads: int, k_heads: int, v_heads: int, capacity: in
             torch.zeros(batch, heads, capacity, dtype=dtype, device=device))
 
 
-def last_positions(t: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
-    """The cache slots (C,) of the last C = ``capacity`` positions of ``t`` (B, H, L, ...) and their
-    entries (B, H, C, ...): position p goes to slot p % C, and where L < C zeros stand for the positions
-    before 0 (slots a step masks as unwritten). Written without ``min(L, C)``, so an exported prefill
-    has no guard on the length."""
+def cache_of(t: Tensor, capacity: int) -> Tensor:
+    """The cache slots (B, H, C, ...) of the positions of ``t`` (B, H, L, ...), C = ``capacity``: slot
+    p % C holds position p's entry for the last C positions, zeros where L < C leaves a slot unwritten.
+
+    Eager code with L <= C pads on the right (slot p = position p: one write of the cache). Otherwise
+    the last C positions (zeros standing for those before 0) are gathered so that p lands on p % C,
+    written without ``min(L, C)``, so an exported prefill has no guard on the length."""
     L = t.shape[2]
-    padded = F.pad(t, [0, 0] * (t.dim() - 3) + [capacity, 0])
-    return torch.arange(L - capacity, L, device=t.device) % capacity, padded[:, :, L:]
+    edge = [0, 0] * (t.dim() - 3)
+    if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and L <= capacity:  # (no guard on L)
+        return F.pad(t, edge + [0, capacity - L])
+    last = F.pad(t, edge + [capacity, 0])[:, :, L:]  # positions L - C .. L - 1; entry i is position L - C + i
+    # entry i goes to slot (L - C + i) % C = (i + L) % C, so slot j holds entry (j - L) % C (torch.roll by a
+    # symbolic L would guard on it)
+    return last.index_select(2, (torch.arange(capacity, device=t.device) - L) % capacity)
 
 
 MIN_READ = 256
@@ -53,7 +62,7 @@ def read_lengths(capacity: int) -> list[int]:
     A step reads the shortest one that holds every written slot, so its cost follows the position, not
     the capacity; a traced step holds one static branch per length (``torch.cond``), so exported and
     compiled steps need no recompile as the position grows, and there are at most log2(C / MIN_READ) + 1.
-    (Eager steps read the shortest multiple of MIN_READ instead.)"""
+    (Eager steps read exactly the written slots instead.)"""
     lengths, n = [], MIN_READ
     while n < capacity:
         lengths.append(n)
@@ -70,7 +79,8 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
         k: ``(B, H_k, Dk)``, v: ``(B, H_v, Dv)``: its key and value (H_k and H_v divide H; query head h
             reads key head ``h // (H / H_k)``: grouped-query attention).
         cache: ``(keys, values, bias)`` as :func:`empty_cache` makes them, holding positions before this one;
-            updated in place (nothing the size of the cache is allocated).
+            updated in place (nothing the size of the cache is allocated). Without ``log_a`` the bias is
+            neither read nor written: a mixer without decay never has one.
         position: ``(B,)`` int64, the absolute position of this token (0 for the first).
         log_a: ``(B, H)`` real log-decay of this position, or None (no decay).
         scale: score multiplier, default ``Dk ** -0.5``.
@@ -86,57 +96,86 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
         raise ShapeError(f"q (B, H, Dk), k (B, H_k, Dk), v (B, H_v, Dv) must fit the cache {tuple(keys.shape)}, "
                          f"{tuple(values.shape)}, {tuple(bias.shape)}; got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
-    slot = (position % capacity).long()  # (B,)
-    keys.scatter_(2, slot.view(B, 1, 1, 1).expand(B, k_heads, 1, Dk), k.unsqueeze(2).to(keys.dtype))
-    values.scatter_(2, slot.view(B, 1, 1, 1).expand(B, v_heads, 1, Dv), v.unsqueeze(2).to(values.dtype))
+    # written by index (index_put_), not scatter_: AOTInductor runs an in-place scatter as a copy of the
+    # whole cache, scattered, copied back (46 ms a step for a 64 MB cache), an index_put_ in place
+    slot, rows = (position % capacity).long(), torch.arange(B, device=position.device)  # (B,) each
+    keys.transpose(1, 2).index_put_((rows, slot), _as(k, keys.dtype))  # (B, C, H_k, Dk)[row, slot] = k[row]
+    values.transpose(1, 2).index_put_((rows, slot), _as(v, values.dtype))
     if log_a is not None:
         bias.add_(log_a.unsqueeze(-1).to(bias.dtype))  # one more decay between every written slot and now
-    bias.scatter_(2, slot.view(B, 1, 1).expand(B, H, 1), torch.zeros(B, H, 1, dtype=bias.dtype, device=bias.device))
+        bias.transpose(1, 2).index_put_((rows, slot), torch.zeros((), dtype=bias.dtype, device=bias.device))
     filled = torch.clamp(position + 1, max=capacity)  # (B,) slots written: 0..filled-1 (a ring: all of them)
-    scale = Dk ** -0.5 if scale is None else scale
-    q = q.to(keys.dtype)
-    lengths = read_lengths(capacity)
-    heads = (H, k_heads, v_heads)
+    read = _Read(Dk ** -0.5 if scale is None else scale, (H, k_heads, v_heads))
+    q, read_bias = _as(q, keys.dtype), None if log_a is None else bias
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        o = _read_traced(q, keys, values, bias, filled, scale, heads, lengths)
-    else:  # eager: the shortest multiple of MIN_READ holding every row's written slots (one host read of
-        # the position; no graph to keep, so finer than the traced lengths: 512 rather than 1024 at 300)
-        most = int(filled.max())
-        o = _read_prefix(q, keys, values, bias, filled, scale, heads, min(capacity, -(-most // MIN_READ) * MIN_READ))
-    return o.reshape(B, H, Dv).to(v.dtype), (keys, values, bias)
+        o = _read_traced(q, keys, values, read_bias, filled, read, read_lengths(capacity))
+    else:  # eager: exactly the slots the furthest row has written (one host read; no graph to keep). When
+        # every row has written all of them (one prompt length, or a full ring) nothing needs a mask.
+        least, most = (int(n) for n in torch.aminmax(filled))
+        o = read.prefix(q, keys, values, read_bias, None if least == most else filled, most)
+    return _as(o.reshape(B, H, Dv), v.dtype), (keys, values, bias)
 
 
-def _read_traced(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, filled: Tensor, scale: float,
-                 heads: tuple[int, int, int], lengths: list[int]) -> Tensor:
-    """:func:`_read_prefix` at the shortest of ``lengths`` that holds ``filled.max()``, chosen by data
-    (nested ``torch.cond``, one static branch per length)."""
+def _read_traced(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, filled: Tensor, read: _Read,
+                 lengths: list[int]) -> Tensor:
+    """``read.prefix`` at the shortest of ``lengths`` that holds ``filled.max()``, chosen by data
+    (nested ``torch.cond``, one static branch per length); every read is masked by ``filled``."""
     if len(lengths) == 1:
-        return _read_prefix(q, keys, values, bias, filled, scale, heads, lengths[0])
+        return read.prefix(q, keys, values, bias, filled, lengths[0])
     n = lengths[0]
+    if bias is None:  # torch.cond takes tensors only
+        return torch.cond(filled.max() <= n,
+                          lambda q, keys, values, filled: read.prefix(q, keys, values, None, filled, n),
+                          lambda q, keys, values, filled: _read_traced(q, keys, values, None, filled, read, lengths[1:]),
+                          (q, keys, values, filled))
     return torch.cond(filled.max() <= n,
-                      lambda *args: _read_prefix(*args, scale, heads, n),
-                      lambda *args: _read_traced(*args, scale, heads, lengths[1:]),
+                      lambda q, keys, values, bias, filled: read.prefix(q, keys, values, bias, filled, n),
+                      lambda q, keys, values, bias, filled: _read_traced(q, keys, values, bias, filled, read, lengths[1:]),
                       (q, keys, values, bias, filled))
 
 
-def _read_prefix(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, filled: Tensor, scale: float,
-                 heads: tuple[int, int, int], n: int) -> Tensor:
-    """Softmax attention of ``q`` (B, H, Dk) over the first ``n`` cache slots, the slots at or past
-    ``filled`` (B,) masked by value (whatever they hold, NaN included, never reaches the output); shared
-    key/value heads are read in place (no copy per query head). ``heads``: (H, H_k, H_v), given as
-    numbers rather than read from the shapes, and the batch left as -1, so that a ``torch.cond`` branch,
-    traced with symbolic shapes, sees plain sizes. Returns (B, H_v, H / H_v, Dv)."""
-    H, k_heads, v_heads = heads
-    for size, expected in ((q.shape[1], H), (keys.shape[1], k_heads), (values.shape[1], v_heads)):
-        torch._check(size == expected)  # pins a traced branch's head counts (eager: true already)
-    read_keys, read_values, read_bias = keys[:, :, :n], values[:, :, :n], bias[:, :, :n]
-    grouped_q = q.reshape(-1, k_heads, H // k_heads, q.shape[-1])
-    scores = torch.einsum("bgjd,bgcd->bgjc", grouped_q, read_keys).reshape(-1, H, n)
-    valid = (torch.arange(n, device=q.device).view(1, n) < filled.view(-1, 1)).view(-1, 1, n)
-    scores = torch.where(valid, scale * scores + read_bias, torch.full_like(scores, float("-inf")))
-    weights = torch.softmax(scores, dim=-1)
-    read_values = torch.where(valid.unsqueeze(-1), read_values, torch.zeros_like(read_values))
-    return torch.einsum("bgjc,bgcd->bgjd", weights.view(-1, v_heads, H // v_heads, n), read_values).contiguous()
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype``; no op at all where it is in it already (a traced ``to`` of the same dtype
+    stays in the program as two ops, run every step)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
-__all__ = ["Cache", "MIN_READ", "empty_cache", "last_positions", "read_lengths", "softmax_step"]
+class _Read(NamedTuple):
+    """How a step reads the cache: the score scale and the head counts (H, H_k, H_v), given as numbers
+    rather than read from the shapes, so that a ``torch.cond`` branch, traced with symbolic shapes,
+    sees plain sizes."""
+
+    scale: float
+    heads: tuple[int, int, int]
+
+    def prefix(self, q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, filled: Tensor | None,
+               n: int) -> Tensor:
+        """Softmax attention of ``q`` (B, H, Dk) over the first ``n`` cache slots, plus ``bias`` (B, H, C)
+        where given. With ``filled`` (B,), the slots at or past it are masked by value (whatever they hold,
+        NaN included, never reaches the output); None: every slot read is written. Shared key/value heads
+        are read in place (no copy per query head). Returns (B, H_v, H / H_v, Dv)."""
+        H, k_heads, v_heads = self.heads
+        for size, expected in ((q.shape[1], H), (keys.shape[1], k_heads), (values.shape[1], v_heads)):
+            torch._check(size == expected)  # pins a traced branch's head counts (eager: true already)
+        read_keys, read_values = keys[:, :, :n], values[:, :, :n]
+        read_bias = None if bias is None else bias[:, :, :n]
+        if filled is None and k_heads == v_heads:
+            # every slot is written: one fused call, the H / H_k query heads of a key head its "query positions"
+            mask = None if read_bias is None else read_bias.reshape(-1, k_heads, H // k_heads, n)
+            o = F.scaled_dot_product_attention(q.reshape(-1, k_heads, H // k_heads, q.shape[-1]), read_keys,
+                                               read_values, attn_mask=mask, scale=self.scale)
+            return o.reshape(-1, v_heads, H // v_heads, values.shape[-1])
+        # masked by value: the scores of unwritten slots (their keys may be NaN) are replaced, not added to
+        grouped_q = q.reshape(-1, k_heads, H // k_heads, q.shape[-1])
+        scores = self.scale * torch.einsum("bgjd,bgcd->bgjc", grouped_q, read_keys).reshape(-1, H, n)
+        if read_bias is not None:
+            scores = scores + read_bias
+        if filled is not None:
+            valid = (torch.arange(n, device=q.device).view(1, n) < filled.view(-1, 1)).view(-1, 1, n)
+            scores = torch.where(valid, scores, torch.full_like(scores, float("-inf")))
+            read_values = torch.where(valid.unsqueeze(-1), read_values, torch.zeros_like(read_values))
+        weights = torch.softmax(scores, dim=-1)
+        return torch.einsum("bgjc,bgcd->bgjd", weights.view(-1, v_heads, H // v_heads, n), read_values).contiguous()
+
+
+__all__ = ["Cache", "MIN_READ", "cache_of", "empty_cache", "read_lengths", "softmax_step"]

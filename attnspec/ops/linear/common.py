@@ -116,6 +116,16 @@ def batched_matmul(a: Tensor, b: Tensor) -> Tensor:
     return out.reshape(*batch, a.shape[-2], b.shape[-1])
 
 
+def batched_matmul_add(base: Tensor, a: Tensor, b: Tensor, *, beta: float = 1.0, alpha: float = 1.0) -> Tensor:
+    """``beta * base + alpha * (a @ b)`` for equal leading (batch) dims, as one ``baddbmm`` (no separate
+    product, sum and scaling passes); flattened as :func:`batched_matmul` does."""
+    batch = a.shape[:-2]
+    count = math.prod(batch)
+    out = torch.baddbmm(base.reshape(count, a.shape[-2], b.shape[-1]), a.reshape(count, a.shape[-2], a.shape[-1]),
+                        b.reshape(count, b.shape[-2], b.shape[-1]), beta=beta, alpha=alpha)
+    return out.reshape(*batch, a.shape[-2], b.shape[-1])
+
+
 def _rotate(x: Tensor, log_mag: Tensor, phase: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """``x * exp(log_mag + i phase)`` as (re, im); im is None for real decays."""
     scaled = x * torch.exp(log_mag)

@@ -7,7 +7,9 @@ config here; nothing is downloaded), imported into attnspec, generating 32 greed
 
 Candidates, timed interleaved (median of --rounds): transformers' ``generate`` with its DynamicCache and
 with ``cache_implementation="static"``; attnspec's eager ``model.generate``; the exported ``step.pt2``
-(the prompt through the eager prefill, then the program's steps); with ``--aot`` its AOTInductor package.
+(the prompt through the eager prefill, then the program's steps); with ``--aot`` its AOTInductor package,
+after the eager prefill and after the prefill's own package (the pair a build with ``--aot`` ships,
+``prefill.aoti.pt2`` and ``step.aoti.pt2``).
 Columns are seconds for transformers' DynamicCache and the ratio of every candidate to it (and to the
 StaticCache): below 1.00 attnspec is faster. Before timing, each attnspec candidate's tokens are checked
 equal to transformers' (greedy). Run at one intra-op thread by default (--threads): on these 2-core
@@ -37,7 +39,7 @@ import torch.nn.functional as F  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from attnspec.compiler.export import export_step  # noqa: E402
+from attnspec.compiler.export import export_prefill, export_step  # noqa: E402
 from attnspec.hf.convert import convert_weights, spec_from_checkpoint  # noqa: E402
 from attnspec.nn.generate import decode  # noqa: E402
 from attnspec.nn.model import build_model_from_spec  # noqa: E402
@@ -83,11 +85,11 @@ def _candidates(reference, model, scratch: Path, aot: bool) -> dict:
                                                  max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                                  do_sample=False, pad_token_id=0, **options)
 
-    def program_generate(step):
+    def program_generate(step, prefill=None):
         def run(prompt):
             state = model.init_state(prompt.shape[0])
             return decode(step, state, prompt, NEW_TOKENS, temperature=0,
-                          prefill=lambda tokens: model.prefill(tokens, last_only=True))
+                          prefill=prefill or (lambda tokens: model.prefill(tokens, last_only=True)))
         return run
 
     candidates = {"transformers DynamicCache": transformers_generate(),
@@ -100,6 +102,10 @@ def _candidates(reference, model, scratch: Path, aot: bool) -> dict:
 
         package = aoti_compile_and_package(program, package_path=str(scratch / "step.aoti.pt2"))
         candidates["attnspec step.aoti.pt2"] = program_generate(aoti_load_package(package))
+        prefill = aoti_compile_and_package(export_prefill(model, scratch / "prefill.pt2"),
+                                           package_path=str(scratch / "prefill.aoti.pt2"))
+        candidates["attnspec prefill + step .aoti.pt2"] = program_generate(aoti_load_package(package),
+                                                                           aoti_load_package(prefill))
     return candidates
 
 

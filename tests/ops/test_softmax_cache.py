@@ -70,11 +70,11 @@ class _Step(torch.nn.Module):
 
 
 @pytest.mark.parametrize("window", [None, 7])
-def test_the_step_reads_the_shortest_written_prefix_in_eager_and_exported_code(monkeypatch, window):
+def test_the_step_reads_the_shortest_written_prefix_in_eager_exported_and_compiled_code(monkeypatch, window):
     """With reads from 4 slots up (4, 8, 16, 32, 64 for a full cache of 64), every read length the steps
-    pass through equals the full pass, in eager code and in one exported program (``torch.cond`` picks the
-    length by the position: no program per length); rows at different positions read the longest's prefix,
-    the other's unwritten slots (NaN) masked."""
+    pass through equals the full pass, in eager code, in one exported program and in one compiled graph
+    (``torch.cond`` picks the length by the position: no program per length, no recompile); rows at
+    different positions read the longest's prefix, the other's unwritten slots (NaN) masked."""
     import attnspec.ops.softmax.cache as cache_module
 
     monkeypatch.setattr(cache_module, "MIN_READ", 4)
@@ -91,19 +91,24 @@ def test_the_step_reads_the_shortest_written_prefix_in_eager_and_exported_code(m
         softmax_step(q[1:, :, t], k[1:, :, t], v[1:, :, t], ahead, torch.tensor([t]), log_a=log_a[1:, :, t])
     for cache, row in zip(eager, ahead):
         cache[1:] = row
-    traced = tuple(t.clone() for t in eager)
+    traced, compiled_cache = tuple(t.clone() for t in eager), tuple(t.clone() for t in eager)
     args = (q[:, :, 0], k[:, :, 0], v[:, :, 0], *traced, lag, log_a[:, :, 0])
     batch = torch.export.Dim("batch", min=1, max=64)
     program = torch.export.export(_Step(), args, dynamic_shapes=tuple({0: batch} for _ in args), strict=False).module()
-    for t in range(L - 3):
-        index = t + lag
-        inputs = (q[rows, :, index], k[rows, :, index], v[rows, :, index])
-        o, returned = softmax_step(*inputs, eager, index, log_a=log_a[rows, :, index])
-        assert all(a is b for a, b in zip(returned, eager))  # written in place
-        exported = program(*inputs, *traced, index, log_a[rows, :, index])
-        for row in range(B):
-            assert (o[row] - full[row, :, int(index[row])]).abs().max() < 1e-12, (t, row)
-        assert (exported - o).abs().max() < 1e-12, t
+    torch._dynamo.reset()
+    compiled = torch.compile(_Step(), fullgraph=True, dynamic=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for t in range(L - 3):
+            index = t + lag
+            inputs = (q[rows, :, index], k[rows, :, index], v[rows, :, index])
+            o, returned = softmax_step(*inputs, eager, index, log_a=log_a[rows, :, index])
+            assert all(a is b for a, b in zip(returned, eager))  # written in place
+            exported = program(*inputs, *traced, index, log_a[rows, :, index])
+            from_graph = compiled(*inputs, *compiled_cache, index, log_a[rows, :, index])
+            for row in range(B):
+                assert (o[row] - full[row, :, int(index[row])]).abs().max() < 1e-12, (t, row)
+            assert (exported - o).abs().max() < 1e-12, t
+            assert (from_graph - o).abs().max() < 1e-12, t
 
 
 def test_each_sequence_of_a_batch_decodes_at_its_own_position():

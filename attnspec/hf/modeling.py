@@ -209,8 +209,8 @@ class AttnspecForCausalLM(PreTrainedModel, GenerationMixin):
                 lengths = prompt_lengths(input_ids, attention_mask)
         state = None
         if lengths is not None:
-            logits, state = prefill_left_padded(model.step, model.init_state(input_ids.shape[0]), input_ids, lengths,
-                                                model.prefill, last_only=False)
+            logits, state = prefill_left_padded(model.step, lambda: model.init_state(input_ids.shape[0]), input_ids,
+                                                lengths, model.prefill, last_only=False)
         elif cache is not None:
             state, steps = cache.state, []
             for t in range(input_ids.shape[1]):

@@ -22,6 +22,10 @@ from torch import Tensor
 from attnspec.errors import ShapeError, shorten
 
 Step = Callable[..., Sequence[Tensor]]
+InitialState = Sequence[Tensor] | Callable[[], Sequence[Tensor]]
+"""The decoding state before the prompt, or a function making it: called only where a prompt is stepped
+through token by token (a full-capacity cache allocated and zeroed just to be replaced by the prefill's
+was a tenth of a batch's prefill)."""
 
 
 def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -99,13 +103,14 @@ def prompt_lengths(tokens: Tensor, attention_mask: Tensor | None) -> Tensor | No
     return None if bool((lengths == T).all()) else lengths
 
 
-def prefill_left_padded(step: Step, state: Sequence[Tensor], tokens: Tensor, lengths: Tensor,
+def prefill_left_padded(step: Step, state: InitialState, tokens: Tensor, lengths: Tensor,
                         prefill: Callable[[Tensor], Sequence[Tensor]] | None, *,
                         last_only: bool = True) -> tuple[Tensor, list[Tensor]]:
     """Left-padded prompts ``tokens`` (B, T) of ``lengths`` (B,) into logits and one batch's decoding state.
 
     The rows of each length go together without their padding through ``prefill(prompt) -> (logits,
-    *state)`` (for two tokens or more), else token by token through ``step`` from ``state``'s rows; the
+    *state)`` (for two tokens or more), else token by token through ``step`` from ``state``'s rows (a
+    callable ``state`` is called then, once); the
     groups' logits and states are gathered back into the batch's row order. Returns the logits, (B, 1,
     V) at each prompt's last token with ``last_only`` (``prefill`` then returns only those), else (B, T,
     V) right-aligned with zeros at the padding, and the state (each tensor batch-first, contiguous).
@@ -113,6 +118,8 @@ def prefill_left_padded(step: Step, state: Sequence[Tensor], tokens: Tensor, len
     B, T = tokens.shape
     logits, merged = None, None
     for length in sorted(set(lengths.tolist())):
+        if callable(state) and (prefill is None or length == 1):
+            state = state()
         rows = (lengths == length).nonzero().squeeze(1)
         prompt = tokens.index_select(0, rows)[:, T - length:].contiguous()
         if prefill is not None and length > 1:
@@ -134,12 +141,13 @@ def prefill_left_padded(step: Step, state: Sequence[Tensor], tokens: Tensor, len
 
 
 @torch.no_grad()
-def decode(step: Step, state: Sequence[Tensor], tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+def decode(step: Step, state: InitialState, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
            eos: int | None = None, prefill: Callable[[Tensor], Sequence[Tensor]] | None = None,
            attention_mask: Tensor | None = None) -> Tensor:
     """Feed the prompts ``tokens`` (B, T) through ``step`` from ``state`` (or, given ``prefill(tokens)
-    -> (logits (B, T, V), *state)``, in one pass), then append up to ``max_new_tokens`` tokens (fewer
+    -> (logits (B, T, V), *state)``, in one pass; ``state`` may be a function making it, called only
+    where a prompt is stepped), then append up to ``max_new_tokens`` tokens (fewer
     when every row has produced ``eos``; a finished row repeats it). Prompts of different lengths are
     left-padded with ``attention_mask`` (B, T) 0 on the padding (:func:`prompt_lengths`); each row
     then continues exactly as it would alone.
@@ -157,7 +165,6 @@ def decode(step: Step, state: Sequence[Tensor], tokens: Tensor, max_new_tokens: 
     generator = None
     if seed is not None:
         generator = torch.Generator(device=tokens.device).manual_seed(seed)
-    state = list(state)
     if lengths is not None:
         logits, state = prefill_left_padded(step, state, tokens, lengths, prefill)
         logits = logits[:, -1]
@@ -165,6 +172,7 @@ def decode(step: Step, state: Sequence[Tensor], tokens: Tensor, max_new_tokens: 
         logits, *state = prefill(tokens)
         logits = logits[:, -1]
     else:
+        state = list(state() if callable(state) else state)
         for t in range(tokens.shape[1]):
             # contiguous: an AOTInductor package reads its inputs with the strides it was traced with
             logits, *state = step(tokens[:, t].contiguous(), *state)

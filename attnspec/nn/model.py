@@ -235,8 +235,8 @@ class Model(nn.Module):
             raise ShapeError(f"{tokens.shape[1]} prompt tokens + {max_new_tokens} new ones exceed max_len = {limit}, "
                              "the positions this model's cache (or position table) holds; raise max_len or "
                              "generate fewer")
-        return decode(self.step, self.init_state(tokens.shape[0]), tokens, max_new_tokens, temperature=temperature,
-                      top_k=top_k, top_p=top_p, seed=seed, eos=eos,
+        return decode(self.step, lambda: self.init_state(tokens.shape[0]), tokens, max_new_tokens,
+                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos=eos,
                       prefill=lambda prompt: self.prefill(prompt, last_only=True), attention_mask=attention_mask)
 
     def check_inputs(self, inputs: Tensor, per_position: bool = True) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnspec.errors import ShapeError
-from attnspec.ops.softmax import empty_cache, softmax_attention, softmax_step
+from attnspec.ops.softmax import cache_of, empty_cache, softmax_attention, softmax_step
 from attnspec.ops.softmax.naive import softmax_reference
 
 B, H, DK, DV = 2, 4, 20, 12
@@ -61,6 +61,28 @@ def test_the_cache_step_equals_the_full_pass_at_every_position(window, kv_heads,
         assert torch.isfinite(o).all()
         assert (o - full[:, :, t]).abs().max() < 1e-12, t
     assert all(t.shape[2] == capacity for t in cache)  # constant memory: the ring never grows
+
+
+@pytest.mark.parametrize("length", [1, 5, 8, 13, 24])
+def test_a_prefill_s_cache_holds_position_p_in_slot_p_mod_capacity_in_eager_and_exported_code(length):
+    """cache_of against a loop: slot p % C holds position p for the last C positions, zeros in the slots
+    no position reached; eager code (padding when L <= C) and an exported program with a dynamic length
+    (one gather) agree at every length, the ring's wrap included (C = 8)."""
+    capacity = 8
+    t = torch.randn(2, 3, length, 4, dtype=torch.float64)
+    expected = torch.zeros(2, 3, capacity, 4, dtype=torch.float64)
+    for p in range(max(0, length - capacity), length):
+        expected[:, :, p % capacity] = t[:, :, p]
+    assert torch.equal(cache_of(t, capacity), expected)
+
+    class _Cache(torch.nn.Module):
+        def forward(self, t):
+            return cache_of(t, capacity)
+
+    example = torch.randn(2, 3, 17, 4, dtype=torch.float64)
+    program = torch.export.export(_Cache(), (example,), dynamic_shapes=({2: torch.export.Dim("length", min=1, max=64)},),
+                                  strict=False).module()
+    assert torch.equal(program(t), expected)
 
 
 class _Step(torch.nn.Module):

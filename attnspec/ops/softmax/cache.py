@@ -106,32 +106,29 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
         bias.transpose(1, 2).index_put_((rows, slot), torch.zeros((), dtype=bias.dtype, device=bias.device))
     filled = torch.clamp(position + 1, max=capacity)  # (B,) slots written: 0..filled-1 (a ring: all of them)
     read = _Read(Dk ** -0.5 if scale is None else scale, (H, k_heads, v_heads))
-    q, read_bias = _as(q, keys.dtype), None if log_a is None else bias
+    q = _as(q, keys.dtype)
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        o = _read_traced(q, keys, values, read_bias, filled, read, read_lengths(capacity))
+        o = _read_traced(q, keys, values, bias, filled, read, read_lengths(capacity), biased=log_a is not None)
     else:  # eager: exactly the slots the furthest row has written (one host read; no graph to keep). When
         # every row has written all of them (one prompt length, or a full ring) nothing needs a mask.
         least, most = (int(n) for n in torch.aminmax(filled))
-        o = read.prefix(q, keys, values, read_bias, None if least == most else filled, most)
+        o = read.prefix(q, keys, values, None if log_a is None else bias, None if least == most else filled, most)
     return _as(o.reshape(B, H, Dv), v.dtype), (keys, values, bias)
 
 
-def _read_traced(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, filled: Tensor, read: _Read,
-                 lengths: list[int]) -> Tensor:
+def _read_traced(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, filled: Tensor, read: _Read,
+                 lengths: list[int], biased: bool) -> Tensor:
     """``read.prefix`` at the shortest of ``lengths`` that holds ``filled.max()``, chosen by data
-    (nested ``torch.cond``, one static branch per length); every read is masked by ``filled``."""
+    (nested ``torch.cond``, one static branch per length); every read is masked by ``filled``, and adds
+    ``bias`` if ``biased``."""
+    def prefix(n: int):
+        return lambda q, keys, values, bias, filled: read.prefix(q, keys, values, bias if biased else None, filled, n)
+
     if len(lengths) == 1:
-        return read.prefix(q, keys, values, bias, filled, lengths[0])
-    n = lengths[0]
-    if bias is None:  # torch.cond takes tensors only
-        return torch.cond(filled.max() <= n,
-                          lambda q, keys, values, filled: read.prefix(q, keys, values, None, filled, n),
-                          lambda q, keys, values, filled: _read_traced(q, keys, values, None, filled, read, lengths[1:]),
-                          (q, keys, values, filled))
-    return torch.cond(filled.max() <= n,
-                      lambda q, keys, values, bias, filled: read.prefix(q, keys, values, bias, filled, n),
-                      lambda q, keys, values, bias, filled: _read_traced(q, keys, values, bias, filled, read, lengths[1:]),
-                      (q, keys, values, bias, filled))
+        return prefix(lengths[0])(q, keys, values, bias, filled)
+    longer = lambda q, keys, values, bias, filled: _read_traced(  # noqa: E731
+        q, keys, values, bias, filled, read, lengths[1:], biased)
+    return torch.cond(filled.max() <= lengths[0], prefix(lengths[0]), longer, (q, keys, values, bias, filled))
 
 
 def _as(t: Tensor, dtype: torch.dtype) -> Tensor:

@@ -24,8 +24,8 @@ from attnspec.errors import ShapeError, shorten
 Step = Callable[..., Sequence[Tensor]]
 InitialState = Sequence[Tensor] | Callable[[], Sequence[Tensor]]
 """The decoding state before the prompt, or a function making it: called only where a prompt is stepped
-through token by token (a full-capacity cache allocated and zeroed just to be replaced by the prefill's
-was a tenth of a batch's prefill)."""
+through token by token (otherwise a full-capacity state is allocated and zeroed only to be replaced by
+the prefill's)."""
 
 
 def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -110,10 +110,10 @@ def prefill_left_padded(step: Step, state: InitialState, tokens: Tensor, lengths
 
     The rows of each length go together without their padding through ``prefill(prompt) -> (logits,
     *state)`` (for two tokens or more), else token by token through ``step`` from ``state``'s rows (a
-    callable ``state`` is called then, once); the
-    groups' logits and states are gathered back into the batch's row order. Returns the logits, (B, 1,
-    V) at each prompt's last token with ``last_only`` (``prefill`` then returns only those), else (B, T,
-    V) right-aligned with zeros at the padding, and the state (each tensor batch-first, contiguous).
+    callable ``state`` is called then, once); the groups' logits and states are gathered back into the
+    batch's row order. Returns the logits, (B, 1, V) at each prompt's last token with ``last_only``
+    (``prefill`` then returns only those), else (B, T, V) right-aligned with zeros at the padding, and
+    the state (each tensor batch-first, contiguous).
     """
     B, T = tokens.shape
     logits, merged = None, None

@@ -160,9 +160,9 @@ def _within_chunks(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_a: Tensor 
 
 def _chunk_maps(forms: _ChunkForms) -> tuple[Tensor, Tensor]:
     """Each chunk's affine state map ``(M (.., Dk, Dk), N (.., Dk, Dv))``, ``S_C = M S_0 + N``."""
-    Dk = forms.y.shape[-1]
+    Dk, to_end = forms.y.shape[-1], forms.to_end
     identity = torch.eye(Dk, dtype=forms.y.dtype, device=forms.y.device)
-    decay_diag = identity if forms.to_end is None else torch.diag_embed(forms.to_end.expand(*forms.to_end.shape[:-1], Dk))
+    decay_diag = identity if to_end is None else torch.diag_embed(to_end.expand(*to_end.shape[:-1], Dk))
     k_end_t = forms.k_end.transpose(-1, -2)
     m = batched_matmul_add(decay_diag.expand(*forms.y.shape[:-2], Dk, Dk), k_end_t, forms.y, alpha=-1.0)
     return m, batched_matmul(k_end_t, forms.w)

@@ -69,6 +69,17 @@ def _reference(name: str, max_len: int):
     raise SystemExit(f"unknown model {name!r}: llama, mamba2 or qwen3_next")
 
 
+def _perturbed(name: str, max_len: int):
+    """:func:`_reference` in eval mode with its weights perturbed (seed 0): no zero-initialised part may
+    hide a difference."""
+    torch.manual_seed(0)
+    reference = _reference(name, max_len).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter))
+    return reference
+
+
 def _imported(reference, scratch: Path, max_len: int):
     """``reference`` saved and imported into attnspec (the path ``attnspec import-hf`` takes)."""
     reference.save_pretrained(scratch)
@@ -100,12 +111,11 @@ def _candidates(reference, model, scratch: Path, aot: bool) -> dict:
     if aot:
         from torch._inductor import aoti_compile_and_package, aoti_load_package
 
-        package = aoti_compile_and_package(program, package_path=str(scratch / "step.aoti.pt2"))
-        candidates["attnspec step.aoti.pt2"] = program_generate(aoti_load_package(package))
+        step = aoti_load_package(aoti_compile_and_package(program, package_path=str(scratch / "step.aoti.pt2")))
+        candidates["attnspec step.aoti.pt2"] = program_generate(step)
         prefill = aoti_compile_and_package(export_prefill(model, scratch / "prefill.pt2"),
                                            package_path=str(scratch / "prefill.aoti.pt2"))
-        candidates["attnspec prefill + step .aoti.pt2"] = program_generate(aoti_load_package(package),
-                                                                           aoti_load_package(prefill))
+        candidates["attnspec prefill + step .aoti.pt2"] = program_generate(step, aoti_load_package(prefill))
     return candidates
 
 
@@ -130,11 +140,8 @@ def _median_seconds(candidates: dict, rounds: int, repeats: int) -> dict:
 
 def _layer_steps(name: str, batch: int, prompt_length: int, rounds: int) -> dict:
     """Seconds per one-token step of layer 0's mixer: transformers' layer with its cache and attnspec's."""
-    torch.manual_seed(0)
-    reference = _reference(name, prompt_length + 64).eval()
+    reference = _perturbed(name, prompt_length + 64)
     with torch.no_grad():
-        for parameter in reference.parameters():
-            parameter.add_(0.02 * torch.randn_like(parameter))
         with tempfile.TemporaryDirectory() as scratch:
             model = _imported(reference, Path(scratch), prompt_length + 64)
         prompt = torch.randint(0, VOCAB, (batch, prompt_length), generator=torch.Generator().manual_seed(1))
@@ -216,11 +223,7 @@ def main() -> None:
         table.add_column(column, justify="left" if column in ("model", "candidate") else "right")
     for name in args.models:
         with tempfile.TemporaryDirectory() as scratch:
-            torch.manual_seed(0)
-            reference = _reference(name, max_len).eval()
-            with torch.no_grad():  # perturbed: no zero-initialised part may hide a difference
-                for parameter in reference.parameters():
-                    parameter.add_(0.02 * torch.randn_like(parameter))
+            reference = _perturbed(name, max_len)
             model = _imported(reference, Path(scratch), max_len)
             candidates = _candidates(reference, model, Path(scratch), args.aot)
             for prompt_length in args.prompts:

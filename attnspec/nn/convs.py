@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnspec.nn.registry import register
+from attnspec.ops.documents import shifted
 
 
 @register("conv", "none", "short", "shift")
@@ -38,8 +39,11 @@ class Convolutions(nn.Module):
                 self.biases[name] = nn.Parameter(torch.empty(channels[name]).uniform_(-width ** -0.5, width ** -0.5))
         self.channels = {name: channels[name] for name in self.widths}
 
-    def forward(self, name: str, x: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Convolve stream ``name``: x (B, L, C), state (B, w - 1, C) or None -> (y (B, L, C), new state)."""
+    def forward(self, name: str, x: Tensor, state: Tensor | None = None,
+                positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Convolve stream ``name``: x (B, L, C), state (B, w - 1, C) or None -> (y (B, L, C), new state).
+        ``positions`` (B, L): packed documents' positions (:class:`attnspec.ops.documents.Documents`); a
+        tap that would read across a document's start reads zeros, as the document alone would."""
         if name not in self.widths:
             return x, state
         weight = self.filters[name]
@@ -50,7 +54,11 @@ class Convolutions(nn.Module):
         else:
             padded = torch.cat([state.to(x.dtype), x], dim=1)
         bias = self.biases[name].to(x.dtype) if name in self.biases else None
-        if type(L) is int and L == 1:
+        if positions is not None:  # tap j reads x_(t - (w - 1 - j)) of the same document only
+            taps = weight.t().to(x.dtype)  # (w, C)
+            y = sum(taps[j] * shifted(x, width - 1 - j, positions) for j in range(width))
+            y = y if bias is None else y + bias
+        elif type(L) is int and L == 1:
             # one position (a decoding step, whose length is a plain 1 even when traced): a dot of the
             # window with the filter. A depthwise conv1d call cost ~70 us on a 2-core CPU (three per Mamba2
             # block: a fifth of an imported Mamba2's step, 8.4 of 41 ms profiled); the product and sum ~3 us.

@@ -25,6 +25,8 @@ from attnspec.nn.features import PerformerFeatures
 from attnspec.nn.positions import Position, build_position
 from attnspec.nn.registry import build
 from attnspec.nn.shared import SharedUse
+from attnspec.ops.documents import Documents
+from attnspec.ops.documents import check as check_documents
 from attnspec.spec.walk import iter_blocks
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -77,13 +79,16 @@ class Block(nn.Module):
             x = x * skip_scale
         return norm(x + y) if after else x + y
 
-    def forward(self, x: Tensor, mode: str | None = None, embeddings: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mode: str | None = None, embeddings: Tensor | None = None,
+                documents: Documents | None = None) -> Tensor:
         """x (B, L, d_in) -> (B, L, d_model); ``embeddings`` (B, L, d_model): the model's first hidden state,
-        which a shared block reading [hidden, embeddings] takes beside x."""
-        feed = None if self.shared_use is None else self.shared_use(x, embeddings)
+        which a shared block reading [hidden, embeddings] takes beside x; ``documents``: packed documents,
+        each computed as if alone (only mixers that take them are handed them)."""
+        feed = None if self.shared_use is None else self.shared_use(x, embeddings, documents)
+        extra = {} if documents is None else {"documents": documents}
         if self.norm1 is not None:
-            x = self._sublayer(x, lambda h: self.mixer(h, mode), self.norm1, self.mixer_residual, self.post_norm1,
-                               self.mixer_scales, feed)
+            x = self._sublayer(x, lambda h: self.mixer(h, mode, **extra), self.norm1, self.mixer_residual,
+                               self.post_norm1, self.mixer_scales, feed)
         if self.mlp is not None:
             x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
         return x
@@ -268,18 +273,40 @@ class Model(nn.Module):
         if per_position and inputs.shape[1] > spec.max_len:
             raise ShapeError(f"the sequence has {inputs.shape[1]} positions, more than max_len = {spec.max_len}")
 
-    def forward(self, inputs: Tensor, mode: str | None = None,
-                hidden_states: bool = False) -> Tensor | tuple[Tensor, tuple[Tensor, ...]]:
+    def forward(self, inputs: Tensor, mode: str | None = None, hidden_states: bool = False,
+                documents: Documents | None = None) -> Tensor | tuple[Tensor, tuple[Tensor, ...]]:
         """The head's output for ``inputs``; with ``hidden_states``, also every block's output (B, L, d_model) in
-        order (distillation matches them; a plain return keeps the graph free of hooks, so it compiles)."""
+        order (distillation matches them; a plain return keeps the graph free of hooks, so it compiles).
+
+        ``documents``: packed documents (:mod:`attnspec.ops.documents`: ``from_ids``, ``from_cu_seqlens``,
+        ``from_attention_mask``), several sequences per row, each computed exactly as it would be alone
+        (positions restart, recurrent states reset, attention stays inside each). A classifier head
+        pools over the whole row, so it takes none."""
         self.check_inputs(inputs)
-        x = embeddings = self.position.embed(self._embedded(inputs))
+        if documents is not None:
+            self.check_documents(documents, inputs)
+        offset = 0 if documents is None else documents.positions
+        x = embeddings = self.position.embed(self._embedded(inputs), offset)
         outputs = []
         for block in self.blocks:
-            x = block(x, mode, embeddings)
+            x = block(x, mode, embeddings, documents)
             outputs.append(x)
         out = self._head(self.final_norm(x))
         return (out, tuple(outputs)) if hidden_states else out
+
+    def check_documents(self, documents: Documents, inputs: Tensor) -> None:
+        """Refuse packed documents this model cannot honour, or that do not fit ``inputs`` (eager calls)."""
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return
+        check_documents(documents, inputs.shape[0], inputs.shape[1], inputs.device)
+        if self.head_kind == "classifier":
+            raise ShapeError("a classifier head pools over the whole row: give one sequence per row, not packed "
+                             "documents")
+        blocks = [*self.blocks, *self.shared_blocks.values()]
+        refusing = sorted({block.mixer.kind for block in blocks if not block.mixer.takes_documents})
+        if refusing:
+            raise ShapeError(f"the {', '.join(refusing)} mixer(s) do not take packed documents (their family does not "
+                             "set `takes_documents`); give one sequence per row")
 
     def _embedded(self, inputs: Tensor) -> Tensor:
         """Token embeddings times the input's ``scale`` (feature inputs: their projection)."""

@@ -5,8 +5,8 @@
 * ``decay(x)``: a fixed real Decay (B, H, L, 1) that joins the mixer's transition.
 
 The other two are identities, so the model and the mixers call all three without asking which
-kind they hold. Positions are 0-based and start at ``offset``: an int for a full sequence, or a
-(B,) tensor of cache positions in decoding.
+kind they hold. Positions are 0-based and start at ``offset``: an int for a full sequence, a (B,)
+tensor of cache positions in decoding, or a (B, L) tensor of every position (packed documents).
 """
 
 from __future__ import annotations
@@ -17,12 +17,16 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
+from attnspec.errors import ShapeError
 from attnspec.nn.registry import register
 from attnspec.ops.linear import Decay
 
 
 def positions(length: int, offset: Tensor | int, device, dtype) -> Tensor:
-    """Absolute positions: (L,) for an int offset, (B, L) for a (B,) tensor of offsets."""
+    """Absolute positions: (L,) for an int offset, (B, L) for a (B,) tensor of offsets, or the (B, L)
+    tensor given (packed documents' positions, which restart at each document)."""
+    if isinstance(offset, Tensor) and offset.dim() == 2:
+        return offset.to(dtype)
     steps = torch.arange(length, device=device, dtype=dtype)
     if isinstance(offset, Tensor):
         return offset.to(dtype).view(-1, 1) + steps
@@ -108,6 +112,11 @@ class RotaryPosition(Position):
         t = positions(L, offset, q.device, torch.float64)
         exponents = -torch.arange(half, device=q.device, dtype=torch.float64) / half
         if self.node.scaling == "dynamic":
+            if t.dim() == 2 and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) \
+                    and isinstance(offset, Tensor) and offset.dim() == 2:
+                raise ShapeError("dynamic RoPE scaling stretches by the whole sequence's length, so packed "
+                                 "documents would not compute as they do alone; use another `scaling`, or "
+                                 "unpacked sequences")
             frequencies = dynamic_base(t.max() + 1, self.node, self.base, width) ** exponents
         else:
             frequencies = scaled_frequencies(self.base ** exponents, self.node, self.base, width)

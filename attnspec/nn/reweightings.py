@@ -1,7 +1,8 @@
 """Position re-weightings rho(t) of the features: ``forward(q, k, offset) -> (q~, k~)``, (B, H, L, m) each.
 
 The feature width they produce is the IR node's fact (``width_factor``); positions are 1-based and
-start at ``offset`` (an int, or a (B,) tensor of positions in decoding).
+start at ``offset`` (an int, a (B,) tensor of positions in decoding, or (B, L) packed documents'
+positions, 0-based: :func:`attnspec.nn.positions.positions`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnspec.errors import ShapeError
+from attnspec.nn.positions import positions as absolute_positions
 from attnspec.nn.registry import register
 
 
@@ -34,13 +37,12 @@ class CosReweighting(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
         L = q.shape[2]
+        if self.M is None and isinstance(offset, Tensor) and offset.dim() == 2:
+            raise ShapeError("cosFormer with M = L (non-causal) re-weights by the whole row's length, so packed "
+                             "documents would not compute as they do alone; give `M`, or unpacked sequences")
         M = self.M if self.M is not None else L
-        positions = torch.arange(1, L + 1, device=q.device, dtype=q.dtype)
-        if isinstance(offset, Tensor):
-            positions = positions.unsqueeze(0) + offset.to(q.dtype).view(-1, 1)  # (B, L)
-            positions = positions.view(-1, 1, L, 1)
-        else:
-            positions = (positions + offset).view(1, 1, L, 1)
+        positions = absolute_positions(L, offset, q.device, q.dtype) + 1  # 1-based: (L,) or (B, L)
+        positions = positions.view(-1, 1, L, 1) if positions.dim() == 2 else positions.view(1, 1, L, 1)
         angle = positions * (math.pi / (2 * M))
         cos, sin = torch.cos(angle), torch.sin(angle)
         return torch.cat([q * cos, q * sin], dim=-1), torch.cat([k * cos, k * sin], dim=-1)

@@ -90,9 +90,10 @@ class SharedUse(nn.Module):
     def _output(self, y: Tensor) -> Tensor:
         return y if self.proj is None else self.proj(y)
 
-    def forward(self, x: Tensor, embeddings: Tensor | None) -> Tensor:
-        """x, embeddings (B, L, d_model) -> what joins the calling block's mixer input (B, L, d_model)."""
-        return self._output(self.tied_view(self._input(x, embeddings)))
+    def forward(self, x: Tensor, embeddings: Tensor | None, documents=None) -> Tensor:
+        """x, embeddings (B, L, d_model) -> what joins the calling block's mixer input (B, L, d_model);
+        ``documents``: packed documents (:class:`attnspec.ops.documents.Documents`)."""
+        return self._output(self.tied_view(self._input(x, embeddings), documents=documents))
 
     def step(self, x: Tensor, embeddings: Tensor | None, state: tuple[Tensor, ...],
              position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:

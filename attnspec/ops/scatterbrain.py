@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from attnspec.errors import ShapeError
+from attnspec.ops.documents import Documents
 from attnspec.ops.linear import accumulation_dtype, apply_normalizer, linear_attention
 from attnspec.ops.support import Support
 
@@ -78,6 +79,7 @@ def scatterbrain_attention(
     chunk_size: int = 64,
     max_length: int | None = None,
     backend: str = "auto",
+    documents: Documents | None = None,
 ) -> Tensor:
     """Scatterbrain attention.
 
@@ -93,6 +95,9 @@ def scatterbrain_attention(
         eps: lower clamp of the joint normaliser, on its true scale.
         mode, chunk_size, max_length, backend: execution of the low-rank part (see ``linear_attention``;
             half-precision inputs reach it in float32).
+        documents: packed documents (:mod:`attnspec.ops.documents`): the low-rank part resets at each
+            document's start (runs within each, non-causal too) and the sparse part pairs positions
+            of one document only, so each computes as it would alone.
 
     Returns:
         ``(B, H, L, Dv)``.
@@ -106,8 +111,12 @@ def scatterbrain_attention(
     log_scale = q_log_scale.to(q.dtype) if q_log_scale is not None else q.new_zeros(B, H, L)
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # numerator and normaliser together
     lowrank = linear_attention(q_features, k_features, v1, causal=causal, mode=mode, chunk_size=chunk_size,
-                               max_length=max_length, backend=backend)
+                               max_length=max_length, backend=backend,
+                               starts=None if documents is None else documents.starts)
     valid = support.valid
+    if documents is not None:  # a key of another document is no candidate
+        ids = documents.ids.view(B, 1, L, 1).expand(B, H, L, 1)
+        valid = valid & (_gather_rows(ids, support.index)[..., 0] == ids)
     if causal:
         valid = valid & (support.index <= torch.arange(L, device=q.device).view(1, 1, L, 1))
     logits = scale * (q.unsqueeze(-2) * _gather_rows(k, support.index)).sum(-1)  # (B, H, L, S)

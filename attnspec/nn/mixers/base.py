@@ -5,7 +5,9 @@ way (``examples/plugins/ema.py``).
 
 Every mixer maps ``x`` of shape (B, L, d_model) to (B, L, d_model). ``forward(x, mode=None)`` runs the
 whole sequence in ``self.mode`` (set by the compiler's plan) or the given mode, on the first of the
-family's kernels that takes the call (:meth:`Mixer.kernel_for`). Mixers with a decoding step
+family's kernels that takes the call (:meth:`Mixer.kernel_for`). A family that sets
+``takes_documents`` also takes ``forward(x, mode, documents=...)``: packed documents
+(:class:`attnspec.ops.documents.Documents`), each computed as it would be alone. Mixers with a decoding step
 (``has_step``) also provide ``init_state(batch, dtype, device)`` and ``step(x_t, state, position)``,
 with the state as a tuple of plain tensors so the step can be exported, and ``prefill(x)``.
 """
@@ -64,6 +66,10 @@ class Mixer(nn.Module):
                         for mode in self.modes}
         self.decode_limit = node.decode_limit(max_len)
         self.init_scale = node.init_scale
+
+    takes_documents: bool = False
+    """Whether ``forward`` takes packed documents (``documents=``) and computes each as if alone; a
+    model refuses documents when one of its mixers does not (a plugin family that has not said so)."""
 
     def projections(self) -> list[nn.Linear]:
         """The linear maps from and to the model width (the spec's ``init.projection_std`` draws them)."""

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from attnspec.nn.mixers.base import Mixer
 from attnspec.nn.registry import build, register
+from attnspec.ops.documents import Documents
 
 
 @register("mixer", "gated_conv")
@@ -27,14 +28,16 @@ class GatedConvMixer(Mixer):
     def projections(self) -> list[nn.Linear]:
         return [self.in_proj, self.out_proj]
 
-    def _mix(self, u: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _mix(self, u: Tensor, state: Tensor | None, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         b, c, x = self.in_proj(u).chunk(3, dim=-1)
-        h, state = self.conv("v", b * x, state)
+        h, state = self.conv("v", b * x, state, positions)
         return self.out_proj(c * h), state
 
-    def forward(self, u: Tensor, mode: str | None = None) -> Tensor:
+    takes_documents = True
+
+    def forward(self, u: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         self._checked_mode(mode)
-        return self._mix(u, None)[0]
+        return self._mix(u, None, None if documents is None else documents.positions)[0]
 
     def prefill(self, u: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         y, state = self._mix(u, None)

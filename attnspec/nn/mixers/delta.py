@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from attnspec.nn.mixers.base import full_precision
 from attnspec.nn.mixers.parts import ProjectedMixer
 from attnspec.nn.registry import build, register
+from attnspec.ops.documents import Documents
 from attnspec.ops.delta import delta_rule, delta_step
 
 
@@ -29,10 +30,11 @@ class DeltaMixer(ProjectedMixer):
         found = [self.q_proj, self.k_proj, self.v_proj, self.gate, self.beta_proj, self.out_proj]
         return [projection for projection in found if projection is not None]
 
-    def _inputs(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None):
+    def _inputs(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None,
+                documents: Documents | None = None):
         """q, k (B, H, L, d_qk) unit-norm, v (B, H, L, d_v), beta (B, H, L), log_a (B, H, L[, d_qk]) or None,
         and the convolutions' new state."""
-        q, k, v, conv_state = self._project(x, offset, conv_state)
+        q, k, v, conv_state = self._project(x, offset, conv_state, documents=documents)
         q, k = self.features(q, True)[0], self.features(k, False)[0]
         beta = self.beta_scale * torch.sigmoid(full_precision(self.beta_proj(x))).transpose(1, 2)
         decay = self._decay(x)
@@ -41,11 +43,13 @@ class DeltaMixer(ProjectedMixer):
             log_a = decay.log_mag if self.transition.per_channel else decay.log_mag[..., 0]
         return q, k, v, beta, log_a, conv_state
 
-    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+    takes_documents = True
+
+    def forward(self, x: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         mode = self._checked_mode(mode)
-        q, k, v, beta, log_a, _ = self._inputs(x)
+        q, k, v, beta, log_a, _ = self._inputs(x, documents=documents)
         o = delta_rule(q, k, v, beta, log_a, mode=mode, scale=self.scale, chunk_size=self.chunk_size,
-                       max_length=self.max_len)
+                       max_length=self.max_len, starts=None if documents is None else documents.starts)
         return self._output(o, x, v)
 
     def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:

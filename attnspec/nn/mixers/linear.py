@@ -11,6 +11,7 @@ from torch import Tensor
 from attnspec.nn.mixers.base import autocast_dtype
 from attnspec.nn.mixers.parts import KeyValueCache, ProjectedMixer
 from attnspec.nn.registry import build, register
+from attnspec.ops.documents import Documents
 from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
 
 
@@ -32,10 +33,13 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
         self.state_width = node.feature_map.width(self.d_qk) * node.reweighting.width_factor
 
     # -- shared by forward and step
-    def _prepare(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None):
+    def _prepare(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None,
+                 documents: Documents | None = None):
         """q~, k~ (B, H, L, m), v (B, H, L, Dv), Decay or None, the per-query log scale of the kernel
-        (B, H, L) or None, and the convolutions' new state, for positions offset .. offset+L-1."""
-        q, k, v, conv_state = self._project(x, offset, conv_state)
+        (B, H, L) or None, and the convolutions' new state, for positions offset .. offset+L-1 (or the
+        packed ``documents``' positions)."""
+        q, k, v, conv_state = self._project(x, offset, conv_state, documents=documents)
+        offset = offset if documents is None else documents.positions
         if self.value_activation == "silu":
             v = F.silu(v)
         q, log_scale = self.features(q, True)
@@ -49,17 +53,20 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
             k = k * step.to(k.dtype)
         return q * self.feature_scale, k, v, self._decay(x), log_scale, conv_state
 
-    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+    takes_documents = True
+
+    def forward(self, x: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         mode = self._checked_mode(mode)
         if self.softmax_kernel:
-            o, v = self._softmax_attention(x)
+            o, v = self._softmax_attention(x, documents)
             return self._output(o, x, v)
-        q, k, v, decay, log_scale, _ = self._prepare(x)
+        q, k, v, decay, log_scale, _ = self._prepare(x, documents=documents)
         q, k, v = autocast_dtype(q), autocast_dtype(k), autocast_dtype(v)
         backend = self.kernel_for(mode, q, k, v, *(decay or ()))
         o = linear_attention(q, k, v, decay, causal=self.causal, normalize=self.normalize, eps=self.eps,
                              log_scale=log_scale, mode=mode, chunk_size=self.chunk_size, backend=backend,
-                             max_length=self.max_len if self.causal else None)
+                             max_length=self.max_len if self.causal else None,
+                             starts=None if documents is None else documents.starts)
         return self._output(o, x, v)
 
     # -- decoding

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from attnspec.nn.mixers.base import Mixer, autocast_dtype, full_precision
 from attnspec.nn.registry import build, register
+from attnspec.ops.documents import Documents
 from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
 
 
@@ -56,12 +57,12 @@ class MambaMixer(Mixer):
         t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps)
         return t if self.selection_weight is None else t * self.selection_weight[name].to(t.dtype)
 
-    def _scan_inputs(self, u: Tensor, conv_state: tuple[Tensor, ...] | None = None):
+    def _scan_inputs(self, u: Tensor, conv_state: tuple[Tensor, ...] | None = None, positions: Tensor | None = None):
         """u (B, L, d_model) -> queries C (B, d_inner, L, N), keys Δ B (B, d_inner, L, N), values x
         (B, d_inner, L, 1), the decay Δ A (B, d_inner, L, N), x and z (B, L, d_inner), and the
-        convolution's new state."""
+        convolution's new state. ``positions``: packed documents' (the convolution reads within each)."""
         x, z = self.in_proj(u).chunk(2, dim=-1)
-        x, new_conv = self.conv("v", x, conv_state[0] if conv_state else None)
+        x, new_conv = self.conv("v", x, conv_state[0] if conv_state else None, positions)
         # x_proj's rows one product each: a split of one product is a strided view, and a linear map of
         # a strided view makes export guard on the batch (its reshape is a view only at batch 1)
         dt, b, c = (F.linear(x, rows) for rows in self.x_proj.weight.split([self.rank, self.state, self.state]))
@@ -78,12 +79,15 @@ class MambaMixer(Mixer):
         y = o.squeeze(-1).transpose(1, 2).to(x.dtype) + x * self.D.to(x.dtype)
         return self.out_proj(y * F.silu(z))
 
-    def forward(self, u: Tensor, mode: str | None = None) -> Tensor:
+    takes_documents = True
+
+    def forward(self, u: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         mode = self._checked_mode(mode)
-        q, k, v, decay, x, z, _ = self._scan_inputs(u)
+        q, k, v, decay, x, z, _ = self._scan_inputs(u, positions=None if documents is None else documents.positions)
         q, k, v = autocast_dtype(q), autocast_dtype(k), autocast_dtype(v)
         o = linear_attention(q, k, v, decay, mode=mode, chunk_size=self.chunk_size,
-                             backend=self.kernel_for(mode, q, k, v, *decay), max_length=self.max_len)
+                             backend=self.kernel_for(mode, q, k, v, *decay), max_length=self.max_len,
+                             starts=None if documents is None else documents.starts)
         return self._output(o, x, z)
 
     # -- decoding: the state h (B, d_inner, N, 1) and the convolution's last inputs

@@ -13,6 +13,7 @@ from attnspec.errors import ShapeError
 from attnspec.nn.mixers.base import Mixer
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import register
+from attnspec.ops.documents import Documents, same_document
 from attnspec.ops.softmax import cache_of, empty_cache, softmax_attention, softmax_step
 
 
@@ -64,19 +65,23 @@ class MlaMixer(Mixer):
         q_rope, k_rope = self.position.rotate(q[..., self.nope:], k_rope.unsqueeze(1), offset)
         return q[..., :self.nope], q_rope, self._rms(c, self.kv_norm), k_rope
 
-    def _attend(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The full sequence, every head's keys and values decompressed: (output, c, RoPE(k^R))."""
-        q_nope, q_rope, c, k_rope = self._project(u)
+    def _attend(self, u: Tensor, documents: Documents | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The full sequence, every head's keys and values decompressed: (output, c, RoPE(k^R)); packed
+        ``documents`` attend within each, at positions restarting in each."""
+        q_nope, q_rope, c, k_rope = self._project(u, 0 if documents is None else documents.positions)
         B, L = u.shape[:2]
         kv = self.kv_b_proj(c).view(B, L, self.heads, self.nope + self.d_v).transpose(1, 2)
         k = torch.cat([kv[..., :self.nope], k_rope.expand(-1, self.heads, -1, -1)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)
-        o = softmax_attention(q, k, kv[..., self.nope:], causal=self.causal, scale=self.scale)
+        o = softmax_attention(q, k, kv[..., self.nope:], causal=self.causal, scale=self.scale,
+                              mask=None if documents is None else same_document(documents.ids))
         return self.out_proj(o.transpose(1, 2).reshape(B, L, -1)), c, k_rope
 
-    def forward(self, u: Tensor, mode: str | None = None) -> Tensor:
+    takes_documents = True
+
+    def forward(self, u: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         self._checked_mode(mode)
-        return self._attend(u)[0]
+        return self._attend(u, documents)[0]
 
     # -- decoding through a cache of the latent
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from attnspec.nn.mixers.base import autocast_dtype, full_precision
 from attnspec.nn.mixers.parts import ProjectedMixer
 from attnspec.nn.registry import register
+from attnspec.ops.documents import Documents, segment_cummax
 from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
 
 
@@ -34,10 +35,11 @@ class MlstmMixer(ProjectedMixer):
             self.fgate.bias.copy_(torch.linspace(3.0, 6.0, self.heads))
 
     # -- shared by forward, prefill and step
-    def _prepare(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None):
+    def _prepare(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None,
+                 documents: Documents | None = None):
         """q (B, H, L, Dk) scaled, keys exp(i_t) k_t, values [v, 1] (B, H, L, Dv + 1), the decay log σ(f_t)
         (B, H, L, 1), the capped input gate i and log σ(f) (B, H, L), v, and the convolutions' new state."""
-        q, k, v, conv_state = self._project(x, offset, conv_state)
+        q, k, v, conv_state = self._project(x, offset, conv_state, documents=documents)
         i, f = (full_precision(gate(x)).transpose(1, 2) for gate in (self.igate, self.fgate))
         i, f = self.softcap * torch.tanh(i / self.softcap), self.softcap * torch.tanh(f / self.softcap)
         log_f = F.logsigmoid(f)
@@ -50,25 +52,32 @@ class MlstmMixer(ProjectedMixer):
         numerator, denominator = o[..., :-1], o[..., -1:]
         return numerator / (denominator.abs().clamp_min(1.0) + self.eps * torch.exp(m).unsqueeze(-1).to(o.dtype))
 
-    @staticmethod
-    def _max_state(i: Tensor, log_f: Tensor) -> Tensor:
+    def _max_state(self, i: Tensor, log_f: Tensor, documents: Documents | None = None) -> Tensor:
         """m_t = max(log σ(f_t) + m_(t-1), i_t) from m_0 = 0, all at once: b_t + max(0, max_(j<=t)(i_j - b_j))
-        with b_t the running sum of log σ(f) (B, H, L)."""
+        with b_t the running sum of log σ(f) (B, H, L); with packed ``documents`` the sum and the maximum
+        restart at each document (m is 0 before it)."""
         b = torch.cumsum(log_f, dim=-1)
-        return b + torch.cummax(i - b, dim=-1).values.clamp_min(0.0)
+        if documents is None:
+            return b + torch.cummax(i - b, dim=-1).values.clamp_min(0.0)
+        first = torch.arange(b.shape[-1], device=b.device) - documents.positions  # each document's start (B, L)
+        before = (b - log_f).gather(-1, first.unsqueeze(1).expand_as(b))  # the running sum before it
+        b = b - before
+        return b + segment_cummax(i - b, documents.ids, self.max_len).clamp_min(0.0)
 
-    def _run(self, x: Tensor, mode: str, return_state: bool):
-        q, k, values, decay, i, log_f, v, conv_state = self._prepare(x)
+    def _run(self, x: Tensor, mode: str, return_state: bool, documents: Documents | None = None):
+        q, k, values, decay, i, log_f, v, conv_state = self._prepare(x, documents=documents)
         q, k, values = autocast_dtype(q), autocast_dtype(k), autocast_dtype(values)
         out = linear_attention(q, k, values, decay, mode=mode, chunk_size=self.chunk_size,
                                backend=self.kernel_for(mode, q, k, values, *decay), max_length=self.max_len,
-                               return_state=return_state)
+                               return_state=return_state, starts=None if documents is None else documents.starts)
         o, final = out if return_state else (out, None)
-        m = self._max_state(i, log_f)
+        m = self._max_state(i, log_f, documents)
         return self._output(self._hidden(o, m), x, v), final, m[..., -1], conv_state
 
-    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
-        return self._run(x, self._checked_mode(mode), return_state=False)[0]
+    takes_documents = True
+
+    def forward(self, x: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
+        return self._run(x, self._checked_mode(mode), return_state=False, documents=documents)[0]
 
     # -- decoding: C with n as its last column (B, H, Dk, Dv + 1), m (B, H), the convolutions' last inputs
     def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:

@@ -16,7 +16,9 @@ class NoMixer(Mixer):
 
     is_identity = True
 
-    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+    takes_documents = True
+
+    def forward(self, x: Tensor, mode: str | None = None, documents=None) -> Tensor:
         self._checked_mode(mode)
         return torch.zeros_like(x)
 

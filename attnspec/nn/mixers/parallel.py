@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from attnspec.nn.mixers.base import Mixer
 from attnspec.nn.registry import build, register
+from attnspec.ops.documents import Documents
 
 
 @register("mixer", "parallel")
@@ -63,9 +64,14 @@ class ParallelMixer(Mixer):
             total = y if total is None else total + y
         return total
 
-    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+    @property
+    def takes_documents(self) -> bool:
+        return all(branch.takes_documents for branch in self.branches)
+
+    def forward(self, x: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         mode = self._checked_mode(mode)
-        return self._weighted([branch(x, branch_mode)
+        extra = {} if documents is None else {"documents": documents}
+        return self._weighted([branch(x, branch_mode, **extra)
                                for branch, branch_mode in zip(self.branches, self.branch_modes[mode])])
 
     # -- decoding: the branches' states in branch order

@@ -24,6 +24,7 @@ from attnspec.errors import ShapeError
 from attnspec.nn.mixers.base import Mixer, full_precision
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import build
+from attnspec.ops.documents import Documents, same_document
 from attnspec.ops.linear import Decay, combine_decays
 from attnspec.ops.softmax import cache_of, empty_cache, softmax_attention, softmax_step
 
@@ -102,16 +103,20 @@ class ProjectedMixer(Mixer):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.qk_norm[name].to(t.dtype)
 
     def _project(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None,
-                 expand: bool = True) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
+                 expand: bool = True, documents: Documents | None = None
+                 ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
         """q, k (B, H, L, d_qk) normalised (``qk_norm``) and rotated at positions offset.., v (B, H, L, d_v),
         and the convolutions' new state (one tensor per stream; ``conv_state`` continues a sequence,
-        None starts one). ``expand=False`` leaves shared keys and values at their own head counts."""
+        None starts one). ``expand=False`` leaves shared keys and values at their own head counts.
+        ``documents``: packed documents, whose positions restart at each (rotary positions, convolutions)."""
         past = dict(zip(self.conv.widths, conv_state)) if conv_state is not None else {}
+        restart = None if documents is None else documents.positions
+        offset = offset if restart is None else restart
         new_state = {}
-        x, new_state["x"] = self.conv("x", x, past.get("x"))
+        x, new_state["x"] = self.conv("x", x, past.get("x"), restart)
         streams = {}
         for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
-            streams[name], new_state[name] = self.conv(name, projection(x), past.get(name))
+            streams[name], new_state[name] = self.conv(name, projection(x), past.get(name), restart)
         q, k, v = (full_precision(streams[name]) for name in ("q", "k", "v"))
         q, k = self._normalized(q, "q", full=True), self._normalized(k, "k", full=True)
         q = self._normalized(self._heads(q, self.d_qk, self.q_heads), "q")
@@ -165,13 +170,15 @@ class KeyValueCache:
     """Softmax attention and decoding through a key/value cache, for a :class:`ProjectedMixer` family
     that sets ``self.window`` (None, or a sliding window served by a ring buffer)."""
 
-    def _softmax_attention(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def _softmax_attention(self, x: Tensor, documents: Documents | None = None) -> tuple[Tensor, Tensor]:
         """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window, and the
-        values: (B, L, d) -> (B, H, L, Dv) twice. Shared keys and values stay shared (GQA)."""
-        q, k, v, _ = self._project(x, expand=False)
+        values: (B, L, d) -> (B, H, L, Dv) twice. Shared keys and values stay shared (GQA). ``documents``:
+        each position attends within its own document."""
+        q, k, v, _ = self._project(x, expand=False, documents=documents)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
-        o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
+        o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
+                              mask=None if documents is None else same_document(documents.ids))
         return o, self._expand(v)
 
     # -- decoding through a key/value cache (softmax attention and the exp kernel)

@@ -14,6 +14,7 @@ from attnspec.nn.channel import _ACTIVATIONS
 from attnspec.nn.mixers.base import Mixer, autocast_dtype, full_precision
 from attnspec.nn.positions import positions
 from attnspec.nn.registry import build, register
+from attnspec.ops.documents import Documents
 from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_step
 
 
@@ -60,9 +61,11 @@ class RglruMixer(Mixer):
 
     def _scan_inputs(self, u: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None):
         """u (B, L, d) -> queries and keys of ones (B, width, L, 1), values (B, width, L, 1), the decay, y
-        (B, L, width) and the convolution's new state, at positions offset .. offset + L - 1."""
+        (B, L, width) and the convolution's new state, at positions offset .. offset + L - 1 (or, for a
+        (B, L) ``offset``, packed documents' positions: the first of each is a document's first)."""
         y = self.activation(self.linear_y(u))
-        x, new_conv = self.conv("v", self.linear_x(u), conv_state[0] if conv_state else None)
+        restart = offset if isinstance(offset, Tensor) and offset.dim() == 2 else None
+        x, new_conv = self.conv("v", self.linear_x(u), conv_state[0] if conv_state else None, restart)
         x = full_precision(x)
         log_a = -self.gate_scale * self._gate(x, self.recurrent_gate_weight, self.recurrent_gate_bias) * \
             F.softplus(full_precision(self.recurrent_param))
@@ -77,12 +80,15 @@ class RglruMixer(Mixer):
     def _output(self, o: Tensor, y: Tensor) -> Tensor:
         return self.linear_out(o.squeeze(-1).transpose(1, 2).to(y.dtype) * y)
 
-    def forward(self, u: Tensor, mode: str | None = None) -> Tensor:
+    takes_documents = True
+
+    def forward(self, u: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         mode = self._checked_mode(mode)
-        q, k, v, decay, y, _ = self._scan_inputs(u)
+        q, k, v, decay, y, _ = self._scan_inputs(u, 0 if documents is None else documents.positions)
         q, k, v = autocast_dtype(q), autocast_dtype(k), autocast_dtype(v)
         o = linear_attention(q, k, v, decay, mode=mode, chunk_size=self.chunk_size,
-                             backend=self.kernel_for(mode, q, k, v, *decay), max_length=self.max_len)
+                             backend=self.kernel_for(mode, q, k, v, *decay), max_length=self.max_len,
+                             starts=None if documents is None else documents.starts)
         return self._output(o, y)
 
     # -- decoding: h (B, width, 1, 1) and the convolution's last inputs

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from attnspec.nn.mixers.parts import PrefixRerun, ProjectedMixer
 from attnspec.nn.registry import build, register
+from attnspec.ops.documents import Documents
 from attnspec.ops.scatterbrain import scatterbrain_attention
 
 
@@ -26,9 +27,11 @@ class ScatterbrainMixer(PrefixRerun, ProjectedMixer):
         self.sparse = build("sparse", node.sparse, d_qk=self.d_qk, seed=seed, causal=self.causal)
         self.eps = node.eps
 
-    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+    takes_documents = True
+
+    def forward(self, x: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         mode = self._checked_mode(mode)
-        q, k, v, _ = self._project(x)
+        q, k, v, _ = self._project(x, documents=documents)
         q_features, log_scale = self.features(q * self.sqrt_scale, True)
         k_features, _ = self.features(k * self.sqrt_scale, False)
         # what runs the low-rank part, on the features (the op widens half-precision inputs to float32
@@ -37,7 +40,7 @@ class ScatterbrainMixer(PrefixRerun, ProjectedMixer):
         o = scatterbrain_attention(q, k, v, q_features, k_features, self.sparse(q, k), q_log_scale=log_scale,
                                    causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
                                    chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None,
-                                   backend=backend)
+                                   backend=backend, documents=documents)
         return self._output(o, x, v)
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from attnspec.nn.mixers.parts import KeyValueCache, ProjectedMixer
 from attnspec.nn.registry import build, register
+from attnspec.ops.documents import Documents
 
 
 @register("mixer", "softmax")
@@ -19,9 +20,11 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
         self.window = node.window  # a sliding window: its cache is a ring buffer
         self.transition = build("transition", node.transition, d_model=self.d_in, heads=self.heads, d_qk=self.d_qk)
 
-    def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
+    takes_documents = True
+
+    def forward(self, x: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         self._checked_mode(mode)
-        o, v = self._softmax_attention(x)
+        o, v = self._softmax_attention(x, documents)
         return self._output(o, x, v)
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnspec.errors import ShapeError
+from attnspec.ops.documents import check_starts, with_resets
 from attnspec.ops.delta.modes import chunked, quadratic, recurrent, recurrent_step
 from attnspec.ops.linear.checks import INPUT_DTYPES
 from attnspec.ops.linear.common import accumulation_dtype
@@ -30,7 +31,8 @@ MODES = ("recurrent", "chunk", "quadratic")
 
 def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_a: Tensor | None = None, *, mode: str = "chunk",
                scale: float = 1.0, chunk_size: int = 64, initial_state: Tensor | None = None,
-               return_state: bool = False, max_length: int | None = None) -> Tensor | tuple[Tensor, Tensor]:
+               return_state: bool = False, max_length: int | None = None,
+               starts: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """Causal delta-rule attention in any of its modes (they compute the same function).
 
     Args:
@@ -46,6 +48,8 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_a: Tensor | No
         return_state: also return the final state ``(B, H, Dk, Dv)`` (float32 for half inputs).
         max_length: the longest L this call will see (fixes the chunk scan's depth, so compiled code
             serves every length up to it without recompiling); default: this L.
+        starts: ``(B, L)`` bool or None: packed documents' first positions, where the state resets
+            (``a = 0``) so each document computes as it would alone (:mod:`attnspec.ops.documents`).
 
     Returns:
         ``out (B, H, L, Dv)`` in the inputs' dtype, and with ``return_state`` the final state.
@@ -54,6 +58,9 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_a: Tensor | No
         ShapeError: a wrong shape, dtype, mode or chunk size.
     """
     _check(q, k, v, beta, log_a, mode, chunk_size, initial_state)
+    check_starts(starts, q)
+    if starts is not None:  # a reset is a decay of 0 at each document's first position
+        log_a = with_resets(None if log_a is None else log_a.unsqueeze(-1) if log_a.dim() == 3 else log_a, starts, q)
     out_dtype = q.dtype
     work = accumulation_dtype(q.dtype)
     q, k, v, beta = (t.to(work) for t in (q, k, v, beta))

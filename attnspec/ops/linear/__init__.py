@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnspec.errors import ShapeError
+from attnspec.ops.documents import check_starts, ends, with_resets
 from attnspec.ops.kernels import call_regime, chosen_kernel
 from attnspec.ops.linear.checks import _check_inputs, _export_state
 from attnspec.ops.linear.chunk import GROUP, TOP, _chunked, _native_chunked, _triton_chunked, chunk_scan, scan_levels
@@ -49,6 +51,7 @@ def linear_attention(
     max_length: int | None = None,
     log_scale: Tensor | None = None,
     backend: str = "auto",
+    starts: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, State]:
     """Causal or non-causal (gated) linear attention.
 
@@ -88,6 +91,10 @@ def linear_attention(
             (CUDA, the same decays), or ``"auto"``: the first of triton, native, graph that applies.
             A named kernel runs or raises: whether it takes the call is its predicate in
             :mod:`attnspec.ops.kernels`, the one the plan asked.
+        starts: ``(B, L)`` bool or None: packed documents' first positions (:mod:`attnspec.ops.documents`),
+            each computed as it would be alone. Causal: the state resets there (a decay ``-inf`` joins
+            ``log_a``, one of zeros where there is none), in every mode and kernel. Non-causal: a
+            causal pass plus a reversed one, less the diagonal, on the graph path in ``mode``.
 
     Returns:
         ``o`` of shape ``(B, H, L, Dv)`` with the dtype of ``v``; with ``return_state`` also the
@@ -100,6 +107,15 @@ def linear_attention(
     """
     decay, initial = _check_inputs(q, k, v, log_a, causal, normalize, mode, chunk_size, initial_state,
                                    return_state, max_length, scale, eps)
+    check_starts(starts, q)
+    if starts is not None and not causal:
+        if return_state:
+            raise ShapeError("return_state needs causal=True")
+        return _noncausal_documents(q, k, v, starts, normalize=normalize, scale=scale, eps=eps, mode=mode,
+                                    chunk_size=chunk_size, max_length=max_length, log_scale=log_scale)
+    if starts is not None:  # a reset is a decay of 0 at each document's first position
+        decay = Decay(with_resets(None if decay is None else decay.log_mag, starts, q),
+                      None if decay is None else decay.phase)
     kernel = _kernel(backend, q, k, v, decay, initial, causal, mode)
     use_triton, use_native = kernel == "triton", kernel == "native"
     out_dtype = v.dtype
@@ -141,6 +157,26 @@ def linear_attention(
     if not return_state:
         return out
     return out, _export_state(final, normalize)
+
+
+def _noncausal_documents(q: Tensor, k: Tensor, v: Tensor, starts: Tensor, *, normalize: bool, scale: float,
+                         eps: float, mode: str, chunk_size: int, max_length: int | None,
+                         log_scale: Tensor | None) -> Tensor:
+    """Non-causal linear attention within each packed document: the causal sum over j <= i of i's
+    document, plus the same run backwards over j >= i (the reversed row, whose documents start where
+    the forward ones end), less the j = i term counted twice; then the normaliser. Exact in any mode."""
+    values = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1) if normalize else v
+    run = lambda q_, k_, v_, s_: linear_attention(q_, k_, v_, causal=True, scale=scale, mode=mode,  # noqa: E731
+                                                  chunk_size=chunk_size, max_length=max_length, backend="graph",
+                                                  starts=s_)
+    flip = lambda t: torch.flip(t, dims=[2])  # noqa: E731
+    forward = run(q, k, values, starts)
+    backward = flip(run(flip(q), flip(k), flip(values), torch.flip(ends(starts), dims=[1])))
+    diagonal = (q * k).sum(-1, keepdim=True) * scale * values.to(q.dtype)
+    out = forward + backward - diagonal.to(forward.dtype)
+    if normalize:
+        out = apply_normalizer(out.to(accumulation_dtype(out.dtype)), eps, log_scale).to(v.dtype)
+    return out
 
 
 def _kernel(backend: str, q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial, causal: bool,

@@ -33,6 +33,7 @@ def softmax_attention(
     causal: bool = True,
     scale: float | None = None,
     window: int | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """``softmax(scale * q k^T + bias) v`` with a causal mask, an optional log-decay bias and window.
 
@@ -48,6 +49,9 @@ def softmax_attention(
         scale: score multiplier; defaults to ``1/sqrt(Dk)``.
         window: position i attends to the ``window`` positions i - window + 1 .. i only (a sliding
             window, causal; composes with ``log_a``). None: every earlier position.
+        mask: ``(B, 1, L, L)`` bool or None: pair (i, j) is attended only where True, on top of the
+            causal mask and the window (packed documents: :func:`attnspec.ops.documents.same_document`).
+            Each row must keep its diagonal (a query that sees no key has no softmax).
 
     Returns:
         ``(B, H, L, Dv)``. Differentiable on CPU (PyTorch's SDPA math/flash kernels).
@@ -73,6 +77,10 @@ def softmax_attention(
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     if v.shape[1] != q.shape[1]:
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[0] != q.shape[0]
+                             or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (q.shape[2],) * 2):
+        raise ShapeError(f"mask must be bool (B, 1, L, L) = ({q.shape[0]}, 1, {q.shape[2]}, {q.shape[2]}), got "
+                         f"{mask.dtype} {tuple(mask.shape)}")
     if log_a is not None:
         if not causal:
             raise ShapeError("log_a needs causal=True: a decay orders positions")
@@ -82,7 +90,14 @@ def softmax_attention(
         bias = decay_bias(log_a.to(accumulation_dtype(q.dtype))).to(q.dtype)
         if window is not None:
             bias = bias.masked_fill(~window_mask(q.shape[2], window, q.device), float("-inf"))
+        if mask is not None:
+            bias = bias.masked_fill(~mask, float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+    if mask is not None:
+        L = q.shape[2]
+        pairs = window_mask(L, window, q.device) if window is not None else \
+            torch.ones(L, L, dtype=torch.bool, device=q.device).tril() if causal else None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask if pairs is None else mask & pairs, scale=scale)
     if window is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[2], window, q.device),
                                               scale=scale)

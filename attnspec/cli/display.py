@@ -179,6 +179,7 @@ class TrainingDisplay:
         self.enabled = enabled
         self.progress = None
         self.task_id = None
+        self.prepare_id = None
         self.metric = ""
         self.last_plain = 0.0
 
@@ -195,11 +196,22 @@ class TrainingDisplay:
         if self.progress is not None:
             self.progress.__exit__(*exc)
 
+    def _prepare(self, done: int, total: int) -> None:
+        if self.progress is not None:
+            if self.prepare_id is None:
+                self.prepare_id = self.progress.add_task("tokenising the corpus", total=total)
+            self.progress.update(self.prepare_id, completed=done, description=f"tokenising: {done / 2 ** 20:,.1f} MiB")
+        elif done == total or time.monotonic() - self.last_plain > 10:
+            self.last_plain = time.monotonic()
+            out.print(f"tokenising the corpus: {done:,} of {total:,} bytes", markup=False)
+
     def update(self, record: dict) -> None:
         if not self.enabled:
             return
         event = record["event"]
-        if event == "start":
+        if event == "prepare":  # the task's data being made (a corpus tokenised), in bytes
+            self._prepare(record["done"], record["total"])
+        elif event == "start":
             line = (f"training {record['parameters']:,} parameters on {record['device']} "
                     f"({record['world_size']} process(es), modes {', '.join(record['plan'])} "
                     f"({'measured' if record.get('planning') == 'measured' else 'cost model'}), "

@@ -61,17 +61,19 @@ def load_teacher(distill, spec, seq_len: int, device: torch.device) -> nn.Module
 
 
 def distill_loss(model: nn.Module, teacher: nn.Module, inputs: Tensor, targets: Tensor,
-                 distill) -> tuple[Tensor, dict[str, Tensor]]:
+                 distill, documents=None) -> tuple[Tensor, dict[str, Tensor]]:
     """The summed objective of one micro-batch: inputs and targets (B, L) -> (a scalar, the summed
-    cross-entropy, KL and block-matching terms ``ce``, ``kl``, ``hidden`` as detached scalars)."""
+    cross-entropy, KL and block-matching terms ``ce``, ``kl``, ``hidden`` as detached scalars);
+    ``documents``: the packed documents of ``inputs``, which student and teacher both honour."""
+    packed = {} if documents is None else {"documents": documents}
     if distill.hidden:
-        logits, student_outputs = model(inputs, hidden_states=True)
+        logits, student_outputs = model(inputs, hidden_states=True, **packed)
         with torch.no_grad():
-            teacher_logits, teacher_outputs = teacher(inputs, hidden_states=True)
+            teacher_logits, teacher_outputs = teacher(inputs, hidden_states=True, **packed)
     else:
-        logits = model(inputs)
+        logits = model(inputs, **packed)
         with torch.no_grad():
-            teacher_logits = teacher(inputs)
+            teacher_logits = teacher(inputs, **packed)
     # the answer positions by a 0/1 weight, not by indexing: no shape depends on the data, so it compiles
     answer = (targets != IGNORE).float()
     student, wanted = logits.float(), teacher_logits.float()

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnspec.errors import AttnSpecError, Problem, RunInterrupted, SpecError, TrainingDiverged
+from attnspec.errors import AttnSpecError, Problem, RunInterrupted, SpecError, TrainingDiverged, shorten
 from attnspec.io import VERSION
 from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
@@ -164,7 +164,7 @@ class Trainer:
 
             self.teacher = load_teacher(config.distill, spec, config.task.seq_len, self.device)
             distill = config.distill
-            self.loss_fn = lambda model, x, y: distill_loss(model, self.teacher, x, y, distill)
+            self.loss_fn = lambda model, x, y, documents: distill_loss(model, self.teacher, x, y, distill, documents)
         if self.compiled:  # one graph for the whole objective (the teacher's forward too when distilling)
             self.loss_fn = torch.compile(self.loss_fn, fullgraph=True, dynamic=False)
         self.start = 0
@@ -173,6 +173,8 @@ class Trainer:
         writer = _event_writer_class() if config.tensorboard and self.writes else None  # fail before writing
         # The task's data are made before the run directory: a data error (an empty token file, an
         # unreadable corpus) leaves nothing behind, so the same command can run again once it is fixed.
+        config.task.prepare(lambda done, total: self.on_progress({"event": "prepare", "done": done, "total": total}))
+        self.data_identity = config.task.data_identity()
         self.test_inputs, self.test_targets = config.task.batch("test", 0, config.test_examples, config.seed)
         self.chance = config.task.chance(config.seed, config.test_examples)  # of this test set; None: perplexity
         config.task.batch("train", 0, config.batch_size, config.seed)
@@ -295,8 +297,9 @@ class Trainer:
         for index in range(config.accumulate):
             part = slice(index * self.micro, (index + 1) * self.micro)
             x, y = inputs[part].to(self.device), targets[part].to(self.device)
+            documents = config.task.documents(x)  # packed documents, each computed as if alone
             with self.dist.no_sync(self.wrapped, last=index == config.accumulate - 1), self.autocast():
-                summed = self.loss_fn(self.wrapped, x, y)
+                summed = self.loss_fn(self.wrapped, x, y, documents)
                 if self.teacher is not None:  # (objective, its terms)
                     summed, terms = summed
                     for name, term in terms.items():
@@ -335,7 +338,7 @@ class Trainer:
             x = self.test_inputs[start:start + size].to(self.device)
             y = self.test_targets[start:start + size].to(self.device)
             with self.autocast():
-                logits = self.model(x)
+                logits = self.model(x, documents=self.config.task.documents(x))
             mask = y != IGNORE
             loss_sum += float(F.cross_entropy(logits[mask].float(), y[mask], reduction="sum"))
             correct += int((logits.argmax(-1)[mask] == y[mask]).sum())
@@ -397,6 +400,8 @@ class Trainer:
                   "status": status, "step": step, "world_size": self.dist.world_size, "device": str(self.device),
                   "compiled": self.compiled, "spec": spec_to_data(self.spec, minimal=False), "config": config_data,
                   "plan": self.plan.to_json(), "groups": [group.to_json() for group in self.groups]}
+        if self.data_identity is not None:
+            record["data"] = self.data_identity
         if self.weights_fit is not None:
             record["init_weights"] = self.weights_fit.to_json()
         if metrics:
@@ -456,6 +461,11 @@ class Trainer:
             raise rundir.RunError(f"{self.directory}: holds no checkpoint to resume from (the run was stopped before "
                                   "its first, e.g. killed); remove the directory and run the same command without "
                                   "--resume to start again")
+        if record.get("data") != self.data_identity:
+            raise rundir.RunError(f"{self.directory}: this run trained on other data than the task gives now (run.json "
+                                  f"records {shorten(record.get('data'), 200)}, the task gives "
+                                  f"{shorten(self.data_identity, 200)}: another tokenizer or a changed corpus); "
+                                  "resume with the data it trained on, or start a new run")
         step, weights, moments, _ = rundir.load_checkpoint(self.directory, max_step=self.config.steps)
         load_weights(self.model, weights)  # checked tensor by tensor against the spec's model
         rundir.restore_optimizer(self.optimizer, self.names, moments)
@@ -501,9 +511,10 @@ def _load_init_weights(model: nn.Module, source: str | None, renames: dict[str, 
                                 source="training configuration")) from None
 
 
-def _micro_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
-    """Summed cross-entropy over the answer positions of one micro-batch (a scalar)."""
-    logits = model(inputs)
+def _micro_loss(model: nn.Module, inputs: Tensor, targets: Tensor, documents=None) -> Tensor:
+    """Summed cross-entropy over the answer positions of one micro-batch (a scalar); ``documents``: the
+    packed documents of ``inputs`` (None: one sequence per row)."""
+    logits = model(inputs) if documents is None else model(inputs, documents=documents)
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
 
 

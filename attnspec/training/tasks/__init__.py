@@ -11,7 +11,8 @@ batch without overlap.
 Synthetic tasks are generated: Zoology's MQAR, GateLoop's Memory Horizon, selective copying and
 induction heads (:mod:`.synthetic`), MAD-Lab's recall and memorisation tasks (:mod:`.mad`), LRA's
 ListOps and the rank-collapse paper's sorting and convex hull (:mod:`.structured`). Text tasks (:mod:`.text`) read
-local files: the user's text as bytes, nanoGPT ``.bin`` token files, or the Python standard
+local files: a corpus through a local tokenizer (:mod:`.corpus` caches its tokens; documents packed with
+state resets or padded), the user's text as bytes, nanoGPT ``.bin`` token files, or the Python standard
 library's sources. Nothing is downloaded. :mod:`.base` holds the Task base class and the seeding.
 Plugins add tasks with ``@attnspec.spec.components.component("task")`` on a subclass of :class:`Task`.
 """
@@ -24,13 +25,13 @@ from attnspec.training.tasks.synthetic import InductionHeadsTask, MemoryHorizonT
 from attnspec.training.tasks.mad import (FuzzyInContextRecallTask, InContextRecallTask, MemorizationTask,
                                          NoisyInContextRecallTask)
 from attnspec.training.tasks.structured import ConvexHullTask, ListOpsTask, SortTask
-from attnspec.training.tasks.text import BytesTask, PythonSourceTask, TokensTask
+from attnspec.training.tasks.text import BytesTask, PythonSourceTask, TextTask, TokensTask
 
 TaskUnion = declare("task", MqarTask, MemoryHorizonTask, SelectiveCopyingTask, InductionHeadsTask,
                     InContextRecallTask, NoisyInContextRecallTask, FuzzyInContextRecallTask, MemorizationTask,
-                    ListOpsTask, SortTask, ConvexHullTask, BytesTask, PythonSourceTask, TokensTask, base=Task)
+                    ListOpsTask, SortTask, ConvexHullTask, BytesTask, PythonSourceTask, TokensTask, TextTask, base=Task)
 
 __all__ = ["IGNORE", "MAX_DATA_BYTES", "Task", "TaskError", "TaskUnion", "generator", "MqarTask", "MemoryHorizonTask",
            "SelectiveCopyingTask", "InductionHeadsTask", "InContextRecallTask", "NoisyInContextRecallTask",
            "FuzzyInContextRecallTask", "MemorizationTask", "ListOpsTask", "SortTask", "ConvexHullTask", "BytesTask", "PythonSourceTask",
-           "TokensTask"]
+           "TokensTask", "TextTask"]

@@ -102,6 +102,20 @@ class Task(Node):
         of the context), where a task has one beyond the majority answer."""
         return None
 
+    def prepare(self, progress=None) -> None:
+        """Make the task's data ready before the first batch (tokenise a corpus, read files), calling
+        ``progress(done, total)`` as it goes where that takes a while. Generated tasks need nothing."""
+
+    def documents(self, inputs: Tensor):
+        """The packed documents of a batch's ``inputs`` (B, L) (:class:`attnspec.ops.documents.Documents`),
+        each computed as if alone; None: every row is one sequence."""
+        return None
+
+    def data_identity(self) -> dict | None:
+        """What identifies the data beyond the task's fields (a tokenizer's hash, a corpus's content), so a
+        run resumed or evaluated on other data is refused; None where the fields say it all."""
+        return None
+
     def answer_spans(self, inputs: Tensor) -> Tensor | None:
         """How far back each answer of ``inputs`` (B, L) reaches, (B, L) positions, for tasks where
         that is the difficulty (``attnspec diagnose span``); None where a task does not say."""

@@ -4,8 +4,6 @@ standard library's sources (a corpus every machine has)."""
 from __future__ import annotations
 
 import math
-import os
-import stat
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -16,7 +14,9 @@ from torch import Tensor
 
 from attnspec.spec import limits
 from attnspec.spec.ir import Count
-from attnspec.training.tasks.base import MAX_DATA_BYTES, Task, TaskError, generator
+from attnspec.ops.documents import Documents, from_starts
+from attnspec.training.tasks.base import IGNORE, MAX_DATA_BYTES, Task, TaskError, generator
+from attnspec.training.tasks.corpus import Corpus, file_size, read_bytes, regular_files, tokenized
 
 class _TextTask(Task):
     """Next-token prediction on a token array: training windows at seeded random offsets of the
@@ -52,63 +52,6 @@ class _TextTask(Task):
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-def _read_bytes(file: Path) -> bytes:
-    """A data file's bytes, or a TaskError saying why it cannot be read."""
-    try:
-        return file.read_bytes()
-    except OSError as error:
-        raise TaskError(f"{file}: cannot be read ({error.strerror}); fix its permissions or move it out of the "
-                        "data directory") from None
-
-
-def _size(file: Path) -> int:
-    try:
-        return file.stat().st_size
-    except OSError as error:
-        raise TaskError(f"{file}: cannot be read ({error.strerror})") from None
-
-
-def _lstat(path: Path) -> os.stat_result | None:
-    """``path``'s own status (a link is not followed); None where it does not exist; a TaskError where
-    it cannot be read (``/proc/1/cwd`` raised PermissionError from ``is_file``)."""
-    try:
-        return path.lstat()
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        raise TaskError(f"{path}: cannot be read ({error.strerror}); fix its permissions or move it out of the "
-                        "data directory") from None
-
-
-def _regular_files(root: Path) -> list[Path]:
-    """The regular files at ``root`` (a file, or a directory walked in sorted order, no symlinks)."""
-    status = _lstat(root)
-    if status is None:
-        raise TaskError(f"{root}: no such file or directory")
-    if stat.S_ISLNK(status.st_mode):
-        raise TaskError(f"{root}: is a symbolic link; give the file or directory itself")
-    if stat.S_ISREG(status.st_mode):
-        return [root]
-    if not stat.S_ISDIR(status.st_mode):
-        raise TaskError(f"{root}: not a regular file or a directory")
-    files = []
-
-    def refuse(error: OSError) -> None:  # an unreadable folder is an error, not a silently smaller corpus
-        raise TaskError(f"{error.filename}: cannot be read ({error.strerror}); fix its permissions or move it out "
-                        "of the data directory")
-
-    for directory, subdirs, names in os.walk(root, onerror=refuse):
-        subdirs.sort()
-        for name in sorted(names):
-            path = Path(directory) / name
-            status = _lstat(path)
-            if status is not None and stat.S_ISREG(status.st_mode) and not name.startswith("."):
-                files.append(path)
-    if not files:
-        raise TaskError(f"{root}: holds no files")
-    return files
-
-
 class BytesTask(_TextTask):
     """A byte-level language model on the user's local text: ``path`` is a file or a directory (its
     files in sorted order, hidden files and symlinks skipped); the last ``val_fraction`` of the bytes
@@ -124,12 +67,12 @@ class BytesTask(_TextTask):
         return 256
 
     def read(self) -> dict[str, np.ndarray]:
-        files = _regular_files(Path(self.path))
-        total = sum(_size(f) for f in files)
+        files = regular_files(Path(self.path))
+        total = sum(file_size(f) for f in files)
         if total > MAX_DATA_BYTES:
             raise TaskError(f"{self.path}: {total:,} bytes, over the limit of {MAX_DATA_BYTES:,} read into memory; "
                             "tokenise it into a nanoGPT .bin file (task `tokens`), which is memory-mapped")
-        data = np.frombuffer(b"".join(_read_bytes(f) for f in files), dtype=np.uint8)
+        data = np.frombuffer(b"".join(read_bytes(f) for f in files), dtype=np.uint8)
         cut = len(data) - max(1, math.ceil(len(data) * self.val_fraction))
         return {"train": data[:cut], "test": data[cut:]}
 
@@ -160,11 +103,11 @@ class PythonSourceTask(_TextTask):
         root = Path(sysconfig.get_paths()["stdlib"])
         parts: dict[str, list[bytes]] = {"train": [], "test": []}
         total = 0
-        for file in _regular_files(root):
+        for file in regular_files(root):
             relative = file.relative_to(root)
             if file.suffix != ".py" or {"site-packages", "dist-packages", "test", "tests"} & set(relative.parts):
                 continue
-            data = _read_bytes(file)
+            data = read_bytes(file)
             if total + len(data) > self.max_bytes:
                 break
             total += len(data)
@@ -192,7 +135,7 @@ class TokensTask(_TextTask):
             if not file.is_file() or file.is_symlink():
                 raise TaskError(f"{file}: missing (a nanoGPT token directory holds train.bin and val.bin)")
             itemsize = np.dtype(self.dtype).itemsize
-            size = _size(file)
+            size = file_size(file)
             if size == 0:
                 raise TaskError(f"{file}: empty; a nanoGPT token file holds the {split} tokens as {self.dtype}")
             if size % itemsize:
@@ -205,3 +148,101 @@ class TokensTask(_TextTask):
         return arrays
 
 
+
+
+class TextTask(_TextTask):
+    """Language modelling on a local text corpus through a local tokenizer (:mod:`attnspec.tokenizer`):
+    ``path`` is a file or directory of documents (:mod:`.corpus`: each ``.jsonl`` line's ``text_field``,
+    else each file, split at ``separator``), tokenised once into a cached token file. Each document ends
+    with the tokenizer's end-of-document id.
+
+    ``packing`` says how documents fill a row of ``seq_len`` tokens:
+
+    * ``pack``: windows at random offsets of the documents laid end to end, each document computed as if
+      alone (positions restart, recurrent states reset: :mod:`attnspec.ops.documents`); the position of
+      an end-of-document id has no target (the next document's first token cannot be predicted from it);
+    * ``pad``: one document per row from its start, cut at ``seq_len + 1`` tokens, padded with the
+      end-of-document id; padding has no target and is a document of its own, so it changes nothing;
+    * ``stream``: windows of the token stream as they are (nanoGPT's way: the model reads across
+      documents).
+    """
+
+    kind: Literal["text"]
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    tokenizer: Annotated[str, Field(min_length=1, max_length=4096)]
+    """A Hugging Face ``tokenizer.json`` (or a directory holding one), or a tiktoken ``.tiktoken`` file."""
+    eos: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The end-of-document token; None: the first of the usual names the vocabulary holds."""
+    encoding: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    """For a tiktoken file: the encoding whose pattern it uses (default: its file name)."""
+    text_field: Annotated[str, Field(min_length=1, max_length=256)] = "text"
+    separator: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    packing: Literal["pack", "pad", "stream"] = "pack"
+    seq_len: Count(limits.MAX_LEN) = 256
+    val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    _loaded: object = PrivateAttr(default=None)
+    _corpus: Corpus | None = PrivateAttr(default=None)
+    _progress: object = PrivateAttr(default=None)
+
+    def loaded_tokenizer(self):
+        """The task's :class:`~attnspec.tokenizer.Tokenizer` (read once; a TaskError where it cannot be)."""
+        from attnspec.tokenizer import TokenizerError, load_tokenizer
+
+        if self._loaded is None:
+            try:
+                self._loaded = load_tokenizer(self.tokenizer, self.eos, self.encoding)
+            except TokenizerError as error:
+                raise TaskError(str(error)) from None
+        return self._loaded
+
+    @property
+    def vocab_size(self) -> int:
+        return self.loaded_tokenizer().vocab_size
+
+    def prepare(self, progress=None) -> None:
+        self._progress = progress
+        self.arrays()
+
+    def corpus(self) -> Corpus:
+        if self._corpus is None:
+            self._corpus = tokenized(self.path, self.loaded_tokenizer(), separator=self.separator,
+                                     text_field=self.text_field, val_fraction=self.val_fraction,
+                                     progress=self._progress)
+        return self._corpus
+
+    def read(self) -> dict[str, np.ndarray]:
+        return self.corpus().tokens
+
+    def data_identity(self) -> dict:
+        return {"tokenizer": self.loaded_tokenizer().identity(), "corpus": self.corpus().key}
+
+    def sample(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
+        eos = self.loaded_tokenizer().eos_id
+        if self.packing != "pad":
+            inputs, targets = super().sample(split, step, size, seed)
+            if self.packing == "pack":
+                targets = targets.masked_fill(inputs == eos, IGNORE)
+            return inputs, targets
+        data, starts = self.arrays()[split], self.corpus().starts[split]
+        if split == "train":
+            chosen = torch.randint(0, len(starts), (size,), generator=generator(seed, split, step)).tolist()
+        else:
+            chosen = np.linspace(0, len(starts) - 1, size).round().astype(np.int64).tolist()
+        ends = np.append(starts[1:], len(data))
+        rows = np.full((size, self.seq_len + 1), eos, dtype=np.int64)
+        for row, document in enumerate(chosen):
+            start = int(starts[document])
+            tokens = np.asarray(data[start:min(int(ends[document]), start + self.seq_len + 1)], dtype=np.int64)
+            rows[row, :len(tokens)] = tokens
+        windows = torch.from_numpy(rows)
+        inputs, targets = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        # a target is a document's own next token: none at its end-of-document id or past it
+        ended = torch.cumsum((inputs == eos).long(), dim=1) > 0
+        return inputs, targets.masked_fill(ended, IGNORE)
+
+    def documents(self, inputs: Tensor) -> Documents | None:
+        """Each document of a row starts after an end-of-document id (``pack`` and ``pad``; None for ``stream``)."""
+        if self.packing == "stream":
+            return None
+        after = inputs[:, :-1] == self.loaded_tokenizer().eos_id
+        return from_starts(torch.cat([torch.ones_like(after[:, :1]), after], dim=1))

@@ -1,0 +1,174 @@
+"""Tokenizers from local files: a Hugging Face ``tokenizer.json`` (the ``tokenizers`` library) or a
+tiktoken BPE file (``*.tiktoken``, the ``tiktoken`` library, with the pattern of the named OpenAI
+encoding). Nothing is downloaded; a file is parsed by its library's own reader (JSON, base64 lines),
+never unpickled, and bounded in size first.
+
+A :class:`Tokenizer` has an identity (:meth:`Tokenizer.identity`: kind, SHA-256 of the file, vocabulary
+size, end-of-document token) that runs, token caches and builds record, so a resume or an evaluation with
+another tokenizer is refused rather than silently reading ids that mean other words.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnspec.errors import AttnSpecError, shorten
+
+MAX_TOKENIZER_BYTES = 64 << 20
+"""A tokenizer file attnspec reads (the largest released ``tokenizer.json`` files are ~20 MB)."""
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>", "[SEP]", "<|end|>")
+"""End-of-document tokens looked up, in order, when a task or build names none."""
+TIKTOKEN_EOS = "<|endoftext|>"
+"""The end-of-document token of tiktoken's OpenAI encodings."""
+
+
+class TokenizerError(AttnSpecError):
+    """A tokenizer file cannot be used: missing, too large, malformed, or without an end-of-document token."""
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A loaded tokenizer: ``encode(text) -> ids``, ``decode(ids) -> text``, ``vocab_size`` ids (every id
+    it produces is below it), and ``eos_id``, the end-of-document token packed documents are separated by."""
+
+    kind: str
+    path: Path
+    sha256: str
+    vocab_size: int
+    eos: str
+    eos_id: int
+    _impl: Any = field(repr=False, compare=False)
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of ``text`` (no special tokens added: documents get their ``eos_id`` where they end)."""
+        if self.kind == "huggingface":
+            return self._impl.encode(text, add_special_tokens=False).ids
+        return self._impl.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """:meth:`encode` of each text (in parallel where the library does it)."""
+        if self.kind == "huggingface":
+            return [e.ids for e in self._impl.encode_batch(texts, add_special_tokens=False)]
+        return self._impl.encode_ordinary_batch(texts)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._impl.decode(list(ids))
+
+    def identity(self) -> dict:
+        """What a run, a token cache or a build records to refuse another tokenizer later."""
+        return {"kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos": self.eos}
+
+
+def _read(path: Path) -> bytes:
+    if not path.is_file():
+        raise TokenizerError(f"{path}: no such tokenizer file; give a tokenizer.json (Hugging Face tokenizers) or a "
+                             ".tiktoken file")
+    if path.stat().st_size > MAX_TOKENIZER_BYTES:
+        raise TokenizerError(f"{path}: larger than {MAX_TOKENIZER_BYTES:,} bytes, the limit of a tokenizer file")
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise TokenizerError(f"{path}: cannot be read ({error.strerror})") from None
+
+
+def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | None = None) -> Tokenizer:
+    """The tokenizer in the local file ``path``.
+
+    Args:
+        path: a Hugging Face ``tokenizer.json``, or a tiktoken BPE file (``*.tiktoken``: base64 token and
+            rank per line), or a directory holding ``tokenizer.json``.
+        eos: the end-of-document token (its text, e.g. ``"</s>"``); None: the first of
+            :data:`EOS_CANDIDATES` the vocabulary holds.
+        encoding: for a tiktoken file, the OpenAI encoding whose pattern it uses (``cl100k_base``, ...;
+            default: the file's name without ``.tiktoken``).
+
+    Raises:
+        TokenizerError: the file is missing, too large or malformed, the library is not installed, or
+            there is no end-of-document token.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    raw = _read(path)
+    digest = hashlib.sha256(raw).hexdigest()
+    if path.suffix == ".tiktoken":
+        return _tiktoken(path, raw, digest, eos, encoding or path.stem)
+    try:
+        from tokenizers import Tokenizer as HuggingFaceTokenizer
+    except ImportError:
+        raise TokenizerError("reading a tokenizer.json needs the `tokenizers` library: pip install "
+                             "'attnspec[text]'") from None
+    try:
+        impl = HuggingFaceTokenizer.from_str(raw.decode("utf-8"))
+    except Exception as error:  # the Rust parser's errors are plain Exceptions
+        raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({shorten(str(error), 160)})") from None
+    vocab = impl.get_vocab_size(with_added_tokens=True)
+    vocab = max(vocab, 1 + max(impl.get_vocab(with_added_tokens=True).values(), default=-1))
+    names = (eos,) if eos is not None else EOS_CANDIDATES
+    found = next(((name, i) for name in names if (i := impl.token_to_id(name)) is not None), None)
+    if found is None:
+        raise TokenizerError(f"{path}: the vocabulary has no end-of-document token "
+                             f"{'`' + eos + '`' if eos else 'among ' + ', '.join(EOS_CANDIDATES)}; name the one it "
+                             "has with `eos:`")
+    return Tokenizer("huggingface", path, digest, vocab, found[0], found[1], impl)
+
+
+def _tiktoken(path: Path, raw: bytes, digest: str, eos: str | None, encoding: str) -> Tokenizer:
+    """A tiktoken OpenAI encoding (its pattern and special tokens: tiktoken's own definition in
+    ``tiktoken_ext.openai_public``) over the merges in the local file, checked against the hash that
+    definition expects. The definition's downloader is swapped for the local file while it runs, so
+    nothing is fetched."""
+    try:
+        import tiktoken
+        import tiktoken_ext.openai_public as public
+    except ImportError:
+        raise TokenizerError("reading a .tiktoken file needs the `tiktoken` library: pip install 'attnspec[text]'"
+                             ) from None
+    names = sorted(getattr(public, "ENCODING_CONSTRUCTORS", {}))
+    if encoding not in names:
+        raise TokenizerError(f"{path}: {encoding!r} is not one of tiktoken's encodings ({', '.join(names)}); name it "
+                             "with `encoding:` (the file holds the merges, the encoding their pattern)")
+    import base64
+
+    def local(source: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        if expected_hash is not None and digest != expected_hash:
+            raise TokenizerError(f"{path}: not the {encoding} merges file (its SHA-256 is {digest[:12]}.., "
+                                 f"{encoding}'s is {expected_hash[:12]}..)")
+        ranks = {}
+        try:
+            for number, line in enumerate(raw.splitlines(), start=1):
+                if line.strip():
+                    token, rank = line.split()
+                    ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError as error:
+            raise TokenizerError(f"{path}:{number}: not a tiktoken BPE line ({shorten(str(error), 80)})") from None
+        return ranks
+
+    downloader = public.load_tiktoken_bpe
+    public.load_tiktoken_bpe = local
+    try:
+        definition = public.ENCODING_CONSTRUCTORS[encoding]()
+    except TokenizerError:
+        raise
+    except Exception as error:  # an encoding whose definition reads more than one file (gpt2's vocab + merges)
+        raise TokenizerError(f"{path}: tiktoken's {encoding} cannot be made from one local file "
+                             f"({shorten(str(error), 120)}); use cl100k_base, o200k_base, r50k_base or p50k_base"
+                             ) from None
+    finally:
+        public.load_tiktoken_bpe = downloader
+    try:
+        impl = tiktoken.Encoding(**definition)
+    except (AssertionError, ValueError) as error:  # tiktoken checks the vocabulary's size with an assert
+        raise TokenizerError(f"{path}: does not make tiktoken's {encoding} ({shorten(str(error), 80) or 'its size'})"
+                             ) from None
+    name = eos or TIKTOKEN_EOS
+    if name not in definition["special_tokens"]:
+        raise TokenizerError(f"{path}: {encoding} has no special token {name!r} (it has "
+                             f"{', '.join(definition['special_tokens'])})")
+    return Tokenizer("tiktoken", path, digest, impl.n_vocab, name, definition["special_tokens"][name], impl)
+
+
+__all__ = ["EOS_CANDIDATES", "MAX_TOKENIZER_BYTES", "Tokenizer", "TokenizerError", "load_tokenizer"]

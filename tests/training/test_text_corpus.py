@@ -1,0 +1,175 @@
+"""Text corpora through local tokenizers (``task: text``): tokenised once into a cached token file, packed
+documents computed as if alone, padded rows, and the tokenizer's identity guarding resumes.
+
+The tokenizers are trained here with the `tokenizers` library on a corpus the test writes; nothing is
+downloaded.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnspec
+from attnspec.errors import RunError
+from attnspec.tokenizer import TokenizerError, load_tokenizer
+from attnspec.training.tasks import IGNORE, TaskError, TextTask
+
+WORDS = ("the cat sat on a mat while dogs ran past quiet rivers under green hills and small birds sang "
+         "songs of old stories told by wise people in far lands").split()
+
+
+def write_corpus(directory, documents: int = 40, seed: int = 0):
+    """``documents`` files of 5 to 60 random words each, one document per file."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(documents):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(5, 60))]
+        (directory / f"doc{i:03d}.txt").write_text(" ".join(words) + ".\n")
+    return directory
+
+
+def train_tokenizer(path, corpus, vocab: int = 96):
+    """A byte-level BPE tokenizer with an end-of-text token, trained on ``corpus``'s files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train([str(p) for p in sorted(corpus.iterdir())], trainer)
+    tokenizer.save(str(path))
+    return path
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    root = write_corpus(tmp_path / "corpus")
+    return root, train_tokenizer(tmp_path / "tokenizer.json", root, vocab=300)
+
+
+def _task(root, tokenizer, **fields):
+    return TextTask.model_validate({"kind": "text", "path": str(root), "tokenizer": str(tokenizer), "seq_len": 48,
+                                    **fields})
+
+
+def test_a_corpus_is_tokenised_once_and_split_by_documents(corpus):
+    root, tokenizer = corpus
+    calls = []
+    task = _task(root, tokenizer)
+    task.prepare(lambda done, total: calls.append((done, total)))
+    assert calls and calls[-1][0] == calls[-1][1]  # progress up to every byte
+    loaded = load_tokenizer(tokenizer)
+    data = task.corpus()
+    assert data.meta["documents"] == 40 and data.meta["split_documents"] == {"train": 36, "val": 4}
+    # the training part is the first 36 files' ids, each document followed by the end-of-document id
+    expected = []
+    for file in sorted(root.iterdir())[:36]:
+        expected += loaded.encode(file.read_text()) + [loaded.eos_id]
+    assert data.tokens["train"].tolist() == expected
+    again = _task(root, tokenizer)
+    again.prepare(lambda done, total: calls.append("again"))
+    assert "again" not in calls and again.corpus().key == data.key  # read from the cache
+    (root / "doc000.txt").write_text("a changed document.\n")
+    changed = _task(root, tokenizer)
+    assert changed.corpus().key != data.key  # the cache is keyed by content
+
+
+def test_packed_rows_score_as_each_document_alone(corpus):
+    """The loss of a packed batch (documents from the end-of-document ids, no target at them) equals the
+    loss of its documents run one by one."""
+    root, tokenizer = corpus
+    task = _task(root, tokenizer)
+    spec = {"name": "lm", "input": {"kind": "tokens", "vocab_size": task.vocab_size}, "d_model": 16, "max_len": 64,
+            "dtype": "float64", "layers": [{"mixer": {"kind": "linear", "heads": 2, "transition": {"kind": "data"}}},
+                                           {"mixer": {"kind": "softmax", "heads": 2, "position": {"kind": "rope"}}}]}
+    model = attnspec.build(spec)
+    inputs, targets = task.batch("train", 0, 4, seed=0)
+    eos = load_tokenizer(tokenizer).eos_id
+    assert (inputs == eos).any() and bool((targets[inputs == eos] == IGNORE).all())
+    documents = task.documents(inputs)
+    packed = F.cross_entropy(model(inputs, documents=documents).flatten(0, 1), targets.flatten(),
+                             ignore_index=IGNORE, reduction="sum")
+    alone = 0.0
+    for row in range(4):
+        starts = documents.starts[row].nonzero().flatten().tolist() + [inputs.shape[1]]
+        for start, end in zip(starts, starts[1:]):
+            logits = model(inputs[row:row + 1, start:end])[0]
+            alone += F.cross_entropy(logits, targets[row, start:end], ignore_index=IGNORE, reduction="sum")
+    assert abs(float(packed.detach()) - float(alone.detach())) < 1e-9 * float(alone.detach())
+
+
+def test_padded_rows_hold_one_document_from_its_start(corpus):
+    root, tokenizer = corpus
+    task = _task(root, tokenizer, packing="pad")
+    eos = load_tokenizer(tokenizer).eos_id
+    inputs, targets = task.batch("test", 0, 4, seed=0)
+    data, starts = task.corpus().tokens["test"], task.corpus().starts["test"]
+    first = data[int(starts[0]):int(starts[1])].tolist()  # the first test document and its end-of-document id
+    assert inputs[0, :min(len(first), 48)].tolist() == first[:48]
+    answered = targets[0] != IGNORE
+    assert int(answered.sum()) == min(len(first) - 1, 48)  # its own next tokens, up to its end-of-document id
+    assert bool((inputs[0, len(first):] == eos).all())  # padding
+
+
+def test_a_run_records_the_tokenizer_and_refuses_to_resume_with_another(corpus, tmp_path):
+    root, tokenizer = corpus
+    spec = {"name": "lm", "input": {"kind": "tokens", "vocab_size": 300}, "d_model": 16, "max_len": 48,
+            "layers": [{"mixer": {"kind": "delta", "heads": 2}}]}
+    config = {"task": {"kind": "text", "path": str(root), "tokenizer": str(tokenizer), "seq_len": 32},
+              "steps": 4, "batch_size": 2, "eval_every": 0, "checkpoint_every": 2, "test_examples": 4}
+    run = attnspec.train(spec, config, output=tmp_path / "run", stop_after=2)
+    recorded = attnspec.io.read_run(tmp_path / "run")["data"]
+    assert recorded["tokenizer"] == load_tokenizer(tokenizer).identity() and run.step == 2
+    train_tokenizer(tokenizer, write_corpus(tmp_path / "other", seed=1), vocab=280)  # the same path, other merges
+    with pytest.raises(RunError, match="trained on other data"):
+        attnspec.train(None, resume=True, output=tmp_path / "run")
+
+
+def test_a_tokenizer_that_cannot_be_read_is_a_clear_error(tmp_path, corpus):
+    root, _ = corpus
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="not a Hugging Face tokenizer.json"):
+        load_tokenizer(tmp_path / "bad.json")
+    with pytest.raises(TaskError, match="no such tokenizer file"):
+        _task(root, tmp_path / "missing.json").vocab_size
+    lonely = train_tokenizer(tmp_path / "plain.json", root)
+    with pytest.raises(TokenizerError, match="has no end-of-document token `</s>`"):
+        load_tokenizer(lonely, eos="</s>")
+
+
+def test_a_local_tiktoken_file_is_read_with_its_encodings_pattern(tmp_path, monkeypatch):
+    """tiktoken's own definition of an encoding runs with the local file in place of its download; a file
+    that is not that encoding's (by the hash the definition expects) is refused."""
+    import base64
+
+    tiktoken_ext = pytest.importorskip("tiktoken_ext.openai_public")
+    ranks = [bytes([b]) for b in range(256)] + [b"th", b"the", b" the"]
+    path = tmp_path / "r50k_base.tiktoken"
+    path.write_bytes(b"".join(base64.b64encode(token) + b" %d\n" % rank for rank, token in enumerate(ranks)))
+    with pytest.raises(TokenizerError, match="not the r50k_base merges file"):
+        load_tokenizer(path)
+
+    original = tiktoken_ext.r50k_base
+
+    def unchecked():  # r50k_base's pattern over the local merges, its hash not checked; attnspec's loader runs
+        real = tiktoken_ext.load_tiktoken_bpe
+        tiktoken_ext.load_tiktoken_bpe = lambda source, expected_hash=None: real(source)
+        try:
+            definition = original()
+        finally:
+            tiktoken_ext.load_tiktoken_bpe = real
+        definition["special_tokens"] = {"<|endoftext|>": len(ranks)}
+        definition.pop("explicit_n_vocab", None)
+        return definition
+
+    monkeypatch.setitem(tiktoken_ext.ENCODING_CONSTRUCTORS, "tiny", unchecked)
+    loaded = load_tokenizer(path, encoding="tiny")
+    ids = loaded.encode("the theme")
+    assert ids[0] == 257 and loaded.decode(ids) == "the theme"
+    assert loaded.eos_id == len(ranks) and loaded.vocab_size == len(ranks) + 1

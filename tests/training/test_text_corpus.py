@@ -173,3 +173,21 @@ def test_a_local_tiktoken_file_is_read_with_its_encodings_pattern(tmp_path, monk
     ids = loaded.encode("the theme")
     assert ids[0] == 257 and loaded.decode(ids) == "the theme"
     assert loaded.eos_id == len(ranks) and loaded.vocab_size == len(ranks) + 1
+
+
+def test_the_shipped_text_example_trains_two_mixers_packed_and_streamed_and_reports(tmp_path, monkeypatch):
+    """examples/text/packed_lm.py at toy size: the Python documentation's topics, a tokenizer trained on them,
+    softmax and GLA with packed and streamed documents, a report with a row each."""
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    source = importlib.util.spec_from_file_location("packed_lm", ROOT / "examples" / "text" / "packed_lm.py")
+    example = importlib.util.module_from_spec(source)
+    source.loader.exec_module(example)
+    report = example.main([str(tmp_path / "out"), "--steps", "2", "--seeds", "1", "--d-model", "16", "--seq-len",
+                           "32", "--vocab-size", "300", "--workers", "1"])
+    rows = [line for line in report.read_text().splitlines() if line.startswith(("| softmax", "| gla"))]
+    assert len(rows) >= 4 and {"packing=pack", "packing=stream"} <= {row.split(" | ")[2] for row in rows}
+    assert len(list((tmp_path / "out" / "corpus").iterdir())) == 79

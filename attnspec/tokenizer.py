@@ -58,8 +58,10 @@ class Tokenizer:
         return self._impl.decode(list(ids))
 
     def identity(self) -> dict:
-        """What a run, a token cache or a build records to refuse another tokenizer later."""
-        return {"kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos": self.eos}
+        """What a run, a token cache or a build records to refuse another tokenizer later (and, for a
+        tiktoken file, the encoding to read it with)."""
+        found = {"kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos": self.eos}
+        return found if self.kind == "huggingface" else {**found, "encoding": self._impl.name}
 
 
 def _read(path: Path) -> bytes:
@@ -171,4 +173,56 @@ def _tiktoken(path: Path, raw: bytes, digest: str, eos: str | None, encoding: st
     return Tokenizer("tiktoken", path, digest, impl.n_vocab, name, definition["special_tokens"][name], impl)
 
 
-__all__ = ["EOS_CANDIDATES", "MAX_TOKENIZER_BYTES", "Tokenizer", "TokenizerError", "load_tokenizer"]
+FILES = {"huggingface": "tokenizer.json", "tiktoken": "tokenizer.tiktoken"}
+"""The file a build, run or Hugging Face directory holds its tokenizer in, by kind."""
+
+
+def save_tokenizer(tokenizer: Tokenizer, directory: Path) -> dict:
+    """Copy ``tokenizer``'s file into ``directory`` (as :data:`FILES` names it; checked unchanged since it was
+    read) and return its identity, for the directory's record."""
+    from attnspec.io import write_atomic
+
+    raw = _read(tokenizer.path)
+    if hashlib.sha256(raw).hexdigest() != tokenizer.sha256:
+        raise TokenizerError(f"{tokenizer.path}: changed since it was read; run again")
+    write_atomic(Path(directory) / FILES[tokenizer.kind], raw)
+    return tokenizer.identity()
+
+
+def _configured_eos(directory: Path) -> str | None:
+    """A Hugging Face directory's end-of-document token, from its ``tokenizer_config.json``."""
+    from attnspec.io import read_json
+
+    path = directory / "tokenizer_config.json"
+    if not path.is_file() or path.is_symlink():
+        return None
+    try:
+        value = read_json(path).get("eos_token")
+    except Exception:  # a config attnspec cannot read names no token: the usual names are tried
+        return None
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
+
+def tokenizer_in(directory: Path | str, identity: dict | None = None) -> Tokenizer | None:
+    """The tokenizer a build, run or Hugging Face directory holds (:data:`FILES`), None where it holds none.
+    ``identity``: what the directory records of it (its manifest's, its run.json's); the file must be
+    that tokenizer (a TokenizerError says so where it is not)."""
+    directory = Path(directory)
+    for kind, name in FILES.items():
+        path = directory / name
+        if path.is_symlink() or not path.is_file():
+            continue
+        eos = (identity or {}).get("eos") or _configured_eos(directory)
+        found = load_tokenizer(path, eos, (identity or {}).get("encoding"))
+        if identity is not None and found.identity() != identity:
+            raise TokenizerError(f"{path}: not the tokenizer {directory} records (its SHA-256 is {found.sha256[:12]}.., "
+                                 f"the record's {str(identity.get('sha256'))[:12]}..); restore the file")
+        return found
+    if identity is not None:
+        raise TokenizerError(f"{directory}: records a tokenizer but holds no {' or '.join(FILES.values())}")
+    return None
+
+
+__all__ = ["EOS_CANDIDATES", "FILES", "MAX_TOKENIZER_BYTES", "Tokenizer", "TokenizerError", "load_tokenizer",
+           "save_tokenizer", "tokenizer_in"]

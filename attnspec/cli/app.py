@@ -226,6 +226,9 @@ def build(
     force: bool = ForceOption,
     device: str = typer.Option("cpu", "--device", help="Build for this device: cpu, cuda or cuda:N. The exported "
                                                        "programs run on it; spec.yaml and the weights load anywhere."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="The model's tokenizer (a tokenizer.json, or "
+                                             "a .tiktoken file) to carry: run and eval then take text, export-hf "
+                                             "writes it. A run directory's own is carried by default."),
 ) -> None:
     """Validate, plan, lower, verify, compile and export a spec into a build directory.
 
@@ -239,7 +242,7 @@ def build(
     with stage_progress() as on_stage:
         result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
                                  force=force, weights=weights, strict_weights=strict_weights,
-                                 calibrate=not no_calibrate, device=device, on_stage=on_stage)
+                                 calibrate=not no_calibrate, device=device, on_stage=on_stage, tokenizer=tokenizer)
     print_build_summary(result.directory, result.manifest)
 
 
@@ -335,7 +338,9 @@ def verify(
 @app.command()
 def run(
     directory: Path = typer.Argument(..., help="A build directory."),
-    tokens: str = typer.Option(..., "--tokens", help='Input token ids, e.g. "1 2 3".'),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help='Input token ids, e.g. "1 2 3".'),
+    text: Optional[str] = typer.Option(None, "--text", help="Input text, through the tokenizer the build carries "
+                                       "(built with --tokenizer, or from a run of a text task)."),
     generate: int = typer.Option(0, "--generate", "-n", help="Generate this many tokens with the decoding step."),
     temperature: float = typer.Option(0.0, "--temperature", help="Sampling temperature; 0 (the default) is greedy."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Sample among the k most likely tokens only."),
@@ -350,7 +355,7 @@ def run(
     from attnspec.compiler.runner import run_directory
 
     result = run_directory(directory, tokens, generate, programs=programs, temperature=temperature, top_k=top_k,
-                           top_p=top_p, seed=seed)
+                           top_p=top_p, seed=seed, text=text)
     out.print(result, markup=False)
 
 
@@ -358,33 +363,57 @@ def run(
 def evaluate(
     directory: Path = typer.Argument(..., help="A build directory, or a training run directory (its latest "
                                                "checkpoint)."),
-    task: Path = typer.Option(..., "--task", help="A JSON-lines task file: {context, continuation} requests "
-                              "(log-likelihood) or {context, choices, label} questions (accuracy); token ids or "
-                              "text (UTF-8 bytes)."),
+    task: Optional[Path] = typer.Option(None, "--task", help="A JSON-lines task file: {context, continuation} "
+                                        "requests (log-likelihood) or {context, choices, label} questions (accuracy); "
+                                        "token ids or text (the model's tokenizer, else UTF-8 bytes); or a released "
+                                        "task's lines with --format."),
+    task_format: str = typer.Option("requests", "--format", help="The task file's format: requests (attnspec's), "
+                                    "hellaswag, piqa, arc (ARC-Easy/Challenge) or lambada, each with lm-eval's "
+                                    "prompts."),
+    text: Optional[Path] = typer.Option(None, "--text", help="A UTF-8 text file: its perplexity over a sliding "
+                                        "window, bits per byte and word perplexity (instead of --task)."),
+    stride: Optional[int] = typer.Option(None, "--stride", help="With --text: a window of max_len tokens every this "
+                                         "many (default max_len: disjoint windows, as lm-eval)."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Requests (or windows) scored together, right-padded; "
+                                   "each scores as it would alone."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
-    """Score a model on a local task file, as lm-evaluation-harness's loglikelihood requests do.
+    """Score a model on a local task file, as lm-evaluation-harness's loglikelihood requests do, or on a
+    text file (perplexity).
 
     Reports the mean log-likelihood, perplexity and greedy-match share of continuations, and the
     accuracy (and per-token accuracy_norm) of multiple-choice questions beside their chance level.
+    Text goes through the tokenizer the directory carries (a run of a text task, a build with
+    --tokenizer, an import with tokenizer.json); without one, text is read as UTF-8 bytes.
     """
     import dataclasses
     import json
 
     from rich.progress import Progress
 
-    from attnspec.training.evaluate import evaluate_file
-    from attnspec.training.rundir import load_trained
+    from attnspec.training.eval_formats import FORMATS
+    from attnspec.training.evaluate import evaluate_file, evaluate_text
+    from attnspec.training.rundir import load_trained, tokenizer_of
 
+    if (task is None) == (text is None):
+        raise AttnSpecError("give a task file (--task) or a text file (--text), one of them")
+    if task_format not in FORMATS:
+        raise AttnSpecError(f"--format must be one of {', '.join(FORMATS)}, got {task_format!r}")
     model = load_trained(directory)
+    tokenizer = tokenizer_of(directory)
     with Progress(console=err, transient=True) as progress:
         bar = progress.add_task("scoring", total=None)
-        result = evaluate_file(model, task, on_request=lambda done, total: progress.update(bar, completed=done,
-                                                                                             total=total))
+        update = lambda done, total: progress.update(bar, completed=done, total=total)  # noqa: E731
+        if text is not None:
+            result = evaluate_text(model, text, tokenizer=tokenizer, stride=stride, batch_size=batch_size,
+                                   on_window=update)
+        else:
+            result = evaluate_file(model, task, on_request=update, tokenizer=tokenizer, task_format=task_format,
+                                   batch_size=batch_size)
     if json_output:
         out.print(json.dumps(dataclasses.asdict(result)), markup=False)
         return
-    out.print(evaluation_table(f"{model.spec.name} on {task}", result))
+    out.print(evaluation_table(f"{model.spec.name} on {task or text}", result))
 
 
 @app.command()

@@ -243,10 +243,18 @@ def verify_table(report) -> Table:
 
 
 def evaluation_table(title: str, result) -> Table:
-    """An :class:`~attnspec.training.evaluate.EvalResult`: the measures a task file's requests gave."""
+    """An :class:`~attnspec.training.evaluate.EvalResult` (the measures a task file's requests gave) or a
+    :class:`~attnspec.training.evaluate.TextResult` (a text file's perplexity)."""
     table = Table(title=escape(title))
     table.add_column("measure")
     table.add_column("value", justify="right")
+    if hasattr(result, "bits_per_byte"):
+        for name, value in (("tokens scored", f"{result.tokens:,}"), ("windows", f"{result.windows:,}"),
+                            ("stride", f"{result.stride:,}"), ("perplexity (per token)", f"{result.perplexity:.4f}"),
+                            ("bits per byte", f"{result.bits_per_byte:.4f}"),
+                            ("word perplexity", f"{result.word_perplexity:.4f}")):
+            table.add_row(name, value)
+        return table
     rows = [("requests", f"{result.requests:,}"), ("mean log-likelihood", result.mean_loglikelihood),
             ("perplexity (continuation tokens)", result.perplexity), ("greedy matches", result.greedy_accuracy),
             ("questions", f"{result.questions:,}" if result.questions else None), ("accuracy", result.accuracy),

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from attnspec.io import VERSION, save_tensors
+from attnspec.io import VERSION, read_run, save_tensors
 from attnspec.compiler.compile import BackgroundCheck
 from attnspec.compiler.compile_cache import check_key, passed_before, remember_pass
 from attnspec.compiler.export import export_model, export_prefill, export_step, state_signature
@@ -37,6 +37,7 @@ from attnspec.spec.emit import spec_to_data, to_yaml
 from attnspec.spec.ir import iter_blocks
 from attnspec.spec.load import load_data
 from attnspec.spec.validate import validate_data
+from attnspec.tokenizer import Tokenizer, load_tokenizer, save_tokenizer, tokenizer_in
 
 
 @dataclass
@@ -60,7 +61,7 @@ StageCallback = Callable[[str, "float | None"], None]
 def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrides=(), aot: bool = False,
                     compile_check: bool = True, force: bool = False, weights: Path | str | dict | None = None,
                     strict_weights: bool = False, calibrate: bool = True, device=None,
-                    on_stage: StageCallback | None = None) -> BuildResult:
+                    on_stage: StageCallback | None = None, tokenizer=None) -> BuildResult:
     """Build ``spec_path`` into the directory ``output``.
 
     Args:
@@ -88,6 +89,10 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             ``spec.yaml`` and ``model.safetensors`` (weights on the CPU) load anywhere. On a GPU the plan
             comes from the cost model, not from a calibration.
         on_stage: called as each stage starts and ends (the CLI draws its progress display with it).
+        tokenizer: the model's tokenizer (:class:`attnspec.tokenizer.Tokenizer`, or its file), copied into the
+            build (``tokenizer.json`` or ``tokenizer.tiktoken``, its identity in the manifest) so ``attnspec
+            run`` and ``eval`` take text and ``export-hf`` carries it; a run directory's own is carried by
+            default. Its vocabulary must fit the spec's.
 
     Raises:
         SpecError: the spec is invalid (nothing is written). BuildError: a stage failed, or the output
@@ -100,8 +105,13 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
     if strict_weights:
         fix += " (without --strict-weights, what fits is loaded and the rest initialised)"
     if not isinstance(spec_path, dict) and Path(spec_path).is_dir():
-        spec_path, weights = _from_run(Path(spec_path), weights)
+        run_directory = Path(spec_path)
+        spec_path, weights = _from_run(run_directory, weights)
         strict_weights, fix = True, "the run's checkpoint does not fit its own spec"
+        if tokenizer is None:  # the run's copy of its text task's tokenizer, checked against its run.json
+            tokenizer = tokenizer_in(run_directory, (read_run(run_directory).get("data") or {}).get("tokenizer"))
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        tokenizer = load_tokenizer(tokenizer)
     seconds: dict[str, float] = {}
     stage = _Stages(on_stage)
     with _internal_errors_as_build_errors():
@@ -131,6 +141,11 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 header = f"resolved spec of {spec.name}, built by attnspec {VERSION}"
                 (scratch.path / "spec.yaml").write_text(to_yaml(spec, minimal=False, header=header))
                 save_tensors(scratch.path / "model.safetensors", _weights(model))
+                if tokenizer is not None:
+                    if spec.input.kind != "tokens" or tokenizer.vocab_size > spec.input.vocab_size:
+                        raise BuildError(f"the tokenizer {tokenizer.path} has {tokenizer.vocab_size:,} ids; the spec's "
+                                         f"vocabulary {getattr(spec.input, 'vocab_size', 0):,} must hold them")
+                    tokenizer_identity = save_tokenizer(tokenizer, scratch.path)
                 model.to(device)
             # A structure whose check passed before on this machine (the same spec but for its name and
             # seed, the same modes and versions) compiles to the same graphs: its check is reused.
@@ -161,6 +176,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 _measure_speeds(model, programs, exported)
             manifest = _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds,
                                  scratch.path, device, fit)
+            if tokenizer is not None:
+                manifest["tokenizer"] = tokenizer_identity
             (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             scratch.publish(force)
     return BuildResult(output, manifest, seconds)

@@ -26,7 +26,8 @@ FORMAT = 2
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
 REQUIRED_FILES = ("spec.yaml", "model.safetensors", "model.pt2")
-OPTIONAL_FILES = ("step.pt2", "prefill.pt2", "model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2")
+OPTIONAL_FILES = ("step.pt2", "prefill.pt2", "model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2",
+                  "tokenizer.json", "tokenizer.tiktoken")
 FILE_NAMES = REQUIRED_FILES + OPTIONAL_FILES
 """Every file a build may write besides the manifest: plain names, so nothing outside the directory
 can be named."""
@@ -154,6 +155,21 @@ class Manifest(_Strict):
     files: dict[Literal[FILE_NAMES], FileEntry]  # type: ignore[valid-type]
     weights: WeightsRecord | None = None
     """How ``--weights`` fitted (None: the spec's initialisation, or no weights given)."""
+    tokenizer: TokenizerRecord | None = None
+    """The tokenizer the build carries (``attnspec.tokenizer``'s identity), None: token ids only."""
+
+
+class TokenizerRecord(_Strict):
+    """A carried tokenizer's identity (:meth:`attnspec.tokenizer.Tokenizer.identity`)."""
+
+    kind: Literal["huggingface", "tiktoken"]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    vocab_size: Annotated[int, Field(gt=0, le=limits.MAX_VOCAB)]
+    eos: Annotated[str, Field(min_length=1, max_length=256)]
+    encoding: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+
+
+Manifest.model_rebuild()
 
 
 def sha256(path: Path) -> str:

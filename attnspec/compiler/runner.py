@@ -136,10 +136,30 @@ class _Runner:
         return _generate(self.directory, name, step, state, prompt, count, sampling, prefill=prefill)
 
 
-def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, programs: bool = False,
+def _text_prompt(directory: Path, manifest: Manifest, text: str):
+    """(the build's tokenizer, the ids of ``text``): a build without a tokenizer is refused by name."""
+    from attnspec.tokenizer import tokenizer_in
+
+    if len(text) > MAX_TOKEN_TEXT:
+        raise AttnSpecError(f"--text is {len(text):,} characters; the limit is {MAX_TOKEN_TEXT:,}")
+    recorded = manifest.tokenizer.model_dump(exclude_none=True) if manifest.tokenizer is not None else None
+    tokenizer = tokenizer_in(directory, recorded) if recorded is not None else None
+    if tokenizer is None:
+        raise AttnSpecError(f"{directory} carries no tokenizer, so it takes token ids (--tokens); build it with "
+                            "--tokenizer, or from a run of a text task")
+    prompt = tokenizer.encode(text)
+    if not prompt:
+        raise AttnSpecError("--text gives no tokens; give some text")
+    if len(prompt) > manifest.max_len:
+        raise AttnSpecError(f"--text is {len(prompt)} tokens, over the model's max_len = {manifest.max_len}")
+    return tokenizer, prompt
+
+
+def run_directory(directory: Path | str, tokens: str | None, generate: int = 0, *, programs: bool = False,
                   temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                  seed: int | None = None) -> str:
-    """Run the model of ``directory`` on ``tokens`` and report its next-token prediction (or output);
+                  seed: int | None = None, text: str | None = None) -> str:
+    """Run the model of ``directory`` on ``tokens`` (ids as text, "1 2 3") or on ``text`` (through the
+    tokenizer the build carries), and report its next-token prediction (or output);
     with ``generate``, decode that many tokens with the one-token step, greedily (``temperature`` 0)
     or by sampling (``top_k``, ``top_p``, ``seed``). Returns the text to print.
 
@@ -156,7 +176,13 @@ def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, prog
                          "model.pt2 with torch.export.load) and call it on a (batch, length, dim) tensor")
     if not 0 <= generate <= MAX_GENERATE:
         raise AttnSpecError(f"--generate must be between 0 and {MAX_GENERATE}, got {generate}")
-    prompt = parse_tokens(tokens, manifest.vocab_size, manifest.max_len)
+    if (tokens is None) == (text is None):
+        raise AttnSpecError("give the prompt as token ids (--tokens) or as text (--text), one of them")
+    tokenizer = None
+    if text is not None:
+        tokenizer, prompt = _text_prompt(directory, manifest, text)
+    else:
+        prompt = parse_tokens(tokens, manifest.vocab_size, manifest.max_len)
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
     check_sampling(temperature, top_k, top_p, seed)
     if generate and (not manifest.has_step or manifest.export.step is None):
@@ -174,11 +200,15 @@ def run_directory(directory: Path | str, tokens: str, generate: int = 0, *, prog
     last = len(prompt) - 1
     lines = [f"input: {' '.join(map(str, prompt))}"]
     if manifest.head == "lm":
-        lines.append(f"next token (argmax): {int(output[0, last].argmax())}")
+        best = int(output[0, last].argmax())
+        lines.append(f"next token (argmax): {best}" + (f" {tokenizer.decode([best])!r}" if tokenizer else ""))
     elif manifest.head == "classifier":
         lines.append(f"output: {output[0].tolist()}")
     else:
         lines.append(f"output: hidden states {tuple(output[0, : last + 1].shape)}")
     if generate:
-        lines.append(f"generated: {' '.join(map(str, runner.generate(prompt, generate, sampling)))}")
+        generated = runner.generate(prompt, generate, sampling)
+        lines.append(f"generated: {' '.join(map(str, generated))}")
+        if tokenizer is not None:
+            lines.append(f"text: {text}{tokenizer.decode(generated)}")
     return "\n".join(lines)

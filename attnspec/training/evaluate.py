@@ -1,6 +1,8 @@
-"""``attnspec eval``: log-likelihood and accuracy of a trained model on a local task file.
+"""``attnspec eval``: log-likelihood and accuracy of a trained model on a local task file, and perplexity
+over a text file.
 
-The two request types of lm-evaluation-harness, on a JSON-lines file (one request per line):
+The two request types of lm-evaluation-harness, on a JSON-lines file (one request per line; the common
+zero-shot formats, HellaSwag, PIQA, ARC and LAMBADA, are read as these by :mod:`.eval_formats`):
 
 * ``{"context": C, "continuation": X}``: the log-likelihood of X after C, and whether greedy
   decoding would produce X (lm-eval's ``loglikelihood``); reported as the mean log-likelihood,
@@ -9,11 +11,17 @@ The two request types of lm-evaluation-harness, on a JSON-lines file (one reques
   label's choice has the highest log-likelihood (``accuracy``) or the highest per token
   (``accuracy_norm``); chance is the mean of 1 / choices.
 
-C and X are lists of token ids, or strings read as UTF-8 bytes (the ``bytes`` task's tokens; the
-model's vocabulary must hold 256). A request longer than ``max_len`` keeps its last ``max_len``
+C and X are lists of token ids, or text: tokenised with the model's tokenizer where it has one
+(:mod:`attnspec.tokenizer`; context and continuation split as lm-eval splits them, the context's trailing
+spaces moved to the continuation and the pair encoded whole), else read as UTF-8 bytes (the ``bytes``
+task's tokens; the model's vocabulary must hold 256). A request longer than ``max_len`` keeps its last ``max_len``
 tokens (the context is cut from the left, as lm-eval does; a continuation longer than that loses its
-first tokens, which are counted and left out of every per-token figure). Nothing is downloaded; the file is the
-user's and is only read.
+first tokens, which are counted and left out of every per-token figure). Requests are scored in batches,
+right-padded, the padding a document of its own (:mod:`attnspec.ops.documents`), so a request scores as
+it would alone. Nothing is downloaded; the file is the user's and is only read.
+
+:func:`evaluate_text` scores a whole text file (perplexity over a sliding window, bits per byte, word
+perplexity), as lm-eval's ``loglikelihood_rolling`` does for WikiText.
 """
 
 from __future__ import annotations
@@ -25,10 +33,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from attnspec.errors import shorten
 from attnspec.io import _refuse_constant  # NaN and Infinity are no JSON numbers
+from attnspec.ops.documents import from_starts
+from attnspec.training.eval_formats import FORMATS, as_request
 from attnspec.training.tasks.base import TaskError
+
+MAX_TEXT_BYTES = 1 << 30
+"""A text file :func:`evaluate_text` reads."""
 
 MAX_TASK_BYTES = 256 << 20
 MAX_REQUESTS = 1_000_000
@@ -66,7 +80,9 @@ class EvalResult:
     the perplexity and per-token scores divide by the tokens scored."""
 
 
-def _tokens(value, vocab: int, where: str, name: str) -> list[int]:
+def _tokens(value, vocab: int, where: str, name: str, encode=None) -> list[int]:
+    if isinstance(value, str) and encode is not None:
+        return _checked(encode(value), vocab, where, name)
     if isinstance(value, str):
         if vocab < 256:
             raise TaskError(f"{where}: `{name}` is text, read as UTF-8 bytes, but the model's vocabulary has {vocab} "
@@ -78,15 +94,48 @@ def _tokens(value, vocab: int, where: str, name: str) -> list[int]:
     return value
 
 
-def read_task_file(path: Path | str, vocab: int) -> tuple[list[Request], list[tuple[list[int], int, int]]]:
+def _checked(ids: list[int], vocab: int, where: str, name: str) -> list[int]:
+    if any(t >= vocab for t in ids):
+        raise TaskError(f"{where}: the tokenizer gives `{name}` id {max(ids)}, not below the model's vocabulary of "
+                        f"{vocab}; is it the model's tokenizer?")
+    return ids
+
+
+def _pair(context, continuation, vocab: int, where: str, name: str, encode) -> tuple[list[int], list[int]]:
+    """A context and continuation's ids: text pairs through ``encode`` as lm-eval splits them (the
+    context's trailing spaces join the continuation; the pair is encoded whole and the continuation is
+    what follows the context's own ids), anything else each on its own."""
+    if encode is None or not (isinstance(context, str) and isinstance(continuation, str)):
+        return (_tokens(context, vocab, where, "context", encode),
+                _nonempty(continuation, vocab, where, name, encode))
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    whole, head = encode(context + continuation), encode(context)
+    if whole[:len(head)] != head:  # a merge across the boundary: the continuation on its own
+        tail = encode(continuation)
+    else:
+        tail = whole[len(head):]
+    if not tail:
+        raise TaskError(f"{where}: `{name}` is empty")
+    return _checked(head, vocab, where, "context"), _checked(tail, vocab, where, name)
+
+
+def read_task_file(path: Path | str, vocab: int, encode=None, task_format: str = "requests"
+                   ) -> tuple[list[Request], list[tuple[list[int], int, int]]]:
     """The requests of a task file, and the multiple-choice questions as (indices of their choices'
     requests, label, line). Raises TaskError naming the line of the first malformed request.
+
+    ``encode``: text -> ids (the model's tokenizer), or None to read text as UTF-8 bytes; ``task_format``:
+    one of :data:`~attnspec.training.eval_formats.FORMATS`.
 
     The file is streamed line by line (lines end at ``\\n`` only: U+2028 and its kin are valid inside
     JSON strings), each line bounded before it is parsed (:data:`MAX_LINE_BYTES`, and at most
     :data:`MAX_CHOICES` lists, counted from its brackets), and requests are counted as they are read,
     so no file makes this allocate more than its limits allow."""
     path = Path(path)
+    if task_format not in FORMATS:
+        raise TaskError(f"unknown task format {task_format!r}; one of {', '.join(FORMATS)}")
     if not path.is_file():
         raise TaskError(f"{path}: no such file; give a JSON-lines task file")
     if path.stat().st_size > MAX_TASK_BYTES:
@@ -96,7 +145,7 @@ def read_task_file(path: Path | str, vocab: int) -> tuple[list[Request], list[tu
     try:
         with path.open("rb") as handle:
             for number, raw in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
-                _read_request(raw, f"{path}:{number}", number, vocab, requests, questions)
+                _read_request(raw, f"{path}:{number}", number, vocab, requests, questions, encode, task_format)
                 if len(requests) > MAX_REQUESTS:
                     raise TaskError(f"{path}: more than {MAX_REQUESTS:,} requests")
     except OSError as error:
@@ -107,7 +156,7 @@ def read_task_file(path: Path | str, vocab: int) -> tuple[list[Request], list[tu
 
 
 def _read_request(raw: bytes, where: str, number: int, vocab: int, requests: list[Request],
-                  questions: list[tuple[list[int], int, int]]) -> None:
+                  questions: list[tuple[list[int], int, int]], encode=None, task_format: str = "requests") -> None:
     """Append the request(s) of one line ``raw`` (multiple choice: one per choice, and the question)."""
     if len(raw) > MAX_LINE_BYTES:
         raise TaskError(f"{where}: the line is longer than {MAX_LINE_BYTES:,} bytes")
@@ -124,10 +173,10 @@ def _read_request(raw: bytes, where: str, number: int, vocab: int, requests: lis
         item = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as error:
         raise TaskError(f"{where}: not a JSON object ({shorten(str(error), 80)})") from None
+    item = as_request(item, task_format, where)
     if not isinstance(item, dict) or "context" not in item:
         raise TaskError(f"{where}: a request is an object with `context` and `continuation` or `choices`")
-    context = _tokens(item["context"], vocab, where, "context")
-    if not context:
+    if not _tokens(item["context"], vocab, where, "context", encode):
         raise TaskError(f"{where}: `context` is empty; a continuation is scored after at least one token")
     if "choices" in item:
         choices, label = item["choices"], item.get("label")
@@ -137,16 +186,17 @@ def _read_request(raw: bytes, where: str, number: int, vocab: int, requests: lis
             raise TaskError(f"{where}: `label` must be the index of the right choice, 0 to {len(choices) - 1}")
         first = len(requests)
         for index, choice in enumerate(choices):
-            requests.append(Request(context, _nonempty(choice, vocab, where, f"choices[{index}]"), number))
+            requests.append(Request(*_pair(item["context"], choice, vocab, where, f"choices[{index}]", encode), number))
         questions.append((list(range(first, len(requests))), label, number))
     elif "continuation" in item:
-        requests.append(Request(context, _nonempty(item["continuation"], vocab, where, "continuation"), number))
+        requests.append(Request(*_pair(item["context"], item["continuation"], vocab, where, "continuation", encode),
+                                number))
     else:
         raise TaskError(f"{where}: a request needs `continuation` or `choices`")
 
 
-def _nonempty(value, vocab: int, where: str, name: str) -> list[int]:
-    tokens = _tokens(value, vocab, where, name)
+def _nonempty(value, vocab: int, where: str, name: str, encode=None) -> list[int]:
+    tokens = _tokens(value, vocab, where, name, encode)
     if not tokens:
         raise TaskError(f"{where}: `{name}` is empty")
     return tokens
@@ -165,38 +215,88 @@ class Score:
     cut: int
 
 
-@torch.no_grad()
-def score(model, request: Request) -> Score:
-    """Score one request on ``model`` (a token LM): the sequence keeps its last ``max_len + 1`` tokens
-    (the context is cut from the left first, as lm-eval does)."""
-    sequence = request.context + request.continuation
-    limit = model.spec.max_len + 1  # inputs are all tokens but the last
-    truncated = len(sequence) > limit
-    sequence = sequence[-limit:]
-    n = min(len(request.continuation), len(sequence) - 1)
-    tokens = torch.tensor([sequence], dtype=torch.long, device=model.embed.weight.device)
-    logits = model(tokens[:, :-1])[0, -n:].double()
-    targets = tokens[0, -n:]
-    loglikelihood = float(F.log_softmax(logits, dim=-1).gather(1, targets.unsqueeze(1)).sum())
-    return Score(loglikelihood, bool((logits.argmax(-1) == targets).all()), truncated, n,
-                 len(request.continuation) - n)
-
-
-def evaluate_file(model, path: Path | str, on_request=None) -> EvalResult:
-    """Score every request of the task file ``path`` with ``model`` (a causal token LM, eval mode).
-
-    ``on_request(done, total)`` is called after each request (the CLI's progress bar)."""
+def _check_model(model) -> None:
     spec = model.spec
     if spec.input.kind != "tokens" or spec.head.kind != "lm":
         raise TaskError("attnspec eval scores continuations: the model needs token input and an lm head")
     if any(not block.mixer.causal for block in model.blocks):
         raise TaskError("attnspec eval scores continuations left to right: every mixer must be causal")
-    requests, questions = read_task_file(path, spec.input.vocab_size)
+
+
+def _packable(model) -> bool:
+    """Whether padded rows can be batched: every mixer takes documents (padding is one)."""
+    return all(block.mixer.takes_documents for block in [*model.blocks, *model.shared_blocks.values()])
+
+
+@torch.no_grad()
+def _logits_of_rows(model, rows: list[list[int]]) -> list[Tensor]:
+    """The logits (len(row), vocab) float64 of each token row run alone, computed as one right-padded batch
+    whose padding is a document of its own (so each row's logits are those it would have alone)."""
+    device = model.embed.weight.device
+    width = max(len(row) for row in rows)
+    inputs = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    starts = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
+    for i, row in enumerate(rows):
+        inputs[i, :len(row)] = torch.tensor(row, dtype=torch.long, device=device)
+        if len(row) < width:
+            starts[i, len(row)] = True
+    documents = from_starts(starts) if bool(starts.any()) else None
+    logits = model(inputs) if documents is None else model(inputs, documents=documents)
+    return [logits[i, :len(row)].double() for i, row in enumerate(rows)]
+
+
+def score_batch(model, requests: list[Request]) -> list[Score]:
+    """Score requests on ``model`` (a token LM) in one padded batch: each sequence keeps its last
+    ``max_len + 1`` tokens (the context is cut from the left first, as lm-eval does)."""
+    limit = model.spec.max_len + 1  # inputs are all tokens but the last
+    sequences = [(r.context + r.continuation)[-limit:] for r in requests]
+    scored = [min(len(r.continuation), len(seq) - 1) for r, seq in zip(requests, sequences)]
+    all_logits = _logits_of_rows(model, [seq[:-1] for seq in sequences])
     scores = []
-    for index, request in enumerate(requests):
-        scores.append(score(model, request))
+    for request, seq, n, logits in zip(requests, sequences, scored, all_logits):
+        targets = torch.tensor(seq[-n:], dtype=torch.long, device=logits.device)
+        logits = logits[-n:]
+        loglikelihood = float(F.log_softmax(logits, dim=-1).gather(1, targets.unsqueeze(1)).sum())
+        scores.append(Score(loglikelihood, bool((logits.argmax(-1) == targets).all()),
+                            len(request.context) + len(request.continuation) > limit, n,
+                            len(request.continuation) - n))
+    return scores
+
+
+def score(model, request: Request) -> Score:
+    """Score one request on ``model`` (:func:`score_batch` of one)."""
+    return score_batch(model, [request])[0]
+
+
+def _in_batches(model, requests: list[Request], batch_size: int, on_request=None) -> list[Score]:
+    """Every request's score, longest first in batches of ``batch_size`` (one where padding cannot be a
+    document), in the requests' order."""
+    size = batch_size if _packable(model) else 1
+    order = sorted(range(len(requests)), key=lambda i: -(len(requests[i].context) + len(requests[i].continuation)))
+    scores: list[Score | None] = [None] * len(requests)
+    for start in range(0, len(order), size):
+        chosen = order[start:start + size]
+        for i, result in zip(chosen, score_batch(model, [requests[i] for i in chosen])):
+            scores[i] = result
         if on_request is not None:
-            on_request(index + 1, len(requests))
+            on_request(min(start + size, len(order)), len(order))
+    return scores
+
+
+def evaluate_file(model, path: Path | str, on_request=None, *, tokenizer=None, task_format: str = "requests",
+                  batch_size: int = 16) -> EvalResult:
+    """Score every request of the task file ``path`` with ``model`` (a causal token LM, eval mode).
+
+    ``tokenizer``: the model's (:class:`attnspec.tokenizer.Tokenizer`) for text, or None (text as UTF-8
+    bytes); ``task_format``: the file's format (:data:`~attnspec.training.eval_formats.FORMATS`);
+    ``batch_size``: requests scored together (padded; each scores as it would alone).
+    ``on_request(done, total)`` is called after each batch (the CLI's progress bar)."""
+    _check_model(model)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise TaskError(f"the batch size must be a positive integer, got {shorten(batch_size)}")
+    encode = None if tokenizer is None else tokenizer.encode
+    requests, questions = read_task_file(path, model.spec.input.vocab_size, encode, task_format)
+    scores = _in_batches(model, requests, batch_size, on_request)
     result = EvalResult(requests=len(requests), truncated=sum(s.truncated for s in scores),
                         continuation_tokens_cut=sum(s.cut for s in scores))
     in_questions = {i for choices, _, _ in questions for i in choices}
@@ -218,3 +318,76 @@ def evaluate_file(model, path: Path | str, on_request=None) -> EvalResult:
         result.accuracy, result.accuracy_norm = right / len(questions), right_norm / len(questions)
         result.chance = sum(1 / len(choices) for choices, _, _ in questions) / len(questions)
     return result
+
+
+@dataclass
+class TextResult:
+    """What :func:`evaluate_text` reports: the log-likelihood of every token of a text, per token
+    (``perplexity``), per byte (``bits_per_byte``) and per whitespace-separated word (``word_perplexity``,
+    lm-eval's WikiText measure), over ``windows`` windows of at most ``max_len`` tokens with ``stride``."""
+
+    tokens: int
+    bytes: int
+    words: int
+    windows: int
+    stride: int
+    loglikelihood: float
+    perplexity: float
+    bits_per_byte: float
+    word_perplexity: float
+
+
+def evaluate_text(model, path: Path | str, *, tokenizer=None, stride: int | None = None, batch_size: int = 16,
+                  on_window=None) -> TextResult:
+    """The log-likelihood of the whole text file ``path`` (UTF-8) under ``model``.
+
+    The text is tokenised (``tokenizer``; None: UTF-8 bytes) and, with a tokenizer, preceded by its
+    end-of-document id so its first token is scored too (lm-eval's rolling log-likelihood). Windows of
+    ``max_len`` tokens start every ``stride`` tokens (default ``max_len``: disjoint windows, lm-eval's
+    way); each token is scored once, in the first window that predicts it, so a smaller stride gives every
+    token after the first window at least ``max_len - stride`` tokens of context.
+    """
+    _check_model(model)
+    path = Path(path)
+    if not path.is_file():
+        raise TaskError(f"{path}: no such file; give a UTF-8 text file")
+    if path.stat().st_size > MAX_TEXT_BYTES:
+        raise TaskError(f"{path}: larger than {MAX_TEXT_BYTES:,} bytes")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise TaskError(f"{path}: not UTF-8 text ({shorten(str(error), 100)})") from None
+    except OSError as error:
+        raise TaskError(f"{path}: cannot be read ({error.strerror})") from None
+    width = model.spec.max_len
+    stride = width if stride is None else stride
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= width:
+        raise TaskError(f"the stride must be an integer from 1 to max_len = {width}, got {shorten(stride)}")
+    vocab = model.spec.input.vocab_size
+    if tokenizer is None:
+        ids = _tokens(text, vocab, str(path), "text")
+    else:
+        ids = [tokenizer.eos_id] + _checked(tokenizer.encode(text), vocab, str(path), "text")
+    if len(ids) < 2:
+        raise TaskError(f"{path}: needs at least two tokens to score one")
+    targets = len(ids) - 1
+    windows = []  # (first input, end of inputs, first new target)
+    done, begin = 0, 0
+    while done < targets:
+        end = min(begin + width, targets)
+        windows.append((begin, end, done))
+        done, begin = end, begin + stride
+    size = batch_size if _packable(model) else 1
+    loglikelihood = 0.0
+    for first in range(0, len(windows), size):
+        chosen = windows[first:first + size]
+        for (begin, end, new), logits in zip(chosen, _logits_of_rows(model, [ids[b:e] for b, e, _ in chosen])):
+            wanted = torch.tensor(ids[new + 1:end + 1], dtype=torch.long, device=logits.device)
+            part = F.log_softmax(logits[new - begin:], dim=-1)
+            loglikelihood += float(part.gather(1, wanted.unsqueeze(1)).sum())
+        if on_window is not None:
+            on_window(min(first + size, len(windows)), len(windows))
+    size_bytes, words = len(text.encode("utf-8")), max(1, len(text.split()))
+    return TextResult(targets, size_bytes, words, len(windows), stride, loglikelihood,
+                      math.exp(-loglikelihood / targets), -loglikelihood / (size_bytes * math.log(2)),
+                      math.exp(-loglikelihood / words))

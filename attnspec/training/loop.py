@@ -184,6 +184,11 @@ class Trainer:
             self._resume()
         elif self.writes:
             rundir.create(directory)
+            tokenizer = config.task.text_tokenizer()
+            if tokenizer is not None:  # the run directory is whole without the task's files
+                from attnspec.tokenizer import save_tokenizer
+
+                save_tokenizer(tokenizer, directory)
             self._write_run_files("running")
         if writer is not None:
             from attnspec.io import ensure_directory

@@ -92,7 +92,8 @@ def recorded_modes(record: dict) -> list[str] | None:
     return modes
 
 
-RUN_FILES = (RUN_FILE, "spec.yaml", "config.yaml", "metrics.jsonl", CHECKPOINT_POINTER, "result.json")
+RUN_FILES = (RUN_FILE, "spec.yaml", "config.yaml", "metrics.jsonl", CHECKPOINT_POINTER, "result.json",
+             "tokenizer.json", "tokenizer.tiktoken")  # the text task's tokenizer, copied in
 
 
 def discard_unstarted(directory: Path) -> bool:
@@ -241,6 +242,22 @@ def _check_moments(name: str, entry: dict[str, torch.Tensor], parameter: torch.T
 __all__ = ["FORMAT", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "STATUSES", "MAX_STEP", "is_step", "read_run",
            "read_json", "recorded", "create", "discard_unstarted", "append_metrics", "truncate_metrics",
            "save_checkpoint", "load_checkpoint", "restore_optimizer", "RunError"]
+
+
+def tokenizer_of(directory: Path | str):
+    """The tokenizer a training run or build directory holds (checked against what its run.json or
+    manifest records), or None. Raises TokenizerError where the file is not the recorded one."""
+    from attnspec.tokenizer import tokenizer_in
+
+    directory = Path(directory)
+    if (directory / RUN_FILE).is_file():
+        identity = (read_run(directory).get("data") or {}).get("tokenizer")
+    else:
+        from attnspec.compiler.manifest import MANIFEST
+
+        manifest = directory / MANIFEST
+        identity = read_json(manifest).get("tokenizer") if manifest.is_file() else None
+    return tokenizer_in(directory, identity)
 
 
 def load_trained(directory: Path | str):

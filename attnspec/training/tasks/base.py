@@ -111,6 +111,11 @@ class Task(Node):
         each computed as if alone; None: every row is one sequence."""
         return None
 
+    def text_tokenizer(self):
+        """The :class:`attnspec.tokenizer.Tokenizer` a text task reads its corpus with (a run keeps a copy
+        beside its checkpoints, and a build from the run carries it); None for token tasks."""
+        return None
+
     def data_identity(self) -> dict | None:
         """What identifies the data beyond the task's fields (a tokenizer's hash, a corpus's content), so a
         run resumed or evaluated on other data is refused; None where the fields say it all."""

@@ -184,7 +184,7 @@ class TextTask(_TextTask):
     _corpus: Corpus | None = PrivateAttr(default=None)
     _progress: object = PrivateAttr(default=None)
 
-    def loaded_tokenizer(self):
+    def text_tokenizer(self):
         """The task's :class:`~attnspec.tokenizer.Tokenizer` (read once; a TaskError where it cannot be)."""
         from attnspec.tokenizer import TokenizerError, load_tokenizer
 
@@ -197,7 +197,7 @@ class TextTask(_TextTask):
 
     @property
     def vocab_size(self) -> int:
-        return self.loaded_tokenizer().vocab_size
+        return self.text_tokenizer().vocab_size
 
     def prepare(self, progress=None) -> None:
         self._progress = progress
@@ -205,7 +205,7 @@ class TextTask(_TextTask):
 
     def corpus(self) -> Corpus:
         if self._corpus is None:
-            self._corpus = tokenized(self.path, self.loaded_tokenizer(), separator=self.separator,
+            self._corpus = tokenized(self.path, self.text_tokenizer(), separator=self.separator,
                                      text_field=self.text_field, val_fraction=self.val_fraction,
                                      progress=self._progress)
         return self._corpus
@@ -214,10 +214,10 @@ class TextTask(_TextTask):
         return self.corpus().tokens
 
     def data_identity(self) -> dict:
-        return {"tokenizer": self.loaded_tokenizer().identity(), "corpus": self.corpus().key}
+        return {"tokenizer": self.text_tokenizer().identity(), "corpus": self.corpus().key}
 
     def sample(self, split: str, step: int, size: int, seed: int) -> tuple[Tensor, Tensor]:
-        eos = self.loaded_tokenizer().eos_id
+        eos = self.text_tokenizer().eos_id
         if self.packing != "pad":
             inputs, targets = super().sample(split, step, size, seed)
             if self.packing == "pack":
@@ -244,5 +244,5 @@ class TextTask(_TextTask):
         """Each document of a row starts after an end-of-document id (``pack`` and ``pad``; None for ``stream``)."""
         if self.packing == "stream":
             return None
-        after = inputs[:, :-1] == self.loaded_tokenizer().eos_id
+        after = inputs[:, :-1] == self.text_tokenizer().eos_id
         return from_starts(torch.cat([torch.ones_like(after[:, :1]), after], dim=1))

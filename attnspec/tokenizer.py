@@ -76,7 +76,8 @@ def _read(path: Path) -> bytes:
         raise TokenizerError(f"{path}: cannot be read ({error.strerror})") from None
 
 
-def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | None = None) -> Tokenizer:
+def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | None = None,
+                   eos_id: int | None = None) -> Tokenizer:
     """The tokenizer in the local file ``path``.
 
     Args:
@@ -86,6 +87,8 @@ def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | Non
             :data:`EOS_CANDIDATES` the vocabulary holds.
         encoding: for a tiktoken file, the OpenAI encoding whose pattern it uses (``cl100k_base``, ...;
             default: the file's name without ``.tiktoken``).
+        eos_id: where ``eos`` is None, the end-of-document token by its id (a transformers config's
+            ``eos_token_id``), before the usual names are tried.
 
     Raises:
         TokenizerError: the file is missing, too large or malformed, the library is not installed, or
@@ -109,6 +112,8 @@ def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | Non
         raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({shorten(str(error), 160)})") from None
     vocab = impl.get_vocab_size(with_added_tokens=True)
     vocab = max(vocab, 1 + max(impl.get_vocab(with_added_tokens=True).values(), default=-1))
+    if eos is None and isinstance(eos_id, int) and not isinstance(eos_id, bool):
+        eos = impl.id_to_token(eos_id)
     names = (eos,) if eos is not None else EOS_CANDIDATES
     found = next(((name, i) for name in names if (i := impl.token_to_id(name)) is not None), None)
     if found is None:
@@ -175,33 +180,51 @@ def _tiktoken(path: Path, raw: bytes, digest: str, eos: str | None, encoding: st
 
 FILES = {"huggingface": "tokenizer.json", "tiktoken": "tokenizer.tiktoken"}
 """The file a build, run or Hugging Face directory holds its tokenizer in, by kind."""
+TOKENIZER_CONFIG = "tokenizer_config.json"
+"""What transformers' ``AutoTokenizer`` reads beside ``tokenizer.json``."""
 
 
-def save_tokenizer(tokenizer: Tokenizer, directory: Path) -> dict:
+def save_tokenizer(tokenizer: Tokenizer, directory: Path, max_len: int | None = None) -> dict:
     """Copy ``tokenizer``'s file into ``directory`` (as :data:`FILES` names it; checked unchanged since it was
-    read) and return its identity, for the directory's record."""
+    read) and return its identity, for the directory's record. With ``max_len`` (a transformers directory),
+    a Hugging Face tokenizer also gets the ``tokenizer_config.json`` that ``AutoTokenizer`` reads."""
+    import json
+
     from attnspec.io import write_atomic
 
     raw = _read(tokenizer.path)
     if hashlib.sha256(raw).hexdigest() != tokenizer.sha256:
         raise TokenizerError(f"{tokenizer.path}: changed since it was read; run again")
     write_atomic(Path(directory) / FILES[tokenizer.kind], raw)
+    if max_len is not None and tokenizer.kind == "huggingface":
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tokenizer.eos,
+                  "model_max_length": max_len, "clean_up_tokenization_spaces": False}
+        write_atomic(Path(directory) / TOKENIZER_CONFIG, json.dumps(config, indent=2) + "\n")
     return tokenizer.identity()
 
 
-def _configured_eos(directory: Path) -> str | None:
-    """A Hugging Face directory's end-of-document token, from its ``tokenizer_config.json``."""
+def _configured(directory: Path, name: str, key: str):
+    """``key`` of the JSON file ``name`` in a Hugging Face directory, or None where it is not there."""
     from attnspec.io import read_json
 
-    path = directory / "tokenizer_config.json"
+    path = directory / name
     if not path.is_file() or path.is_symlink():
         return None
     try:
-        value = read_json(path).get("eos_token")
-    except Exception:  # a config attnspec cannot read names no token: the usual names are tried
+        data = read_json(path)
+    except AttnSpecError:  # a file attnspec cannot read names no token: the usual names are tried
         return None
-    value = value.get("content") if isinstance(value, dict) else value
-    return value if isinstance(value, str) else None
+    return data.get(key) if isinstance(data, dict) else None
+
+
+def _configured_eos(directory: Path) -> tuple[str | None, int | None]:
+    """A Hugging Face directory's end-of-document token: ``tokenizer_config.json``'s ``eos_token``, and
+    ``config.json``'s ``eos_token_id`` (the first, where it lists several)."""
+    token = _configured(directory, "tokenizer_config.json", "eos_token")
+    token = token.get("content") if isinstance(token, dict) else token
+    number = _configured(directory, "config.json", "eos_token_id")
+    number = number[0] if isinstance(number, list) and number else number
+    return (token if isinstance(token, str) else None), (number if isinstance(number, int) else None)
 
 
 def tokenizer_in(directory: Path | str, identity: dict | None = None) -> Tokenizer | None:
@@ -213,8 +236,9 @@ def tokenizer_in(directory: Path | str, identity: dict | None = None) -> Tokeniz
         path = directory / name
         if path.is_symlink() or not path.is_file():
             continue
-        eos = (identity or {}).get("eos") or _configured_eos(directory)
-        found = load_tokenizer(path, eos, (identity or {}).get("encoding"))
+        eos, eos_id = _configured_eos(directory)
+        eos = (identity or {}).get("eos") or eos
+        found = load_tokenizer(path, eos, (identity or {}).get("encoding"), eos_id)
         if identity is not None and found.identity() != identity:
             raise TokenizerError(f"{path}: not the tokenizer {directory} records (its SHA-256 is {found.sha256[:12]}.., "
                                  f"the record's {str(identity.get('sha256'))[:12]}..); restore the file")

@@ -29,6 +29,8 @@ from attnspec.spec.emit import spec_to_data
 from attnspec.spec.ir import Spec
 from attnspec.spec.validate import validate_data
 from attnspec.spec.walk import iter_blocks
+from attnspec.tokenizer import FILES as TOKENIZER_FILES
+from attnspec.tokenizer import TOKENIZER_CONFIG, TokenizerError, save_tokenizer, tokenizer_in
 
 ATTNSPEC_TYPE = "attnspec"
 IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
@@ -167,8 +169,13 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
 
     data, spec, model_type = spec_from_checkpoint(checkpoint, max_len=max_len)
     weights = convert_weights(spec, checkpoint, model_type)
+    try:  # a tokenizer.json beside the weights travels with them
+        tokenizer = tokenizer_in(Path(checkpoint))
+    except TokenizerError as error:
+        raise InteropError(f"{checkpoint}: its tokenizer cannot be carried ({error}); move tokenizer.json away to "
+                           "import the weights alone") from None
     return build_directory(data, output, weights=weights, compile_check=compile_check, force=force,
-                           calibrate=calibrate, on_stage=on_stage)
+                           calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer)
 
 
 # --------------------------------------------------------------------------- export
@@ -246,7 +253,7 @@ def _export_problem(output: Path) -> str | None:
     return None
 
 
-EXPORT_FILES = frozenset({CONFIG, WEIGHTS})
+EXPORT_FILES = frozenset({CONFIG, WEIGHTS, TOKENIZER_CONFIG, *TOKENIZER_FILES.values()})
 EXPORT = OutputKind("directory written by export-hf", EXPORT_FILES, _export_problem)
 
 
@@ -264,12 +271,13 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
     Returns:
         (the output directory, the model type written).
     """
-    from attnspec.training.rundir import load_trained
+    from attnspec.training.rundir import load_trained, tokenizer_of
 
     directory, output = Path(directory), Path(output)
     check_output(output, force, EXPORT)
     _check_model_type(model_type)
-    return export_model_hf(load_trained(directory), output, model_type=model_type, force=force, source=str(directory))
+    return export_model_hf(load_trained(directory), output, model_type=model_type, force=force, source=str(directory),
+                           tokenizer=tokenizer_of(directory))
 
 
 def _check_model_type(model_type: str | None) -> None:
@@ -279,9 +287,11 @@ def _check_model_type(model_type: str | None) -> None:
 
 
 def export_model_hf(model, output: Path | str, *, model_type: str | None = None, force: bool = False,
-                    source: str = "the model") -> tuple[Path, str]:
+                    source: str = "the model", tokenizer=None) -> tuple[Path, str]:
     """An attnspec model (built, loaded or trained in Python) as a transformers directory: what
-    :func:`export_hf` writes for a build directory; ``source`` names the model in errors."""
+    :func:`export_hf` writes for a build directory; ``source`` names the model in errors; ``tokenizer``
+    (:class:`attnspec.tokenizer.Tokenizer`) is written beside the weights, with the
+    ``tokenizer_config.json`` ``AutoTokenizer`` reads (and the config's ``eos_token_id``)."""
     output = Path(output)
     check_output(output, force, EXPORT)
     _check_model_type(model_type)
@@ -310,8 +320,12 @@ def export_model_hf(model, output: Path | str, *, model_type: str | None = None,
         model_type = ATTNSPEC_TYPE
         config = attnspec_config(spec, [block.mixer.mode for block in model.blocks])
         tensors = {f"model.{name}": tensor for name, tensor in ours.items()}
+    if tokenizer is not None:
+        config["eos_token_id"] = tokenizer.eos_id
     with Scratch(output, EXPORT) as scratch:
         write_checkpoint(scratch.path, config, tensors)
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, scratch.path, max_len=spec.max_len)
         scratch.publish(force)
     return output, model_type
 

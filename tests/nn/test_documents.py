@@ -177,6 +177,7 @@ def test_documents_a_model_cannot_honour_are_refused_by_name():
     assert isinstance(documents, Documents)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["hybrid", "mlstm"])
 def test_packed_documents_compile_in_one_graph_for_every_length(name):
     """fullgraph, one compilation serving two lengths and two packings, equal to eager."""

@@ -92,6 +92,7 @@ def test_text_perplexity_equals_a_direct_window_by_window_computation(tmp_path, 
     assert math.isclose(result.word_perplexity, math.exp(-total / len(text.split())))
 
 
+@pytest.mark.slow
 def test_a_build_carries_its_tokenizer_into_run_and_eval(tmp_path):
     corpus = write_corpus(tmp_path / "corpus")
     tokenizer = train_tokenizer(tmp_path / "tokenizer.json", corpus, vocab=300)

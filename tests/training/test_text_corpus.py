@@ -175,6 +175,7 @@ def test_a_local_tiktoken_file_is_read_with_its_encodings_pattern(tmp_path, monk
     assert loaded.eos_id == len(ranks) and loaded.vocab_size == len(ranks) + 1
 
 
+@pytest.mark.slow
 def test_the_shipped_text_example_trains_two_mixers_packed_and_streamed_and_reports(tmp_path, monkeypatch):
     """examples/text/packed_lm.py at toy size: the Python documentation's topics, a tokenizer trained on them,
     softmax and GLA with packed and streamed documents, a report with a row each."""

@@ -43,8 +43,8 @@ def _compile_options(limit: int = 8) -> dict:
     return options
 
 
-def _run_block(block: nn.Module, x: torch.Tensor, embeddings: torch.Tensor | None) -> torch.Tensor:
-    return block(x, None, embeddings)
+def _run_block(block: nn.Module, x: torch.Tensor, embeddings: torch.Tensor | None, documents=None) -> torch.Tensor:
+    return block(x, None, embeddings) if documents is None else block(x, None, embeddings, documents=documents)
 
 
 class _RegionalBlock(nn.Module):
@@ -54,10 +54,11 @@ class _RegionalBlock(nn.Module):
         super().__init__()
         self.block, self.compiled = block, compiled
 
-    def forward(self, x: torch.Tensor, mode: str | None = None, embeddings: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mode: str | None = None, embeddings: torch.Tensor | None = None,
+                documents=None) -> torch.Tensor:
         assert mode is None, "the regional check runs each block in its planned mode"
         with size_oblivious():
-            return self.compiled(self.block, x, embeddings)
+            return self.compiled(self.block, x, embeddings, documents)
 
 
 @contextlib.contextmanager

@@ -288,8 +288,9 @@ class Model(nn.Module):
         offset = 0 if documents is None else documents.positions
         x = embeddings = self.position.embed(self._embedded(inputs), offset)
         outputs = []
+        packed = {} if documents is None else {"documents": documents}  # blocks wrapped by the compile check too
         for block in self.blocks:
-            x = block(x, mode, embeddings, documents)
+            x = block(x, mode, embeddings, **packed)
             outputs.append(x)
         out = self._head(self.final_norm(x))
         return (out, tuple(outputs)) if hidden_states else out

@@ -13,6 +13,10 @@ documents, 465 kB of English prose about the language), one document per topic. 
    tokens;
 4. writes the sweep's report (OUT/runs/report/results.md: test perplexity per seed, curves).
 
+The two packings score slightly different targets: a packed row has no target at an end-of-document
+id (the next document's first token cannot be predicted from the one before), a streamed row does, so
+streamed perplexity includes those guesses. Within one packing the mixers compare exactly.
+
     python examples/text/packed_lm.py OUT                 # the report in OUT/runs/report/results.md
     python examples/text/packed_lm.py OUT --steps 20      # a smoke run
 

@@ -193,3 +193,22 @@ def test_packed_documents_compile_in_one_graph_for_every_length(name):
         for call, (inputs, packing) in enumerate(((tokens, documents), (tokens[:, :17].contiguous(), shorter))):
             with torch._dynamo.config.patch(error_on_recompile=call > 0):
                 assert (compiled(inputs, documents=packing) - model(inputs, documents=packing)).abs().max() < 1e-10
+
+
+def test_packed_documents_run_on_the_cpu_kernel_as_each_alone():
+    """The C++ chunk kernel (float32 inference) takes the resets as decays: a decay-free linear mixer
+    planned on it runs packed rows on it too, equal to each document alone to float32 rounding (1e-5 of
+    outputs of size ~1; measured ~1e-6)."""
+    path = next(path for path in SPECS if path.stem == "linear-elu")
+    model = attnspec.build(path, *small_overrides(path), "max_len=64").eval()
+    for block in model.blocks:  # the mode the kernel runs (at max_len 64 the plan picks quadratic)
+        block.mixer.mode = "chunk"
+    mixer = model.blocks[0].mixer
+    tokens, documents, spans = _packing()
+    with torch.no_grad():
+        q = torch.zeros(1, 1, 8, mixer.d_qk)
+        assert mixer.kernel_for("chunk", q, q, q) == "native"
+        packed = model(tokens, documents=documents)
+        for r, start, n in spans:
+            alone = model(tokens[r:r + 1, start:start + n])[0]
+            assert (packed[r, start:start + n] - alone).abs().max() < 1e-5 * max(1.0, float(alone.abs().max()))

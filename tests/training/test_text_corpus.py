@@ -188,7 +188,7 @@ def test_the_shipped_text_example_trains_two_mixers_packed_and_streamed_and_repo
     example = importlib.util.module_from_spec(source)
     source.loader.exec_module(example)
     report = example.main([str(tmp_path / "out"), "--steps", "2", "--seeds", "1", "--d-model", "16", "--seq-len",
-                           "32", "--vocab-size", "300", "--workers", "1"])
+                           "32", "--vocab-size", "300", "--lr", "0.01", "--workers", "1"])
     rows = [line for line in report.read_text().splitlines() if line.startswith(("| softmax", "| gla"))]
     assert len(rows) >= 4 and {"packing=pack", "packing=stream"} <= {row.split(" | ")[2] for row in rows}
     assert len(list((tmp_path / "out" / "corpus").iterdir())) == 79

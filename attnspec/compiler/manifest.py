@@ -67,6 +67,7 @@ class PlanRecord(_Strict):
     batch: Annotated[int, Field(gt=0, le=1 << 20)] = 1
     training: bool = False
     device: Literal["cpu", "cuda"] = "cpu"
+    packed_documents: bool = False
     layers: Annotated[list[PlanLayer], Field(max_length=limits.MAX_BLOCKS)]
 
 

@@ -110,6 +110,9 @@ class Plan:
     batch: int = 1
     training: bool = False
     device: str = "cpu"
+    packed: bool = False
+    """Planned for packed documents (:mod:`attnspec.ops.documents`): a causal recurrence resets at each
+    document's start through a per-head decay, which every backend chosen takes."""
 
     @property
     def full_modes(self) -> list[str]:
@@ -125,12 +128,12 @@ class Plan:
 
     def to_json(self) -> dict:
         return {"length": self.length, "batch": self.batch, "training": self.training, "device": self.device,
-                "layers": [asdict(layer) for layer in self.layers]}
+                "packed_documents": self.packed, "layers": [asdict(layer) for layer in self.layers]}
 
 
 def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False, batch: int = 1,
               training: bool = False, calibration: "Calibration | None" = None, device: str = "cpu",
-              dtype: str | None = None, recorded: list[str] | None = None) -> Plan:
+              dtype: str | None = None, recorded: list[str] | None = None, packed: bool = False) -> Plan:
     """Plan every block of a resolved spec at ``length`` (default ``max_len``).
 
     With ``for_build`` a forced mode that cannot be compiled with a dynamic length is an error.
@@ -141,7 +144,9 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
     type the model runs on ("cpu" or "cuda"), which decides the backends, with ``dtype``: the dtype the
     mixers compute in (default the spec's; ``"bfloat16"`` for a run under bfloat16 autocast).
     ``recorded``: one full mode per block that ``mode: auto`` blocks keep (a resumed run's recorded
-    plan), whatever the cost model or a calibration would choose now.
+    plan), whatever the cost model or a calibration would choose now. ``packed``: the run packs
+    documents; the backends are chosen for the decays their resets add (a decay-free recurrence gains
+    one per head). The modes' costs do not price that decay (an elementwise term beside the products).
     """
     L = length or spec.max_len
     if L < 1:
@@ -162,20 +167,26 @@ def plan_spec(spec: Spec, length: int | None = None, *, for_build: bool = False,
         layer.decode_cache = block.mixer.cache_capacity(spec.max_len)
         computes_in = dtype or spec.dtype
         layer.backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=computes_in,
-                                       training=training)
+                                       training=training, packed=packed)
         layer.export_backend = choose_backend(block.mixer, layer.full_mode, device=device, dtype=computes_in,
                                               training=training, export=True)
         layers.append(layer)
-    return Plan(L, layers, batch, training, device)
+    return Plan(L, layers, batch, training, device, packed)
 
 
-def choose_backend(mixer, mode: str, *, device: str, dtype: str, training: bool, export: bool = False) -> str:
+def choose_backend(mixer, mode: str, *, device: str, dtype: str, training: bool, export: bool = False,
+                   packed: bool = False) -> str:
     """The first of the family's backends for ``mode`` whose predicate (:mod:`attnspec.ops.kernels`, the
     one the op asks) takes the call on ``device`` for a ``dtype`` model in the regime (``training``: a
-    gradient flows back; ``export``: inside an exported program). The graph path takes every call."""
+    gradient flows back; ``export``: inside an exported program; ``packed``: packed documents, whose
+    resets give a decay-free causal recurrence a decay per head). The graph path takes every call."""
+    import dataclasses
+
     from attnspec.ops.kernels import first_that_runs  # the predicates import torch; the rest of planning does not
 
     inputs = mixer.kernel_inputs(mode)
+    if packed and inputs.causal and inputs.decay == "none":
+        inputs = dataclasses.replace(inputs, decay="head")
     regime = Regime(device, inputs.call_dtype(dtype), grad=training, export=export)
     return first_that_runs([backend.name for backend in mixer.backends(mode)], inputs, regime)
 

@@ -145,7 +145,8 @@ class Trainer:
         self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True,
                               calibration=self._calibration(spec, config, world, resumed=recorded is not None),
                               device=self.device.type,
-                              dtype="bfloat16" if bfloat16 else None, recorded=recorded)
+                              dtype="bfloat16" if bfloat16 else None, recorded=recorded,
+                              packed=config.task.packs_documents)
         self.model = build_model_from_spec(spec)
         self.weights_fit = None if resume else _load_init_weights(self.model, config.init_weights,
                                                                    config.init_weights_map)

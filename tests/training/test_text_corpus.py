@@ -124,8 +124,11 @@ def test_a_run_records_the_tokenizer_and_refuses_to_resume_with_another(corpus, 
     config = {"task": {"kind": "text", "path": str(root), "tokenizer": str(tokenizer), "seq_len": 32},
               "steps": 4, "batch_size": 2, "eval_every": 0, "checkpoint_every": 2, "test_examples": 4}
     run = attnspec.train(spec, config, output=tmp_path / "run", stop_after=2)
-    recorded = attnspec.io.read_run(tmp_path / "run")["data"]
+    record = attnspec.io.read_run(tmp_path / "run")
+    recorded = record["data"]
     assert recorded["tokenizer"] == load_tokenizer(tokenizer).identity() and run.step == 2
+    assert record["plan"]["packed_documents"] is True  # planned for the resets packing adds
+    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
     train_tokenizer(tokenizer, write_corpus(tmp_path / "other", seed=1), vocab=280)  # the same path, other merges
     with pytest.raises(RunError, match="trained on other data"):
         attnspec.train(None, resume=True, output=tmp_path / "run")

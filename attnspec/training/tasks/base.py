@@ -106,6 +106,11 @@ class Task(Node):
         """Make the task's data ready before the first batch (tokenise a corpus, read files), calling
         ``progress(done, total)`` as it goes where that takes a while. Generated tasks need nothing."""
 
+    @property
+    def packs_documents(self) -> bool:
+        """Whether a row may hold several documents (:meth:`documents` says where); the plan records it."""
+        return False
+
     def documents(self, inputs: Tensor):
         """The packed documents of a batch's ``inputs`` (B, L) (:class:`attnspec.ops.documents.Documents`),
         each computed as if alone; None: every row is one sequence."""

@@ -240,6 +240,10 @@ class TextTask(_TextTask):
         ended = torch.cumsum((inputs == eos).long(), dim=1) > 0
         return inputs, targets.masked_fill(ended, IGNORE)
 
+    @property
+    def packs_documents(self) -> bool:
+        return self.packing != "stream"
+
     def documents(self, inputs: Tensor) -> Documents | None:
         """Each document of a row starts after an end-of-document id (``pack`` and ``pad``; None for ``stream``)."""
         if self.packing == "stream":

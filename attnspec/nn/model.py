@@ -295,6 +295,11 @@ class Model(nn.Module):
         out = self._head(self.final_norm(x))
         return (out, tuple(outputs)) if hidden_states else out
 
+    @property
+    def takes_documents(self) -> bool:
+        """Whether every mixer takes packed documents (padding is one): :meth:`forward`'s ``documents``."""
+        return all(block.mixer.takes_documents for block in [*self.blocks, *self.shared_blocks.values()])
+
     def check_documents(self, documents: Documents, inputs: Tensor) -> None:
         """Refuse packed documents this model cannot honour, or that do not fit ``inputs`` (eager calls)."""
         if torch.compiler.is_compiling() or torch.compiler.is_exporting():
@@ -303,8 +308,8 @@ class Model(nn.Module):
         if self.head_kind == "classifier":
             raise ShapeError("a classifier head pools over the whole row: give one sequence per row, not packed "
                              "documents")
-        blocks = [*self.blocks, *self.shared_blocks.values()]
-        refusing = sorted({block.mixer.kind for block in blocks if not block.mixer.takes_documents})
+        refusing = sorted({block.mixer.kind for block in [*self.blocks, *self.shared_blocks.values()]
+                           if not block.mixer.takes_documents})
         if refusing:
             raise ShapeError(f"the {', '.join(refusing)} mixer(s) do not take packed documents (their family does not "
                              "set `takes_documents`); give one sequence per row")

@@ -104,7 +104,7 @@ def _checked(ids: list[int], vocab: int, where: str, name: str) -> list[int]:
 def _pair(context, continuation, vocab: int, where: str, name: str, encode) -> tuple[list[int], list[int]]:
     """A context and continuation's ids: text pairs through ``encode`` as lm-eval splits them (the
     context's trailing spaces join the continuation; the pair is encoded whole and the continuation is
-    what follows the context's own ids), anything else each on its own."""
+    what follows as many ids as the context alone has), anything else each on its own."""
     if encode is None or not (isinstance(context, str) and isinstance(continuation, str)):
         return (_tokens(context, vocab, where, "context", encode),
                 _nonempty(continuation, vocab, where, name, encode))
@@ -112,10 +112,7 @@ def _pair(context, continuation, vocab: int, where: str, name: str, encode) -> t
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
     whole, head = encode(context + continuation), encode(context)
-    if whole[:len(head)] != head:  # a merge across the boundary: the continuation on its own
-        tail = encode(continuation)
-    else:
-        tail = whole[len(head):]
+    tail = whole[len(head):]
     if not tail:
         raise TaskError(f"{where}: `{name}` is empty")
     return _checked(head, vocab, where, "context"), _checked(tail, vocab, where, name)
@@ -223,11 +220,6 @@ def _check_model(model) -> None:
         raise TaskError("attnspec eval scores continuations left to right: every mixer must be causal")
 
 
-def _packable(model) -> bool:
-    """Whether padded rows can be batched: every mixer takes documents (padding is one)."""
-    return all(block.mixer.takes_documents for block in [*model.blocks, *model.shared_blocks.values()])
-
-
 @torch.no_grad()
 def _logits_of_rows(model, rows: list[list[int]]) -> list[Tensor]:
     """The logits (len(row), vocab) float64 of each token row run alone, computed as one right-padded batch
@@ -271,7 +263,7 @@ def score(model, request: Request) -> Score:
 def _in_batches(model, requests: list[Request], batch_size: int, on_request=None) -> list[Score]:
     """Every request's score, longest first in batches of ``batch_size`` (one where padding cannot be a
     document), in the requests' order."""
-    size = batch_size if _packable(model) else 1
+    size = batch_size if model.takes_documents else 1  # padding is a document
     order = sorted(range(len(requests)), key=lambda i: -(len(requests[i].context) + len(requests[i].continuation)))
     scores: list[Score | None] = [None] * len(requests)
     for start in range(0, len(order), size):
@@ -377,7 +369,7 @@ def evaluate_text(model, path: Path | str, *, tokenizer=None, stride: int | None
         end = min(begin + width, targets)
         windows.append((begin, end, done))
         done, begin = end, begin + stride
-    size = batch_size if _packable(model) else 1
+    size = batch_size if model.takes_documents else 1  # padding is a document
     loglikelihood = 0.0
     for first in range(0, len(windows), size):
         chosen = windows[first:first + size]

@@ -393,7 +393,8 @@ def evaluate(
 
     from attnspec.training.eval_formats import FORMATS
     from attnspec.training.evaluate import evaluate_file, evaluate_text
-    from attnspec.training.rundir import load_trained, tokenizer_of
+    from attnspec.compiler.load import tokenizer_of
+    from attnspec.training.rundir import load_trained
 
     if (task is None) == (text is None):
         raise AttnSpecError("give a task file (--task) or a text file (--text), one of them")

@@ -18,13 +18,13 @@ from typing import Callable, Iterator
 
 import torch
 
-from attnspec.io import VERSION, read_run, save_tensors
+from attnspec.io import VERSION, save_tensors
 from attnspec.compiler.compile import BackgroundCheck
 from attnspec.compiler.compile_cache import check_key, passed_before, remember_pass
 from attnspec.compiler.export import export_model, export_prefill, export_step, state_signature
 from attnspec.compiler.speed import DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, sequence_speed
 from attnspec.compiler.tracing import example_input
-from attnspec.compiler.load import load_weights
+from attnspec.compiler.load import load_weights, tokenizer_of
 from attnspec.compiler.device import device_calibration, resolve_device
 from attnspec.compiler.lower import lower
 from attnspec.compiler.sizes import check_model_size
@@ -37,7 +37,7 @@ from attnspec.spec.emit import spec_to_data, to_yaml
 from attnspec.spec.ir import iter_blocks
 from attnspec.spec.load import load_data
 from attnspec.spec.validate import validate_data
-from attnspec.tokenizer import Tokenizer, load_tokenizer, save_tokenizer, tokenizer_in
+from attnspec.tokenizer import Tokenizer, load_tokenizer, save_tokenizer
 
 
 @dataclass
@@ -109,7 +109,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
         spec_path, weights = _from_run(run_directory, weights)
         strict_weights, fix = True, "the run's checkpoint does not fit its own spec"
         if tokenizer is None:  # the run's copy of its text task's tokenizer, checked against its run.json
-            tokenizer = tokenizer_in(run_directory, (read_run(run_directory).get("data") or {}).get("tokenizer"))
+            tokenizer = tokenizer_of(run_directory)
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     seconds: dict[str, float] = {}

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from attnspec.compiler.device import resolve_device
 from attnspec.compiler.sizes import check_model_size
-from attnspec.compiler.manifest import Manifest, read_manifest
+from attnspec.compiler.manifest import Manifest, parse_manifest, read_manifest
 from attnspec.errors import AttnSpecError, BuildError, shorten
 from attnspec.nn.model import Model, build_model_from_spec
 from attnspec.spec.validate import validate_data
@@ -162,6 +162,22 @@ def check_decoding_fields(directory: Path, manifest: Manifest, model: Model) -> 
     if manifest.decode_limit != limit or recorded != state:
         raise BuildError(f"{directory}/manifest.json: its decode_limit or decoding state does not match its spec "
                          "(the manifest was edited); rebuild the directory")
+
+
+def tokenizer_of(directory: Path | str):
+    """The tokenizer a training run or build directory carries (:class:`attnspec.tokenizer.Tokenizer`),
+    checked against the identity its run.json or manifest records; None where it records none (a file
+    the record does not name is never read). Raises TokenizerError where the file is not the recorded one."""
+    from attnspec.io import RUN_FILE, read_run
+    from attnspec.tokenizer import tokenizer_in
+
+    directory = Path(directory)
+    if (directory / RUN_FILE).is_file():
+        identity = (read_run(directory).get("data") or {}).get("tokenizer")
+    else:
+        recorded = parse_manifest(directory).tokenizer
+        identity = None if recorded is None else recorded.model_dump(exclude_none=True)
+    return None if identity is None else tokenizer_in(directory, identity)
 
 
 def load_model(directory: Path | str, manifest: Manifest | None = None, device=None,

@@ -138,12 +138,11 @@ class _Runner:
 
 def _text_prompt(directory: Path, manifest: Manifest, text: str):
     """(the build's tokenizer, the ids of ``text``): a build without a tokenizer is refused by name."""
-    from attnspec.tokenizer import tokenizer_in
+    from attnspec.compiler.load import tokenizer_of
 
     if len(text) > MAX_TOKEN_TEXT:
         raise AttnSpecError(f"--text is {len(text):,} characters; the limit is {MAX_TOKEN_TEXT:,}")
-    recorded = manifest.tokenizer.model_dump(exclude_none=True) if manifest.tokenizer is not None else None
-    tokenizer = tokenizer_in(directory, recorded) if recorded is not None else None
+    tokenizer = tokenizer_of(directory)
     if tokenizer is None:
         raise AttnSpecError(f"{directory} carries no tokenizer, so it takes token ids (--tokens); build it with "
                             "--tokenizer, or from a run of a text task")

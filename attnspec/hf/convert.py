@@ -271,7 +271,8 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
     Returns:
         (the output directory, the model type written).
     """
-    from attnspec.training.rundir import load_trained, tokenizer_of
+    from attnspec.compiler.load import tokenizer_of
+    from attnspec.training.rundir import load_trained
 
     directory, output = Path(directory), Path(output)
     check_output(output, force, EXPORT)

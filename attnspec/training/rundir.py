@@ -244,22 +244,6 @@ __all__ = ["FORMAT", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "STAT
            "save_checkpoint", "load_checkpoint", "restore_optimizer", "RunError"]
 
 
-def tokenizer_of(directory: Path | str):
-    """The tokenizer a training run or build directory holds (checked against what its run.json or
-    manifest records), or None. Raises TokenizerError where the file is not the recorded one."""
-    from attnspec.tokenizer import tokenizer_in
-
-    directory = Path(directory)
-    if (directory / RUN_FILE).is_file():
-        identity = (read_run(directory).get("data") or {}).get("tokenizer")
-    else:
-        from attnspec.compiler.manifest import MANIFEST
-
-        manifest = directory / MANIFEST
-        identity = read_json(manifest).get("tokenizer") if manifest.is_file() else None
-    return tokenizer_in(directory, identity)
-
-
 def load_trained(directory: Path | str):
     """The model of a training run directory (its latest checkpoint's weights) or of a build directory,
     on the CPU, in eval mode: what ``attnspec eval`` and ``attnspec export-hf`` read.

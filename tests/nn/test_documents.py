@@ -4,7 +4,7 @@ row equals the unpadded sequence.
 
 All in float64 at small widths. Outputs within 1e-10 and gradients within 1e-9 relative: packed and alone
 differ in summation order only (chunk boundaries fall elsewhere, cumulative sums start earlier), measured
-~1e-14 on outputs of size ~1.
+up to 4e-13 on outputs of size ~1 (mLSTM, Mamba-1, parallel and per-channel delta models, every mode).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def test_packed_documents_compile_in_one_graph_for_every_length(name):
 def test_packed_documents_run_on_the_cpu_kernel_as_each_alone():
     """The C++ chunk kernel (float32 inference) takes the resets as decays: a decay-free linear mixer
     planned on it runs packed rows on it too, equal to each document alone to float32 rounding (1e-5 of
-    outputs of size ~1; measured ~1e-6)."""
+    outputs of size ~2; measured 5e-7)."""
     path = next(path for path in SPECS if path.stem == "linear-elu")
     model = attnspec.build(path, *small_overrides(path), "max_len=64").eval()
     for block in model.blocks:  # the mode the kernel runs (at max_len 64 the plan picks quadratic)

@@ -61,6 +61,7 @@ def _export_over_prompts(module: nn.Module, model: Model, path: Path) -> torch.e
 def export_step(model: Model, path: Path) -> torch.export.ExportedProgram:
     """Export the one-token decoding step with dynamic batch; the state tensors are explicit inputs/outputs."""
     step = DecodeStep(model)
+    model.state_layout()  # counted here: counted while tracing, its meta tensors would stay in the program as ops
     state = model.init_state(3)
     token = torch.zeros(3, dtype=torch.long, device=state[0].device)
     batch = Dim("batch", min=1, max=4096)

@@ -125,9 +125,12 @@ class _Runner:
 
     def generate(self, prompt: list[int], count: int, sampling: dict) -> list[int]:
         if self.model is not None:
-            model = self.model
-            return _generate(self.directory, "model.safetensors", model.step, list(model.init_state(1)),
-                             prompt, count, sampling, prefill=lambda tokens: model.prefill(tokens, last_only=True))
+            model, capacity = self.model, len(prompt) + count  # caches sized to this generation
+            if model.decode_limit is not None:
+                capacity = min(capacity, model.decode_limit)  # past it, the step's own error names max_len
+            return _generate(self.directory, "model.safetensors", model.step, list(model.init_state(1, capacity)),
+                             prompt, count, sampling,
+                             prefill=lambda tokens: model.prefill(tokens, last_only=True, capacity=capacity))
         state = [torch.zeros(1, *shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in self.state]
         step = load_program(self.directory / "step.pt2").module()
         prefill, name = None, "step.pt2"

@@ -22,6 +22,7 @@ from attnspec.errors import ShapeError, shorten
 from attnspec.spec import limits
 from attnspec.nn.channel import Mlp  # noqa: F401  (part of the nn API)
 from attnspec.nn.features import PerformerFeatures
+from attnspec.nn.mixers.base import holding
 from attnspec.nn.positions import Position, build_position
 from attnspec.nn.registry import build
 from attnspec.nn.shared import SharedUse
@@ -105,11 +106,14 @@ class Block(nn.Module):
         bounded = [limit for limit in limits if limit is not None]
         return min(bounded) if bounded else None
 
-    def init_state(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
+    def init_state(self, batch: int, dtype: torch.dtype, device, capacity: int | None = None) -> tuple[Tensor, ...]:
         """The decoding state: the mixer's tensors, then those of the shared block this block calls (its own
-        cache: each call reads its own input)."""
-        state = tuple(self.mixer.init_state(batch, dtype, device))
-        return state if self.shared_use is None else state + self.shared_use.tied_view.init_state(batch, dtype, device)
+        cache: each call reads its own input). ``capacity``: the positions a generation reaches, which
+        full caches are sized to (None: ``max_len``)."""
+        state = tuple(self.mixer.init_state(batch, dtype, device, **holding(self.mixer, capacity)))
+        if self.shared_use is None:
+            return state
+        return state + self.shared_use.tied_view.init_state(batch, dtype, device, capacity)
 
     def state_size(self, length: int) -> int:
         """Numbers one sequence carries from its past at ``length`` (the mixer's, and its shared call's)."""
@@ -126,12 +130,14 @@ class Block(nn.Module):
         x, state = self._stateful(x, lambda h: self.mixer.step(h, state, position), feed)
         return x, state + shared_state
 
-    def prefill(self, x: Tensor, embeddings: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """A whole prompt: x (B, L, d_in) -> (B, L, d_model) and the block's state after it."""
+    def prefill(self, x: Tensor, embeddings: Tensor | None = None,
+                capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """A whole prompt: x (B, L, d_in) -> (B, L, d_model) and the block's state after it (full caches of
+        ``capacity`` positions if given, else ``max_len``)."""
         feed, shared_state = None, ()
         if self.shared_use is not None:
-            feed, shared_state = self.shared_use.prefill(x, embeddings)
-        x, state = self._stateful(x, self.mixer.prefill, feed)
+            feed, shared_state = self.shared_use.prefill(x, embeddings, capacity)
+        x, state = self._stateful(x, lambda h: self.mixer.prefill(h, **holding(self.mixer, capacity)), feed)
         return x, state + shared_state
 
     def _stateful(self, x: Tensor, mixer_call, feed: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
@@ -240,9 +246,11 @@ class Model(nn.Module):
             raise ShapeError(f"{tokens.shape[1]} prompt tokens + {max_new_tokens} new ones exceed max_len = {limit}, "
                              "the positions this model's cache (or position table) holds; raise max_len or "
                              "generate fewer")
-        return decode(self.step, lambda: self.init_state(tokens.shape[0]), tokens, max_new_tokens,
+        capacity = tokens.shape[1] + max_new_tokens  # caches sized to this generation, not to max_len
+        return decode(self.step, lambda: self.init_state(tokens.shape[0], capacity), tokens, max_new_tokens,
                       temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos=eos,
-                      prefill=lambda prompt: self.prefill(prompt, last_only=True), attention_mask=attention_mask)
+                      prefill=lambda prompt: self.prefill(prompt, last_only=True, capacity=capacity),
+                      attention_mask=attention_mask)
 
     def check_inputs(self, inputs: Tensor, per_position: bool = True) -> None:
         """Refuse inputs the model cannot take, naming the limit (eager calls only: traced code has
@@ -329,19 +337,31 @@ class Model(nn.Module):
             return self.head(pooled)
         return x
 
-    def init_state(self, batch: int) -> tuple[Tensor, ...]:
+    def init_state(self, batch: int, capacity: int | None = None) -> tuple[Tensor, ...]:
         """The decoding state: (position (B,) int64, then every mixer's state tensors in order).
 
-        Raises ShapeError, before allocating, where it would exceed ``MAX_DECODE_STATE_BYTES``."""
+        ``capacity``: the positions this generation will reach (prompt and new tokens); full key/value
+        caches (and kept inputs) are sized to it rather than to ``max_len``, so nothing longer is
+        allocated or read. Windows and recurrent states have their one size. Raises ShapeError, before
+        allocating, where it would exceed ``MAX_DECODE_STATE_BYTES``."""
         self.check_decode_state(batch)
-        return self._init_state(batch, self.embed.weight.device)
+        return self._init_state(batch, self.embed.weight.device, self._checked_capacity(capacity, 0))
 
-    def _init_state(self, batch: int, device) -> tuple[Tensor, ...]:
+    def _init_state(self, batch: int, device, capacity: int | None = None) -> tuple[Tensor, ...]:
         dtype = self.embed.weight.dtype
         tensors = [torch.zeros(batch, dtype=torch.long, device=device)]
         for block in self.blocks:
-            tensors.extend(block.init_state(batch, dtype, device))
+            tensors.extend(block.init_state(batch, dtype, device, capacity))
         return tuple(tensors)
+
+    def _checked_capacity(self, capacity: int | None, length: int) -> int | None:
+        """``capacity`` refused unless None or an integer of at least ``length`` and 1 (eager calls)."""
+        if capacity is None or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return capacity
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < max(length, 1):
+            raise ShapeError(f"capacity must be an integer of at least the prompt's length ({max(length, 1)}): the "
+                             f"positions the generation reaches; got {shorten(capacity)}")
+        return capacity
 
     def state_signature(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
         """(shape without the batch, dtype) of every tensor of :meth:`init_state`, found on the meta
@@ -383,10 +403,11 @@ class Model(nn.Module):
             self._state_layout = [len(block.init_state(1, self.embed.weight.dtype, meta)) for block in self.blocks]
         return self._state_layout
 
-    def prefill(self, tokens: Tensor, last_only: bool = False) -> tuple[Tensor, ...]:
+    def prefill(self, tokens: Tensor, last_only: bool = False, capacity: int | None = None) -> tuple[Tensor, ...]:
         """A prompt in one pass: ``tokens`` (B, L) -> (logits (B, L, vocab), *state after position L - 1);
         with ``last_only`` the logits of the last position alone, (B, 1, vocab) (what generation reads: the
-        head over every prompt position would cost L times as much).
+        head over every prompt position would cost L times as much). ``capacity`` (>= L): the positions
+        the generation reaches; full caches are sized to it (:meth:`init_state`), else to ``max_len``.
 
         Each mixer runs its planned full-sequence mode and hands over the state its decoding step
         continues from (recurrent states from the op's final state, caches filled from the keys and
@@ -399,8 +420,9 @@ class Model(nn.Module):
         x = embeddings = self.position.embed(self._embedded(tokens))
         state: list[Tensor] = [torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)]
         tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        capacity = self._checked_capacity(capacity, tokens.shape[1])
         for block in self.blocks:
-            x, block_state = block.prefill(x, embeddings)
+            x, block_state = block.prefill(x, embeddings, capacity)
             # contiguous (conv windows are slices, recurrent states transposes): a compiled step package
             # reads its state with the strides it was traced with. Traced, a copy: .contiguous() would
             # guard on the batch (a size-1 batch is contiguous either way)

@@ -101,9 +101,11 @@ class SharedUse(nn.Module):
         y, state = self.tied_view.step(self._input(x, embeddings), state, position)
         return self._output(y), state
 
-    def prefill(self, x: Tensor, embeddings: Tensor | None) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """A prompt (B, L, d_model) through the shared block, and its state at this use after it."""
-        y, state = self.tied_view.prefill(self._input(x, embeddings))
+    def prefill(self, x: Tensor, embeddings: Tensor | None,
+                capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """A prompt (B, L, d_model) through the shared block, and its state at this use after it (caches of
+        ``capacity`` positions if given)."""
+        y, state = self.tied_view.prefill(self._input(x, embeddings), capacity=capacity)
         return self._output(y), state
 
 

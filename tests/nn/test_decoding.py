@@ -332,3 +332,57 @@ def test_exported_programs_decode_prompts_of_different_lengths_as_eager_does(tmp
         exported = decode(step, list(model.init_state(3)), tokens, 6, prefill=prefill, attention_mask=mask,
                           **sampling)
         assert torch.equal(exported, eager), sampling
+
+
+CAPACITY_FAMILIES = {  # the families whose state holds positions, beyond the shipped specs
+    "mla": {"kind": "mla", "heads": 3, "d_qk": 10, "d_v": 7, "kv_rank": 8, "q_rank": 6, "rope_dim": 4,
+            "position": {"kind": "rope", "base": 100.0}},
+    "parallel": {"kind": "parallel", "branches": [{"kind": "linear", "heads": 2, "transition": "data"},
+                                                  {"kind": "softmax", "heads": 2, "position": "rope"}]},
+    "exp-features": {"kind": "linear", "heads": 2, "feature_map": "exp", "normalize": True},
+}
+
+
+def _capacity_models():
+    models = [(path.stem, attnspec.build(path, *_small(path))) for path in CAUSAL_LMS]
+    for name, mixer in CAPACITY_FAMILIES.items():
+        models.append((name, attnspec.build({**ATTENTION, "max_len": 64, "layers": [{"mixer": mixer}, {"mixer": mixer}]})))
+    from tests.nn.test_shared_blocks import _data
+    models.append(("shared-attention", attnspec.build({**_data(), "max_len": 64})))
+    return models
+
+
+@pytest.mark.parametrize("name, model", _capacity_models(), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_state_sized_to_the_generation_decodes_exactly_and_refuses_past_its_capacity(name, model):
+    """``prefill(capacity=C)`` / ``init_state(capacity=C)``: full caches and kept inputs hold C positions
+    (not max_len 64), windows and recurrent states keep their one size, and decoding from them equals the
+    full pass (float64, 1e-10: the same reads in another allocation; measured 0). A step at position C,
+    or a prompt longer than C, is refused by name."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, model.spec.input.vocab_size, (2, 25), generator=torch.Generator().manual_seed(6))
+    capacity = 25
+    with torch.no_grad():
+        full = model(tokens)
+        _, *at_max_len = model.prefill(tokens[:, :17])
+        logits, *state = model.prefill(tokens[:, :17], capacity=capacity)
+        for small, large in zip(state, at_max_len):
+            axes = [i for i, (a, b) in enumerate(zip(small.shape, large.shape)) if a != b]
+            assert small.dim() == large.dim() and axes in ([], [small.dim() - 2], [1], [2]), (small.shape, large.shape)
+            assert all(small.shape[i] == capacity and large.shape[i] == 64 for i in axes)
+        held = [t for t, big in zip(state, at_max_len) if t.shape != big.shape]
+        assert bool(held) == any(block.decode_limit is not None for block in model.blocks)
+        for t in range(17, 25):
+            logits, *state = model.step(tokens[:, t], *state)
+            assert (logits - full[:, t]).abs().max() < 1e-10
+        stepped = model.init_state(2, capacity=capacity)
+        assert [t.shape for t in stepped] == [t.shape for t in state]
+        if held:
+            with pytest.raises(ShapeError, match="holds 25 positions"):
+                model.step(tokens[:, 0], *state)
+            mixer = next(mixer for mixer in [*(block.mixer for block in model.blocks),
+                                             *(block.mixer for block in model.shared_blocks.values())]
+                         if mixer.decode_limit is not None)
+            with pytest.raises(ShapeError, match="does not fit a decoding state of 10 positions"):
+                mixer.prefill(torch.zeros(2, 17, mixer.d_in, dtype=torch.float64), capacity=10)
+        with pytest.raises(ShapeError, match=r"capacity must be an integer of at least the prompt's length \(17\)"):
+            model.prefill(tokens[:, :17], capacity=16)

@@ -130,4 +130,31 @@ class Mixer(nn.Module):
         return None
 
 
-__all__ = ["Mixer", "autocast_dtype", "full_precision"]
+def holding(mixer: Mixer, capacity: int | None) -> dict:
+    """The keyword a mixer's ``init_state`` and ``prefill`` take for a generation's ``capacity`` (the
+    positions it will reach): ``{"capacity": capacity}`` for a mixer whose state holds positions (a
+    ``decode_limit``: a full key/value cache, kept inputs), else ``{}``: recurrent states and sliding
+    windows have one size whatever the length, and a plugin family without a cache need not take it."""
+    return {} if capacity is None or mixer.decode_limit is None else {"capacity": capacity}
+
+
+def check_prompt_fits(length: int, capacity: int) -> None:
+    """Refuse a prompt of ``length`` positions for a state that holds ``capacity`` (eager code: traced
+    code has its shapes fixed by export)."""
+    if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and length > capacity:
+        raise ShapeError(f"a prompt of {length} positions does not fit a decoding state of {capacity} positions; "
+                         "give a capacity of at least the prompt's length plus the tokens to generate")
+
+
+def check_position_held(position: Tensor, capacity: int, what: str, or_else: str = "") -> None:
+    """Refuse a step at a ``position`` (B,) past the ``capacity`` positions a state holds, in eager code (a
+    full cache would wrap into a silent window); an exported step is bounded by the model's own check."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or not position.numel():
+        return
+    if int(position.max()) >= capacity:
+        raise ShapeError(f"{what} holds {capacity} positions (max_len, or the capacity the state was made with); "
+                         f"position {int(position.max())} is past it (raise max_len or the capacity"
+                         f"{', or ' + or_else if or_else else ''})")
+
+
+__all__ = ["Mixer", "autocast_dtype", "check_position_held", "check_prompt_fits", "full_precision", "holding"]

@@ -70,10 +70,11 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
         return self._output(o, x, v)
 
     # -- decoding
-    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """The planned mode over the prompt, and its final state in the step's layout."""
+    def prefill(self, x: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The planned mode over the prompt, and its final state in the step's layout (exp features: the
+        key/value cache, of ``capacity`` positions if given)."""
         if self.softmax_kernel:
-            return self._cache_prefill(x)
+            return self._cache_prefill(x, capacity)
         q, k, v, decay, log_scale, conv_state = self._prepare(x)
         q, k, v = autocast_dtype(q), autocast_dtype(k), autocast_dtype(v)
         o, final = linear_attention(q, k, v, decay, causal=True, normalize=self.normalize, eps=self.eps,
@@ -85,11 +86,13 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
         pair = (final.real, final.imag) if final.is_complex() else (final,)
         return self._output(o, x, v), tuple(t.to(x.dtype) for t in pair) + conv_state
 
-    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None,
+                   capacity: int | None = None) -> tuple[Tensor, ...]:
         """Zero state: (S_re,) or (S_re, S_im), each (batch, H, m, Dv [+1]), then one (batch, w - 1, C)
-        tensor per convolved stream; exp features (softmax attention) keep a key/value cache instead."""
+        tensor per convolved stream; exp features (softmax attention) keep a key/value cache instead (of
+        ``capacity`` positions if given)."""
         if self.softmax_kernel:
-            return self._init_cache(batch, dtype, device)
+            return self._init_cache(batch, dtype, device, capacity)
         width = self.d_v + (1 if self.normalize else 0)
         zeros = torch.zeros(batch, self.heads, self.state_width, width, dtype=dtype, device=device)
         pair = (zeros, zeros.clone()) if self.transition.is_complex else (zeros,)

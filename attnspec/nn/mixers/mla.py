@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnspec.errors import ShapeError
-from attnspec.nn.mixers.base import Mixer
+from attnspec.nn.mixers.base import Mixer, check_position_held, check_prompt_fits
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import register
 from attnspec.ops.documents import Documents, same_document
@@ -84,25 +83,30 @@ class MlaMixer(Mixer):
         return self._attend(u, documents)[0]
 
     # -- decoding through a cache of the latent
-    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
-        """Empty latent cache of C = max_len positions: keys [c, k^R] (batch, 1, C, rank + rope), values c
-        (batch, 1, C, rank), and the (unused) decay bias (batch, H, C)."""
-        return empty_cache(batch, self.heads, 1, 1, self.cache_capacity, self.rank + self.rope, self.rank, dtype,
-                           device)
+    def _cache_positions(self, capacity: int | None) -> int:
+        """C: ``max_len``, or ``capacity`` positions where given (a generation's prompt and new tokens)."""
+        return self.cache_capacity if capacity is None else min(capacity, self.cache_capacity)
 
-    def prefill(self, u: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None,
+                   capacity: int | None = None) -> tuple[Tensor, ...]:
+        """Empty latent cache of C positions (:meth:`_cache_positions`): keys [c, k^R] (batch, 1, C,
+        rank + rope), values c (batch, 1, C, rank), and the (unused) decay bias (batch, H, C)."""
+        return empty_cache(batch, self.heads, 1, 1, self._cache_positions(capacity), self.rank + self.rope,
+                           self.rank, dtype, device)
+
+    def prefill(self, u: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The prompt u (B, L, d_model) -> (y (B, L, d_model), its latent cache of C positions)."""
         y, c, k_rope = self._attend(u)
-        bias = torch.zeros(u.shape[0], self.heads, self.cache_capacity, dtype=u.dtype, device=u.device)  # no decay
-        keys = cache_of(torch.cat([c.unsqueeze(1), k_rope], dim=-1), self.cache_capacity).to(u.dtype)
-        values = cache_of(c.unsqueeze(1), self.cache_capacity).to(u.dtype)
+        C = self._cache_positions(capacity)
+        check_prompt_fits(u.shape[1], C)
+        bias = torch.zeros(u.shape[0], self.heads, C, dtype=u.dtype, device=u.device)  # no decay
+        keys = cache_of(torch.cat([c.unsqueeze(1), k_rope], dim=-1), C).to(u.dtype)
+        values = cache_of(c.unsqueeze(1), C).to(u.dtype)
         return y, (keys, values, bias)
 
     def step(self, u_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token in the absorbed form: ``u_t`` (B, d_model), ``position`` (B,) -> (y_t, new cache)."""
-        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) \
-                and int(position.max()) >= self.cache_capacity:
-            raise ShapeError(f"latent attention caches max_len = {self.cache_capacity} positions; position "
-                             f"{int(position.max())} is past it (raise max_len)")
+        check_position_held(position, state[0].shape[2], "latent attention's cache")
         q_nope, q_rope, c, k_rope = self._project(u_t.unsqueeze(1), position)
         weight = self.kv_b_proj.weight.view(self.heads, self.nope + self.d_v, self.rank)
         w_uk, w_uv = weight[:, :self.nope], weight[:, self.nope:]  # (H, nope, rank), (H, d_v, rank)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnspec.nn.mixers.base import Mixer
+from attnspec.nn.mixers.base import Mixer, holding
 from attnspec.nn.registry import build, register
 from attnspec.ops.documents import Documents
 
@@ -86,16 +86,19 @@ class ParallelMixer(Mixer):
     def prefills_in_one_pass(self) -> bool:
         return all(branch.prefills_in_one_pass for branch in self.branches)
 
-    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def prefill(self, x: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The branches' prefills; ``capacity`` reaches the branches whose state holds positions."""
         outputs, state = [], ()
         for branch in self.branches:
-            y, branch_state = branch.prefill(x)
+            y, branch_state = branch.prefill(x, **holding(branch, capacity))
             outputs.append(y)
             state += tuple(branch_state)
         return self._weighted(outputs), state
 
-    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
-        return tuple(t for branch in self.branches for t in branch.init_state(batch, dtype, device))
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None,
+                   capacity: int | None = None) -> tuple[Tensor, ...]:
+        return tuple(t for branch in self.branches
+                     for t in branch.init_state(batch, dtype, device, **holding(branch, capacity)))
 
     def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         outputs, new_state = [], ()

@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnspec.errors import ShapeError
-from attnspec.nn.mixers.base import Mixer, full_precision
+from attnspec.nn.mixers.base import Mixer, check_position_held, check_prompt_fits, full_precision
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import build
 from attnspec.ops.documents import Documents, same_document
@@ -135,9 +134,9 @@ class ProjectedMixer(Mixer):
         """The output stages: D skip (needs the values ``v``), per-head RMS norm (or one per q/k group of
         heads, or over the whole width: ``norm_span``), merge heads, output gate (or the gate then a norm per
         q/k group: ``gate_before_norm``), output projection:
-        o, v (B, H, L, Dv), x (B, L, d_model) -> (B, L, d_model)."""
-        if self.D is not None:
-            o = o + self.D.to(o.dtype).view(1, -1, 1, 1) * v
+        o (B, H, L, Dv), v (B, H or H_v, L, Dv), x (B, L, d_model) -> (B, L, d_model)."""
+        if self.D is not None:  # shared value heads repeated here only: no other stage reads the values
+            o = o + self.D.to(o.dtype).view(1, -1, 1, 1) * self._expand(v)
         normalize_heads = self.norm_weight is not None and not self.gate_before_norm
         if normalize_heads and self.norm_groups is None:
             o = self._rms_normalized(o)
@@ -172,32 +171,44 @@ class KeyValueCache:
 
     def _softmax_attention(self, x: Tensor, documents: Documents | None = None) -> tuple[Tensor, Tensor]:
         """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window, and the
-        values: (B, L, d) -> (B, H, L, Dv) twice. Shared keys and values stay shared (GQA). ``documents``:
+        values: (B, L, d) -> (B, H, L, Dv), and the values (B, H_v, L, Dv). Shared keys and values stay
+        shared (GQA). ``documents``:
         each position attends within its own document."""
         q, k, v, _ = self._project(x, expand=False, documents=documents)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
                               mask=None if documents is None else same_document(documents.ids))
-        return o, self._expand(v)
+        return o, v
 
     # -- decoding through a key/value cache (softmax attention and the exp kernel)
-    def _init_cache(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
+    def _cache_positions(self, capacity: int | None) -> int:
+        """C, the slots of the cache: a window's ring holds the window; a full cache holds
+        :attr:`cache_capacity` (``max_len``) positions, or ``capacity`` of them where given (a generation
+        of n tokens after a prompt of T needs T + n: a cache sized to it is allocated, filled and read
+        at that size, not at ``max_len``)."""
+        if capacity is None or self.window is not None:
+            return self.cache_capacity
+        return min(capacity, self.cache_capacity)
+
+    def _init_cache(self, batch: int, dtype: torch.dtype, device, capacity: int | None = None) -> tuple[Tensor, ...]:
         """Empty cache: keys (batch, kv heads, C, d_qk), values (batch, kv heads, C, d_v), decay bias
-        (batch, H, C), then one (batch, w - 1, C) tensor per convolved stream; C = :attr:`cache_capacity`."""
-        cache = empty_cache(batch, self.heads, self.k_heads, self.v_heads, self.cache_capacity, self.d_qk, self.d_v,
-                            dtype, device)
+        (batch, H, C), then one (batch, w - 1, C) tensor per convolved stream; C = :meth:`_cache_positions`."""
+        cache = empty_cache(batch, self.heads, self.k_heads, self.v_heads, self._cache_positions(capacity), self.d_qk,
+                            self.d_v, dtype, device)
         return cache + self.conv.init_state(batch, dtype, device)
 
-    def _cache_prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """Softmax attention over the prompt (planned mode), and the cache of its last C positions: slot
-        p % C holds position p's key and value, and the decay bias sum_{s=p+1..L-1} log a_s (a suffix sum,
-        accurate however long the prompt)."""
+    def _cache_prefill(self, x: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Softmax attention over the prompt (planned mode), and the cache of its last C positions
+        (:meth:`_cache_positions`): slot p % C holds position p's key and value, and the decay bias
+        sum_{s=p+1..L-1} log a_s (a suffix sum, accurate however long the prompt)."""
         q, k, v, conv_state = self._project(x, expand=False)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
-        C = self.cache_capacity
+        C = self._cache_positions(capacity)
+        if self.window is None:
+            check_prompt_fits(x.shape[1], C)
         keys, values = cache_of(k, C).to(x.dtype), cache_of(v, C).to(x.dtype)
         if log_a is None:
             bias = torch.zeros(x.shape[0], self.heads, C, dtype=x.dtype, device=x.device)
@@ -205,20 +216,18 @@ class KeyValueCache:
             suffix = torch.flip(torch.cumsum(torch.flip(log_a, [-1]), -1), [-1])  # sum_{s=p..L-1} log a_s
             after = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], -1)  # sum_{s=p+1..L-1}
             bias = cache_of(after.unsqueeze(-1), C)[..., 0].to(x.dtype)
-        return self._output(o, x, self._expand(v)), (keys, values, bias) + conv_state
+        return self._output(o, x, v), (keys, values, bias) + conv_state
 
     def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""
-        if self.window is None and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) \
-                and int(position.max()) >= self.cache_capacity:
-            raise ShapeError(f"full softmax attention caches max_len = {self.cache_capacity} positions; position "
-                             f"{int(position.max())} is past it (raise max_len, or give the mixer a `window`)")
+        if self.window is None:  # a full cache: its capacity is its slots (max_len, or a generation's length)
+            check_position_held(position, state[0].shape[2], "full softmax attention", "give the mixer a `window`")
         x = x_t.unsqueeze(1)
         q, k, v, conv_state = self._project(x, position, state[3:], expand=False)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[:, :, 0, 0]
         o, cache = softmax_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state[:3], position, log_a=log_a, scale=self.scale)
-        y = self._output(o.unsqueeze(2), x, self._expand(v))
+        y = self._output(o.unsqueeze(2), x, v)
         return y[:, 0], cache + conv_state
 
 
@@ -226,21 +235,25 @@ class PrefixRerun:
     """Decoding by rerunning a :class:`ProjectedMixer` family's planned mode over the inputs so far."""
 
     # -- decoding by recomputing the prefix (causal mixers with neither a recurrent form nor a cache)
-    def _init_prefix(self, batch: int, dtype: torch.dtype, device) -> tuple[Tensor, ...]:
-        """The mixer's inputs so far: (batch, max_len, d_in), zeros where nothing is written yet."""
-        return (torch.zeros(batch, self.max_len, self.d_in, dtype=dtype, device=device),)
+    def _prefix_positions(self, capacity: int | None) -> int:
+        """Inputs the state keeps: ``max_len``, or ``capacity`` of them where given (a generation's length)."""
+        return self.max_len if capacity is None else min(capacity, self.max_len)
 
-    def _prefix_prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def _init_prefix(self, batch: int, dtype: torch.dtype, device, capacity: int | None = None) -> tuple[Tensor, ...]:
+        """The mixer's inputs so far: (batch, C, d_in), zeros where nothing is written yet
+        (C = :meth:`_prefix_positions`)."""
+        return (torch.zeros(batch, self._prefix_positions(capacity), self.d_in, dtype=dtype, device=device),)
+
+    def _prefix_prefill(self, x: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """The planned mode over the prompt; the state holds its inputs."""
-        inputs = torch.zeros(x.shape[0], self.max_len, self.d_in, dtype=x.dtype, device=x.device)
-        return self.forward(x), (torch.cat([x, inputs[:, x.shape[1]:]], dim=1),)
+        C = self._prefix_positions(capacity)
+        check_prompt_fits(x.shape[1], C)
+        return self.forward(x), (F.pad(x, (0, 0, 0, C - x.shape[1])),)
 
     def _prefix_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """Write ``x_t`` (B, d_model) at ``position`` (B,) in place and run the planned mode over all max_len
+        """Write ``x_t`` (B, d_model) at ``position`` (B,) in place and run the planned mode over all C kept
         inputs: causal, the output there sees the written positions only. Exact, O(a full pass) per token."""
-        if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) and int(position.max()) >= self.max_len:
-            raise ShapeError(f"decoding keeps max_len = {self.max_len} inputs; position {int(position.max())} is "
-                             "past it (raise max_len)")
+        check_position_held(position, state[0].shape[1], "this mixer's decoding (its inputs kept)")
         B = x_t.shape[0]
         where = position.view(B, 1, 1)
         inputs = state[0].scatter_(1, where.expand(B, 1, self.d_in), x_t.unsqueeze(1).to(state[0].dtype))

@@ -43,17 +43,18 @@ class ScatterbrainMixer(PrefixRerun, ProjectedMixer):
                                    backend=backend, documents=documents)
         return self._output(o, x, v)
 
-    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None,
+                   capacity: int | None = None) -> tuple[Tensor, ...]:
         """The inputs so far (:meth:`PrefixRerun._init_prefix`): the sparse support needs every earlier key."""
-        return self._init_prefix(batch, dtype, device)
+        return self._init_prefix(batch, dtype, device, capacity)
 
     def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token by recomputing the prefix: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t, new state)."""
         return self._prefix_step(x_t, state, position)
 
-    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def prefill(self, x: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """The planned mode over the prompt; the state holds its inputs (:meth:`PrefixRerun._prefix_prefill`)."""
-        return self._prefix_prefill(x)
+        return self._prefix_prefill(x, capacity)
 
     def regularization_loss(self) -> Tensor | None:
         return self.features.regularization_loss()

@@ -27,13 +27,14 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
         o, v = self._softmax_attention(x, documents)
         return self._output(o, x, v)
 
-    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None) -> tuple[Tensor, ...]:
-        """The key/value cache (:meth:`KeyValueCache._init_cache`)."""
-        return self._init_cache(batch, dtype, device)
+    def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None,
+                   capacity: int | None = None) -> tuple[Tensor, ...]:
+        """The key/value cache (:meth:`KeyValueCache._init_cache`), of ``capacity`` positions if given."""
+        return self._init_cache(batch, dtype, device, capacity)
 
-    def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def prefill(self, x: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """Attention over the prompt and the cache it leaves (:meth:`KeyValueCache._cache_prefill`)."""
-        return self._cache_prefill(x)
+        return self._cache_prefill(x, capacity)
 
     def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""

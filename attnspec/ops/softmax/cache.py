@@ -98,7 +98,7 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
                          f"{tuple(v.shape)}")
     # written by index (index_put_), not scatter_: AOTInductor runs an in-place scatter as a copy of the
     # whole cache, scattered, copied back (46 ms a step for a 64 MB cache), an index_put_ in place
-    slot, rows = (position % capacity).long(), torch.arange(B, device=position.device)  # (B,) each
+    slot, rows = _as(position % capacity, torch.long), torch.arange(B, device=position.device)  # (B,) each
     keys.transpose(1, 2).index_put_((rows, slot), _as(k, keys.dtype))  # (B, C, H_k, Dk)[row, slot] = k[row]
     values.transpose(1, 2).index_put_((rows, slot), _as(v, values.dtype))
     if log_a is not None:

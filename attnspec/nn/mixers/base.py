@@ -138,6 +138,12 @@ def holding(mixer: Mixer, capacity: int | None) -> dict:
     return {} if capacity is None or mixer.decode_limit is None else {"capacity": capacity}
 
 
+def positions_held(most: int, capacity: int | None) -> int:
+    """The positions a state that holds them (a full cache, kept inputs) is made with: ``most`` (its
+    ``max_len``), or a generation's ``capacity`` where given and smaller."""
+    return most if capacity is None else min(capacity, most)
+
+
 def check_prompt_fits(length: int, capacity: int) -> None:
     """Refuse a prompt of ``length`` positions for a state that holds ``capacity`` (eager code: traced
     code has its shapes fixed by export)."""
@@ -157,4 +163,5 @@ def check_position_held(position: Tensor, capacity: int, what: str, or_else: str
                          f"{', or ' + or_else if or_else else ''})")
 
 
-__all__ = ["Mixer", "autocast_dtype", "check_position_held", "check_prompt_fits", "full_precision", "holding"]
+__all__ = ["Mixer", "autocast_dtype", "check_position_held", "check_prompt_fits", "full_precision", "holding",
+           "positions_held"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnspec.nn.mixers.base import Mixer, check_position_held, check_prompt_fits
+from attnspec.nn.mixers.base import Mixer, check_position_held, check_prompt_fits, positions_held
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import register
 from attnspec.ops.documents import Documents, same_document
@@ -83,21 +83,17 @@ class MlaMixer(Mixer):
         return self._attend(u, documents)[0]
 
     # -- decoding through a cache of the latent
-    def _cache_positions(self, capacity: int | None) -> int:
-        """C: ``max_len``, or ``capacity`` positions where given (a generation's prompt and new tokens)."""
-        return self.cache_capacity if capacity is None else min(capacity, self.cache_capacity)
-
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None,
                    capacity: int | None = None) -> tuple[Tensor, ...]:
-        """Empty latent cache of C positions (:meth:`_cache_positions`): keys [c, k^R] (batch, 1, C,
-        rank + rope), values c (batch, 1, C, rank), and the (unused) decay bias (batch, H, C)."""
-        return empty_cache(batch, self.heads, 1, 1, self._cache_positions(capacity), self.rank + self.rope,
-                           self.rank, dtype, device)
+        """Empty latent cache of C positions (``max_len``, or ``capacity``: :func:`positions_held`): keys
+        [c, k^R] (batch, 1, C, rank + rope), values c (batch, 1, C, rank), the (unused) decay bias (batch, H, C)."""
+        return empty_cache(batch, self.heads, 1, 1, positions_held(self.cache_capacity, capacity),
+                           self.rank + self.rope, self.rank, dtype, device)
 
     def prefill(self, u: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """The prompt u (B, L, d_model) -> (y (B, L, d_model), its latent cache of C positions)."""
         y, c, k_rope = self._attend(u)
-        C = self._cache_positions(capacity)
+        C = positions_held(self.cache_capacity, capacity)
         check_prompt_fits(u.shape[1], C)
         bias = torch.zeros(u.shape[0], self.heads, C, dtype=u.dtype, device=u.device)  # no decay
         keys = cache_of(torch.cat([c.unsqueeze(1), k_rope], dim=-1), C).to(u.dtype)

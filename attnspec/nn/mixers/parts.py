@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnspec.nn.mixers.base import Mixer, check_position_held, check_prompt_fits, full_precision
+from attnspec.nn.mixers.base import Mixer, check_position_held, check_prompt_fits, full_precision, positions_held
 from attnspec.nn.positions import build_position
 from attnspec.nn.registry import build
 from attnspec.ops.documents import Documents, same_document
@@ -170,10 +170,9 @@ class KeyValueCache:
     that sets ``self.window`` (None, or a sliding window served by a ring buffer)."""
 
     def _softmax_attention(self, x: Tensor, documents: Documents | None = None) -> tuple[Tensor, Tensor]:
-        """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window, and the
-        values: (B, L, d) -> (B, H, L, Dv), and the values (B, H_v, L, Dv). Shared keys and values stay
-        shared (GQA). ``documents``:
-        each position attends within its own document."""
+        """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window: x (B, L, d)
+        -> (o (B, H, L, Dv), the values (B, H_v, L, Dv)). Shared keys and values stay shared (GQA).
+        ``documents``: each position attends within its own document."""
         q, k, v, _ = self._project(x, expand=False, documents=documents)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
@@ -187,9 +186,7 @@ class KeyValueCache:
         :attr:`cache_capacity` (``max_len``) positions, or ``capacity`` of them where given (a generation
         of n tokens after a prompt of T needs T + n: a cache sized to it is allocated, filled and read
         at that size, not at ``max_len``)."""
-        if capacity is None or self.window is not None:
-            return self.cache_capacity
-        return min(capacity, self.cache_capacity)
+        return self.cache_capacity if self.window is not None else positions_held(self.cache_capacity, capacity)
 
     def _init_cache(self, batch: int, dtype: torch.dtype, device, capacity: int | None = None) -> tuple[Tensor, ...]:
         """Empty cache: keys (batch, kv heads, C, d_qk), values (batch, kv heads, C, d_v), decay bias
@@ -235,18 +232,14 @@ class PrefixRerun:
     """Decoding by rerunning a :class:`ProjectedMixer` family's planned mode over the inputs so far."""
 
     # -- decoding by recomputing the prefix (causal mixers with neither a recurrent form nor a cache)
-    def _prefix_positions(self, capacity: int | None) -> int:
-        """Inputs the state keeps: ``max_len``, or ``capacity`` of them where given (a generation's length)."""
-        return self.max_len if capacity is None else min(capacity, self.max_len)
-
     def _init_prefix(self, batch: int, dtype: torch.dtype, device, capacity: int | None = None) -> tuple[Tensor, ...]:
         """The mixer's inputs so far: (batch, C, d_in), zeros where nothing is written yet
-        (C = :meth:`_prefix_positions`)."""
-        return (torch.zeros(batch, self._prefix_positions(capacity), self.d_in, dtype=dtype, device=device),)
+        (C: ``max_len``, or ``capacity``: :func:`positions_held`)."""
+        return (torch.zeros(batch, positions_held(self.max_len, capacity), self.d_in, dtype=dtype, device=device),)
 
     def _prefix_prefill(self, x: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """The planned mode over the prompt; the state holds its inputs."""
-        C = self._prefix_positions(capacity)
+        C = positions_held(self.max_len, capacity)
         check_prompt_fits(x.shape[1], C)
         return self.forward(x), (F.pad(x, (0, 0, 0, C - x.shape[1])),)
 

@@ -356,7 +356,7 @@ def _capacity_models():
 def test_a_state_sized_to_the_generation_decodes_exactly_and_refuses_past_its_capacity(name, model):
     """``prefill(capacity=C)`` / ``init_state(capacity=C)``: full caches and kept inputs hold C positions
     (not max_len 64), windows and recurrent states keep their one size, and decoding from them equals the
-    full pass (float64, 1e-10: the same reads in another allocation; measured 0). A step at position C,
+    full pass (float64, 1e-10: the same reads of the same slots in a smaller allocation). A step at position C,
     or a prompt longer than C, is refused by name."""
     torch.manual_seed(0)
     tokens = torch.randint(0, model.spec.input.vocab_size, (2, 25), generator=torch.Generator().manual_seed(6))

@@ -346,7 +346,8 @@ CAPACITY_FAMILIES = {  # the families whose state holds positions, beyond the sh
 def _capacity_models():
     models = [(path.stem, attnspec.build(path, *_small(path))) for path in CAUSAL_LMS]
     for name, mixer in CAPACITY_FAMILIES.items():
-        models.append((name, attnspec.build({**ATTENTION, "max_len": 64, "layers": [{"mixer": mixer}, {"mixer": mixer}]})))
+        spec = {**ATTENTION, "max_len": 64, "layers": [{"mixer": mixer}, {"mixer": mixer}]}
+        models.append((name, attnspec.build(spec)))
     from tests.nn.test_shared_blocks import _data
     models.append(("shared-attention", attnspec.build({**_data(), "max_len": 64})))
     return models

@@ -57,6 +57,8 @@ _EXPRESSION_WORDS = frozenset({
     "FloorDiv", "CeilDiv", "CleanDiv", "IntTrueDiv", "Mod", "PythonMod", "ModularIndexing",
     "FloorToInt", "CeilToInt", "TruncToInt", "Identity",
     "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not", "true", "false", "True", "False",
+    # sympy's relational classes by their printed names (an unbacked size's range: u0 < 32)
+    "Equality", "Unequality", "LessThan", "StrictLessThan", "GreaterThan", "StrictGreaterThan",
     # Symbol(...)'s assumptions
     "positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite",
 })

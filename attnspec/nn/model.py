@@ -28,6 +28,7 @@ from attnspec.nn.registry import build
 from attnspec.nn.shared import SharedUse
 from attnspec.ops.documents import Documents
 from attnspec.ops.documents import check as check_documents
+from attnspec.ops.per_step import one_step
 from attnspec.spec.walk import iter_blocks
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -442,12 +443,13 @@ class Model(nn.Module):
         position, rest = state[0], list(state[1:])
         self._check_position(position)
         x = embeddings = self.position.embed(self._embedded(token).unsqueeze(1), position).squeeze(1)
-        for block, count in zip(self.blocks, self.state_layout()):
-            block_state, rest = tuple(rest[:count]), rest[count:]
-            x, new_state = block.step(x, block_state, position, embeddings)
-            for old, new in zip(block_state, new_state):
-                if new is not old:  # a state the block computed afresh (recurrent states, convolution windows)
-                    old.copy_(new)
+        with one_step():  # what every block derives alike from the position, derived once (ops.per_step)
+            for block, count in zip(self.blocks, self.state_layout()):
+                block_state, rest = tuple(rest[:count]), rest[count:]
+                x, new_state = block.step(x, block_state, position, embeddings)
+                for old, new in zip(block_state, new_state):
+                    if new is not old:  # a state the block computed afresh (recurrent states, convolution windows)
+                        old.copy_(new)
         position.add_(1)
         return (self._head(self.final_norm(x)), *state)
 

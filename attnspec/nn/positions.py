@@ -11,6 +11,7 @@ tensor of cache positions in decoding, or a (B, L) tensor of every position (pac
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 from attnspec.errors import ShapeError
 from attnspec.nn.registry import register
 from attnspec.ops.linear import Decay
+from attnspec.ops.per_step import shared
 
 
 def positions(length: int, offset: Tensor | int, device, dtype) -> Tensor:
@@ -98,6 +100,7 @@ class RotaryPosition(Position):
         self.base, self.d_qk, self.rotary = node.base, d_qk, node.rotary_width(d_qk)
         self.node = SimpleNamespace(**node.model_dump())  # its scaling's fields, as plain data for tracing
         self.cos_sin_scale = node.cos_sin_scale
+        self.config = json.dumps(node.model_dump(), sort_keys=True, default=str)  # what its angles follow
 
     def rotate(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
         if self.rotary < self.d_qk:
@@ -107,10 +110,21 @@ class RotaryPosition(Position):
         return self._rotate(q, k, offset, self.d_qk)
 
     def _rotate(self, q: Tensor, k: Tensor, offset: Tensor | int, width: int) -> tuple[Tensor, Tensor]:
-        L, half = q.shape[2], width // 2
+        # the same angles for every layer of a decoding step: computed once (ops.per_step)
+        cos, sin = shared("rope angles", (offset, q.shape[2], width, self.config, q.dtype, q.device),
+                          lambda: self._cos_sin(offset, q.shape[2], width, q.dtype, q.device))
+        if self.node.interleaved:  # pairs (2i, 2i + 1): gathered into halves, rotated, put back in place
+            rotate = lambda x: _rotate_half(x, cos, sin)  # noqa: E731
+            return _interleaved(q, rotate), _interleaved(k, rotate)
+        return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+
+    def _cos_sin(self, offset: Tensor | int, L: int, width: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+        """cos and sin of the angles (1, 1, L, width / 2), or (B, 1, L, width / 2) for tensor offsets, in
+        ``dtype``."""
+        half = width // 2
         # angles in float64: t * frequency loses digits in float32 at long lengths
-        t = positions(L, offset, q.device, torch.float64)
-        exponents = -torch.arange(half, device=q.device, dtype=torch.float64) / half
+        t = positions(L, offset, device, torch.float64)
+        exponents = -torch.arange(half, device=device, dtype=torch.float64) / half
         if self.node.scaling == "dynamic":
             if t.dim() == 2 and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) \
                     and isinstance(offset, Tensor) and offset.dim() == 2:
@@ -125,11 +139,7 @@ class RotaryPosition(Position):
         cos, sin = torch.cos(angle), torch.sin(angle)
         if self.cos_sin_scale != 1.0:
             cos, sin = cos * self.cos_sin_scale, sin * self.cos_sin_scale
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        if self.node.interleaved:  # pairs (2i, 2i + 1): gathered into halves, rotated, put back in place
-            rotate = lambda x: _rotate_half(x, cos, sin)  # noqa: E731
-            return _interleaved(q, rotate), _interleaved(k, rotate)
-        return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+        return cos.to(dtype), sin.to(dtype)
 
 
 def scaled_frequencies(frequencies: Tensor, node, base: float, width: int) -> Tensor:

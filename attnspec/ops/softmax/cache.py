@@ -4,9 +4,11 @@ The cache holds C positions in place: the token at absolute position t goes to s
 ``C > t`` for every decoded t (capacity ``max_len``) it is full causal attention; with C = a window
 it is a ring buffer of the last C positions (sliding-window attention in constant memory). Tensors
 never change shape, so an exported step program carries the cache as fixed-shape state, and a step
-writes it in place. A step reads the shortest prefix (of a few fixed lengths) holding every written
-slot, so its cost follows the position rather than the capacity. Slots not written yet are masked by
-value (``where``), so whatever they hold (zeros, NaN) never reaches the output.
+writes it in place. A step reads the prefix of slots the furthest row has written, so its cost follows
+the position rather than the capacity: eager code reads exactly it (a host read of the length), an
+exported step too (an unbacked length in one program), a compiled one the shortest of a few fixed
+prefixes holding it (``torch.cond``). Slots a row has not written (rows at different positions) are
+masked, and zeroed in place before the read, so whatever they held (zeros, NaN) never reaches the output.
 
 A decay (:func:`attnspec.ops.softmax.softmax_attention`'s ``log_a``) is carried as a per-slot bias
 ``sum_{s=j+1..t} log a_s``: every step adds ``log a_t`` to the slots already written and starts the
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnspec.errors import ShapeError
+from attnspec.ops.per_step import shared
 
 Cache = tuple[Tensor, Tensor, Tensor]
 """(keys (B, H_k, C, Dk), values (B, H_v, C, Dv), decay bias (B, H, C))."""
@@ -53,16 +56,18 @@ def cache_of(t: Tensor, capacity: int) -> Tensor:
 
 
 MIN_READ = 256
-"""The shortest cache prefix a step reads: below it, a step's fixed costs outweigh reading a few more slots."""
+"""The shortest cache prefix a compiled step reads: below it, a step's fixed costs outweigh reading a few
+more slots."""
 
 
 def read_lengths(capacity: int) -> list[int]:
-    """The cache prefixes a traced step chooses among, ascending: MIN_READ, doubling, then ``capacity``.
+    """The cache prefixes a compiled step chooses among, ascending: MIN_READ, doubling, then ``capacity``.
 
     A step reads the shortest one that holds every written slot, so its cost follows the position, not
-    the capacity; a traced step holds one static branch per length (``torch.cond``), so exported and
-    compiled steps need no recompile as the position grows, and there are at most log2(C / MIN_READ) + 1.
-    (Eager steps read exactly the written slots instead.)"""
+    the capacity; a compiled step holds one static branch per length (``torch.cond``), so it needs no
+    recompile as the position grows, and there are at most log2(C / MIN_READ) + 1. (``torch.compile``
+    cannot read the exact length from the data without ``capture_scalar_outputs``; eager and exported
+    steps read exactly the written slots.)"""
     lengths, n = [], MIN_READ
     while n < capacity:
         lengths.append(n)
@@ -96,39 +101,89 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
         raise ShapeError(f"q (B, H, Dk), k (B, H_k, Dk), v (B, H_v, Dv) must fit the cache {tuple(keys.shape)}, "
                          f"{tuple(values.shape)}, {tuple(bias.shape)}; got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
+    # the slots are the same for every layer of the step: computed once (per_step)
+    slots = shared("softmax cache slots", (position, capacity), lambda: _slots(position, capacity))
     # written by index (index_put_), not scatter_: AOTInductor runs an in-place scatter as a copy of the
     # whole cache, scattered, copied back (46 ms a step for a 64 MB cache), an index_put_ in place
-    slot, rows = _as(position % capacity, torch.long), torch.arange(B, device=position.device)  # (B,) each
-    keys.transpose(1, 2).index_put_((rows, slot), _as(k, keys.dtype))  # (B, C, H_k, Dk)[row, slot] = k[row]
-    values.transpose(1, 2).index_put_((rows, slot), _as(v, values.dtype))
+    keys.transpose(1, 2).index_put_(slots.this, _as(k, keys.dtype))  # (B, C, H_k, Dk)[row, slot] = k[row]
+    values.transpose(1, 2).index_put_(slots.this, _as(v, values.dtype))
     if log_a is not None:
         bias.add_(log_a.unsqueeze(-1).to(bias.dtype))  # one more decay between every written slot and now
-        bias.transpose(1, 2).index_put_((rows, slot), torch.zeros((), dtype=bias.dtype, device=bias.device))
-    filled = torch.clamp(position + 1, max=capacity)  # (B,) slots written: 0..filled-1 (a ring: all of them)
+        bias.transpose(1, 2).index_put_(slots.this, torch.zeros((), dtype=bias.dtype, device=bias.device))
     read = _Read(Dk ** -0.5 if scale is None else scale, (H, k_heads, v_heads))
-    q = _as(q, keys.dtype)
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        o = _read_traced(q, keys, values, bias, filled, read, read_lengths(capacity), biased=log_a is not None)
-    else:  # eager: exactly the slots the furthest row has written (one host read; no graph to keep). When
-        # every row has written all of them (one prompt length, or a full ring) nothing needs a mask.
-        least, most = (int(n) for n in torch.aminmax(filled))
-        o = read.prefix(q, keys, values, None if log_a is None else bias, None if least == most else filled, most)
+    q, read_bias = _as(q, keys.dtype), None if log_a is None else bias
+    if slots.filled is not None:  # torch.compile cannot take a length from the data (capture_scalar_outputs)
+        o = _read_bucketed(q, keys, values, read_bias, slots.filled, read, read_lengths(capacity))
+    else:
+        _clear_unwritten(keys, values, slots)
+        o = read.prefix(q, keys, values, read_bias, slots.valid, slots.most)
     return _as(o.reshape(B, H, Dv), v.dtype), (keys, values, bias)
 
 
-def _read_traced(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, filled: Tensor, read: _Read,
-                 lengths: list[int], biased: bool) -> Tensor:
-    """``read.prefix`` at the shortest of ``lengths`` that holds ``filled.max()``, chosen by data
-    (nested ``torch.cond``, one static branch per length); every read is masked by ``filled``, and adds
-    ``bias`` if ``biased``."""
-    def prefix(n: int):
-        return lambda q, keys, values, bias, filled: read.prefix(q, keys, values, bias if biased else None, filled, n)
+class _Slots(NamedTuple):
+    """The cache slots of a step: the one each row writes, and those written: 0..least-1 by every row,
+    least..most-1 by some (ints in eager code, unbacked sizes in an exported step)."""
 
+    this: tuple[Tensor, Tensor]
+    """(rows, slots), (B,) int64 each: row b writes slot ``slots[b]``."""
+    least: int | None
+    most: int | None
+    valid: Tensor | None
+    """(B, most) bool: slot j written by row b; None when every row wrote them all (eager code only)."""
+    unwritten: Tensor | None
+    """(B, 1, most - least, 1) bool: slot least + j not written by row b; None as ``valid``."""
+    filled: Tensor | None = None
+    """(B,) the slots each row has written, in a compiled graph instead of the others (from least on None)."""
+
+
+def _slots(position: Tensor, capacity: int) -> _Slots:
+    """The slots of a step at ``position`` (B,): it writes slot position % C, and every slot before
+    it is written (all C of a ring that wrapped)."""
+    this = (torch.arange(position.shape[0], device=position.device), _as(position % capacity, torch.long))
+    filled = torch.clamp(position + 1, max=capacity)  # (B,)
+    if torch.compiler.is_dynamo_compiling():
+        return _Slots(this, None, None, None, None, filled)
+    if torch.compiler.is_exporting():  # one program for every position: the counts stay data
+        least, most = filled.min().item(), filled.max().item()
+        torch._check(least >= 1)  # what the slicing and reshaping below need to know of them
+        torch._check(least <= most)
+        torch._check(most <= capacity)
+    else:  # eager: one host read
+        least, most = (int(n) for n in torch.aminmax(filled))
+        if least == most:
+            return _Slots(this, least, most, None, None)
+    valid = torch.arange(most, device=filled.device).view(1, most) < filled.view(-1, 1)
+    return _Slots(this, least, most, valid, valid[:, least:].logical_not().view(valid.shape[0], 1, -1, 1))
+
+
+def _clear_unwritten(keys: Tensor, values: Tensor, written: _Slots) -> None:
+    """Zero, in place, the slots a step reads that its row has not written (some rows ahead of others):
+    whatever a state holds there (NaN, from ``torch.empty``) then adds exactly nothing to a masked read,
+    whose weight for them is 0, and a slot not written holds nothing a later step could need. Caches
+    attnspec makes hold zeros there already; this costs a pass over those slots alone, none when every
+    row has written the same ones."""
+    if written.unwritten is not None:
+        keys[:, :, written.least:written.most].masked_fill_(written.unwritten, 0.0)
+        values[:, :, written.least:written.most].masked_fill_(written.unwritten, 0.0)
+
+
+def _read_bucketed(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, filled: Tensor, read: _Read,
+                   lengths: list[int]) -> Tensor:
+    """``read.prefix`` at the shortest of ``lengths`` slots that holds ``filled.max()``, chosen by data
+    (nested ``torch.cond``, one static branch per length); every row masked by ``filled`` by value (a
+    branch may not write its inputs, so unwritten slots are masked in a copy)."""
+    def prefix(n: int):
+        def read_prefix(q, keys, values, filled, *bias):
+            valid = torch.arange(n, device=filled.device).view(1, n) < filled.view(-1, 1)
+            return read.prefix(q, keys, values, bias[0] if bias else None, valid, n, by_value=True)
+        return read_prefix
+
+    operands = (q, keys, values, filled) + (() if bias is None else (bias,))  # a cond's operands are tensors
     if len(lengths) == 1:
-        return prefix(lengths[0])(q, keys, values, bias, filled)
-    longer = lambda q, keys, values, bias, filled: _read_traced(  # noqa: E731
-        q, keys, values, bias, filled, read, lengths[1:], biased)
-    return torch.cond(filled.max() <= lengths[0], prefix(lengths[0]), longer, (q, keys, values, bias, filled))
+        return prefix(lengths[0])(*operands)
+    longer = lambda q, keys, values, filled, *bias: _read_bucketed(  # noqa: E731
+        q, keys, values, bias[0] if bias else None, filled, read, lengths[1:])
+    return torch.cond(filled.max() <= lengths[0], prefix(lengths[0]), longer, operands)
 
 
 def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -139,57 +194,42 @@ def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
 
 class _Read(NamedTuple):
     """How a step reads the cache: the score scale and the head counts (H, H_k, H_v), given as numbers
-    rather than read from the shapes, so that a ``torch.cond`` branch, traced with symbolic shapes,
-    sees plain sizes."""
+    rather than read from the shapes, so that traced code (a ``torch.cond`` branch, an unbacked read
+    length) sees plain sizes."""
 
     scale: float
     heads: tuple[int, int, int]
 
-    def prefix(self, q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, filled: Tensor | None,
-               n: int) -> Tensor:
-        """Softmax attention of ``q`` (B, H, Dk) over the first ``n`` cache slots, plus ``bias`` (B, H, C)
-        where given. With ``filled`` (B,), the slots at or past it are masked by value (whatever they hold,
-        NaN included, never reaches the output); None: every slot read is written. Shared key/value heads
-        are read in place (no copy per query head). Returns (B, H_v, H / H_v, Dv)."""
+    def prefix(self, q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, valid: Tensor | None, n,
+               by_value: bool = False) -> Tensor:
+        """Softmax attention of ``q`` (B, H, Dk) over the first ``n`` cache slots (B, H_k, C, Dk) and
+        (B, H_v, C, Dv), plus ``bias`` (B, H, C) where given, only the slots ``valid`` (B, n) where given.
+        A slot not valid has weight exactly 0; ``by_value`` also replaces its score and zeroes its value
+        (a copy), so that not even a NaN there reaches the output. Shared key/value heads are read in
+        place (no copy per query head). Returns (B, H_v, H / H_v, Dv)."""
         H, k_heads, v_heads = self.heads
         for size, expected in ((q.shape[1], H), (keys.shape[1], k_heads), (values.shape[1], v_heads)):
-            torch._check(size == expected)  # pins a traced branch's head counts (eager: true already)
-        read_keys, read_values = keys[:, :, :n], values[:, :, :n]
-        read_bias = None if bias is None else bias[:, :, :n]
-        if filled is None and k_heads == v_heads:
-            # every slot is written: one fused call, the H / H_k query heads of a key head its "query positions"
-            mask = None if read_bias is None else read_bias.reshape(-1, k_heads, H // k_heads, n)
-            o = F.scaled_dot_product_attention(q.reshape(-1, k_heads, H // k_heads, q.shape[-1]), read_keys,
-                                               read_values, attn_mask=mask, scale=self.scale)
-            return o.reshape(-1, v_heads, H // v_heads, values.shape[-1])
-        # masked by value: the scores of unwritten slots (their keys may be NaN) are replaced, not added to
-        grouped_q = q.reshape(-1, k_heads, H // k_heads, q.shape[-1])
-        scores = self.scale * torch.einsum("bgjd,bgcd->bgjc", grouped_q, read_keys).reshape(-1, H, n)
-        if read_bias is not None:
-            scores = scores + read_bias
-        if filled is None:
-            return _weighted(torch.softmax(scores, dim=-1), read_values, self.heads)
-        valid = (torch.arange(n, device=q.device).view(1, n) < filled.view(-1, 1)).view(-1, 1, n)
-        weights = torch.softmax(torch.where(valid, scores, float("-inf")), dim=-1)
-        # The unwritten slots have weight exactly 0, so where they hold finite numbers (zeros, as every
-        # cache attnspec makes) they add exactly nothing and the values need no mask: the output is the
-        # masked one bit for bit. Only a non-finite output (0 x NaN) pays for masking a copy of the values
-        # (it was most of an exported step's time at long reads: 38 ms of a 35 MB copy per layer).
-        o = _weighted(weights, read_values, self.heads)
-        masked = lambda o, weights, read_values, valid: _weighted(  # noqa: E731
-            weights, torch.where(valid.unsqueeze(-1), read_values, 0.0), self.heads)
-        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
-            return torch.cond(torch.isfinite(o).all(), lambda o, weights, read_values, valid: o.clone(), masked,
-                              (o, weights, read_values, valid))
-        return o if bool(torch.isfinite(o).all()) else masked(o, weights, read_values, valid)
-
-
-def _weighted(weights: Tensor, values: Tensor, heads: tuple[int, int, int]) -> Tensor:
-    """``weights`` (B, H, n) over ``values`` (B, H_v, n, Dv), the H / H_v query heads of a value head
-    reading it in place: (B, H_v, H / H_v, Dv)."""
-    H, _, v_heads = heads
-    return torch.einsum("bgjc,bgcd->bgjd", weights.view(-1, v_heads, H // v_heads, weights.shape[-1]),
-                        values).contiguous()
+            torch._check(size == expected)  # pins a traced read's head counts (eager: true already)
+        keys, values, bias = keys[:, :, :n], values[:, :, :n], None if bias is None else bias[:, :, :n]
+        if k_heads == v_heads and not by_value:  # one fused call, a key head's H / H_k query heads its "positions"
+            mask = None if bias is None else bias.reshape(-1, k_heads, H // k_heads, n)
+            if valid is not None:
+                valid = valid.view(-1, 1, 1, n)
+                mask = valid if mask is None else torch.where(valid, mask, float("-inf"))
+            o = F.scaled_dot_product_attention(q.reshape(-1, k_heads, H // k_heads, q.shape[-1]), keys, values,
+                                               attn_mask=mask, scale=self.scale)
+            return o.view(-1, v_heads, H // v_heads, values.shape[-1])
+        # scores per key head, weights per value head (their heads may group differently)
+        scores = self.scale * torch.einsum("bgjd,bgcd->bgjc", q.reshape(-1, k_heads, H // k_heads, q.shape[-1]),
+                                           keys).reshape(-1, H, n)
+        if bias is not None:
+            scores = scores + bias
+        if valid is not None:
+            scores = torch.where(valid.view(-1, 1, n), scores, float("-inf"))
+            if by_value:
+                values = torch.where(valid.view(-1, 1, n, 1), values, 0.0)
+        weights = torch.softmax(scores, dim=-1).view(-1, v_heads, H // v_heads, n)
+        return torch.einsum("bgjc,bgcd->bgjd", weights, values).contiguous()
 
 
 __all__ = ["Cache", "MIN_READ", "cache_of", "empty_cache", "read_lengths", "softmax_step"]

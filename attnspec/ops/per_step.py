@@ -1,0 +1,53 @@
+"""Values that every layer of one decoding step computes alike, computed once per step.
+
+A decoding step's layers derive the same things from the same position tensor: how many cache slots
+each row has written, and which (softmax attention, the same capacity); the rotary angles (RoPE,
+the same frequencies). Computed per layer, they are a third of a small model's step in ops, and an
+exported step runs every op from Python (``torch.export``'s module), so each costs several
+microseconds whatever its size. Inside :func:`one_step` (``Model.step`` opens it), :func:`shared`
+computes each once and hands every later layer the same tensors; outside it, and under
+``torch.compile`` (whose graphs must not hold Python state), it computes afresh.
+
+A value is named by its computation and its inputs: tensors by identity (kept alive with the value,
+so no identity is reused within the step; not modified within it), everything else by value. The
+values must be read only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from typing import Callable, Iterator, TypeVar
+
+import torch
+from torch import Tensor
+
+T = TypeVar("T")
+_STEP: ContextVar[dict | None] = ContextVar("attnspec_step_values", default=None)
+
+
+@contextlib.contextmanager
+def one_step() -> Iterator[None]:
+    """The scope of one decoding step: :func:`shared` values live until it closes."""
+    token = _STEP.set({})
+    try:
+        yield
+    finally:
+        _STEP.reset(token)
+
+
+def shared(name: str, inputs: tuple, compute: Callable[[], T]) -> T:
+    """``compute()``, a function of ``inputs`` (tensors, numbers, strings), computed once per ``name``
+    and inputs within :func:`one_step` (and at every call outside it)."""
+    if torch.compiler.is_dynamo_compiling():  # (it cannot trace a ContextVar either)
+        return compute()
+    values = _STEP.get()
+    if values is None:
+        return compute()
+    key = (name, *(("tensor", id(x)) if isinstance(x, Tensor) else x for x in inputs))
+    if key not in values:
+        values[key] = (compute(), inputs)  # the inputs held: their identities stay theirs
+    return values[key][0]
+
+
+__all__ = ["one_step", "shared"]

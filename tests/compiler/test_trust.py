@@ -370,6 +370,11 @@ def test_the_expression_grammar_admits_what_torch_writes_and_nothing_else():
                  "Pow(Max(Integer(1), FloorDiv(Add(Symbol('s71', positive=True, integer=True), Integer(-1)), "
                  "Integer(64))), Integer(2))"]:  # sliding-window-hybrid's model.pt2 holds this one
         assert is_safe_expression(text), text
+    for text in ["LessThan(Symbol('u1', integer=True), Integer(1568))",  # a step's unbacked read lengths
+                 "GreaterThan(Symbol('u0', integer=True), Integer(1))",
+                 "Equality(Add(Symbol('u0', integer=True), Max(Integer(0), Add(Symbol('u1', integer=True), "
+                 "Mul(Integer(-1), Min(Integer(1568), Symbol('u0', integer=True)))))), Symbol('u1', integer=True))"]:
+        assert is_safe_expression(text), text
     for text in ["__import__('os')", "s0.__class__", "Symbol('x').subs", "eval('1')", "lambda: 0", "s0[0]",
                  "Symbol('s0'); 1", "(" * 100 + "s0" + ")" * 100, "Integer(1)(", 3, None, "open",
                  # allowed tokens, unbounded arithmetic: sympy would compute these numbers

@@ -195,6 +195,37 @@ def test_an_exported_step_past_its_decode_limit_raises(tmp_path):
         model.step(torch.tensor([1, 2]), *state)
 
 
+def test_an_exported_step_derives_the_position_once_and_reads_exactly_the_written_slots(tmp_path):
+    """Three RoPE attention layers (one a window): the exported step computes the rotary angles once, and
+    the slots written once per cache capacity (ops.per_step), not per layer; it reads the written
+    slots by an unbacked length, with no ``torch.cond`` per read length; and it equals the eager step
+    (float64, 1e-12) for rows at different positions."""
+    from collections import Counter
+
+    from attnspec.compiler.export import export_step
+
+    mixer = {"kind": "softmax", "heads": 4, "kv_heads": 2, "position": "rope"}
+    spec = {**ATTENTION, "layers": [{"mixer": mixer}, {"mixer": {**mixer, "window": 5}}, {"mixer": mixer}]}
+    torch.manual_seed(0)
+    model = attnspec.build(spec).eval()
+    program = export_step(model, tmp_path / "step.pt2")
+    ops = Counter(str(node.target) for node in program.graph.nodes if node.op == "call_function")
+    assert ops["aten.cos.default"] == ops["aten.sin.default"] == 1
+    assert ops["aten.item.default"] == 4  # least and most, for the full caches and for the window
+    assert ops["cond"] == 0
+    step = program.module()
+    with torch.no_grad():
+        eager = list(model.init_state(2))
+        for t in range(3):  # row 1 runs 3 positions ahead (steps on views of its rows)
+            model.step(torch.tensor([t + 1]), *[s[1:] for s in eager])
+        exported = [s.clone() for s in eager]
+        for t in range(12):
+            token = torch.tensor([t % 5 + 1, t % 3 + 2])
+            expected, *eager = model.step(token, *eager)
+            got, *exported = step(token, *exported)
+            assert (got - expected).abs().max() < 1e-12, t
+
+
 def _bytes_allocated_by_steps(max_len: int, steps: int = 32) -> tuple[int, int, Tensor]:
     """(bytes allocated over ``steps`` decoding steps after an 8-token prefill, the largest single
     allocation, the last logits) of the shipped hybrid (linear blocks and softmax attention) at batch 2,

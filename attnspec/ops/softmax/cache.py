@@ -103,35 +103,39 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
                          f"{tuple(v.shape)}")
     # the slots are the same for every layer of the step: computed once (per_step)
     slots = shared("softmax cache slots", (position, capacity), lambda: _slots(position, capacity))
-    # written by index (index_put_), not scatter_: AOTInductor runs an in-place scatter as a copy of the
-    # whole cache, scattered, copied back (46 ms a step for a 64 MB cache), an index_put_ in place
-    keys.transpose(1, 2).index_put_(slots.this, _as(k, keys.dtype))  # (B, C, H_k, Dk)[row, slot] = k[row]
-    values.transpose(1, 2).index_put_(slots.this, _as(v, values.dtype))
+    # Written by index (index_put_), not scatter_ (AOTInductor runs an in-place scatter as a copy of the
+    # whole cache, scattered, copied back: 46 ms a step for a 64 MB cache), and once per cache: this
+    # position's entry of each row, and zeros in the slots a step reads that their row has not written
+    # (some rows ahead of others). Whatever a state holds there (NaN, from torch.empty) then adds exactly
+    # nothing to the masked read, whose weight for them is 0; such a slot holds nothing a later step could
+    # need, and caches attnspec makes hold zeros there already. (Two index_put_ on one cache, AOTInductor
+    # again copies it whole.)
+    keys.transpose(1, 2).index_put_(slots.targets, _entries(k, keys.dtype, slots.cleared))  # (B, C, H_k, Dk)
+    values.transpose(1, 2).index_put_(slots.targets, _entries(v, values.dtype, slots.cleared))
     if log_a is not None:
         bias.add_(log_a.unsqueeze(-1).to(bias.dtype))  # one more decay between every written slot and now
-        bias.transpose(1, 2).index_put_(slots.this, torch.zeros((), dtype=bias.dtype, device=bias.device))
+        bias.transpose(1, 2).index_put_(slots.targets, torch.zeros((), dtype=bias.dtype, device=bias.device))
     read = _Read(Dk ** -0.5 if scale is None else scale, (H, k_heads, v_heads))
     q, read_bias = _as(q, keys.dtype), None if log_a is None else bias
     if slots.filled is not None:  # torch.compile cannot take a length from the data (capture_scalar_outputs)
         o = _read_bucketed(q, keys, values, read_bias, slots.filled, read, read_lengths(capacity))
     else:
-        _clear_unwritten(keys, values, slots)
         o = read.prefix(q, keys, values, read_bias, slots.valid, slots.most)
     return _as(o.reshape(B, H, Dv), v.dtype), (keys, values, bias)
 
 
 class _Slots(NamedTuple):
-    """The cache slots of a step: the one each row writes, and those written: 0..least-1 by every row,
+    """The cache slots of a step: those it writes, and those written by then: 0..least-1 by every row,
     least..most-1 by some (ints in eager code, unbacked sizes in an exported step)."""
 
-    this: tuple[Tensor, Tensor]
-    """(rows, slots), (B,) int64 each: row b writes slot ``slots[b]``."""
+    targets: tuple[Tensor, Tensor]
+    """(rows, slots), (B + cleared,) int64 each: row b writes slot position[b] % C, then the ``cleared``
+    slots read that their row has not written are zeroed."""
+    cleared: int
     least: int | None
     most: int | None
     valid: Tensor | None
     """(B, most) bool: slot j written by row b; None when every row wrote them all (eager code only)."""
-    unwritten: Tensor | None
-    """(B, 1, most - least, 1) bool: slot least + j not written by row b; None as ``valid``."""
     filled: Tensor | None = None
     """(B,) the slots each row has written, in a compiled graph instead of the others (from least on None)."""
 
@@ -142,7 +146,7 @@ def _slots(position: Tensor, capacity: int) -> _Slots:
     this = (torch.arange(position.shape[0], device=position.device), _as(position % capacity, torch.long))
     filled = torch.clamp(position + 1, max=capacity)  # (B,)
     if torch.compiler.is_dynamo_compiling():
-        return _Slots(this, None, None, None, None, filled)
+        return _Slots(this, 0, None, None, None, filled)
     if torch.compiler.is_exporting():  # one program for every position: the counts stay data
         least, most = filled.min().item(), filled.max().item()
         torch._check(least >= 1)  # what the slicing and reshaping below need to know of them
@@ -151,20 +155,17 @@ def _slots(position: Tensor, capacity: int) -> _Slots:
     else:  # eager: one host read
         least, most = (int(n) for n in torch.aminmax(filled))
         if least == most:
-            return _Slots(this, least, most, None, None)
+            return _Slots(this, 0, least, most, None)
     valid = torch.arange(most, device=filled.device).view(1, most) < filled.view(-1, 1)
-    return _Slots(this, least, most, valid, valid[:, least:].logical_not().view(valid.shape[0], 1, -1, 1))
+    rows, slots = valid[:, least:].logical_not().nonzero().unbind(1)  # never a row's own slot: it is valid
+    return _Slots((torch.cat([this[0], rows]), torch.cat([this[1], slots + least])), rows.shape[0], least, most,
+                  valid)
 
 
-def _clear_unwritten(keys: Tensor, values: Tensor, written: _Slots) -> None:
-    """Zero, in place, the slots a step reads that its row has not written (some rows ahead of others):
-    whatever a state holds there (NaN, from ``torch.empty``) then adds exactly nothing to a masked read,
-    whose weight for them is 0, and a slot not written holds nothing a later step could need. Caches
-    attnspec makes hold zeros there already; this costs a pass over those slots alone, none when every
-    row has written the same ones."""
-    if written.unwritten is not None:
-        keys[:, :, written.least:written.most].masked_fill_(written.unwritten, 0.0)
-        values[:, :, written.least:written.most].masked_fill_(written.unwritten, 0.0)
+def _entries(x: Tensor, dtype: torch.dtype, cleared: int) -> Tensor:
+    """``x`` (B, heads, D) in ``dtype``, followed by ``cleared`` rows of zeros: (B + cleared, heads, D)."""
+    x = _as(x, dtype)
+    return x if isinstance(cleared, int) and cleared == 0 else torch.cat([x, x.new_zeros(cleared, *x.shape[1:])])
 
 
 def _read_bucketed(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, filled: Tensor, read: _Read,

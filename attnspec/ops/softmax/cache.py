@@ -137,7 +137,8 @@ class _Slots(NamedTuple):
     valid: Tensor | None
     """(B, most) bool: slot j written by row b; None when every row wrote them all (eager code only)."""
     filled: Tensor | None = None
-    """(B,) the slots each row has written, in a compiled graph instead of the others (from least on None)."""
+    """(B,) how many slots each row has written: given (and least, most, valid None) in a torch.compile
+    graph alone, whose read picks its length by it."""
 
 
 def _slots(position: Tensor, capacity: int) -> _Slots:

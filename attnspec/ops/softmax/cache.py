@@ -157,10 +157,15 @@ def _slots(position: Tensor, capacity: int) -> _Slots:
         least, most = (int(n) for n in torch.aminmax(filled))
         if least == most:
             return _Slots(this, 0, least, most, None)
-    valid = torch.arange(most, device=filled.device).view(1, most) < filled.view(-1, 1)
+    valid = _written_mask(filled, most)
     rows, slots = valid[:, least:].logical_not().nonzero().unbind(1)  # never a row's own slot: it is valid
     return _Slots((torch.cat([this[0], rows]), torch.cat([this[1], slots + least])), rows.shape[0], least, most,
                   valid)
+
+
+def _written_mask(filled: Tensor, n) -> Tensor:
+    """(B, n) bool: slot j of row b is written (j < filled[b])."""
+    return torch.arange(n, device=filled.device).view(1, n) < filled.view(-1, 1)
 
 
 def _entries(x: Tensor, dtype: torch.dtype, cleared: int) -> Tensor:
@@ -176,7 +181,7 @@ def _read_bucketed(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None,
     branch may not write its inputs, so unwritten slots are masked in a copy)."""
     def prefix(n: int):
         def read_prefix(q, keys, values, filled, *bias):
-            valid = torch.arange(n, device=filled.device).view(1, n) < filled.view(-1, 1)
+            valid = _written_mask(filled, n)
             return read.prefix(q, keys, values, bias[0] if bias else None, valid, n, by_value=True)
         return read_prefix
 

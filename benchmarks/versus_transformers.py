@@ -7,7 +7,8 @@ config here; nothing is downloaded), imported into attnspec, generating 32 greed
 
 Candidates, timed interleaved (median of --rounds): transformers' ``generate`` with its DynamicCache and
 with ``cache_implementation="static"``; attnspec's eager ``model.generate``; the exported ``step.pt2``
-(the prompt through the eager prefill, then the program's steps); with ``--aot`` its AOTInductor package,
+(the prompt through the eager prefill, then the program's steps, the state sized to the generation as
+eager's is); with ``--aot`` its AOTInductor package,
 after the eager prefill and after the prefill's own package (the pair a build with ``--aot`` ships,
 ``prefill.aoti.pt2`` and ``step.aoti.pt2``).
 Columns are seconds for transformers' DynamicCache and the ratio of every candidate to it (and to the
@@ -97,10 +98,12 @@ def _candidates(reference, model, scratch: Path, aot: bool) -> dict:
                                                  do_sample=False, pad_token_id=0, **options)
 
     def program_generate(step, prefill=None):
-        def run(prompt):
-            state = lambda: model.init_state(prompt.shape[0])  # noqa: E731  (made only if a prompt is stepped)
-            return decode(step, state, prompt, NEW_TOKENS, temperature=0,
-                          prefill=prefill or (lambda tokens: model.prefill(tokens, last_only=True)))
+        def run(prompt):  # the state sized to the generation, as eager generate sizes it (the programs take any)
+            capacity = prompt.shape[1] + NEW_TOKENS
+            state = lambda: model.init_state(prompt.shape[0], capacity)  # noqa: E731  (made if a prompt is stepped)
+            into = (lambda tokens: prefill(tokens, *state())) if prefill else \
+                (lambda tokens: model.prefill(tokens, last_only=True, capacity=capacity))
+            return decode(step, state, prompt, NEW_TOKENS, temperature=0, prefill=into)
         return run
 
     candidates = {"transformers DynamicCache": transformers_generate(),

@@ -126,13 +126,15 @@ def print_build_summary(directory: Path, manifest: dict) -> None:
     lines = [f"\nNext: {run}", f"      python -c \"import attnspec; model = attnspec.load('{directory}')\"",
              "Load each artifact from plain PyTorch:",
              f"  model.pt2       program = torch.export.load('{directory}/model.pt2').module(); program(tokens)"]
+    if manifest["has_step"]:
+        lines.append("  (state: zeros for each entry of manifest.json export.step.pt2.state, (batch, *shape), its "
+                     "capacity_axis sized to the prompt plus the tokens to generate; updated in place)")
     if "prefill.pt2" in manifest["files"]:
         lines.append(f"  prefill.pt2     prefill = torch.export.load('{directory}/prefill.pt2').module(); "
-                     "logits, *state = prefill(prompt)  (prompt: (batch, length >= 2))")
+                     "logits, *state = prefill(prompt, *state)  (prompt: (batch, length >= 2))")
     if manifest["has_step"]:
         lines.append(f"  step.pt2        step = torch.export.load('{directory}/step.pt2').module(); "
-                     "logits, *state = step(token, *state)  (state: updated in place; from prefill, or zeros as "
-                     "manifest.json export.step.pt2.state)")
+                     "logits, *state = step(token, *state)")
     for name in ("model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2"):
         if name in manifest["files"]:
             lines.append(f"  {name:<15} program = torch._inductor.aoti_load_package('{directory}/{name}')  "

@@ -232,14 +232,16 @@ def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
     exported = {"model.pt2": program}
     if model.prefills_in_one_pass:
         prefill = export_prefill(model, scratch / "prefill.pt2")
+        capacity = min(model.spec.max_len, check_length + 5)  # a generation's capacity, not the traced one
         with torch.no_grad():  # the logits at the last position and every state tensor
-            diff = max((got.double() - want.double()).abs().max().item()
-                       for got, want in zip(prefill.module()(inputs), model.prefill(inputs, last_only=True)))
-        info["prefill.pt2"] = {"checked_length": check_length, "max_abs_diff_vs_eager": diff}
+            got = prefill.module()(inputs, *model.init_state(inputs.shape[0], capacity))
+            want = model.prefill(inputs, last_only=True, capacity=capacity)
+            diff = max((a.double() - b.double()).abs().max().item() for a, b in zip(got, want))
+        info["prefill.pt2"] = {"checked_length": check_length, "max_abs_diff_vs_eager": diff, "takes_state": True}
         exported["prefill.pt2"] = prefill
     if model.has_step:
         exported["step.pt2"] = export_step(model, scratch / "step.pt2")
-        info["step.pt2"] = {"state": state_signature(model)}
+        info["step.pt2"] = {"state": state_signature(model), "dynamic_capacity": True}
     programs = {name: program.module() for name, program in exported.items()}
     if aot:
         from torch._inductor import aoti_compile_and_package, aoti_load_package
@@ -261,14 +263,18 @@ def _measure_speeds(model, programs: dict, info: dict) -> None:
     # the warm-up step and the timed ones stay within the positions a full cache holds
     steps = DECODE_STEPS if model.decode_limit is None else max(1, min(DECODE_STEPS, model.decode_limit - 1))
     decode_at = {"batch": 1, "steps": steps}
+    state = model.init_state(inputs.shape[0], inputs.shape[1]) if model.has_step else ()  # a prefill writes it
     for name, program in programs.items():
-        if name.startswith(("model", "prefill")):
+        if name.startswith("model"):
             info[name].update(tokens_per_second=sequence_speed(program, inputs), speed_at=sequence_at)
             if name == "model.pt2":
                 info[name]["eager_tokens_per_second"] = sequence_speed(model, inputs)
+        elif name.startswith("prefill"):
+            info[name].update(tokens_per_second=sequence_speed(lambda x: program(x, *state), inputs),
+                              speed_at=sequence_at)
             if name == "prefill.pt2":
-                info[name]["eager_tokens_per_second"] = sequence_speed(lambda x: model.prefill(x, last_only=True),
-                                                                       inputs)
+                info[name]["eager_tokens_per_second"] = sequence_speed(lambda x: model.prefill(x, last_only=True,
+                                                                                                into=state), inputs)
         else:
             info[name].update(tokens_per_second=decode_speed(program, model.init_state(1), steps), speed_at=decode_at)
             if name == "step.pt2":

@@ -155,13 +155,23 @@ def check_plugins(directory: Path, names: object) -> None:
 def check_decoding_fields(directory: Path, manifest: Manifest, model: Model) -> None:
     """Refuse a manifest whose ``decode_limit`` or step state signature is not what its spec's
     ``model`` has: readers derive both from the spec, and a disagreement means the manifest was edited."""
-    state = [(shape, str(dtype).replace("torch.", "")) for shape, dtype in model.state_signature()]
-    recorded = [(tuple(entry.shape), entry.dtype) for entry in manifest.export.step.state] \
+    state = decoding_state(manifest, model)
+    recorded = [(tuple(entry.shape), entry.dtype, entry.capacity_axis) for entry in manifest.export.step.state] \
         if manifest.export.step is not None else state
     limit = model.decode_limit if model.has_step else None
     if manifest.decode_limit != limit or recorded != state:
         raise BuildError(f"{directory}/manifest.json: its decode_limit or decoding state does not match its spec "
                          "(the manifest was edited); rebuild the directory")
+
+
+def decoding_state(manifest: Manifest, model: Model) -> list[tuple[tuple[int, ...], str, int | None]]:
+    """The decoding state of the build's step: (shape without the batch, dtype, capacity axis) per tensor,
+    from its spec's ``model``; a capacity axis only where the step takes any capacity (builds before that
+    take ``max_len`` positions)."""
+    dynamic = manifest.export.step is not None and manifest.export.step.dynamic_capacity
+    axes = model.capacity_axes() if dynamic else [None] * len(model.state_signature())
+    return [(shape, str(dtype).replace("torch.", ""), axis)
+            for (shape, dtype), axis in zip(model.state_signature(), axes)]
 
 
 def tokenizer_of(directory: Path | str):

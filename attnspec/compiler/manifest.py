@@ -73,7 +73,11 @@ class PlanRecord(_Strict):
 
 class StateEntry(_Strict):
     shape: Annotated[list[Annotated[int, Field(ge=0, le=1 << 31)]], Field(max_length=8)]
+    """Without the batch; ``max_len`` on the capacity axis."""
     dtype: Literal["float32", "float64", "int64"]
+    capacity_axis: Annotated[int, Field(ge=0, le=7)] | None = None
+    """The axis of ``shape`` sized to the positions a generation reaches (full caches, kept inputs), where the
+    step takes any capacity (:attr:`StepExport.dynamic_capacity`)."""
 
 
 Speed = Annotated[float, Field(ge=0)]
@@ -85,6 +89,9 @@ class StepExport(_Strict):
     """Decoding speed of the program (batch 1, ``speed_at``); ``eager_…`` that of ``attnspec.load``'s model."""
     eager_tokens_per_second: Speed | None = None
     speed_at: dict[Text, int] | None = None
+    dynamic_capacity: bool = False
+    """The state's capacity axes are dynamic (2..max_len): a generation allocates what it reaches. Builds
+    before it take states of ``max_len`` positions."""
 
 
 class ModelExport(_Strict):
@@ -96,6 +103,12 @@ class ModelExport(_Strict):
     speed_at: dict[Text, int] | None = None
 
 
+class PrefillExport(ModelExport):
+    takes_state: bool = False
+    """``prefill(tokens, *state)`` writes the state it is given (allocated at the generation's capacity)
+    in place; builds before it take ``prefill(tokens)`` and return a state of ``max_len`` positions."""
+
+
 class AotExport(_Strict):
     tokens_per_second: Speed
     speed_at: dict[Text, int]
@@ -104,7 +117,7 @@ class AotExport(_Strict):
 class ExportRecord(_Strict):
     model: ModelExport = Field(alias="model.pt2")
     step: StepExport | None = Field(default=None, alias="step.pt2")
-    prefill: ModelExport | None = Field(default=None, alias="prefill.pt2")
+    prefill: PrefillExport | None = Field(default=None, alias="prefill.pt2")
     """The prompt's pass to logits at its last position and the decoding state (builds before it have none)."""
     model_aoti: AotExport | None = Field(default=None, alias="model.aoti.pt2")
     step_aoti: AotExport | None = Field(default=None, alias="step.aoti.pt2")

@@ -43,15 +43,15 @@ def parse_tokens(text: str, vocab_size: int | None = None, max_len: int | None =
     return tokens
 
 
-def _generate(directory: Path, name: str, step, state: list, prompt: list[int], count: int, sampling: dict,
-              prefill=None) -> list[int]:
+def _generate(directory: Path, name: str, step, state, prompt: list[int], count: int, sampling: dict,
+              prefill=None, device=None) -> list[int]:
     """Feed ``prompt`` through ``prefill(tokens (1, T)) -> (logits, *state)`` where given (and the prompt
     has the 2 or more tokens a prefill program takes), else token by token through ``step(token (1,),
-    *state) -> (logits (1, vocab), *state)``, and generate ``count`` tokens
-    (:func:`attnspec.nn.generate.decode`, on the state's device)."""
+    *state) -> (logits (1, vocab), *state)`` from ``state`` (or the state a function of no arguments makes), and
+    generate ``count`` tokens (:func:`attnspec.nn.generate.decode`, on ``device``)."""
     from attnspec.nn.generate import decode
 
-    tokens = torch.tensor([prompt], device=state[0].device)
+    tokens = torch.tensor([prompt], device=device)
     try:
         out = decode(step, state, tokens, count, **sampling, prefill=prefill if len(prompt) > 1 else None)
     except AttnSpecError:
@@ -62,12 +62,13 @@ def _generate(directory: Path, name: str, step, state: list, prompt: list[int], 
     return out[0, len(prompt):].tolist()
 
 
-def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, list[tuple[tuple[int, ...], str]]]:
-    """(decode limit, the step's state as (shape without the batch, dtype) per tensor) derived from the
+def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, list[tuple[tuple[int, ...], str, int | None]]]:
+    """(decode limit, the step's state as (shape without the batch, dtype, capacity axis) per tensor
+    (:func:`~attnspec.compiler.load.decoding_state`)) derived from the
     spec the manifest carries, on the meta device (nothing allocated), never trusted from the manifest's
     own fields: a manifest whose ``decode_limit`` or state signature disagrees with its spec is refused,
     and so is a spec whose decoding state of one sequence is over ``MAX_DECODE_STATE_BYTES``."""
-    from attnspec.compiler.load import check_decoding_fields, check_plugins
+    from attnspec.compiler.load import check_decoding_fields, check_plugins, decoding_state
     from attnspec.nn.model import Model
     from attnspec.spec.validate import validate_data
 
@@ -81,16 +82,15 @@ def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, lis
         model = Model(spec)
     model.check_decode_state(1)
     limit = model.decode_limit if model.has_step else None
-    state = [(shape, str(dtype).replace("torch.", "")) for shape, dtype in model.state_signature()]
     check_decoding_fields(directory, manifest, model)
-    return limit, state
+    return limit, decoding_state(manifest, model)
 
 
 class _Runner:
     """The model of a build directory as two calls: the full sequence and the one-token step."""
 
     def __init__(self, directory: Path, manifest: Manifest, programs: bool,
-                 state: list[tuple[tuple[int, ...], str]]):
+                 state: list[tuple[tuple[int, ...], str, int | None]]):
         self.directory, self.manifest, self.programs, self.state = directory, manifest, programs, state
         # the exported programs run on the device they were built for; the rebuilt model on the CPU
         self.device = torch.device("cpu")
@@ -124,19 +124,29 @@ class _Runner:
                                  f"{shorten(str(error), 160)}); rebuild the directory") from None
 
     def generate(self, prompt: list[int], count: int, sampling: dict) -> list[int]:
+        capacity = len(prompt) + count  # caches sized to this generation
+        if self.manifest.decode_limit is not None:
+            capacity = min(capacity, self.manifest.decode_limit)  # past it, the step's own error names max_len
         if self.model is not None:
-            model, capacity = self.model, len(prompt) + count  # caches sized to this generation
-            if model.decode_limit is not None:
-                capacity = min(capacity, model.decode_limit)  # past it, the step's own error names max_len
-            return _generate(self.directory, "model.safetensors", model.step, list(model.init_state(1, capacity)),
+            model = self.model
+            return _generate(self.directory, "model.safetensors", model.step, lambda: model.init_state(1, capacity),
                              prompt, count, sampling,
                              prefill=lambda tokens: model.prefill(tokens, last_only=True, capacity=capacity))
-        state = [torch.zeros(1, *shape, dtype=getattr(torch, dtype), device=self.device) for shape, dtype in self.state]
+        capacity = max(capacity, 2)  # the programs' least capacity
+
+        def state(batch: int = 1) -> list[torch.Tensor]:  # what the programs take: zeros, at this capacity
+            return [torch.zeros(batch, *(capacity if index == axis else n for index, n in enumerate(shape)),
+                                dtype=getattr(torch, dtype), device=self.device) for shape, dtype, axis in self.state]
+
         step = load_program(self.directory / "step.pt2").module()
         prefill, name = None, "step.pt2"
         if "prefill.pt2" in self.manifest.files:  # builds before prefill programs step through the prompt
-            prefill, name = load_program(self.directory / "prefill.pt2").module(), "prefill.pt2 and step.pt2"
-        return _generate(self.directory, name, step, state, prompt, count, sampling, prefill=prefill)
+            program, name = load_program(self.directory / "prefill.pt2").module(), "prefill.pt2 and step.pt2"
+            prefill = program  # builds before it return a state of max_len positions
+            if self.manifest.export.prefill is not None and self.manifest.export.prefill.takes_state:
+                prefill = lambda tokens: program(tokens, *state(tokens.shape[0]))  # noqa: E731
+        return _generate(self.directory, name, step, state, prompt, count, sampling, prefill=prefill,
+                         device=self.device)
 
 
 def _text_prompt(directory: Path, manifest: Manifest, text: str):

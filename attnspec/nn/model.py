@@ -197,6 +197,7 @@ class Model(nn.Module):
         self.softcap = head.softcap if head.kind == "lm" else None
         self.embedding_scale = spec.input.scale if self.token_input else 1.0
         self._state_layout: list[int] | None = None
+        self._capacity_axes: list[int | None] | None = None
         initialise(self, spec.init)
 
     @property
@@ -371,6 +372,34 @@ class Model(nn.Module):
             return []
         return [(tuple(t.shape[1:]), t.dtype) for t in self._init_state(1, torch.device("meta"))]
 
+    def capacity_axes(self) -> list[int | None]:
+        """For every tensor of :meth:`state_signature`, the axis of its shape (batch excluded) sized to a
+        generation's capacity (full key/value caches, kept inputs: :meth:`init_state`'s ``capacity``), or
+        None for a tensor of one size (positions, windows, recurrent states). Found by making the state on
+        the meta device at two capacities and comparing, once (the structure fixes them; found while
+        tracing, the meta tensors would stay in the program); an exported program takes these axes as dynamic."""
+        if self._capacity_axes is None:
+            signature = self.state_signature()
+            if self.decode_limit is None or self.spec.max_len < 3:
+                return [None] * len(signature)
+            meta, capacity = torch.device("meta"), self.spec.max_len - 1
+            axes = []
+            for (shape, _), smaller in zip(signature, self._init_state(1, meta, capacity)):
+                differing = [axis for axis, (n, m) in enumerate(zip(shape, smaller.shape[1:])) if n != m]
+                if len(differing) > 1 or any(smaller.shape[1 + axis] != capacity for axis in differing):
+                    raise AssertionError(f"a decoding state tensor {shape} does not hold the capacity on one axis")
+                axes.append(differing[0] if differing else None)
+            self._capacity_axes = axes
+        return self._capacity_axes
+
+    def capacity_of(self, state: tuple[Tensor, ...]) -> int | None:
+        """The capacity the decoding ``state`` was made with (the positions its full caches hold), or None for
+        a state of one size whatever the generation (no full cache)."""
+        for tensor, axis in zip(state, self.capacity_axes()):
+            if axis is not None:
+                return tensor.shape[1 + axis]
+        return None
+
     def decode_state_bytes(self) -> int:
         """Bytes of one sequence's decoding state at its capacity (key/value caches of ``max_len`` or
         the window, recurrent states)."""
@@ -404,11 +433,15 @@ class Model(nn.Module):
             self._state_layout = [len(block.init_state(1, self.embed.weight.dtype, meta)) for block in self.blocks]
         return self._state_layout
 
-    def prefill(self, tokens: Tensor, last_only: bool = False, capacity: int | None = None) -> tuple[Tensor, ...]:
+    def prefill(self, tokens: Tensor, last_only: bool = False, capacity: int | None = None,
+                into: tuple[Tensor, ...] | None = None) -> tuple[Tensor, ...]:
         """A prompt in one pass: ``tokens`` (B, L) -> (logits (B, L, vocab), *state after position L - 1);
         with ``last_only`` the logits of the last position alone, (B, 1, vocab) (what generation reads: the
         head over every prompt position would cost L times as much). ``capacity`` (>= L): the positions
         the generation reaches; full caches are sized to it (:meth:`init_state`), else to ``max_len``.
+        ``into``: a state of B rows from :meth:`init_state` to write the state into, in place, and return
+        (its full caches give the capacity): how an exported prefill takes the generation's capacity, from
+        the state its caller allocated once for the generation.
 
         Each mixer runs its planned full-sequence mode and hands over the state its decoding step
         continues from (recurrent states from the op's final state, caches filled from the keys and
@@ -418,18 +451,51 @@ class Model(nn.Module):
             raise ShapeError("this model has no decoding step: prefill needs a causal token model with an lm head")
         self.check_inputs(tokens)
         self.check_decode_state(tokens.shape[0])
+        if into is not None:
+            if capacity is not None:
+                raise ShapeError("give prefill a capacity or a state to write into (which has one), not both")
+            into = tuple(into)
+            self._check_into(into, tokens.shape[0])
+            capacity = self.capacity_of(into)
         x = embeddings = self.position.embed(self._embedded(tokens))
         state: list[Tensor] = [torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)]
         tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
         capacity = self._checked_capacity(capacity, tokens.shape[1])
+        if torch.compiler.is_exporting() and capacity is not None:  # the capacity is the caller's: checked on data
+            torch._assert_async((state[0] <= capacity).all(), "the prompt is longer than the decoding state's "
+                                "capacity (the positions its caches hold); allocate the state for the prompt and "
+                                "the tokens to generate")
         for block in self.blocks:
             x, block_state = block.prefill(x, embeddings, capacity)
             # contiguous (conv windows are slices, recurrent states transposes): a compiled step package
             # reads its state with the strides it was traced with. Traced, a copy: .contiguous() would
-            # guard on the batch (a size-1 batch is contiguous either way)
-            state.extend(t.clone(memory_format=torch.contiguous_format) if tracing else t.contiguous()
-                         for t in block_state)
+            # guard on the batch (a size-1 batch is contiguous either way). Written into a given state, its
+            # layout is the given one's
+            state.extend(t if into is not None else t.clone(memory_format=torch.contiguous_format) if tracing
+                         else t.contiguous() for t in block_state)
+        if into is not None:
+            for given, computed in zip(into, state):
+                given.copy_(computed)
+            state = list(into)
         return (self._head(self.final_norm(x[:, -1:] if last_only else x)), *state)
+
+    def _check_into(self, into: tuple[Tensor, ...], batch: int) -> None:
+        """Refuse a state to write into that is not :meth:`init_state`'s for ``batch`` rows at some capacity:
+        count, shapes, dtypes, device (eager calls: ``copy_`` would broadcast a row into many, or convert
+        silently)."""
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+            return
+        signature = self.state_signature()
+        if len(into) != len(signature) or not all(isinstance(t, Tensor) for t in into):
+            raise ShapeError(f"the state to write into must be this model's {len(signature)} tensors (init_state), "
+                             f"got {len(into)} {'tensors' if all(isinstance(t, Tensor) for t in into) else 'values'}")
+        device = self.embed.weight.device
+        expected = self._init_state(batch, torch.device("meta"), self.capacity_of(into))
+        for index, (given, want) in enumerate(zip(into, expected)):
+            if (given.shape, given.dtype, given.device) != (want.shape, want.dtype, device):
+                raise ShapeError(f"state tensor {index} to write into is {given.dtype} {tuple(given.shape)} on "
+                                 f"{given.device}; the prompts need {want.dtype} {tuple(want.shape)} on {device} "
+                                 "(init_state(batch, capacity))")
 
     def step(self, token: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
         """One decoding step: ``token`` (B,) int64 and the flat state -> (logits (B, vocab), *state).
@@ -442,6 +508,11 @@ class Model(nn.Module):
         self.check_inputs(token, per_position=False)
         position, rest = state[0], list(state[1:])
         self._check_position(position)
+        if torch.compiler.is_exporting():  # every capacity axis is one size (export_step gives them one Dim):
+            capacity = self.capacity_of(state)  # said first, a trace derives a capacity's values once (per_step)
+            for tensor, axis in zip(state, self.capacity_axes()):
+                if axis is not None:
+                    torch._check(tensor.shape[1 + axis] == capacity)
         x = embeddings = self.position.embed(self._embedded(token).unsqueeze(1), position).squeeze(1)
         with one_step():  # what every block derives alike from the position, derived once (ops.per_step)
             for block, count in zip(self.blocks, self.state_layout()):

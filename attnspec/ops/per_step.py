@@ -9,7 +9,8 @@ computes each once and hands every later layer the same tensors; outside it, and
 ``torch.compile`` (whose graphs must not hold Python state), it computes afresh.
 
 A value is named by its computation and its inputs: tensors by identity (kept alive with the value,
-so no identity is reused within the step; not modified within it), everything else by value. The
+so no identity is reused within the step; not modified within it), traced sizes by their expression,
+everything else by value. The
 values must be read only.
 """
 
@@ -44,10 +45,20 @@ def shared(name: str, inputs: tuple, compute: Callable[[], T]) -> T:
     values = _STEP.get()
     if values is None:
         return compute()
-    key = (name, *(("tensor", id(x)) if isinstance(x, Tensor) else x for x in inputs))
+    key = (name, *(_key(x) for x in inputs))
     if key not in values:
         values[key] = (compute(), inputs)  # the inputs held: their identities stay theirs
     return values[key][0]
+
+
+def _key(x):
+    """What names ``x`` among a step's inputs: a tensor its identity, a traced size (an exported program's
+    dynamic capacity, a ``torch.SymInt``: unhashable) its expression, anything else itself."""
+    if isinstance(x, Tensor):
+        return ("tensor", id(x))
+    if isinstance(x, torch.SymInt):
+        return ("size", str(x.node.expr))
+    return x
 
 
 __all__ = ["one_step", "shared"]

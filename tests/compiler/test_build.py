@@ -54,10 +54,11 @@ def test_exported_programs_run_without_attnspec_at_unseen_lengths(built_specs, t
         for length in lengths:
             inputs = example_input(model, 2, length, torch.Generator().manual_seed(length))
             with torch.no_grad():
-                cases.append((str(result.directory / "model.pt2"), inputs, (model(inputs),)))
-                if model.has_step and length == lengths[0]:  # the prompt's logits and state, at one length
-                    cases.append((str(result.directory / "prefill.pt2"), inputs,
-                                  model.prefill(inputs, last_only=True)))
+                cases.append((str(result.directory / "model.pt2"), (inputs,), (model(inputs),)))
+                if model.has_step and length == lengths[0]:  # the prompt's logits and state (written into a
+                    capacity = min(length + 3, model.spec.max_len)  # state of a generation's capacity), at one length
+                    cases.append((str(result.directory / "prefill.pt2"), (inputs, *model.init_state(2, capacity)),
+                                  model.prefill(inputs, last_only=True, capacity=capacity)))
     torch.save(cases, tmp_path / "cases.pt")
     script = textwrap.dedent(f"""
         import sys, torch
@@ -65,10 +66,10 @@ def test_exported_programs_run_without_attnspec_at_unseen_lengths(built_specs, t
         for program_path, inputs, expected in torch.load({str(tmp_path / 'cases.pt')!r}, weights_only=False):
             if program_path not in programs:  # each program loaded once, run at every length
                 programs[program_path] = torch.export.load(program_path).module()
-            got = programs[program_path](inputs)
+            got = programs[program_path](*inputs)
             for got, expected in zip(got if isinstance(got, tuple) else (got,), expected, strict=True):
                 worst = max(worst, (got.double() - expected.double()).abs().max().item())
-                assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (program_path, inputs.shape)
+                assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (program_path, inputs[0].shape)
         assert not any(name.startswith("attnspec") for name in sys.modules), "attnspec was imported"
         print("ok", worst)
     """)

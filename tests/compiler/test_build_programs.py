@@ -31,15 +31,13 @@ def test_compiled_equals_eager_without_recompiling_at_new_lengths(name, mode):
     assert report["lengths"] == [100, 37, 300, 1000, 63] and report["graphs"] == 1
 
 
-def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value_caches(tmp_path, monkeypatch):
+def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value_caches(tmp_path):
     """One AOTInductor build (three packages, the costliest compile of the suite): the full-sequence package
     equals eager at lengths it was not traced at, the step package carries a ring buffer and a full
-    cache through the compiled code (updated in place, read by prefixes of 8, 16, 32 and 64 slots chosen
-    inside the package), and the prefill package leaves the state the steps continue from; with both, a
-    left-padded batch of two prompt lengths generates eager's greedy and sampled tokens."""
-    import attnspec.ops.softmax.cache as cache_module
-
-    monkeypatch.setattr(cache_module, "MIN_READ", 8)  # several read lengths within max_len 64
+    cache through the compiled code (updated in place, read up to the written slots), and the prefill
+    package writes the state the steps continue from into a state of a generation's capacity (40, not
+    max_len 64), past which the step package raises; with both, a left-padded batch of two prompt lengths
+    generates eager's greedy and sampled tokens."""
     spec = {"name": "swa", "input": {"kind": "tokens", "vocab_size": 40}, "d_model": 16, "max_len": 64,
             "layers": [{"mixer": {"kind": "linear", "heads": 2, "transition": "data"}},
                        {"mixer": {"kind": "softmax", "heads": 4, "kv_heads": 2, "window": 5, "qk_norm": "rmsnorm",
@@ -64,23 +62,28 @@ def test_aot_packages_match_eager_at_unseen_lengths_and_the_step_holds_key_value
             got, *compiled = step(tokens[:, t].contiguous(), *compiled)
             assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4), t
     prefill = torch._inductor.aoti_load_package(str(result.directory / "prefill.aoti.pt2"))
-    with torch.no_grad():  # a 20-token prompt in one pass, then steps past 32 cached positions
-        logits, *state = model.prefill(tokens[:, :20], last_only=True)
-        got, *compiled = prefill(tokens[:, :20].contiguous())
+    with torch.no_grad():  # a 20-token prompt in one pass, then steps to the capacity of 40 positions
+        logits, *state = model.prefill(tokens[:, :20], last_only=True, capacity=40)
+        compiled = model.init_state(2, 40)
+        got, *written = prefill(tokens[:, :20].contiguous(), *compiled)
         assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4)
+        assert all(a.data_ptr() == b.data_ptr() for a, b in zip(written, compiled))  # written in place
         for t in range(20, 40):
             token = tokens[:, t % 30].contiguous()
             logits, *state = model.step(token, *state)
             got, *compiled = step(token, *compiled)
             assert torch.allclose(got, logits, atol=1e-4, rtol=1e-4), t
+        with pytest.raises(RuntimeError):  # position 40 of a state holding 40: inside the package, on its data
+            step(token, *compiled)
     from attnspec.nn.generate import decode
 
     mixed, mask = tokens[:, :12].clone(), torch.ones(2, 12, dtype=torch.int64)
     mask[1, :9] = 0  # prompts of 12 and 3 tokens, left-padded: each length prefilled by the package alone
     for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "top_k": 10, "seed": 5}):
         eager = model.generate(mixed, 10, attention_mask=mask, **sampling)
-        assert torch.equal(decode(step, list(model.init_state(2)), mixed, 10, prefill=prefill, attention_mask=mask,
-                                  **sampling), eager), sampling
+        exported = decode(step, list(model.init_state(2, 22)), mixed, 10, attention_mask=mask, **sampling,
+                          prefill=lambda prompt: prefill(prompt, *model.init_state(prompt.shape[0], 22)))
+        assert torch.equal(exported, eager), sampling
 
 
 FAMILIES = {

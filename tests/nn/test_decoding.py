@@ -226,6 +226,48 @@ def test_an_exported_step_derives_the_position_once_and_reads_exactly_the_writte
             assert (got - expected).abs().max() < 1e-12, t
 
 
+def test_exported_programs_take_a_state_of_any_capacity_and_refuse_past_it(tmp_path):
+    """``prefill.pt2`` writes the prompt's state into the state it is given, in place, and ``step.pt2``
+    continues from it, at a capacity of the caller's (12 and 48 = max_len; traced at 29): both equal eager
+    prefill and steps at that capacity (float64, 1e-12). A step at the capacity and a prompt longer than
+    it raise inside the programs, on the data. Eager ``prefill(into=...)`` refuses a state of the wrong
+    rows, capacity or count by name."""
+    from attnspec.compiler.export import export_prefill, export_step, state_signature
+
+    mixer = {"kind": "softmax", "heads": 4, "kv_heads": 2, "position": "rope"}
+    spec = {**ATTENTION, "layers": [{"mixer": mixer}, {"mixer": {**mixer, "window": 5}},
+                                    {"mixer": {"kind": "linear", "heads": 2, "transition": "data"}}]}
+    torch.manual_seed(0)
+    model = attnspec.build(spec).eval()
+    assert [entry.get("capacity_axis") for entry in state_signature(model)] == \
+        [None, 1, 1, 1] + [None] * 5  # position; the full cache's keys, values, bias; the window's; linear
+    prefill = export_prefill(model, tmp_path / "prefill.pt2").module()
+    step = export_step(model, tmp_path / "step.pt2").module()
+    tokens = torch.randint(0, model.spec.input.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for capacity in (12, 48):
+            given = model.init_state(2, capacity)
+            got, *state = prefill(tokens[:, :7], *given)
+            expected, *eager = model.prefill(tokens[:, :7], last_only=True, capacity=capacity)
+            assert all(a is b for a, b in zip(state, given))  # written in place
+            assert (got - expected).abs().max() < 1e-12
+            for t in range(7, 12):
+                expected, *eager = model.step(tokens[:, t], *eager)
+                got, *state = step(tokens[:, t], *state)
+                assert (got - expected).abs().max() < 1e-12, (capacity, t)
+        full = model.init_state(2, 12)
+        full[0].fill_(12)  # every slot written
+        with pytest.raises(RuntimeError, match="past the capacity"):
+            step(tokens[:, 0], *full)
+        with pytest.raises(RuntimeError, match="longer than the decoding state's capacity"):
+            prefill(tokens, *model.init_state(2, 11))
+        for into, words in ((model.init_state(1, 12), "state tensor 0 to write into is torch.int64 (1,)"),
+                            (model.init_state(2, 11), "at least the prompt's length (12)"),
+                            (model.init_state(2)[:-1], "must be this model's 9 tensors")):
+            with pytest.raises(ShapeError, match=re.escape(words)):
+                model.prefill(tokens, into=into)
+
+
 def _bytes_allocated_by_steps(max_len: int, steps: int = 32) -> tuple[int, int, Tensor]:
     """(bytes allocated over ``steps`` decoding steps after an 8-token prefill, the largest single
     allocation, the last logits) of the shipped hybrid (linear blocks and softmax attention) at batch 2,
@@ -360,8 +402,9 @@ def test_exported_programs_decode_prompts_of_different_lengths_as_eager_does(tmp
                                  for n in (1, 5, 8)])
     for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "top_k": 20, "seed": 3}):
         eager = model.generate(tokens, 6, attention_mask=mask, **sampling)
-        exported = decode(step, list(model.init_state(3)), tokens, 6, prefill=prefill, attention_mask=mask,
-                          **sampling)
+        capacity = tokens.shape[1] + 6  # the state sized to the generation (the programs' capacity is dynamic)
+        exported = decode(step, list(model.init_state(3, capacity)), tokens, 6, attention_mask=mask, **sampling,
+                          prefill=lambda prompt: prefill(prompt, *model.init_state(prompt.shape[0], capacity)))
         assert torch.equal(exported, eager), sampling
 
 

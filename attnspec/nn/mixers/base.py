@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from attnspec.errors import ShapeError
 from attnspec.ops.kernels import call_regime, first_that_runs
+from attnspec.ops.per_step import shared
 
 
 def full_precision(t: Tensor) -> Tensor:
@@ -140,7 +141,11 @@ def holding(mixer: Mixer, capacity: int | None) -> dict:
 
 def positions_held(most: int, capacity: int | None) -> int:
     """The positions a state that holds them (a full cache, kept inputs) is made with: ``most`` (its
-    ``max_len``), or a generation's ``capacity`` where given and smaller."""
+    ``max_len``), or a generation's ``capacity`` where given and smaller (an exported program's dynamic
+    capacity is at most ``max_len`` by its range: ``min`` would add a guard)."""
+    if isinstance(capacity, torch.SymInt):
+        torch._check(capacity <= most)
+        return capacity
     return most if capacity is None else min(capacity, most)
 
 
@@ -153,14 +158,23 @@ def check_prompt_fits(length: int, capacity: int) -> None:
 
 
 def check_position_held(position: Tensor, capacity: int, what: str, or_else: str = "") -> None:
-    """Refuse a step at a ``position`` (B,) past the ``capacity`` positions a state holds, in eager code (a
-    full cache would wrap into a silent window); an exported step is bounded by the model's own check."""
-    if torch.compiler.is_compiling() or torch.compiler.is_exporting() or not position.numel():
+    """Refuse a step at a ``position`` (B,) past the ``capacity`` positions a state holds (a full cache
+    would wrap into a silent window): a ShapeError in eager code; in an exported step whose capacity is
+    the caller's (a dynamic size), a data-dependent assertion raised when the program runs, made once per
+    step and capacity (:func:`attnspec.ops.per_step.shared`). A fixed exported capacity is ``max_len``,
+    which the model's own check bounds."""
+    remedy = f"raise max_len or the capacity{', or ' + or_else if or_else else ''}"
+    if torch.compiler.is_exporting():
+        if isinstance(capacity, torch.SymInt):
+            message = f"{what}: a position is past the capacity the state was made with ({remedy})"
+            shared("position held", (position, capacity),
+                   lambda: torch._assert_async((position < capacity).all(), message))
+        return
+    if torch.compiler.is_compiling() or not position.numel():
         return
     if int(position.max()) >= capacity:
         raise ShapeError(f"{what} holds {capacity} positions (max_len, or the capacity the state was made with); "
-                         f"position {int(position.max())} is past it (raise max_len or the capacity"
-                         f"{', or ' + or_else if or_else else ''})")
+                         f"position {int(position.max())} is past it ({remedy})")
 
 
 __all__ = ["Mixer", "autocast_dtype", "check_position_held", "check_prompt_fits", "full_precision", "holding",

@@ -62,7 +62,11 @@ def _generate(directory: Path, name: str, step, state, prompt: list[int], count:
     return out[0, len(prompt):].tolist()
 
 
-def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, list[tuple[tuple[int, ...], str, int | None]]]:
+StateFacts = list[tuple[tuple[int, ...], str, int | None]]
+"""A step's state: (shape without the batch, dtype, capacity axis or None) per tensor."""
+
+
+def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, StateFacts]:
     """(decode limit, the step's state as (shape without the batch, dtype, capacity axis) per tensor
     (:func:`~attnspec.compiler.load.decoding_state`)) derived from the
     spec the manifest carries, on the meta device (nothing allocated), never trusted from the manifest's
@@ -89,8 +93,7 @@ def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, lis
 class _Runner:
     """The model of a build directory as two calls: the full sequence and the one-token step."""
 
-    def __init__(self, directory: Path, manifest: Manifest, programs: bool,
-                 state: list[tuple[tuple[int, ...], str, int | None]]):
+    def __init__(self, directory: Path, manifest: Manifest, programs: bool, state: StateFacts):
         self.directory, self.manifest, self.programs, self.state = directory, manifest, programs, state
         # the exported programs run on the device they were built for; the rebuilt model on the CPU
         self.device = torch.device("cpu")

@@ -219,6 +219,49 @@ def test_hybrids_generate_alike_from_weights_and_from_the_exported_step(built_sp
     assert sampled == run_directory(directory, "3 1 4", 5, temperature=0.9, top_k=8, seed=3, programs=True)
 
 
+def test_a_build_whose_programs_take_max_len_states_still_generates_from_its_programs(built_specs, tmp_path):
+    """Builds before the programs took a state of any capacity: ``prefill(tokens)`` returning a state of
+    ``max_len`` positions and a step of fixed cache shapes, a manifest without capacity axes. Made here as
+    those builds were (the hybrid's programs exported with only the batch and length dynamic, the new
+    fields dropped from its manifest): ``attnspec run --programs`` generates what the eager model does."""
+    import shutil
+
+    from torch.export import Dim
+
+    from attnspec.compiler.export import DecodeStep
+    from attnspec.compiler.manifest import sha256
+    from attnspec.compiler.runner import run_directory
+    from attnspec.compiler.tracing import size_oblivious
+
+    directory = tmp_path / "hybrid"
+    shutil.copytree(built_specs["hybrid"].directory, directory)
+    model = attnspec.load(directory)
+
+    class OldPrefill(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, inputs):
+            return self.model.prefill(inputs, last_only=True)
+
+    batch, state = Dim("batch", min=1, max=4096), model.init_state(3)
+    with size_oblivious():
+        prefill = torch.export.export(OldPrefill(), (example_input(model, 3, 17),), strict=False,
+                                      dynamic_shapes=({0: batch, 1: Dim("length", min=2, max=1024)},))
+        step = torch.export.export(DecodeStep(model), (torch.zeros(3, dtype=torch.long), *state), strict=False,
+                                   dynamic_shapes=({0: batch}, tuple({0: batch} for _ in state)))
+    manifest = json.loads((directory / "manifest.json").read_text())
+    for name, program in (("prefill.pt2", prefill), ("step.pt2", step)):
+        torch.export.save(program, str(directory / name))
+        manifest["files"][name] = {"sha256": sha256(directory / name), "bytes": (directory / name).stat().st_size}
+    del manifest["export"]["step.pt2"]["dynamic_capacity"], manifest["export"]["prefill.pt2"]["takes_state"]
+    for entry in manifest["export"]["step.pt2"]["state"]:
+        entry.pop("capacity_axis", None)
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    assert run_directory(directory, "3 1 4 1 5", 6, programs=True) == run_directory(directory, "3 1 4 1 5", 6)
+
+
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 

@@ -376,19 +376,19 @@ class Model(nn.Module):
         """For every tensor of :meth:`state_signature`, the axis of its shape (batch excluded) sized to a
         generation's capacity (full key/value caches, kept inputs: :meth:`init_state`'s ``capacity``), or
         None for a tensor of one size (positions, windows, recurrent states). Found by making the state on
-        the meta device at two capacities and comparing, once (the structure fixes them; found while
-        tracing, the meta tensors would stay in the program); an exported program takes these axes as dynamic."""
+        the meta device at two capacities and comparing, once: the structure fixes them (and found while
+        tracing, the meta tensors would stay in the program). An exported program takes these axes as dynamic."""
         if self._capacity_axes is None:
             signature = self.state_signature()
-            if self.decode_limit is None or self.spec.max_len < 3:
-                return [None] * len(signature)
-            meta, capacity = torch.device("meta"), self.spec.max_len - 1
-            axes = []
-            for (shape, _), smaller in zip(signature, self._init_state(1, meta, capacity)):
-                differing = [axis for axis, (n, m) in enumerate(zip(shape, smaller.shape[1:])) if n != m]
-                if len(differing) > 1 or any(smaller.shape[1 + axis] != capacity for axis in differing):
-                    raise AssertionError(f"a decoding state tensor {shape} does not hold the capacity on one axis")
-                axes.append(differing[0] if differing else None)
+            axes = [None] * len(signature)
+            if self.decode_limit is not None and self.spec.max_len >= 3:
+                capacity = self.spec.max_len - 1
+                smaller = self._init_state(1, torch.device("meta"), capacity)
+                for index, ((shape, _), tensor) in enumerate(zip(signature, smaller)):
+                    differing = [axis for axis, (n, m) in enumerate(zip(shape, tensor.shape[1:])) if n != m]
+                    if len(differing) > 1 or any(tensor.shape[1 + axis] != capacity for axis in differing):
+                        raise AssertionError(f"a decoding state tensor {shape} does not hold the capacity on one axis")
+                    axes[index] = differing[0] if differing else None
             self._capacity_axes = axes
         return self._capacity_axes
 

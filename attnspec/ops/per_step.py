@@ -10,8 +10,7 @@ computes each once and hands every later layer the same tensors; outside it, and
 
 A value is named by its computation and its inputs: tensors by identity (kept alive with the value,
 so no identity is reused within the step; not modified within it), traced sizes by their expression,
-everything else by value. The
-values must be read only.
+everything else by value. The values must be read only.
 """
 
 from __future__ import annotations

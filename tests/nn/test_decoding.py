@@ -268,6 +268,19 @@ def test_exported_programs_take_a_state_of_any_capacity_and_refuse_past_it(tmp_p
                 model.prefill(tokens, into=into)
 
 
+def test_an_exported_step_without_full_caches_holds_no_meta_state(tmp_path):
+    """A model whose state has no capacity axis (recurrent only) finds that out before tracing: found while
+    tracing, the meta-device state it is found from stayed in the exported step as four ``zeros`` ops."""
+    from collections import Counter
+
+    from attnspec.compiler.export import export_step
+
+    spec = {**ATTENTION, "layers": [{"mixer": {"kind": "linear", "heads": 2, "transition": "data"}}]}
+    program = export_step(attnspec.build(spec).eval(), tmp_path / "step.pt2")
+    ops = Counter(str(node.target) for node in program.graph.nodes if node.op == "call_function")
+    assert ops["aten.zeros.default"] == 0
+
+
 def _bytes_allocated_by_steps(max_len: int, steps: int = 32) -> tuple[int, int, Tensor]:
     """(bytes allocated over ``steps`` decoding steps after an 8-token prefill, the largest single
     allocation, the last logits) of the shipped hybrid (linear blocks and softmax attention) at batch 2,

@@ -241,7 +241,7 @@ def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
         exported["prefill.pt2"] = prefill
     if model.has_step:
         exported["step.pt2"] = export_step(model, scratch / "step.pt2")
-        info["step.pt2"] = {"state": state_signature(model), "dynamic_capacity": True}
+        info["step.pt2"] = {"state": state_signature(model)}
     programs = {name: program.module() for name, program in exported.items()}
     if aot:
         from torch._inductor import aoti_compile_and_package, aoti_load_package

@@ -166,9 +166,10 @@ def check_decoding_fields(directory: Path, manifest: Manifest, model: Model) -> 
 
 def decoding_state(manifest: Manifest, model: Model) -> list[tuple[tuple[int, ...], str, int | None]]:
     """The decoding state of the build's step: (shape without the batch, dtype, capacity axis) per tensor,
-    from its spec's ``model``; a capacity axis only where the step takes any capacity (builds before that
-    take ``max_len`` positions)."""
-    dynamic = manifest.export.step is not None and manifest.export.step.dynamic_capacity
+    from its spec's ``model``; capacity axes only where the build's step takes any capacity, which its
+    manifest says by recording some (builds before that take ``max_len`` positions and record none)."""
+    dynamic = manifest.export.step is not None and any(entry.capacity_axis is not None
+                                                       for entry in manifest.export.step.state)
     axes = model.capacity_axes() if dynamic else [None] * len(model.state_signature())
     return [(shape, str(dtype).replace("torch.", ""), axis)
             for (shape, dtype), axis in zip(model.state_signature(), axes)]

@@ -76,8 +76,8 @@ class StateEntry(_Strict):
     """Without the batch; ``max_len`` on the capacity axis."""
     dtype: Literal["float32", "float64", "int64"]
     capacity_axis: Annotated[int, Field(ge=0, le=7)] | None = None
-    """The axis of ``shape`` sized to the positions a generation reaches (full caches, kept inputs), where the
-    step takes any capacity (:attr:`StepExport.dynamic_capacity`)."""
+    """The axis of ``shape`` sized to the positions a generation reaches (full caches, kept inputs): the step
+    takes a state of any capacity there (2..max_len). Builds before that record none and take ``max_len``."""
 
 
 Speed = Annotated[float, Field(ge=0)]
@@ -89,9 +89,6 @@ class StepExport(_Strict):
     """Decoding speed of the program (batch 1, ``speed_at``); ``eager_…`` that of ``attnspec.load``'s model."""
     eager_tokens_per_second: Speed | None = None
     speed_at: dict[Text, int] | None = None
-    dynamic_capacity: bool = False
-    """The state's capacity axes are dynamic (2..max_len): a generation allocates what it reaches. Builds
-    before it take states of ``max_len`` positions."""
 
 
 class ModelExport(_Strict):

@@ -7,8 +7,8 @@
   recurrence itself, unrolled over the group and vectorised over everything else (one fused pass
   over the states, no matrix product), the group totals scanned the same way one level up, and a
   small quadratic form at the top. It serves per-head and per-channel, real and complex decays alike.
-  The number of levels is fixed by ``max_length``, so ``torch.compile`` and ``torch.export`` see no
-  Python loop over positions and no new length recompiles.
+  Traced, the number of levels is fixed by ``max_length``, so ``torch.compile`` and ``torch.export`` see
+  no Python loop over positions and no new length recompiles; eager code takes the levels its length needs.
 * Shapes are written so symbolic shape reasoning never specialises on L: padding is always applied
   (``n = ceil(L / C) + 1`` chunks, never a single one), batched products are explicit ``bmm``s, and
   the padding is dropped with an index_select rather than a slice. ``n`` is written as one floor
@@ -195,6 +195,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     # One floor division rather than ceil + 1 keeps the chunked views free (module docstring).
     n = (L + 2 * C - 1) // C
     pad = n * C - L
+    traced = torch.compiler.is_compiling() or torch.compiler.is_exporting()
     q, k, v = (F.pad(t, [0, 0, 0, pad]) for t in (q, k, v))
     if decay is not None:  # padded positions have a = 1 (log 0) and write nothing
         decay = Decay(F.pad(decay.log_mag, [0, 0, 0, pad]),
@@ -247,7 +248,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pair
     if initial is not None:  # fold S0 into the first chunk's write
         first = _decay_state(initial, chunk_mag[:, :, 0], None if chunk_phase is None else chunk_phase[:, :, 0])
         writes = _add(writes, PairState(_at_first(first.re, n), None if first.im is None else _at_first(first.im, n)))
-    states = chunk_scan(chunk_mag, chunk_phase, writes, levels=scan_levels(n, max_length, C))
+    states = chunk_scan(chunk_mag, chunk_phase, writes, levels=scan_levels(n, max_length if traced else None, C))
     start_re = initial.re if initial is not None else None
     start_im = initial.im if initial is not None else None
     entering = PairState(_shift_in(states.re, start_re), None if states.im is None else _shift_in(states.im, start_im))

@@ -16,6 +16,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from attnspec.ablation import runsdir
 from attnspec.ablation.runsdir import params_text
@@ -51,6 +52,16 @@ class RunRow:
         return f"runs/{self.key}"
 
 
+class LrResult(NamedTuple):
+    """One learning rate's runs of a (variant, task point): their mean, how many finished, and the
+    worst and best seed (None where none finished), so the by-lr table shows a spread beside its mean."""
+
+    mean: float | None
+    seeds: int
+    worst: float | None = None
+    best: float | None = None
+
+
 @dataclass
 class ResultRow:
     """One (variant, task point) at its best learning rate."""
@@ -69,8 +80,8 @@ class ResultRow:
     state_size: int | None
     tokens_per_s: float | None
     runs: list[str]
-    by_lr: dict[float, tuple[float | None, int]]
-    """lr -> (mean over finished seeds, finished seeds)."""
+    by_lr: dict[float, LrResult]
+    """lr -> its mean over finished seeds, their count, worst and best."""
     chance: float | None = None
     """The task point's chance accuracy (:meth:`~attnspec.training.tasks.base.Task.chance`), if any."""
     per_seed: list[tuple[int, float | None]] = field(default_factory=list)
@@ -212,9 +223,14 @@ def _results(runs: list[RunRow], metric: str) -> list[ResultRow]:
                               ordered[-1] if ordered else None, ordered[0] if ordered else None, len(values),
                               members[0].parameters, members[0].state_size, _mean(speeds),
                               [r.directory for r in chosen],
-                              {lr: (means[lr], sum(r.metric is not None for r in group)) for lr, group in by_lr.items()},
+                              {lr: _lr_result(group, metric) for lr, group in by_lr.items()},
                               per_seed=sorted((r.seed, r.metric) for r in chosen)))
     return rows
+
+
+def _lr_result(group: list[RunRow], metric: str) -> LrResult:
+    values = sorted((r.metric for r in group if r.metric is not None), reverse=HIGHER_IS_BETTER[metric])
+    return LrResult(_mean(values), len(values), values[-1] if values else None, values[0] if values else None)
 
 
 def run_counts(report: Report) -> dict[str, int]:
@@ -268,9 +284,18 @@ def per_seed_text(row: ResultRow, metric: str) -> str:
 
 
 def lr_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Every learning rate's mean with its worst and best seed, ``0.7706 (0.5112 / 0.9385) *``, the
+    chosen rate starred (header, rows)."""
     lrs = sorted({lr for row in report.results for lr in row.by_lr})
-    header = ["variant", "task", "point", *(f"lr {lr:g}" for lr in lrs)]
+    header = ["variant", "task", "point", *(f"lr {lr:g}: mean (worst / best)" for lr in lrs)]
     rows = [[row.variant, row.task, params_text(row.task_params),
-             *(format_value(row.by_lr[lr][0], None, report.metric) + ("" if lr != row.lr else " *")
+             *(_lr_cell(row.by_lr[lr], report.metric) + ("" if lr != row.lr else " *")
                if lr in row.by_lr else "" for lr in lrs)] for row in report.results]
     return header, rows
+
+
+def _lr_cell(result: LrResult, metric: str) -> str:
+    text = format_value(result.mean, None, metric)
+    if result.seeds > 1:
+        text += f" ({format_value(result.worst, None, metric)} / {format_value(result.best, None, metric)})"
+    return text

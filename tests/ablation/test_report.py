@@ -29,10 +29,12 @@ def test_the_best_learning_rate_is_chosen_on_the_mean_over_seeds():
             _row("b", 1e-3, 0, 0.1), _row("b", 3e-3, 0, None)]  # a failed run is not a result
     (a, b) = _results(runs, "accuracy")
     assert a.lr == 3e-3 and a.mean == pytest.approx(0.8) and a.std == 0.0 and a.seeds == 2
-    assert a.runs == [f"runs/{r.key}" for r in runs[2:4]] and a.by_lr[1e-3] == (pytest.approx(0.7), 2)
+    assert a.runs == [f"runs/{r.key}" for r in runs[2:4]] and a.by_lr[1e-3] == (pytest.approx(0.7), 2, 0.5, 0.9)
     assert b.lr == 1e-3 and b.mean == pytest.approx(0.1) and b.std is None
     (low,) = _results([_row("a", 1e-3, 0, 12.0), _row("a", 3e-3, 0, 9.0)], "perplexity")
-    assert low.lr == 3e-3 and low.mean == 9.0
+    assert low.lr == 3e-3 and low.mean == 9.0 and low.by_lr[3e-3] == (9.0, 1, 9.0, 9.0)
+    (worse,) = _results([_row("a", 1e-3, 0, 12.0), _row("a", 1e-3, 1, 10.0)], "perplexity")
+    assert worse.by_lr[1e-3] == (11.0, 2, 12.0, 10.0)  # worst is the higher perplexity
     (spread,) = _results([_row("a", 1e-3, s, v) for s, v in enumerate([0.2, 0.4, 0.9])], "accuracy")
     assert spread.std == pytest.approx(statistics.stdev([0.2, 0.4, 0.9]))
 
@@ -94,6 +96,7 @@ def test_report_files_link_every_number_to_its_runs(reported: Path):
         shown = " · ".join(f"s{run['seed']} {float(run['accuracy']):.4f}" for run in chosen)
         assert shown in markdown, shown
     assert {float(row["chance"]) for row in rows} == {1.0, 0.5}  # 1 / num_kv_pairs at 1 and 2 pairs
+    assert "| lr 0.003: mean (worst / best) |" in markdown  # every rate's spread, not its mean alone
     assert "torch " in markdown and "attnspec " in markdown
 
 

@@ -46,6 +46,22 @@ def test_empty_sequence_returns_empty_output_and_the_initial_state(mode, decay, 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("decay", [None, "real", "complex"])
+@pytest.mark.parametrize("length", [1, 2, 3])
+def test_the_final_state_of_a_short_sequence_is_the_recurrence_s_whatever_the_scan_depth(mode, decay, length):
+    """At L 1-3 eager scans take 0-2 steps (the depth L needs, not max_length's): the state is still
+    complex for a complex decay (a scan of no step has no phase part to carry; the decoding step
+    expects one) and equals the recurrence's, with a max_length far above L or none."""
+    q, k, v, log_a = _inputs(2, length, decay)
+    reference = linear_attention(q, k, v, log_a, mode="recurrent", return_state=True)
+    for max_length in (None, 1024):
+        out, final = linear_attention(q, k, v, log_a, mode=mode, return_state=True, max_length=max_length)
+        assert final.dtype == (torch.complex128 if decay == "complex" else torch.float64), (mode, max_length)
+        torch.testing.assert_close(out, reference[0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(final, reference[1], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("decay", [None, "real", "complex"])
 def test_empty_batch(mode, decay):
     q, k, v, log_a = _inputs(0, 5, decay)
     assert linear_attention(q, k, v, log_a, mode=mode, normalize=True).shape == (0, 2, 5, 3)

@@ -64,6 +64,10 @@ def _scan_mode(q: Tensor, k: Tensor, v: Tensor, decay: Decay | None, initial: Pa
         steps = scan_steps(L, max_length if traced else None)
         states = inclusive_scan(decay.log_mag, decay.phase, writes, dim=-3, steps=steps)
     out = (q.unsqueeze(-2) @ states.re).squeeze(-2)
-    final = PairState(states.re[:, :, -1], None if states.im is None else states.im[:, :, -1])
-    return out, final
+    final_re = states.re[:, :, -1]
+    if states.im is not None:
+        final_im = states.im[:, :, -1]
+    else:  # a complex decay whose scan took no step (L = 1, no S0) leaves a real state: its phase part is 0
+        final_im = None if decay is None or decay.phase is None else torch.zeros_like(final_re)
+    return out, PairState(final_re, final_im)
 

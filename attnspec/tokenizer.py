@@ -3,6 +3,14 @@ tiktoken BPE file (``*.tiktoken``, the ``tiktoken`` library, with the pattern of
 encoding). Nothing is downloaded; a file is parsed by its library's own reader (JSON, base64 lines),
 never unpickled, and bounded in size first.
 
+A received tokenizer is data with a bounded cost. Its regular expressions and normalizers are programs
+(exponential, multiplying, or panicking in the library), so the library never runs in this process: a
+:class:`Tokenizer` hands its file, and then each text to encode and each id list to decode, to a child
+process (:mod:`attnspec.tokenizer_worker`) that answers each request within a time and a memory
+allowance of the request's size. A request past either, a panic of the library, or an answer larger
+than a real tokenizer's is a :class:`TokenizerError` naming the file. One child serves every
+:class:`Tokenizer` of the same file's content in this process, started on first use.
+
 A :class:`Tokenizer` has an identity (:meth:`Tokenizer.identity`: kind, SHA-256 of the file, vocabulary
 size, end-of-document token) that runs, token caches and builds record, so a resume or an evaluation with
 another tokenizer is refused rather than silently reading ids that mean other words.
@@ -10,29 +18,41 @@ another tokenizer is refused rather than silently reading ids that mean other wo
 
 from __future__ import annotations
 
+import array
+import atexit
 import hashlib
-from dataclasses import dataclass, field
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from attnspec import tokenizer_worker as worker
 from attnspec.errors import AttnSpecError, shorten
+from attnspec.tokenizer_worker import EOS_CANDIDATES, TIKTOKEN_EOS
 
 MAX_TOKENIZER_BYTES = 64 << 20
 """A tokenizer file attnspec reads (the largest released ``tokenizer.json`` files are ~20 MB)."""
-EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|im_end|>", "[SEP]", "<|end|>")
-"""End-of-document tokens looked up, in order, when a task or build names none."""
-TIKTOKEN_EOS = "<|endoftext|>"
-"""The end-of-document token of tiktoken's OpenAI encodings."""
+REQUEST_BYTES = 16 << 20
+"""Texts are sent to the tokenizer's process in requests of at most this many bytes (a longer single text
+goes alone), so each request's allowances stay those of its own size."""
 
 
 class TokenizerError(AttnSpecError):
-    """A tokenizer file cannot be used: missing, too large, malformed, or without an end-of-document token."""
+    """A tokenizer file cannot be used: missing, too large, malformed, without an end-of-document token,
+    or past its time or memory allowance on a text (a pathological pattern or normalizer)."""
 
 
 @dataclass(frozen=True)
 class Tokenizer:
     """A loaded tokenizer: ``encode(text) -> ids``, ``decode(ids) -> text``, ``vocab_size`` ids (every id
-    it produces is below it), and ``eos_id``, the end-of-document token packed documents are separated by."""
+    it produces is below it), and ``eos_id``, the end-of-document token packed documents are separated by.
+    Plain data (copied and compared as such); the library runs in a child process shared by every
+    Tokenizer of the same file content (see the module's docstring)."""
 
     kind: str
     path: Path
@@ -40,28 +60,210 @@ class Tokenizer:
     vocab_size: int
     eos: str
     eos_id: int
-    _impl: Any = field(repr=False, compare=False)
+    encoding: str | None = None
+    """tiktoken's encoding whose pattern the file's merges are read with (None for a tokenizer.json)."""
 
     def encode(self, text: str) -> list[int]:
         """The ids of ``text`` (no special tokens added: documents get their ``eos_id`` where they end)."""
-        if self.kind == "huggingface":
-            return self._impl.encode(text, add_special_tokens=False).ids
-        return self._impl.encode_ordinary(text)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """:meth:`encode` of each text (in parallel where the library does it)."""
-        if self.kind == "huggingface":
-            return [e.ids for e in self._impl.encode_batch(texts, add_special_tokens=False)]
-        return self._impl.encode_ordinary_batch(texts)
+        """:meth:`encode` of each text, sent to the tokenizer's process in requests of at most
+        :data:`REQUEST_BYTES` (the library encodes a request's texts in parallel)."""
+        found: list[list[int]] = []
+        request: list[bytes] = []
+        for text in texts:
+            try:
+                data = text.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise TokenizerError(f"{self.path}: a text to tokenise is not valid Unicode ({error.reason} at "
+                                     f"character {error.start})") from None
+            if request and sum(map(len, request)) + len(data) > REQUEST_BYTES:
+                found += _encode(self, request)
+                request = []
+            request.append(data)
+        return found + (_encode(self, request) if request else [])
 
     def decode(self, ids: list[int]) -> str:
-        return self._impl.decode(list(ids))
+        """The text of ``ids`` (every id below :attr:`vocab_size`)."""
+        ids = list(ids)
+        bad = next((i for i in ids if not isinstance(i, int) or not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise TokenizerError(f"{self.path}: cannot decode id {shorten(bad)} (the vocabulary has "
+                                 f"{self.vocab_size:,})")
+        payload = array.array("I", ids).tobytes()
+        _, text = _process(self).request({"op": "decode"}, payload,
+                                         worker.BYTES_PER_ID * len(ids) + (1 << 20), f"decoding {len(ids):,} ids")
+        return text.decode("utf-8", "surrogatepass")
 
     def identity(self) -> dict:
         """What a run, a token cache or a build records to refuse another tokenizer later (and, for a
         tiktoken file, the encoding to read it with)."""
         found = {"kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos": self.eos}
-        return found if self.kind == "huggingface" else {**found, "encoding": self._impl.name}
+        return found if self.kind == "huggingface" else {**found, "encoding": self.encoding}
+
+
+def _encode(tokenizer: Tokenizer, texts: list[bytes]) -> list[list[int]]:
+    """One encode request: ``texts`` (UTF-8) to their ids, the answer checked against the request."""
+    size = sum(map(len, texts))
+    most = worker.IDS_PER_BYTE * size + 16 * len(texts) + 1024
+    header, payload = _process(tokenizer).request({"op": "encode", "sizes": [len(t) for t in texts]},
+                                                  b"".join(texts), worker.ID_BYTES * most,
+                                                  f"tokenising {size:,} bytes")
+    counts = header.get("counts")
+    ids = array.array("I")
+    ids.frombytes(payload)
+    if (not isinstance(counts, list) or len(counts) != len(texts) or sum(counts) != len(ids)
+            or any(not isinstance(c, int) or c < 0 for c in counts)):
+        raise TokenizerError(f"{tokenizer.path}: its process answered a request with ids that do not match it")
+    if len(ids) and max(ids) >= tokenizer.vocab_size:
+        raise TokenizerError(f"{tokenizer.path}: produced id {max(ids):,}, past its vocabulary of "
+                             f"{tokenizer.vocab_size:,}")
+    found, start = [], 0
+    for count in counts:
+        found.append(ids[start: start + count].tolist())
+        start += count
+    return found
+
+
+class _Process:
+    """The child process running one tokenizer file's library object: requests in, answers out, each
+    within its allowances (:mod:`attnspec.tokenizer_worker`)."""
+
+    def __init__(self, path: Path):
+        from attnspec.io import start_python
+
+        self.path = path
+        self.log = tempfile.TemporaryFile()  # the child's stderr: the library's last words, read on failure
+        # few malloc arenas: each reserves 64 MB of the address space the memory allowance counts
+        self.process = start_python("attnspec.tokenizer_worker", env={"MALLOC_ARENA_MAX": "2", "RUST_BACKTRACE": "0"},
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        self.lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        if self.alive():
+            self.process.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout, self.log):
+            stream.close()
+
+    def request(self, header: dict, payload: bytes, max_answer: int, what: str) -> tuple[dict, bytes]:
+        """Send one request and return its answer (header, payload), or raise TokenizerError: an error the
+        library answered, no answer within :func:`~attnspec.tokenizer_worker.time_allowance` (the child is
+        killed), a child that died (past its memory allowance), or an answer over ``max_answer`` bytes."""
+        with self.lock:
+            seconds = worker.time_allowance(len(payload))
+            try:
+                self.process.stdin.write(worker.encode_frame(header, payload))
+                self.process.stdin.flush()
+                answer = self._read(time.monotonic() + seconds, max_answer)
+            except BrokenPipeError:
+                answer = None
+            except ValueError as error:  # an answer over its limits
+                self.close()
+                raise TokenizerError(f"{self.path}: {what} gave an answer larger than any real tokenizer's "
+                                     f"({error})") from None
+            except TimeoutError:
+                self.close()
+                raise TokenizerError(f"{self.path}: {what} took over {seconds:.0f} s, the limit for that size; the "
+                                     "tokenizer's patterns or normalizers are pathological on this text (a "
+                                     "backtracking regex?): use another tokenizer") from None
+            if answer is None:
+                raise TokenizerError(f"{self.path}: {what} stopped the tokenizer ({self._last_words()}); it may "
+                                     f"allocate {worker.memory_allowance(len(payload)) >> 20:,} MiB for that "
+                                     "size: a normalizer that multiplies the text?")
+            if "error" in answer[0]:  # the library refused the file, or failed on the text (a panic)
+                failed = f"{what} failed in the tokenizer library: " if answer[0].get("failed") else ""
+                raise TokenizerError(f"{self.path}: {failed}{answer[0]['error']}")
+            return answer
+
+    def _read(self, deadline: float, max_answer: int) -> tuple[dict, bytes] | None:
+        """One frame from the child by ``deadline`` (TimeoutError past it); None where the child ended."""
+        import json
+
+        stream = self.process.stdout.fileno()
+        buffer = bytearray()
+
+        def take(count: int) -> bytes | None:
+            while len(buffer) < count:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([stream], [], [], left)[0]:
+                    raise TimeoutError
+                chunk = os.read(stream, max(count - len(buffer), 1 << 16))
+                if not chunk:
+                    return None
+                buffer.extend(chunk)
+            data = bytes(buffer[:count])
+            del buffer[:count]
+            return data
+
+        head = take(worker.FRAME_HEAD.size)
+        if head is None:
+            return None
+        header_bytes, payload_bytes = worker.decode_head(head, max_answer)
+        header, payload = take(header_bytes), take(payload_bytes)
+        if header is None or payload is None:
+            return None
+        found = json.loads(header)
+        if not isinstance(found, dict):
+            raise ValueError("a header that is not an object")
+        return found, payload
+
+    def _last_words(self) -> str:
+        code = self.process.wait()
+        self.log.seek(0, os.SEEK_END)
+        self.log.seek(max(0, self.log.tell() - 4096))
+        lines = [line.strip() for line in self.log.read().decode(errors="replace").splitlines()
+                 if line.strip() and not line.startswith("note: ")]  # Rust's hint about backtraces
+        died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        return died + (f": {shorten(lines[-1], 160)}" if lines else "")
+
+
+_PROCESSES: dict[tuple, _Process] = {}
+_PROCESSES_LOCK = threading.Lock()
+
+
+def _key(kind: str, sha256: str, encoding: str | None) -> tuple:
+    return os.getpid(), kind, sha256, encoding  # the pid: a forked process starts its own
+
+
+def _process(tokenizer: Tokenizer) -> _Process:
+    """The live process of ``tokenizer``'s file; started anew (the file re-read, its hash checked) where
+    there is none, or it was killed (its time ran out, its creating thread ended)."""
+    key = _key(tokenizer.kind, tokenizer.sha256, tokenizer.encoding)
+    found = _PROCESSES.get(key)
+    if found is not None and found.alive():
+        return found
+    raw = _read(tokenizer.path)
+    if hashlib.sha256(raw).hexdigest() != tokenizer.sha256:
+        raise TokenizerError(f"{tokenizer.path}: changed since it was read; load it again")
+    return _start(tokenizer.kind, tokenizer.path, raw, tokenizer.sha256, tokenizer.eos, None, tokenizer.encoding)[0]
+
+
+def _start(kind: str, path: Path, raw: bytes, digest: str, eos: str | None, eos_id: int | None,
+           encoding: str | None) -> tuple[_Process, dict]:
+    """A process holding the library tokenizer of ``raw`` (registered for its content), and the facts its
+    load answered."""
+    key = _key(kind, digest, encoding)
+    with _PROCESSES_LOCK:
+        process = _PROCESSES.get(key)
+        if process is None or not process.alive():
+            if process is not None:
+                process.close()
+            process = _PROCESSES[key] = _Process(path)
+    facts, _ = process.request({"op": "load", "kind": kind, "sha256": digest, "eos": eos, "eos_id": eos_id,
+                                "encoding": encoding}, raw, 0, "loading it")
+    return process, facts
+
+
+@atexit.register
+def _stop_processes() -> None:
+    for process in _PROCESSES.values():
+        process.close()
+    _PROCESSES.clear()
 
 
 def _read(path: Path) -> bytes:
@@ -78,7 +280,7 @@ def _read(path: Path) -> bytes:
 
 def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | None = None,
                    eos_id: int | None = None) -> Tokenizer:
-    """The tokenizer in the local file ``path``.
+    """The tokenizer in the local file ``path``, loaded in its own process (the module's docstring).
 
     Args:
         path: a Hugging Face ``tokenizer.json``, or a tiktoken BPE file (``*.tiktoken``: base64 token and
@@ -91,91 +293,21 @@ def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | Non
             ``eos_token_id``), before the usual names are tried.
 
     Raises:
-        TokenizerError: the file is missing, too large or malformed, the library is not installed, or
-            there is no end-of-document token.
+        TokenizerError: the file is missing, too large or malformed, the library is not installed, there
+            is no end-of-document token, or loading it passes its allowances.
     """
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"
     raw = _read(path)
     digest = hashlib.sha256(raw).hexdigest()
-    if path.suffix == ".tiktoken":
-        return _tiktoken(path, raw, digest, eos, encoding or path.stem)
-    try:
-        from tokenizers import Tokenizer as HuggingFaceTokenizer
-    except ImportError:
-        raise TokenizerError("reading a tokenizer.json needs the `tokenizers` library: pip install "
-                             "'attnspec[text]'") from None
-    try:
-        impl = HuggingFaceTokenizer.from_str(raw.decode("utf-8"))
-    except Exception as error:  # the Rust parser's errors are plain Exceptions
-        raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({shorten(str(error), 160)})") from None
-    vocab = impl.get_vocab_size(with_added_tokens=True)
-    vocab = max(vocab, 1 + max(impl.get_vocab(with_added_tokens=True).values(), default=-1))
-    if eos is None and isinstance(eos_id, int) and not isinstance(eos_id, bool):
-        eos = impl.id_to_token(eos_id)
-    names = (eos,) if eos is not None else EOS_CANDIDATES
-    found = next(((name, i) for name in names if (i := impl.token_to_id(name)) is not None), None)
-    if found is None:
-        raise TokenizerError(f"{path}: the vocabulary has no end-of-document token "
-                             f"{'`' + eos + '`' if eos else 'among ' + ', '.join(EOS_CANDIDATES)}; name the one it "
-                             "has with `eos:`")
-    return Tokenizer("huggingface", path, digest, vocab, found[0], found[1], impl)
-
-
-def _tiktoken(path: Path, raw: bytes, digest: str, eos: str | None, encoding: str) -> Tokenizer:
-    """A tiktoken OpenAI encoding (its pattern and special tokens: tiktoken's own definition in
-    ``tiktoken_ext.openai_public``) over the merges in the local file, checked against the hash that
-    definition expects. The definition's downloader is swapped for the local file while it runs, so
-    nothing is fetched."""
-    try:
-        import tiktoken
-        import tiktoken_ext.openai_public as public
-    except ImportError:
-        raise TokenizerError("reading a .tiktoken file needs the `tiktoken` library: pip install 'attnspec[text]'"
-                             ) from None
-    names = sorted(getattr(public, "ENCODING_CONSTRUCTORS", {}))
-    if encoding not in names:
-        raise TokenizerError(f"{path}: {encoding!r} is not one of tiktoken's encodings ({', '.join(names)}); name it "
-                             "with `encoding:` (the file holds the merges, the encoding their pattern)")
-    import base64
-
-    def local(source: str, expected_hash: str | None = None) -> dict[bytes, int]:
-        if expected_hash is not None and digest != expected_hash:
-            raise TokenizerError(f"{path}: not the {encoding} merges file (its SHA-256 is {digest[:12]}.., "
-                                 f"{encoding}'s is {expected_hash[:12]}..)")
-        ranks = {}
-        try:
-            for number, line in enumerate(raw.splitlines(), start=1):
-                if line.strip():
-                    token, rank = line.split()
-                    ranks[base64.b64decode(token, validate=True)] = int(rank)
-        except ValueError as error:
-            raise TokenizerError(f"{path}:{number}: not a tiktoken BPE line ({shorten(str(error), 80)})") from None
-        return ranks
-
-    downloader = public.load_tiktoken_bpe
-    public.load_tiktoken_bpe = local
-    try:
-        definition = public.ENCODING_CONSTRUCTORS[encoding]()
-    except TokenizerError:
-        raise
-    except Exception as error:  # an encoding whose definition reads more than one file (gpt2's vocab + merges)
-        raise TokenizerError(f"{path}: tiktoken's {encoding} cannot be made from one local file "
-                             f"({shorten(str(error), 120)}); use cl100k_base, o200k_base, r50k_base or p50k_base"
-                             ) from None
-    finally:
-        public.load_tiktoken_bpe = downloader
-    try:
-        impl = tiktoken.Encoding(**definition)
-    except (AssertionError, ValueError) as error:  # tiktoken checks the vocabulary's size with an assert
-        raise TokenizerError(f"{path}: does not make tiktoken's {encoding} ({shorten(str(error), 80) or 'its size'})"
-                             ) from None
-    name = eos or TIKTOKEN_EOS
-    if name not in definition["special_tokens"]:
-        raise TokenizerError(f"{path}: {encoding} has no special token {name!r} (it has "
-                             f"{', '.join(definition['special_tokens'])})")
-    return Tokenizer("tiktoken", path, digest, impl.n_vocab, name, definition["special_tokens"][name], impl)
+    kind = "tiktoken" if path.suffix == ".tiktoken" else "huggingface"
+    if kind == "tiktoken":
+        encoding = encoding or path.stem
+    elif encoding is not None:
+        raise TokenizerError(f"{path}: `encoding` names a tiktoken encoding; a tokenizer.json has its own patterns")
+    _, facts = _start(kind, path, raw, digest, eos, eos_id if isinstance(eos_id, int) else None, encoding)
+    return Tokenizer(kind, path, digest, facts["vocab_size"], facts["eos"], facts["eos_id"], facts["encoding"])
 
 
 FILES = {"huggingface": "tokenizer.json", "tiktoken": "tokenizer.tiktoken"}

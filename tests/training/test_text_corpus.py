@@ -7,6 +7,7 @@ downloaded.
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import pytest
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 import attnspec
 from attnspec.errors import RunError
 from attnspec.tokenizer import TokenizerError, load_tokenizer
+from attnspec.tokenizer_worker import open_library
 from attnspec.training.tasks import IGNORE, TaskError, TextTask
 
 WORDS = ("the cat sat on a mat while dogs ran past quiet rivers under green hills and small birds sang "
@@ -171,11 +173,13 @@ def test_a_local_tiktoken_file_is_read_with_its_encodings_pattern(tmp_path, monk
         definition.pop("explicit_n_vocab", None)
         return definition
 
+    # the tokenizer process's own loader, run here: a monkeypatched encoding exists in this process only
     monkeypatch.setitem(tiktoken_ext.ENCODING_CONSTRUCTORS, "tiny", unchecked)
-    loaded = load_tokenizer(path, encoding="tiny")
-    ids = loaded.encode("the theme")
+    raw = path.read_bytes()
+    loaded, facts = open_library("tiktoken", raw, None, None, "tiny", hashlib.sha256(raw).hexdigest())
+    ids = loaded.encode_batch(["the theme"])[0]
     assert ids[0] == 257 and loaded.decode(ids) == "the theme"
-    assert loaded.eos_id == len(ranks) and loaded.vocab_size == len(ranks) + 1
+    assert facts == {"vocab_size": len(ranks) + 1, "eos": "<|endoftext|>", "eos_id": len(ranks), "encoding": "tiny"}
 
 
 @pytest.mark.slow

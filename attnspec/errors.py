@@ -98,6 +98,15 @@ def shorten(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def check_whole(name: str, value: object, low: int, high: int, unit: str = "") -> int:
+    """``value`` where it is a whole number from ``low`` to ``high`` (a bool is not one); else an
+    AttnSpecError naming ``name`` (an option, a field) and the range. Every numeric option of a command
+    goes through this before any work."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise AttnSpecError(f"{name} must be a whole number from {low:,} to {high:,}{unit}, got {shorten(value)}")
+    return value
+
+
 def excerpt_line(line: str, column: int, width: int = 100) -> str:
     """The source ``line`` with a caret under ``column`` (1-based), cut to ``width`` characters around it."""
     start = max(0, min(column - 1 - width // 2, len(line) - width))

@@ -22,7 +22,7 @@ from rich.markup import escape
 from attnspec.cli.display import (TrainingDisplay, err, evaluation_table, explain_table, out, print_build_summary,
                                   print_report, rich_table, stage_progress, verify_table)
 from attnspec.cli.metrics import metrics_text
-from attnspec.errors import AttnSpecError, RunInterrupted, SpecError
+from attnspec.errors import AttnSpecError, RunInterrupted, SpecError, check_whole
 
 app = typer.Typer(
     name="attnspec",
@@ -182,10 +182,11 @@ def explain(
     from attnspec.compiler.sizes import layer_sizes
     from attnspec.spec import load_spec
     from attnspec.spec.ir import iter_blocks
-    from attnspec.training.config import COMPILE_AUTO_REASON
+    from attnspec.training.config import COMPILE_AUTO_REASON, MAX_BATCH
 
     spec = load_spec(file, overrides or ())
-    L = length or spec.max_len
+    L = spec.max_len if length is None else check_whole("--length", length, 1, spec.max_len, " (max_len)")
+    check_whole("--batch", batch, 1, MAX_BATCH)
     regimes = [("inference", 1, False), ("training", batch, True)]
     if calibrate:
         from attnspec.compiler.calibrate import calibrate_spec
@@ -392,7 +393,7 @@ def evaluate(
     from rich.progress import Progress
 
     from attnspec.training.eval_formats import FORMATS
-    from attnspec.training.evaluate import evaluate_file, evaluate_text
+    from attnspec.training.evaluate import check_options, evaluate_file, evaluate_text
     from attnspec.compiler.load import tokenizer_of
     from attnspec.training.rundir import load_trained
 
@@ -400,6 +401,7 @@ def evaluate(
         raise AttnSpecError("give a task file (--task) or a text file (--text), one of them")
     if task_format not in FORMATS:
         raise AttnSpecError(f"--format must be one of {', '.join(FORMATS)}, got {task_format!r}")
+    check_options(batch_size, stride)  # before loading; the stride's bound (max_len) again after
     model = load_trained(directory)
     tokenizer = tokenizer_of(directory)
     with Progress(console=err, transient=True) as progress:

@@ -273,16 +273,20 @@ def evaluation_table(title: str, result) -> Table:
 
 def weights_text(fit: dict) -> str:
     """A manifest's ``weights`` record: how many tensors loaded, and every one initialised, of another
-    shape or left over, by name."""
+    shape or dtype, or left over, by name."""
     lines = [f"{fit['loaded']} tensor(s) loaded"]
     mismatched = {entry["name"]: entry for entry in fit["mismatched"]}
     missing = [name for name in fit["initialised"] if name not in mismatched]
     if missing:
         lines.append(f"{len(missing)} not in the file, initialised by the spec's init: {', '.join(missing)}")
     if mismatched:
-        shapes = [f"{name} (file {tuple(entry['file'])}, model {tuple(entry['model'])})"
+        def kind(entry: dict, side: str) -> str:  # the dtypes where they differ
+            dtype = entry.get(f"{side}_dtype")
+            return f"{tuple(entry[side])}" + (f" {dtype}" if entry.get("file_dtype") != entry.get("model_dtype") else "")
+
+        shapes = [f"{name} (file {kind(entry, 'file')}, model {kind(entry, 'model')})"
                   for name, entry in mismatched.items()]
-        lines.append(f"{len(mismatched)} of another shape, initialised: " + ", ".join(shapes))
+        lines.append(f"{len(mismatched)} of another shape or dtype, initialised: " + ", ".join(shapes))
     if fit["ignored"]:
         lines.append(f"{len(fit['ignored'])} in the file the model has no place for, ignored: "
                      + ", ".join(fit["ignored"]))

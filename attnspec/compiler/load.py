@@ -37,14 +37,15 @@ class WeightsFit:
     """How a weights file fitted a spec's model, tensor by tensor (names as in ``model.state_dict()``).
 
     ``loaded``: taken from the file (a floating-point tensor of another float dtype is converted);
-    ``initialised``: the model's tensors the file lacks or holds at another shape, which keep the
-    spec's initialisation; ``mismatched``: of those, (name, shape in the file, shape in the model);
-    ``ignored``: the file's tensors the model has no place for.
+    ``initialised``: the model's tensors the file lacks or holds at another shape or an unconvertible
+    dtype, which keep the spec's initialisation; ``mismatched``: of those, (name, shape in the file, shape
+    in the model, dtype in the file, dtype in the model); ``ignored``: the file's tensors the model has
+    no place for.
     """
 
     loaded: list[str] = field(default_factory=list)
     initialised: list[str] = field(default_factory=list)
-    mismatched: list[tuple[str, list[int], list[int]]] = field(default_factory=list)
+    mismatched: list[tuple[str, list[int], list[int], str, str]] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
 
     @property
@@ -54,19 +55,29 @@ class WeightsFit:
 
     def to_json(self) -> dict:
         return {"loaded": len(self.loaded), "initialised": self.initialised,
-                "mismatched": [{"name": name, "file": file, "model": mine} for name, file, mine in self.mismatched],
+                "mismatched": [{"name": name, "file": file, "model": mine, "file_dtype": file_dtype,
+                                "model_dtype": model_dtype}
+                               for name, file, mine, file_dtype, model_dtype in self.mismatched],
                 "ignored": self.ignored}
 
     def problems(self) -> str:
         """What does not fit, in words (for the errors of a strict load)."""
         parts = []
-        reshaped = [f"{name} {tuple(file)} (model {tuple(mine)})" for name, file, mine in self.mismatched]
-        missing = sorted(set(self.initialised) - {entry[0] for entry in self.mismatched})
-        for what, names in (("missing", missing), ("of another shape", reshaped), ("unexpected", self.ignored)):
+        reshaped = [f"{shorten(name)} {_kind(file, file_dtype, model_dtype)} (model {_kind(mine, model_dtype, file_dtype)})"
+                    for name, file, mine, file_dtype, model_dtype in self.mismatched]
+        missing = [shorten(n) for n in sorted(set(self.initialised) - {entry[0] for entry in self.mismatched})]
+        for what, names in (("missing", missing), ("of another shape or dtype", reshaped),
+                            ("unexpected", [shorten(n) for n in self.ignored])):
             if names:
                 more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-                parts.append(f"{len(names)} {what}: {', '.join(shorten(n) for n in names[:SHOWN])}{more}")
+                parts.append(f"{len(names)} {what}: {', '.join(names[:SHOWN])}{more}")
         return "; ".join(parts)
+
+
+def _kind(shape: list[int], dtype: str, other: str) -> str:
+    """A tensor's shape as a weights message shows it, with its dtype where it differs from the ``other``
+    side's: ``(16, 16) int32``."""
+    return f"{tuple(shape)}" + (f" {dtype}" if dtype != other else "")
 
 
 def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the directory", *,
@@ -109,17 +120,24 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
         converts = not strict and tensor.is_floating_point() and target.is_floating_point()
         if tensor.shape != target.shape or (tensor.dtype != target.dtype and not converts):
             if strict:
-                raise BuildError(f"{path}: tensor '{name}' is {tensor.dtype} {tuple(tensor.shape)}, the spec's model "
-                                 f"has {target.dtype} {tuple(target.shape)}; {fix}")
+                raise BuildError(f"{path}: tensor '{name}' is {_dtype(tensor)} {tuple(tensor.shape)}, the spec's "
+                                 f"model has {_dtype(target)} {tuple(target.shape)}; {fix}")
             fit.initialised.append(name)
-            fit.mismatched.append((name, list(tensor.shape), list(target.shape)))
+            fit.mismatched.append((name, list(tensor.shape), list(target.shape), _dtype(tensor), _dtype(target)))
             continue
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise BuildError(f"{path}: tensor '{name}' holds NaN or infinite values; {fix}")
-        fitting[name] = tensor.to(target.dtype)
+        converted = tensor.to(target.dtype)  # finite as the model will hold it: float64's 1e300 is inf in float32
+        if converted.is_floating_point() and not torch.isfinite(converted).all():
+            past = "" if converted.dtype == tensor.dtype or not torch.isfinite(tensor).all() else \
+                f" as {_dtype(target)} (its {_dtype(tensor)} values are past {_dtype(target)}'s range)"
+            raise BuildError(f"{path}: tensor '{name}' holds NaN or infinite values{past}; {fix}")
+        fitting[name] = converted
         fit.loaded.append(name)
     model.load_state_dict(fitting, strict=False)
     return fit
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _renamed(name: str, renames: dict[str, str]) -> str:

@@ -125,6 +125,8 @@ class MismatchRecord(_Strict):
     name: Text
     file: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=16)]
     model: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=16)]
+    file_dtype: Annotated[str, Field(max_length=32)] | None = None  # None: a build before dtypes were recorded
+    model_dtype: Annotated[str, Field(max_length=32)] | None = None
 
 
 class WeightsRecord(_Strict):

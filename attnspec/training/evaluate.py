@@ -35,9 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnspec.errors import shorten
+from attnspec.errors import AttnSpecError, check_whole, shorten
 from attnspec.io import _refuse_constant  # NaN and Infinity are no JSON numbers
 from attnspec.ops.documents import from_starts
+from attnspec.spec import limits
+from attnspec.training.config import MAX_BATCH
 from attnspec.training.eval_formats import FORMATS, as_request
 from attnspec.training.tasks.base import TaskError
 
@@ -275,6 +277,17 @@ def _in_batches(model, requests: list[Request], batch_size: int, on_request=None
     return scores
 
 
+def check_options(batch_size: object, stride: object = None, max_len: int = limits.MAX_LEN) -> None:
+    """The evaluation's numeric options, before any work: ``batch_size`` 1 to :data:`MAX_BATCH`,
+    ``stride`` (where given) 1 to ``max_len``. Raises TaskError naming the option."""
+    try:
+        check_whole("--batch-size", batch_size, 1, MAX_BATCH)
+        if stride is not None:
+            check_whole("--stride", stride, 1, max_len, " (max_len: a window's tokens)")
+    except AttnSpecError as error:
+        raise TaskError(str(error)) from None
+
+
 def evaluate_file(model, path: Path | str, on_request=None, *, tokenizer=None, task_format: str = "requests",
                   batch_size: int = 16) -> EvalResult:
     """Score every request of the task file ``path`` with ``model`` (a causal token LM, eval mode).
@@ -284,8 +297,7 @@ def evaluate_file(model, path: Path | str, on_request=None, *, tokenizer=None, t
     ``batch_size``: requests scored together (padded; each scores as it would alone).
     ``on_request(done, total)`` is called after each batch (the CLI's progress bar)."""
     _check_model(model)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise TaskError(f"the batch size must be a positive integer, got {shorten(batch_size)}")
+    check_options(batch_size)
     encode = None if tokenizer is None else tokenizer.encode
     requests, questions = read_task_file(path, model.spec.input.vocab_size, encode, task_format)
     scores = _in_batches(model, requests, batch_size, on_request)
@@ -340,6 +352,9 @@ def evaluate_text(model, path: Path | str, *, tokenizer=None, stride: int | None
     token after the first window at least ``max_len - stride`` tokens of context.
     """
     _check_model(model)
+    width = model.spec.max_len
+    check_options(batch_size, width if stride is None else stride, width)
+    stride = width if stride is None else stride
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"{path}: no such file; give a UTF-8 text file")
@@ -351,10 +366,6 @@ def evaluate_text(model, path: Path | str, *, tokenizer=None, stride: int | None
         raise TaskError(f"{path}: not UTF-8 text ({shorten(str(error), 100)})") from None
     except OSError as error:
         raise TaskError(f"{path}: cannot be read ({error.strerror})") from None
-    width = model.spec.max_len
-    stride = width if stride is None else stride
-    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= width:
-        raise TaskError(f"the stride must be an integer from 1 to max_len = {width}, got {shorten(stride)}")
     vocab = model.spec.input.vocab_size
     if tokenizer is None:
         ids = _tokens(text, vocab, str(path), "text")

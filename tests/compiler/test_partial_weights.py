@@ -100,3 +100,37 @@ def test_the_build_summary_lists_what_was_initialised(imported, tmp_path):
     shown = " ".join(result.stdout.split())
     assert "25 tensor(s) loaded" in shown and "blocks.1.mixer.beta_proj.weight" in shown
     assert "blocks.0.mlp.up.weight (file (32, 16), model (48, 16))" in shown.replace("│ ", "")
+
+
+def test_a_weight_is_finite_as_the_model_holds_it_and_a_dtype_mismatch_is_named(imported, tmp_path):
+    """float64 1e300 is inf in a float32 parameter: refused at the load, naming the tensor and why (before,
+    the finite check ran on the float64 values and verification blamed the spec's initialisation). An int32
+    tensor of the right shape is initialised, listed by its dtype."""
+    import torch
+    from safetensors.torch import save_file
+
+    from attnspec.cli.display import weights_text
+    from attnspec.compiler.load import load_weights
+
+    root, base, _ = imported
+    model = attnspec.load(base.directory)
+    tensors = {name: tensor.clone() for name, tensor in load_file(str(base.directory / "model.safetensors")).items()}
+    tensors["blocks.0.mlp.up.weight"] = tensors["blocks.0.mlp.up.weight"].double()
+    tensors["blocks.0.mlp.up.weight"][0, 0] = 1e300
+    save_file(tensors, str(tmp_path / "huge.safetensors"))
+    with pytest.raises(BuildError, match=r"'blocks.0.mlp.up.weight' holds NaN or infinite values as float32 \(its "
+                                         r"float64 values are past float32's range\)"):
+        attnspec.load(base.directory, weights=tmp_path / "huge.safetensors", strict=False)
+    with pytest.raises(BuildError, match="past float32's range"):
+        build_directory(BASE, tmp_path / "out", weights=tmp_path / "huge.safetensors", **FAST)
+    assert not (tmp_path / "out").exists()
+    tensors["blocks.0.mlp.up.weight"] = torch.ones(32, 16, dtype=torch.int32)
+    save_file(tensors, str(tmp_path / "int.safetensors"))
+    fit = load_weights(model, tmp_path / "int.safetensors", strict=False)
+    assert fit.mismatched == [("blocks.0.mlp.up.weight", [32, 16], [32, 16], "int32", "float32")]
+    assert "blocks.0.mlp.up.weight (file (32, 16) int32, model (32, 16) float32)" in weights_text(fit.to_json())
+    assert fit.problems().endswith("1 of another shape or dtype: 'blocks.0.mlp.up.weight' (32, 16) int32 (model "
+                                   "(32, 16) float32)")
+    with pytest.raises(BuildError, match=r"tensor 'blocks.0.mlp.up.weight' is int32 \(32, 16\), the spec's model has "
+                                         r"float32 \(32, 16\)"):
+        load_weights(model, {**load_file(str(tmp_path / "int.safetensors"))}, strict=True)

@@ -199,3 +199,74 @@ def test_the_shipped_text_example_trains_two_mixers_packed_and_streamed_and_repo
     rows = [line for line in report.read_text().splitlines() if line.startswith(("| softmax", "| gla"))]
     assert len(rows) >= 4 and {"packing=pack", "packing=stream"} <= {row.split(" | ")[2] for row in rows}
     assert len(list((tmp_path / "out" / "corpus").iterdir())) == 79
+
+
+def _damage(entry, how: str) -> str:
+    """Damage a corpus cache entry as the audit did; the words its refusal names."""
+    import json as json_module
+    import os
+
+    import numpy as np
+
+    meta = json_module.loads((entry / "corpus.json").read_text())
+    if how == "truncated":
+        data = (entry / "train.bin").read_bytes()
+        (entry / "train.bin").write_bytes(data[: len(data) // 10])
+        return "train.bin holds"
+    if how == "dtype":
+        meta["dtype"] = "uint32"  # the ids are uint16: read as uint32 they are other ids, half as many
+        (entry / "corpus.json").write_text(json_module.dumps(meta))
+        return "train.bin holds"
+    if how in ("past", "negative", "unordered"):
+        starts = np.fromfile(entry / "train.starts.bin", dtype=np.int64)
+        starts[-1] = {"past": 10 ** 9, "negative": -5, "unordered": 1}[how]
+        starts.tofile(entry / "train.starts.bin")
+        return "document starts not increasing"
+    if how == "empty-starts":
+        (entry / "train.starts.bin").write_bytes(b"")
+        return "train.starts.bin holds 0 bytes"
+    if how == "fifo":
+        (entry / "train.bin").unlink()
+        os.mkfifo(entry / "train.bin")
+        return "train.bin is not a regular file"
+    if how == "id":
+        data = np.fromfile(entry / "val.bin", dtype=np.uint16)
+        data[0] = 65000
+        data.tofile(entry / "val.bin")
+        return "val.bin holds id 65,000"
+    if how == "counts":
+        meta["tokens"] = {"train": "many"}
+        (entry / "corpus.json").write_text(json_module.dumps(meta))
+        return "lacks its dtype or its counts"
+    raise ValueError(how)
+
+
+@pytest.mark.parametrize("packing", ["pack", "pad"])
+@pytest.mark.parametrize("how", ["truncated", "dtype", "past", "negative", "unordered", "empty-starts", "fifo", "id",
+                                 "counts"])
+def test_a_damaged_cache_entry_is_refused_before_training_by_what_is_wrong(corpus, how, packing):
+    """Each file of the entry is checked against corpus.json (sizes from its counts and dtype, starts
+    increasing from 0 within the data, ids within the vocabulary, regular files) before a batch is drawn;
+    before, a truncated train.bin trained on a tenth of the corpus with exit 0, and a FIFO blocked."""
+    root, tokenizer = corpus
+    entry = _task(root, tokenizer).corpus()
+    directory = next((p for p in (root.parent / "cache" / "corpora").iterdir() if p.name == entry.key))
+    words = _damage(directory, how)
+    with pytest.raises(TaskError, match="a damaged corpus cache entry") as refused:
+        _task(root, tokenizer, packing=packing).batch("train", 0, 2, seed=0)
+    assert words in str(refused.value) and "remove it" in str(refused.value)
+
+
+def test_a_one_document_corpus_whose_val_fraction_leaves_nothing_to_train_on_names_it(tmp_path, corpus):
+    _, tokenizer = corpus
+    (tmp_path / "one.txt").write_text("the cat sat on a mat while dogs ran.\n")
+    with pytest.raises(TaskError, match=r"one document of \d+ tokens, and val_fraction 0.999 leaves 0 of them to "
+                                        r"train on .* choose another val_fraction"):
+        _task(tmp_path / "one.txt", tokenizer, val_fraction=0.999).corpus()
+
+
+def test_a_jsonl_line_nested_past_the_parser_s_stack_is_located(tmp_path, corpus):
+    _, tokenizer = corpus
+    (tmp_path / "deep.jsonl").write_text('{"text": "fine"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(TaskError, match=r"deep.jsonl:2: not a JSON object"):
+        _task(tmp_path / "deep.jsonl", tokenizer).corpus()

@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from attnspec.errors import shorten
+from attnspec.errors import AttnSpecError, shorten
 from attnspec.io import VERSION, cache_directory, read_json, write_atomic
 from attnspec.tokenizer import Tokenizer
 from attnspec.training.tasks.base import MAX_DATA_BYTES, TaskError
@@ -123,7 +123,7 @@ def _documents(file: Path, data: bytes, separator: str | None, text_field: str) 
                 continue
             try:
                 item = json.loads(line)
-            except ValueError as error:
+            except (ValueError, RecursionError) as error:  # nesting deep enough to exhaust the parser's stack
                 raise TaskError(f"{file}:{number}: not a JSON object ({shorten(str(error), 80)})") from None
             if not isinstance(item, dict) or not isinstance(item.get(text_field), str):
                 raise TaskError(f"{file}:{number}: a JSON-lines corpus has an object per line with the document in "
@@ -162,7 +162,7 @@ def tokenized(root: Path | str, tokenizer: Tokenizer, *, separator: str | None =
     entry = cache_directory() / "corpora" / key
     if not (entry / "corpus.json").is_file():
         _tokenize(files, root, tokenizer, entry, separator, text_field, val_fraction, total, progress)
-    return _open(entry, key)
+    return _open(entry, key, tokenizer)
 
 
 def _tokenize(files: list[Path], root: Path, tokenizer: Tokenizer, entry: Path, separator: str | None,
@@ -201,6 +201,10 @@ def _tokenize(files: list[Path], root: Path, tokenizer: Tokenizer, entry: Path, 
             parts = {"train": (tokens[:cut], starts[:-held]), "val": (tokens[cut:], starts[-held:] - cut)}
         else:  # one document: the last val_fraction of its tokens
             cut = len(tokens) - max(1, math.ceil(len(tokens) * val_fraction))
+            if cut < 2 or len(tokens) - cut < 2:  # each split predicts at least one token from one
+                raise TaskError(f"{root}: one document of {len(tokens):,} tokens, and val_fraction {val_fraction} "
+                                f"leaves {cut:,} of them to train on and {len(tokens) - cut:,} to validate on (at "
+                                "least 2 each); choose another val_fraction or add documents")
             parts = {"train": (tokens[:cut], starts), "val": (tokens[cut:], np.zeros(1, dtype=np.int64))}
         for split, (ids, offsets) in parts.items():
             ids.tofile(scratch / f"{split}.bin")
@@ -231,17 +235,57 @@ def _write(out, tokenizer: Tokenizer, batch: list[str], lengths: list[int], dtyp
         lengths.append(len(ids))
 
 
-def _open(entry: Path, key: str) -> Corpus:
-    meta = read_json(entry / "corpus.json")
+def _open(entry: Path, key: str, tokenizer: Tokenizer) -> Corpus:
+    """The cache entry ``entry``, its files checked against its ``corpus.json`` before anything trains on
+    them (a damaged entry, cut short, of another dtype or with starts out of order, would train on other
+    data without a word); a TaskError saying to remove it otherwise."""
+    def damaged(why: str) -> TaskError:
+        return TaskError(f"{entry}: a damaged corpus cache entry ({why}); remove it to tokenise the corpus again")
+
+    try:
+        meta = read_json(entry / "corpus.json")
+    except AttnSpecError as error:
+        raise damaged(shorten(str(error), 120)) from None
+    counts = {split: _count(meta, "tokens", name) for split, name in SPLITS}
+    documents = {split: _count(meta, "split_documents", name) for split, name in SPLITS}
+    dtype = meta.get("dtype") if isinstance(meta, dict) else None
+    if dtype not in ("uint16", "uint32") or None in counts.values() or None in documents.values():
+        raise damaged("corpus.json lacks its dtype or its counts")
+    if meta.get("tokenizer") != tokenizer.identity():
+        raise damaged("corpus.json records another tokenizer")
     tokens, starts = {}, {}
-    for split, name in (("train", "train"), ("test", "val")):
+    for split, name in SPLITS:
+        ids, offsets = entry / f"{name}.bin", entry / f"{name}.starts.bin"
+        for path, size in ((ids, counts[split] * np.dtype(dtype).itemsize), (offsets, documents[split] * 8)):
+            status = _lstat(path)
+            if status is None or not stat.S_ISREG(status.st_mode):  # a FIFO or a device would block or never end
+                raise damaged(f"{path.name} is not a regular file")
+            if status.st_size != size:
+                raise damaged(f"{path.name} holds {status.st_size:,} bytes, corpus.json's counts make {size:,}")
+        if counts[split] < 2 or documents[split] < 1:
+            raise damaged(f"the {name} split holds {counts[split]} tokens in {documents[split]} documents")
         try:
-            tokens[split] = np.memmap(entry / f"{name}.bin", dtype=meta["dtype"], mode="r")
-            starts[split] = np.fromfile(entry / f"{name}.starts.bin", dtype=np.int64)
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise TaskError(f"{entry}: a damaged corpus cache entry ({shorten(str(error), 80)}); remove it to "
-                            "tokenise the corpus again") from None
+            tokens[split] = np.memmap(ids, dtype=dtype, mode="r")
+            starts[split] = np.fromfile(offsets, dtype=np.int64)
+        except (OSError, ValueError) as error:
+            raise damaged(shorten(str(error), 80)) from None
+        found = starts[split]
+        if found[0] != 0 or (np.diff(found) <= 0).any() or found[-1] >= counts[split]:
+            raise damaged(f"{offsets.name}: document starts not increasing from 0 within the {counts[split]:,} tokens")
+        if int(tokens[split].max()) >= tokenizer.vocab_size:
+            raise damaged(f"{ids.name} holds id {int(tokens[split].max()):,}, past the tokenizer's vocabulary of "
+                          f"{tokenizer.vocab_size:,}")
     return Corpus(tokens, starts, key, meta)
+
+
+SPLITS = (("train", "train"), ("test", "val"))
+"""The task's split names and the cache entry's file names of them."""
+
+
+def _count(meta: object, field: str, split: str) -> int | None:
+    """``meta[field][split]`` where it is a count (a non-negative integer), else None."""
+    value = meta.get(field, {}).get(split) if isinstance(meta, dict) and isinstance(meta.get(field), dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 48 else None
 
 
 __all__ = ["Corpus", "corpus_key", "file_size", "read_bytes", "regular_files", "tokenized"]

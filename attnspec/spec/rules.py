@@ -75,6 +75,10 @@ def _shared_rules(spec: Spec) -> Iterator[Violation]:
                 f"a {block.mixer.kind} mixer reads inputs of width d_model only, and this shared block reads "
                 f"{width} (`reads: {shared.reads}`); use a family that projects its input (softmax, linear, "
                 "delta, mlstm, scatterbrain), or `reads: hidden`")
+        twice = sorted({target for target in shared.adapt if shared.adapt.count(target) > 1})
+        if twice:
+            yield at + ("adapt",), (f"names {', '.join(f'`{t}`' for t in twice)} more than once; an adapter per "
+                                    "projection, so list each once")
         if shared.adapter_rank is not None:
             for target in shared.adapt:
                 if target != "mlp" and not block.mixer.projects_input:
@@ -118,8 +122,7 @@ def _mixer_rules(spec: Spec, mixer, at: Path, width: int) -> Iterator[Violation]
     widths = mixer.resolved_widths(width)
     if widths is None:
         name = "d_model" if width == spec.d_model else "its input width"
-        yield at + ("heads",), (f"{name} = {width} is not divisible by heads = {mixer.heads}, so d_qk/d_v "
-                               "cannot be derived; choose heads dividing d_model or set d_qk and d_v")
+        yield at + ("heads",), f"{name} = {width} is not divisible by heads = {mixer.heads}, {mixer.indivisible}"
     if not _is_power_of_two(mixer.chunk_size):
         yield at + ("chunk_size",), f"chunk_size must be a power of two (e.g. 64), got {mixer.chunk_size}"
     d_qk = (widths or {}).get("d_qk", mixer.d_qk)

@@ -43,9 +43,11 @@ def _texts(value, name: str, where: str) -> list[str]:
 
 
 def _label(value, count: int, where: str) -> int:
-    """A label as an int or a string of one (hellaswag's files hold "2")."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    """A label as an int or a string of one (hellaswag's files hold "2"): ASCII digits, a few of them
+    (``"²"`` is a digit to ``str.isdigit`` but not to ``int``; 5,000 digits are past ``int``'s limit)."""
+    digits = value.strip() if isinstance(value, str) else ""
+    if digits.isascii() and digits.isdigit() and len(digits) <= 9:
+        value = int(digits)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
         raise TaskError(f"{where}: `label` must be the index of the right choice, 0 to {count - 1}, got {shorten(value)}")
     return value

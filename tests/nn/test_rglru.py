@@ -82,3 +82,20 @@ def test_decoding_continues_the_prefill():
         for t in range(9, LENGTH):
             logits, *state = model.step(tokens[:, t], *state)
             assert (logits - full[:, t]).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("width, heads, words", [
+    (None, 3, "d_model = 16 is not divisible by heads = 3, so the gate blocks cannot split its channels equally"),
+    (None, 17, "d_model = 16 is not divisible by heads = 17"),
+    (30, 4, "4 gate blocks cannot divide width 30 equally"),
+])
+def test_gate_blocks_that_do_not_divide_the_channels_are_refused_at_heads(width, heads, words):
+    """Before, heads 3 at d_model 16 passed `check` and failed in `build` with a matmul's shapes."""
+    from attnspec.errors import SpecError
+    from attnspec.spec import load_spec
+
+    mixer = {"kind": "rglru", "heads": heads, **({"width": width} if width else {})}
+    with pytest.raises(SpecError) as caught:
+        load_spec({"name": "t", "input": {"kind": "tokens", "vocab_size": 32}, "d_model": 16, "max_len": 16,
+                   "layers": [{"mixer": mixer}]})
+    assert [(p.path, words in p.message) for p in caught.value.problems] == [("layers[0].mixer.heads", True)]

@@ -149,6 +149,7 @@ def _with(change) -> dict:
     (lambda d: d["layers"][1].update(norm_placement="post"), "layers[1].norm_placement", "`pre` placement"),
     (lambda d: d["layers"][1].update(mixer="none", mlp="glu"), "layers[1].shared", "has no mixer"),
     (lambda d: d["shared"][0]["block"].update(shared={"name": "memory"}), "shared[0].block.shared", "cannot itself"),
+    (lambda d: d["shared"][0].update(adapt=["q", "v", "q"]), "shared[0].adapt", "names `q` more than once"),
 ])
 def test_an_impossible_use_of_a_shared_block_is_a_located_error(change, path, words):
     with pytest.raises(SpecError) as caught:

@@ -56,6 +56,13 @@ def test_released_formats_become_lm_eval_prompts():
     with pytest.raises(TaskError, match="answerKey"):
         as_request({"question": "q", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "C"}, "arc",
                    "f:3")
+    for label in ("\u00b2", "9" * 5000, "-1", " 1 ", "٣"):  # a superscript two, past int's digits, negative, Arabic 3
+        line = {"activity_label": "a", "ctx_a": "b", "ctx_b": "c", "endings": ["d", "e"], "label": label}
+        if label == " 1 ":
+            assert as_request(line, "hellaswag", "x")["label"] == 1
+            continue
+        with pytest.raises(TaskError, match=r"f:3: `label` must be the index of the right choice, 0 to 1"):
+            as_request(line, "hellaswag", "f:3")
 
 
 def test_padded_batches_score_every_request_as_it_would_alone():

@@ -37,6 +37,9 @@ class MixerComponent(Component):
     `scale` and a `position` (it orders positions itself), and take a convolution of the values alone
     (`short` on `[v]`, or `none` where `conv_optional`)."""
     conv_optional: ClassVar[bool] = True
+    indivisible: ClassVar[str] = ("so d_qk/d_v cannot be derived; choose heads dividing d_model or set d_qk and "
+                                  "d_v")
+    """What the rule says where :meth:`resolved_widths` finds the width not divisible by ``heads``."""
     projects_input: ClassVar[bool] = False
     """The family reads its input only through q/k/v projections and its own input maps (the attention-like
     families built on ``ProjectedMixer``), so it can read an input wider than d_model (a shared block

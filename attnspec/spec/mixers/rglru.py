@@ -49,7 +49,11 @@ class RglruMixer(MixerComponent):
     def modes(self) -> tuple[str, ...]:
         return ("chunk", "recurrent", "scan", "quadratic")
 
-    def resolved_widths(self, d_model: int) -> dict[str, int]:
+    indivisible: ClassVar[str] = "so the gate blocks cannot split its channels equally; choose heads dividing it"
+
+    def resolved_widths(self, d_model: int) -> dict[str, int] | None:
+        if self.width is None and d_model % self.heads:  # an explicit width is checked in problems()
+            return None
         return {"d_qk": 1, "d_v": 1, "width": self.width or d_model}
 
     def mode_costs(self, L: int) -> dict[str, Cost]:

@@ -160,7 +160,7 @@ def tokenized(root: Path | str, tokenizer: Tokenizer, *, separator: str | None =
         raise TaskError(f"{root}: {total:,} bytes, over the limit of {MAX_DATA_BYTES:,} for one corpus; split it")
     key = corpus_key(files, root, tokenizer, separator, text_field, val_fraction)
     entry = cache_directory() / "corpora" / key
-    if not (entry / "corpus.json").is_file():
+    if _lstat(entry) is None:  # an entry is renamed into place whole: one without its corpus.json is damaged
         _tokenize(files, root, tokenizer, entry, separator, text_field, val_fraction, total, progress)
     return _open(entry, key, tokenizer)
 
@@ -218,9 +218,9 @@ def _tokenize(files: list[Path], root: Path, tokenizer: Tokenizer, entry: Path, 
         write_atomic(scratch / "corpus.json", json.dumps(meta, indent=2) + "\n")
         try:
             os.replace(scratch, entry)
-        except OSError:  # another process cached the same corpus first: its entry is the same
-            if not (entry / "corpus.json").is_file():
-                raise
+        except OSError:  # another process cached the same corpus first: its entry is the same (_open checks it)
+            if _lstat(entry) is None:
+                raise TaskError(f"{entry}: cannot write the corpus cache entry") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

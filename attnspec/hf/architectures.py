@@ -70,8 +70,9 @@ class Config:
             raise self.refuse(field, f"{shorten(value)} is over attnspec's limit of {limit:,}")
         return value
 
-    def number(self, field: str, default: Any = _MISSING) -> float:
-        """A finite real field (an integer of 400 digits is no float); ``default`` (None too) where absent."""
+    def number(self, field: str, default: Any = _MISSING, *, positive: bool = False) -> float:
+        """A finite real field (an integer of 400 digits is no float); ``default`` (None too) where absent.
+        ``positive``: it must also be above 0 (a field attnspec divides by, or takes a root of)."""
         value = self.get(field, (int, float), default)
         if value is None:
             return None
@@ -81,6 +82,8 @@ class Config:
             number = math.inf
         if not math.isfinite(number):
             raise self.refuse(field, f"must be a finite number, got {shorten(value)}")
+        if positive and not number > 0:
+            raise self.refuse(field, f"must be a positive number, got {shorten(value)}")
         return number
 
     def layer_list(self, field: str, layers: int) -> set[int]:
@@ -1130,7 +1133,7 @@ class GraniteMoeHybrid(Architecture):
         multiplier = config.number("residual_multiplier", 1.0)
         blocks = [{"mixer": mamba if t == "linear_attention" else attention, "mlp": mlp, "norm": _rmsnorm(eps),
                    **({"residual_scale": multiplier} if multiplier != 1.0 else {})} for t in types]
-        embedding, logits = config.number("embedding_multiplier", 1.0), config.number("logits_scaling", 1.0)
+        embedding, logits = config.number("embedding_multiplier", 1.0), config.number("logits_scaling", 1.0, positive=True)
         common = _common(config)
         if embedding != 1.0:
             common["input"]["scale"] = embedding
@@ -1219,7 +1222,7 @@ class Gemma3(Architecture):
         for layer_type in types:
             mixer = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": bias,
                      "out_bias": bias, "qk_norm": "rmsnorm", "norm_eps": eps,
-                     "scale": config.number("query_pre_attn_scalar", 256) ** -0.5,
+                     "scale": config.number("query_pre_attn_scalar", 256, positive=True) ** -0.5,
                      "position": config.rope(head_dim, layer_type=layer_type),
                      **({"kv_heads": kv_heads} if kv_heads != heads else {}),
                      **({"window": window} if layer_type == "sliding_attention" else {})}

@@ -20,6 +20,7 @@ every part moves the logits.
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -775,6 +776,16 @@ def test_gemma3_text_computes_transformers_logits_and_decodes_alike(tmp_path):
     assert (local.mixer.window, local.mixer.position.base, world.mixer.window, world.mixer.position.base) == \
         (6, 10000.0, None, 1000000.0)
     assert local.norm_placement == "sandwich" and spec.head.softcap == 5.0 and spec.input.scale == 32 ** 0.5
+
+
+@pytest.mark.parametrize("value", [0, -4])
+def test_a_softmax_scalar_attnspec_takes_a_root_of_must_be_positive(tmp_path, value):
+    """``query_pre_attn_scalar: 0`` was a ZeroDivisionError (exit 70) in import-hf."""
+    _gemma3_text().save_pretrained(tmp_path / "checkpoint")
+    config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**config, "query_pre_attn_scalar": value}))
+    with pytest.raises(InteropError, match=rf"`query_pre_attn_scalar`: must be a positive number, got {value}"):
+        spec_from_checkpoint(tmp_path / "checkpoint")
 
 
 def test_the_text_model_of_a_multimodal_gemma3_imports_logit_equal(tmp_path):

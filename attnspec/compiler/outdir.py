@@ -92,7 +92,7 @@ def check_output(output: Path, force: bool, kind: OutputKind = BUILD) -> None:
         raise BuildError(f"{output} already exists; pass --force to replace a {kind.what}, or choose another -o")
     problem = kind.replaceable_problem(output)
     if problem:
-        raise BuildError(f"{output} exists and --force replaces only a {kind.what} written by attnspec: "
+        raise BuildError(f"{output} exists and --force replaces only a {kind.what} attnspec wrote: "
                          f"{problem}. Nothing was changed; choose another -o")
 
 

@@ -234,27 +234,64 @@ def _lm_problem(spec) -> str | None:
     return PLUGINS_REFUSED if spec.plugins else None
 
 
+EXPORT_MARKER = "attnspec_export.json"
+"""What export-hf writes beside the transformers files: every file it wrote, with its size and SHA-256.
+``--force`` replaces a directory only where this record holds and the directory holds exactly what it
+lists (a file name says nothing of who wrote it: a user's own llama directory has the same names)."""
+MAX_MARKER_BYTES = 1 << 16
+
+
+def _hashed(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_marker(directory: Path) -> None:
+    """Record every file in the (scratch) ``directory`` as export-hf's, in :data:`EXPORT_MARKER`."""
+    import json
+
+    from attnspec.io import VERSION, write_atomic
+
+    files = {name: {"size": (directory / name).stat().st_size, "sha256": _hashed(directory / name)}
+             for name in sorted(os.listdir(directory))}
+    write_atomic(directory / EXPORT_MARKER, json.dumps({"written_by": "attnspec export-hf",
+                                                        "attnspec_version": VERSION, "files": files}, indent=2) + "\n")
+
+
 def _export_problem(output: Path) -> str | None:
-    """Why ``--force`` may not replace ``output``: it must be a directory export-hf wrote (only its
-    config.json and model.safetensors, the config naming a model type attnspec writes)."""
-    from attnspec.hf.checkpoint import read_json_file
+    """Why ``--force`` may not replace ``output``: it must hold export-hf's record (:data:`EXPORT_MARKER`)
+    and exactly the files it lists, each of its recorded size and SHA-256."""
+    from attnspec.io import read_json
 
     if output.is_symlink() or not output.is_dir():
         return "it is a symbolic link" if output.is_symlink() else "it is not a directory"
-    foreign = sorted(set(os.listdir(output)) - EXPORT_FILES)
-    if foreign:
-        return f"it holds files export-hf does not write ({', '.join(foreign[:5])})"
     try:
-        written = read_json_file(output / CONFIG, "").get("model_type")
-    except InteropError:
-        return "its config.json is not one export-hf wrote"
-    if written != ATTNSPEC_TYPE and written not in ARCHITECTURES:
-        return f"its config.json names the model type {shorten(written)}, which export-hf does not write"
+        record = read_json(output / EXPORT_MARKER, MAX_MARKER_BYTES)
+    except AttnSpecError:
+        return f"it holds no {EXPORT_MARKER}, the record export-hf writes, so attnspec did not write it"
+    files = record.get("files") if isinstance(record, dict) and record.get("written_by") == "attnspec export-hf" \
+        else None
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        return f"its {EXPORT_MARKER} is not one export-hf wrote"
+    present = sorted(set(os.listdir(output)) - {EXPORT_MARKER})
+    foreign = [name for name in present if name not in files]
+    if foreign:
+        return f"it holds files export-hf did not write ({', '.join(shorten(n) for n in foreign[:5])}); move them out"
+    for name, entry in files.items():
+        path = output / name
+        if path.is_symlink() or not path.is_file() or path.stat().st_size != entry.get("size") \
+                or _hashed(path) != entry.get("sha256"):
+            return f"its {shorten(name)} is not the file export-hf wrote (changed since, or missing)"
     return None
 
 
-EXPORT_FILES = frozenset({CONFIG, WEIGHTS, TOKENIZER_CONFIG, *TOKENIZER_FILES.values()})
-EXPORT = OutputKind("directory written by export-hf", EXPORT_FILES, _export_problem)
+EXPORT_FILES = frozenset({CONFIG, WEIGHTS, TOKENIZER_CONFIG, EXPORT_MARKER, *TOKENIZER_FILES.values()})
+EXPORT = OutputKind("transformers directory", EXPORT_FILES, _export_problem)
 
 
 def export_hf(directory: Path | str, output: Path | str, *, model_type: str | None = None,
@@ -327,6 +364,7 @@ def export_model_hf(model, output: Path | str, *, model_type: str | None = None,
         write_checkpoint(scratch.path, config, tensors)
         if tokenizer is not None:
             save_tokenizer(tokenizer, scratch.path, max_len=spec.max_len)
+        _write_marker(scratch.path)
         scratch.publish(force)
     return output, model_type
 

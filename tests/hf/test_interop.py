@@ -509,7 +509,24 @@ def test_export_hf_force_replaces_only_its_own_output_and_cleans_leftovers(check
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     refused = attnspec_cli("export-hf", str(build), "-o", str(mine), "--force")
-    assert refused.returncode == 2 and "notes.txt" in refused.stderr and (mine / "notes.txt").read_text() == "mine"
+    assert refused.returncode == 2 and "attnspec_export.json" in refused.stderr
+    assert (mine / "notes.txt").read_text() == "mine"
+    # a user's own llama directory has export-hf's file names but not its record: the names decide nothing
+    own = tmp_path / "my_llama"
+    checkpoints["llama"][0].save_pretrained(own)
+    before = {p.name: p.read_bytes() for p in own.iterdir()}
+    refused = attnspec_cli("export-hf", str(build), "-o", str(own), "--force")
+    assert refused.returncode == 2 and "holds no attnspec_export.json" in refused.stderr
+    assert {p.name: p.read_bytes() for p in own.iterdir()} == before
+    # nor does export-hf's record once its files are the user's: a weights file replaced, or one added
+    for change, words in [(lambda d: (d / "model.safetensors").write_bytes(b"the user's own weights"),
+                           "model.safetensors' is not the file export-hf wrote"),
+                          (lambda d: (d / "extra.bin").write_bytes(b"mine"), "extra.bin")]:
+        edited = tmp_path / f"edited-{len(words)}"
+        assert attnspec_cli("export-hf", str(build), "-o", str(edited)).returncode == 0
+        change(edited)
+        refused = attnspec_cli("export-hf", str(build), "-o", str(edited), "--force")
+        assert refused.returncode == 2 and words in refused.stderr and "attnspec wrote" in refused.stderr
 
 
 @pytest.mark.slow  # a subprocess or several builds: the full suite runs it, the quick loop not

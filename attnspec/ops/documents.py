@@ -25,7 +25,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnspec.errors import ShapeError
+from attnspec.errors import ShapeError, shorten
+from attnspec.spec.limits import MAX_LEN as MAX_LENGTH
 
 
 class Documents(NamedTuple):
@@ -71,10 +72,24 @@ def from_cu_seqlens(cu_seqlens: Tensor | list[int], length: int | None = None) -
     """Documents of one packed row (B = 1) from cumulative lengths ``[0, n_0, n_0 + n_1, .., L]``, as
     flash-linear-attention and flash-attention's varlen calls take them (``length``: L, by default the
     last entry)."""
-    cu = torch.as_tensor(cu_seqlens, dtype=torch.int64).flatten()
+    # whole numbers only: as_tensor(dtype=int64) would cut 2.7 to 2 without a word
+    if isinstance(cu_seqlens, Tensor):
+        if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+            raise ShapeError(f"cu_seqlens must hold integers, got a {cu_seqlens.dtype} tensor")
+    elif not isinstance(cu_seqlens, (list, tuple)) or \
+            not all(isinstance(n, int) and not isinstance(n, bool) for n in cu_seqlens):
+        raise ShapeError(f"cu_seqlens must be a list of integers or an integer tensor, got {shorten(cu_seqlens)}")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int)):
+        raise ShapeError(f"length must be an integer, got {shorten(length)}")
+    try:
+        cu = torch.as_tensor(cu_seqlens, dtype=torch.int64).flatten()
+    except (RuntimeError, OverflowError, ValueError):  # an integer past int64
+        raise ShapeError(f"cu_seqlens must hold lengths up to {MAX_LENGTH:,}, got {shorten(cu_seqlens)}") from None
     length = int(cu[-1]) if length is None and cu.numel() else length
     if cu.numel() < 2 or int(cu[0]) != 0 or bool((cu[1:] <= cu[:-1]).any()) or int(cu[-1]) != length:
         raise ShapeError(f"cu_seqlens must rise strictly from 0 to the length {length}, got {cu.tolist()[:16]}")
+    if length > MAX_LENGTH:  # before a (1, length) mask is allocated
+        raise ShapeError(f"cu_seqlens reaches {length:,}, past the longest sequence attnspec takes ({MAX_LENGTH:,})")
     starts = torch.zeros(1, length, dtype=torch.bool, device=cu.device)
     starts[0, cu[:-1]] = True
     return from_starts(starts)

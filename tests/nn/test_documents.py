@@ -171,6 +171,12 @@ def test_documents_a_model_cannot_honour_are_refused_by_name():
         model(tokens, documents=documents.ids)
     with pytest.raises(ShapeError, match="cu_seqlens must rise strictly"):
         from_cu_seqlens([0, 3, 3, 5])
+    for values, words in [([0, 2 ** 62], "past the longest sequence attnspec takes"),  # was an allocator error
+                          ([0, 2 ** 70], "lengths up to"), ([0, 2.7, 8], "list of integers"),  # 2.7 was cut to 2
+                          (torch.tensor([0.0, 3.0]), "must hold integers"), ([0, True, 3], "list of integers")]:
+        with pytest.raises(ShapeError, match=words):
+            from_cu_seqlens(values)
+    assert from_cu_seqlens(torch.tensor([0, 3, 8])).ids.tolist() == from_cu_seqlens([0, 3, 8]).ids.tolist()
     model.blocks[0].mixer.takes_documents = False  # as a plugin family that has not said it takes them
     with pytest.raises(ShapeError, match="do not take packed documents"):
         model(tokens, documents=documents)

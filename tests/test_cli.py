@@ -169,3 +169,38 @@ def test_the_command_line_lets_idle_openmp_threads_sleep_unless_told_otherwise(t
                                                                                 if given else {})
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
         assert f"POLICY {expected}" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["eval", "nowhere", "--text", "t.txt", "--batch-size", "-1"], "--batch-size must be a whole number from 1"),
+    (["eval", "nowhere", "--text", "t.txt", "--batch-size", "0"], "--batch-size must be"),
+    (["eval", "nowhere", "--task", "t.jsonl", "--batch-size", str(10 ** 30)], "--batch-size must be"),
+    (["eval", "nowhere", "--text", "t.txt", "--stride", "0"], "--stride must be a whole number from 1"),
+    (["explain", "specs/gateloop.yaml", "--length", "0"], "--length must be a whole number from 1 to 1,024"),
+    (["explain", "specs/gateloop.yaml", "--length", "1025"], "--length must be"),
+    (["explain", "specs/gateloop.yaml", "--batch", str(10 ** 30)], "--batch must be"),
+    (["train", "specs/gateloop.yaml", "-o", "run", "--task", "mqar", "--nproc", "0"], "--nproc must be"),
+    (["train", "specs/gateloop.yaml", "-o", "run", "--task", "mqar", "--nproc", str(10 ** 30)], "--nproc must be"),
+])
+def test_a_numeric_option_out_of_range_is_named_before_any_work(tmp_path, monkeypatch, args, words):
+    """Each is checked before a model loads or a process starts (the directory "nowhere" is never read);
+    `eval --text --batch-size -1` reported perplexity 1.0 with exit 0, `--nproc 10**30` started torchrun."""
+    from typer.testing import CliRunner
+
+    from attnspec.cli import app
+    from attnspec.errors import AttnSpecError
+
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, AttnSpecError) and words in str(result.exception), result.output
+    assert not (ROOT / "run").exists()
+
+
+def test_a_sweep_s_workers_and_threads_are_bounded():
+    from attnspec.ablation.runners import sizing
+    from attnspec.errors import AttnSpecError
+
+    for workers, threads in [(0, None), (10 ** 30, None), (None, 0), (None, 10 ** 6), (True, None)]:
+        with pytest.raises(AttnSpecError, match="--workers|--threads"):
+            sizing(4, workers, threads)
+    assert sizing(4, 2, 1) == (2, 1)

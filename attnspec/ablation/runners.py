@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from attnspec.errors import AttnSpecError
+from attnspec.errors import AttnSpecError, check_whole
 from attnspec.io import open_append_binary, start_python
 
 EventCallback = Callable[[dict], None]
@@ -41,8 +41,19 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+MAX_WORKERS = 256
+"""The most local worker processes a sweep starts (each a Python process with torch: ~0.5 GB)."""
+MAX_THREADS = 1024
+"""The most intra-op threads a run is given."""
+
+
 def sizing(runs: int, workers: int | None, threads: int | None) -> tuple[int, int]:
-    """(workers, threads per run): by default as many workers as runs allow and cores / workers threads each."""
+    """(workers, threads per run): by default as many workers as runs allow and cores / workers threads each.
+    Given ones are checked first (an AttnSpecError naming the option)."""
+    if workers is not None:
+        check_whole("--workers", workers, 1, MAX_WORKERS)
+    if threads is not None:
+        check_whole("--threads", threads, 1, MAX_THREADS)
     total = cores()
     if workers is None:
         workers = max(1, min(runs, total // threads if threads else total))

@@ -467,6 +467,8 @@ def train(
     config.yaml, metrics.jsonl, checkpoints (safetensors) and result.json. Export the trained
     model with `attnspec build RUN_DIR -o DIR`.
     """
+    if nproc is not None:  # a process each: a bound before torchrun starts any
+        check_whole("--nproc", nproc, 1, MAX_PROCESSES, " (processes on this machine)")
     if nproc is not None and nproc > 1 and "WORLD_SIZE" not in os.environ:
         _launch_torchrun(nproc)
         return
@@ -633,6 +635,10 @@ diagnose_app = typer.Typer(cls=_Diagnostics, help="Measurements the papers make,
                                                   "table and a plot (PNG, SVG) each.", no_args_is_help=True,
                            rich_markup_mode=None)
 app.add_typer(diagnose_app, name="diagnose")
+
+
+MAX_PROCESSES = 256
+"""The most processes ``train --nproc`` starts on one machine (8 GPUs, or the cores of a large host)."""
 
 
 def _launch_torchrun(nproc: int) -> None:

@@ -85,12 +85,12 @@ class Tokenizer:
         return found + (_encode(self, request) if request else [])
 
     def decode(self, ids: list[int]) -> str:
-        """The text of ``ids`` (every id below :attr:`vocab_size`)."""
+        """The text of ``ids``. An id past the vocabulary (a model's padded embedding rows) is the
+        library's to handle: a Hugging Face tokenizer skips it, tiktoken refuses it (a TokenizerError)."""
         ids = list(ids)
-        bad = next((i for i in ids if not isinstance(i, int) or not 0 <= i < self.vocab_size), None)
+        bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1 << 32), None)
         if bad is not None:
-            raise TokenizerError(f"{self.path}: cannot decode id {shorten(bad)} (the vocabulary has "
-                                 f"{self.vocab_size:,})")
+            raise TokenizerError(f"{self.path}: cannot decode {shorten(bad)}, not a token id")
         payload = array.array("I", ids).tobytes()
         _, text = _process(self).request({"op": "decode"}, payload,
                                          worker.BYTES_PER_ID * len(ids) + (1 << 20), f"decoding {len(ids):,} ids")

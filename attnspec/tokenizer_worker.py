@@ -56,8 +56,8 @@ TIME_FLOOR = 10.0
 """Seconds any request may take, whatever its size (the child's start, a cold page cache)."""
 BYTES_PER_SECOND = 16 << 10
 """And the slowest rate of tokenising a request may run at before it is stopped: real tokenizers' structures
-run at 0.44-3.6 MB/s on 2 cores (benchmarks/tokenizer_limits.py), 27x this or more, so it stops only a
-pathological one, with room for a loaded machine."""
+run at 0.40-2.6 MB/s through the child on 2 cores (benchmarks/tokenizer_limits.py), 24x this or more, so it
+stops only a pathological one, with room for a loaded machine."""
 IDS_PER_BYTE = 64
 """The most ids an encoding may return per byte of text (byte fallback after NFKC's widest expansion is
 ~18); more is a normalizer that multiplies the text, refused."""
@@ -226,8 +226,11 @@ def _limit_memory(request_bytes: int) -> None:
     """Cap this process's address space at what it maps now plus the request's allowance."""
     import resource
 
-    with open("/proc/self/statm") as statm:
-        mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/self/statm") as statm:
+            mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no /proc (not Linux): the time allowance alone bounds a request
+        return
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     soft = mapped + memory_allowance(request_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))

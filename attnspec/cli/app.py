@@ -180,12 +180,13 @@ def explain(
     valid mode's estimated and measured time, and why."""
     from attnspec.compiler.plan import plan_spec
     from attnspec.compiler.sizes import layer_sizes
-    from attnspec.spec import load_spec
+    from attnspec.spec import limits, load_spec
     from attnspec.spec.ir import iter_blocks
     from attnspec.training.config import COMPILE_AUTO_REASON, MAX_BATCH
 
     spec = load_spec(file, overrides or ())
-    L = spec.max_len if length is None else check_whole("--length", length, 1, spec.max_len, " (max_len)")
+    # a plan may be asked for past max_len (how the modes' costs go on), within attnspec's longest sequence
+    L = spec.max_len if length is None else check_whole("--length", length, 1, limits.MAX_LEN)
     check_whole("--batch", batch, 1, MAX_BATCH)
     regimes = [("inference", 1, False), ("training", batch, True)]
     if calibrate:

@@ -161,6 +161,6 @@ def test_import_hf_carries_a_hostile_tokenizer_as_data_and_running_it_is_an_erro
                                  num_key_value_heads=2, num_hidden_layers=1, max_position_embeddings=32)
                      ).save_pretrained(checkpoint)
     (checkpoint / "tokenizer.json").write_bytes(files["multiplying"].read_bytes())
-    _cli("import-hf", str(checkpoint), "-o", str(tmp_path / "build"), "--no-compile", expect=0)
+    _cli("import-hf", str(checkpoint), "-o", str(tmp_path / "build"), "--no-compile", "--no-calibrate", expect=0)
     ran = _cli("run", str(tmp_path / "build"), "--text", "aaaa", expect=2)
     assert "stopped the tokenizer" in ran.stderr

@@ -380,5 +380,5 @@ def tokenizer_in(directory: Path | str, identity: dict | None = None) -> Tokeniz
     return None
 
 
-__all__ = ["EOS_CANDIDATES", "FILES", "MAX_TOKENIZER_BYTES", "Tokenizer", "TokenizerError", "load_tokenizer",
-           "save_tokenizer", "tokenizer_in"]
+__all__ = ["EOS_CANDIDATES", "FILES", "MAX_TOKENIZER_BYTES", "TIKTOKEN_EOS", "Tokenizer", "TokenizerError",
+           "load_tokenizer", "save_tokenizer", "tokenizer_in"]

@@ -24,8 +24,7 @@ import torch
 
 import attnspec
 from attnspec import tokenizer_worker as worker
-from attnspec.errors import AttnSpecError, SpecError
-from tests.conftest import ROOT
+from attnspec.errors import SpecError
 from tests.test_hostile_directories import Tally, UserFiles, damage_file, hostile_values, json_paths, set_path
 from tests.tokenizer_files import REAL, write_tokenizer
 

@@ -218,7 +218,10 @@ class _Process:
         self.log.seek(max(0, self.log.tell() - 4096))
         lines = [line.strip() for line in self.log.read().decode(errors="replace").splitlines()
                  if line.strip() and not line.startswith("note: ")]  # Rust's hint about backtraces
-        died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        try:
+            died = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        except ValueError:  # a signal Python has no name for
+            died = f"killed by signal {-code}"
         return died + (f": {shorten(lines[-1], 160)}" if lines else "")
 
 

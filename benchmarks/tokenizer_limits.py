@@ -62,7 +62,8 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=4, help="the size of the one long document")
     args = parser.parse_args()
     corpus = topics()
-    long = ("\n\n".join(corpus) * (args.megabytes * (1 << 20) // sum(len(t) for t in corpus) + 1))[: args.megabytes << 20]
+    repeats = args.megabytes * (1 << 20) // sum(len(t) for t in corpus) + 1
+    long = ("\n\n".join(corpus) * repeats)[: args.megabytes << 20]
     print(f"allowances: time {worker.TIME_FLOOR:.0f} s + 1 s per {worker.BYTES_PER_SECOND >> 10} KiB; memory "
           f"{worker.MEMORY_FLOOR >> 20} MiB + {worker.MEMORY_PER_BYTE} B per byte\n")
     print(f"{'structure':<10} {'text':<16} {'MB/s library':>13} {'MB/s child':>11} {'child/library':>14} "

@@ -51,8 +51,8 @@ def write_tokenizer(path: Path, structure: str, vocab: int = 1000) -> Path:
         tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
         tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                                decoders.Strip(" ", 1, 0)])
-        trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>", EOS], show_progress=False,
-                                      initial_alphabet=[f"<0x{b:02X}>" for b in range(256)])
+        trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>", EOS],
+                                      show_progress=False, initial_alphabet=[f"<0x{b:02X}>" for b in range(256)])
         # trained on words (a pre-tokenizer on metaspace), then used as Llama-2's file is: none
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
         tokenizer.train_from_iterator(topics(), trainer)

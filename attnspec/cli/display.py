@@ -281,8 +281,8 @@ def weights_text(fit: dict) -> str:
         lines.append(f"{len(missing)} not in the file, initialised by the spec's init: {', '.join(missing)}")
     if mismatched:
         def kind(entry: dict, side: str) -> str:  # the dtypes where they differ
-            dtype = entry.get(f"{side}_dtype")
-            return f"{tuple(entry[side])}" + (f" {dtype}" if entry.get("file_dtype") != entry.get("model_dtype") else "")
+            differ = entry.get("file_dtype") != entry.get("model_dtype")
+            return f"{tuple(entry[side])}" + (f" {entry[side + '_dtype']}" if differ else "")
 
         shapes = [f"{name} (file {kind(entry, 'file')}, model {kind(entry, 'model')})"
                   for name, entry in mismatched.items()]

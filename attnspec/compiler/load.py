@@ -63,8 +63,8 @@ class WeightsFit:
     def problems(self) -> str:
         """What does not fit, in words (for the errors of a strict load)."""
         parts = []
-        reshaped = [f"{shorten(name)} {_kind(file, file_dtype, model_dtype)} (model {_kind(mine, model_dtype, file_dtype)})"
-                    for name, file, mine, file_dtype, model_dtype in self.mismatched]
+        reshaped = [f"{shorten(name)} {_kind(file, theirs, ours)} (model {_kind(mine, ours, theirs)})"
+                    for name, file, mine, theirs, ours in self.mismatched]
         missing = [shorten(n) for n in sorted(set(self.initialised) - {entry[0] for entry in self.mismatched})]
         for what, names in (("missing", missing), ("of another shape or dtype", reshaped),
                             ("unexpected", [shorten(n) for n in self.ignored])):

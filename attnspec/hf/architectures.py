@@ -1133,7 +1133,8 @@ class GraniteMoeHybrid(Architecture):
         multiplier = config.number("residual_multiplier", 1.0)
         blocks = [{"mixer": mamba if t == "linear_attention" else attention, "mlp": mlp, "norm": _rmsnorm(eps),
                    **({"residual_scale": multiplier} if multiplier != 1.0 else {})} for t in types]
-        embedding, logits = config.number("embedding_multiplier", 1.0), config.number("logits_scaling", 1.0, positive=True)
+        embedding = config.number("embedding_multiplier", 1.0)
+        logits = config.number("logits_scaling", 1.0, positive=True)
         common = _common(config)
         if embedding != 1.0:
             common["input"]["scale"] = embedding

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from attnspec.compiler.manifest import sha256
 from attnspec.compiler.outdir import OutputKind, Scratch, check_output
 from attnspec.errors import AttnSpecError, InteropError, SpecError, shorten
 from attnspec.hf.architectures import ARCHITECTURES, EXPORT_ORDER, Config, NotExpressible
@@ -241,23 +242,13 @@ lists (a file name says nothing of who wrote it: a user's own llama directory ha
 MAX_MARKER_BYTES = 1 << 16
 
 
-def _hashed(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _write_marker(directory: Path) -> None:
     """Record every file in the (scratch) ``directory`` as export-hf's, in :data:`EXPORT_MARKER`."""
     import json
 
     from attnspec.io import VERSION, write_atomic
 
-    files = {name: {"size": (directory / name).stat().st_size, "sha256": _hashed(directory / name)}
+    files = {name: {"size": (directory / name).stat().st_size, "sha256": sha256(directory / name)}
              for name in sorted(os.listdir(directory))}
     write_atomic(directory / EXPORT_MARKER, json.dumps({"written_by": "attnspec export-hf",
                                                         "attnspec_version": VERSION, "files": files}, indent=2) + "\n")
@@ -278,15 +269,17 @@ def _export_problem(output: Path) -> str | None:
         else None
     if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
         return f"its {EXPORT_MARKER} is not one export-hf wrote"
-    present = sorted(set(os.listdir(output)) - {EXPORT_MARKER})
-    foreign = [name for name in present if name not in files]
+    present = set(os.listdir(output)) - {EXPORT_MARKER}
+    foreign = sorted(present - set(files))
     if foreign:
         return f"it holds files export-hf did not write ({', '.join(shorten(n) for n in foreign[:5])}); move them out"
-    for name, entry in files.items():
-        path = output / name
+    for name in sorted(present):  # only the directory's own entries are read: a record's "../x" names nothing
+        path, entry = output / name, files[name]
         if path.is_symlink() or not path.is_file() or path.stat().st_size != entry.get("size") \
-                or _hashed(path) != entry.get("sha256"):
-            return f"its {shorten(name)} is not the file export-hf wrote (changed since, or missing)"
+                or sha256(path) != entry.get("sha256"):
+            return f"its {shorten(name)} is not the file export-hf wrote (changed since)"
+    if present != set(files):
+        return f"it lacks files export-hf wrote ({', '.join(shorten(n) for n in sorted(set(files) - present)[:5])})"
     return None
 
 

@@ -277,13 +277,15 @@ def _in_batches(model, requests: list[Request], batch_size: int, on_request=None
     return scores
 
 
-def check_options(batch_size: object, stride: object = None, max_len: int = limits.MAX_LEN) -> None:
+def check_options(batch_size: object, stride: object = None, max_len: int | None = None) -> None:
     """The evaluation's numeric options, before any work: ``batch_size`` 1 to :data:`MAX_BATCH`,
-    ``stride`` (where given) 1 to ``max_len``. Raises TaskError naming the option."""
+    ``stride`` (where given) 1 to the model's ``max_len`` (before the model is loaded: to attnspec's
+    longest sequence). Raises TaskError naming the option."""
     try:
         check_whole("--batch-size", batch_size, 1, MAX_BATCH)
         if stride is not None:
-            check_whole("--stride", stride, 1, max_len, " (max_len: a window's tokens)")
+            check_whole("--stride", stride, 1, limits.MAX_LEN if max_len is None else max_len,
+                        "" if max_len is None else " (the model's max_len: a window's tokens)")
     except AttnSpecError as error:
         raise TaskError(str(error)) from None
 
@@ -353,7 +355,7 @@ def evaluate_text(model, path: Path | str, *, tokenizer=None, stride: int | None
     """
     _check_model(model)
     width = model.spec.max_len
-    check_options(batch_size, width if stride is None else stride, width)
+    check_options(batch_size, stride, width)
     stride = width if stride is None else stride
     path = Path(path)
     if not path.is_file():

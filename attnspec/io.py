@@ -150,6 +150,72 @@ def save_tensors(path: Path, tensors: dict, metadata: dict[str, str] | None = No
     os.chmod(path, 0o644 & ~umask)
 
 
+SAFETENSORS_NAMES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
+                     "float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
+"""torch's dtype names (``str(dtype)`` without ``torch.``) -> safetensors'."""
+
+
+class TensorFileWriter:
+    """A safetensors file written tensor by tensor: its header (every name, shape and dtype, laid out
+    in name order as ``safetensors`` lays out a dict of one dtype) first, then each tensor's bytes at
+    its offset as it comes, so a converted checkpoint is never held whole. ``close()`` checks that
+    every declared tensor was written. The file loads with ``safetensors`` like any other.
+
+    Args:
+        path: the file to create (in a scratch directory: nothing else is atomic about it).
+        layout: name -> (shape, torch dtype name: "bfloat16", "float32", ...).
+        metadata: the header's ``__metadata__`` strings.
+    """
+
+    def __init__(self, path: Path, layout: dict[str, tuple[tuple[int, ...], str]],
+                 metadata: dict[str, str] | None = None):
+        import math
+
+        header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+        self.offsets: dict[str, tuple[int, int, tuple[int, ...], str]] = {}
+        offset = 0
+        for name in sorted(layout):
+            shape, dtype = layout[name]
+            size = math.prod(shape) * _ELEMENT_BYTES[dtype]
+            header[name] = {"dtype": SAFETENSORS_NAMES[dtype], "shape": list(shape), "data_offsets": [offset,
+                                                                                                     offset + size]}
+            self.offsets[name] = (offset, size, tuple(shape), dtype)
+            offset += size
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        self.start, self.written = 8 + len(raw), set()
+        self.handle = open(path, "wb")
+        self.handle.write(len(raw).to_bytes(8, "little") + raw)
+        self.handle.truncate(self.start + offset)
+        self.path = path
+
+    def write(self, name: str, tensor) -> None:
+        """Write ``tensor`` (its declared shape and dtype, on the CPU) as ``name``."""
+        offset, size, shape, dtype = self.offsets[name]
+        if tuple(tensor.shape) != shape or str(tensor.dtype).removeprefix("torch.") != dtype or name in self.written:
+            raise RunError(f"internal: {name} is {tensor.dtype} {tuple(tensor.shape)}, declared {dtype} {shape}")
+        import torch
+
+        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        self.handle.seek(self.start + offset)
+        self.handle.write(memoryview(data))
+        self.written.add(name)
+
+    def close(self) -> None:
+        """Finish the file (0644 less the umask, as :func:`save_tensors`); every tensor must be written."""
+        self.handle.close()
+        missing = sorted(set(self.offsets) - self.written)
+        if missing:
+            raise RunError(f"internal: {self.path} lacks {missing[:3]} ({len(missing)} tensors never written)")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.path, 0o644 & ~umask)
+
+
+_ELEMENT_BYTES = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2,
+                  "float32": 4, "float64": 8}
+
+
 def write_with(path: Path, writer) -> None:
     """Atomically write ``path`` by calling ``writer(temporary_path)`` (also for libraries that write a
     file themselves: matplotlib, safetensors), then renaming; the link rules of :func:`write_atomic`."""

@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -32,7 +32,7 @@ from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
 from attnspec.compiler.outdir import Scratch, check_output
 from attnspec.compiler.plan import plan_spec
 from attnspec.compiler.verify import non_finite_problem, verify_model
-from attnspec.errors import AttnSpecError, BuildError
+from attnspec.errors import AttnSpecError, BuildError, shorten
 from attnspec.spec.emit import spec_to_data, to_yaml
 from attnspec.spec.ir import iter_blocks
 from attnspec.spec.load import load_data
@@ -54,6 +54,22 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
 
 
+PROGRAMS = ("model", "prefill", "step")
+"""The exported programs a build can write: ``model.pt2`` (the full sequence), ``prefill.pt2`` and ``step.pt2``."""
+
+
+def check_programs(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` (``--programs model,step``; ``all``, ``none``) as a tuple of :data:`PROGRAMS`, or a BuildError."""
+    names = [name.strip() for name in names if name.strip()]
+    if names in (["all"], ["none"]):
+        return PROGRAMS if names == ["all"] else ()
+    unknown = [name for name in names if name not in PROGRAMS]
+    if unknown:
+        raise BuildError(f"--programs: {shorten(unknown[0])} is not a program a build writes; give some of "
+                         f"{', '.join(PROGRAMS)} (comma-separated), all or none")
+    return tuple(name for name in PROGRAMS if name in names)
+
+
 StageCallback = Callable[[str, "float | None"], None]
 """``on_stage(name, None)`` when a stage starts, ``on_stage(name, seconds)`` when it ends."""
 
@@ -61,7 +77,8 @@ StageCallback = Callable[[str, "float | None"], None]
 def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrides=(), aot: bool = False,
                     compile_check: bool = True, force: bool = False, weights: Path | str | dict | None = None,
                     strict_weights: bool = False, calibrate: bool = True, device=None,
-                    on_stage: StageCallback | None = None, tokenizer=None) -> BuildResult:
+                    on_stage: StageCallback | None = None, tokenizer=None,
+                    programs: Iterable[str] = PROGRAMS) -> BuildResult:
     """Build ``spec_path`` into the directory ``output``.
 
     Args:
@@ -69,13 +86,21 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             resolved spec, with the weights of its latest checkpoint).
         output: the build directory to create (must not exist unless ``force``).
         overrides: ``"path=value"`` strings, as ``--set``.
+        programs: the exported programs to write, of :data:`PROGRAMS` (those the model has: ``step`` and
+            ``prefill`` where it decodes). Each holds its own copy of the weights (it loads with plain
+            ``torch.export.load``, without attnspec) and costs seconds of tracing per block, whatever the
+            width; ``attnspec.load``, ``run``, ``eval``, ``train`` and ``export-hf`` read ``model.safetensors``
+            alone. ``attnspec build`` writes all three; ``import-hf`` none unless asked (``--programs``).
         aot: also write AOTInductor packages ``model.aoti.pt2`` (and ``step.aoti.pt2``): compiled native
             programs, minutes of C++ compilation on a small CPU, so not built by default.
         compile_check: compile with ``torch.compile`` and compare with eager (``--no-compile`` skips it);
             a check that passed on this machine for the same structure is reused (manifest ``compile.reused``).
         force: replace an existing build directory (never any other directory).
         weights: a safetensors file (or name -> tensor dict) of trained weights for the spec's model,
-            instead of the spec's random initialisation: every tensor whose name and shape fit is
+            instead of the spec's random initialisation (or a function ``write(path)`` that writes the
+            model's exact weights file there: an import streams its conversion into the build's own
+            ``model.safetensors``, and the model takes those tensors, never initialised or copied): every
+            tensor whose name and shape fit is
             loaded, the rest keep the spec's ``init`` (an edited import: a swapped layer, a wider MLP),
             and the manifest's ``weights`` lists what was initialised, every shape mismatch and the
             file's tensors the model has no place for (:class:`~attnspec.compiler.load.WeightsFit`).
@@ -130,9 +155,14 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             plan = plan_spec(spec, for_build=True, calibration=calibration, device=device.type)
         with Scratch(output) as scratch:  # nothing is written before this point
             with stage("lower", seconds):
-                model = lower(spec, plan)
-                fit = None
-                if weights is not None:
+                fit, streamed = None, callable(weights)
+                if streamed:  # the weights file is the model's own, written once where the build keeps it
+                    weights(scratch.path / "model.safetensors")
+                    model = lower(spec, plan, empty=True)
+                    fit = load_weights(model, scratch.path / "model.safetensors", fix=fix)
+                else:
+                    model = lower(spec, plan)
+                if weights is not None and not streamed:
                     fit = load_weights(model, weights if isinstance(weights, dict) else Path(weights), fix=fix,
                                        strict=strict_weights)
                 parameters = sum(p.numel() for p in model.parameters())
@@ -140,7 +170,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                     raise BuildError(f"internal: built {parameters} parameters, the spec implies {expected}")
                 header = f"resolved spec of {spec.name}, built by attnspec {VERSION}"
                 (scratch.path / "spec.yaml").write_text(to_yaml(spec, minimal=False, header=header))
-                save_tensors(scratch.path / "model.safetensors", _weights(model))
+                if not streamed:
+                    save_tensors(scratch.path / "model.safetensors", _weights(model))
                 if tokenizer is not None:
                     if spec.input.kind != "tokens" or tokenizer.vocab_size > spec.input.vocab_size:
                         raise BuildError(f"the tokenizer {tokenizer.path} has {tokenizer.vocab_size:,} ids; the spec's "
@@ -165,7 +196,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                         raise BuildError(f"mode verification failed: {worst.layer} in {worst.mode} differs by "
                                          f"{worst.rel_diff:.2e} (tolerance {worst.tolerance:.0e})")
                 with stage("export", seconds):
-                    exported, programs = _export(model, scratch.path, aot)
+                    exported, programs = _export(model, scratch.path, aot, programs)
                 compiled = None if reused is None else {**reused, "reused": True}
                 if background is not None:
                     compiled, seconds["compile"] = background.result()
@@ -218,19 +249,23 @@ def save_model(model, directory: Path | str, *, force: bool = False, aot: bool =
                            on_stage=on_stage)
 
 
-def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
-    """Export ``model.pt2`` (and, for a model that decodes, ``step.pt2``, and ``prefill.pt2`` where every
-    mixer computes its prompt in one pass: :attr:`Model.prefills_in_one_pass`), with ``aot``
-    their AOTInductor packages too, and check the full-sequence and prefill programs against eager.
-    Returns the manifest's ``export`` entries and the programs by file name (for :func:`_measure_speeds`)."""
-    program = export_model(model, scratch / "model.pt2")
+def _export(model, scratch: Path, aot: bool, wanted: Iterable[str] = PROGRAMS) -> tuple[dict, dict]:
+    """Export the ``wanted`` programs the model has: ``model.pt2``, ``step.pt2`` for a model that decodes,
+    ``prefill.pt2`` where every mixer computes its prompt in one pass (:attr:`Model.prefills_in_one_pass`),
+    with ``aot`` their AOTInductor packages too, and check the full-sequence and prefill programs against
+    eager. Returns the manifest's ``export`` entries and the programs by file name (for
+    :func:`_measure_speeds`)."""
+    wanted = check_programs(wanted)
     check_length = max(2, min(model.spec.max_len, 37))
     inputs = example_input(model, 2, check_length, torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        diff = (program.module()(inputs) - model(inputs)).abs().max().item()
-    info = {"model.pt2": {"checked_length": check_length, "max_abs_diff_vs_eager": diff}}
-    exported = {"model.pt2": program}
-    if model.prefills_in_one_pass:
+    info, exported = {}, {}
+    if "model" in wanted:
+        program = export_model(model, scratch / "model.pt2")
+        with torch.no_grad():
+            diff = (program.module()(inputs) - model(inputs)).abs().max().item()
+        info["model.pt2"] = {"checked_length": check_length, "max_abs_diff_vs_eager": diff}
+        exported["model.pt2"] = program
+    if model.prefills_in_one_pass and "prefill" in wanted:
         prefill = export_prefill(model, scratch / "prefill.pt2")
         capacity = min(model.spec.max_len, check_length + 5)  # a generation's capacity, not the traced one
         with torch.no_grad():  # the logits at the last position and every state tensor
@@ -239,7 +274,7 @@ def _export(model, scratch: Path, aot: bool) -> tuple[dict, dict]:
             diff = max((a.double() - b.double()).abs().max().item() for a, b in zip(got, want))
         info["prefill.pt2"] = {"checked_length": check_length, "max_abs_diff_vs_eager": diff, "takes_state": True}
         exported["prefill.pt2"] = prefill
-    if model.has_step:
+    if model.has_step and "step" in wanted:
         exported["step.pt2"] = export_step(model, scratch / "step.pt2")
         info["step.pt2"] = {"state": state_signature(model)}
     programs = {name: program.module() for name, program in exported.items()}
@@ -303,8 +338,8 @@ def _manifest(spec, plan, model, parameters, verification, compiled, exported, s
         "verification": verification.to_json(),
         "compile": compiled,
         "export": exported,
-        "has_step": "step.pt2" in files,
-        "decode_limit": model.decode_limit if "step.pt2" in files else None,
+        "has_step": model.has_step,
+        "decode_limit": model.decode_limit if model.has_step else None,
         "stage_seconds": seconds,
         "files": files,
         "weights": None if fit is None else fit.to_json(),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from attnspec.compiler.device import resolve_device
 from attnspec.compiler.sizes import check_model_size
@@ -94,20 +94,23 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
     keep the model's initialisation; the returned :class:`WeightsFit` lists them. Values must be finite
     either way. ``fix`` ends each message with what to do.
 
+    A model made with ``build_model_from_spec(spec, empty=True)`` (parameters on the meta device) takes
+    the file's tensors themselves (``load_state_dict(assign=True)``), so a model read from a file is held
+    once, never beside a copy; the file is read tensor by tensor either way.
+
     Raises:
         BuildError: the file is not a safetensors file; a tensor to load holds NaN or infinite values;
-            or, when ``strict``, anything does not fit (every name listed, up to :data:`SHOWN` per kind).
+            or, when ``strict``, anything does not fit (every name listed, up to :data:`SHOWN` per kind);
+            an empty model's parameter is left without a tensor.
     """
     if isinstance(path, dict):
         tensors, path = path, "the weights"
     else:
-        try:
-            tensors = load_file(str(path))
-        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-            raise BuildError(f"{path} is not a valid safetensors file ({shorten(str(error), 120)}); {fix}") from None
+        tensors = _LazyTensors(Path(path), fix)
     if renames:
         tensors = {_renamed(name, renames): tensor for name, tensor in tensors.items()}
     expected = model.state_dict()
+    assign = any(tensor.is_meta for tensor in expected.values())
     fit = WeightsFit(initialised=[name for name in expected if name not in tensors],
                      ignored=sorted(set(tensors) - set(expected)))
     if strict and not fit.exact:
@@ -132,8 +135,43 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
             raise BuildError(f"{path}: tensor '{name}' holds NaN or infinite values{past}; {fix}")
         fitting[name] = converted
         fit.loaded.append(name)
-    model.load_state_dict(fitting, strict=False)
+    model.load_state_dict(fitting, strict=False, assign=assign)
+    empty = next((name for name, tensor in model.state_dict().items() if tensor.is_meta), None)
+    if empty is not None:
+        raise BuildError(f"{path}: holds no tensor '{empty}' for the model, which has no other weights; {fix}")
     return fit
+
+
+class _LazyTensors:
+    """A safetensors file as a read-only name -> tensor mapping whose tensors are read when asked for
+    (``safe_open``), so a model's weights are never all held twice while they are checked and copied."""
+
+    def __init__(self, path: Path, fix: str):
+        self.path, self.fix = path, fix
+        try:
+            self.handle = safe_open(str(path), framework="pt")
+            self.names = set(self.handle.keys())
+        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+            raise BuildError(f"{path} is not a valid safetensors file ({shorten(str(error), 120)}); {fix}") from None
+
+    def __iter__(self):
+        return iter(sorted(self.names))
+
+    def __contains__(self, name) -> bool:
+        return name in self.names
+
+    def items(self):
+        return ((name, self[name]) for name in self)
+
+    def get(self, name: str, default=None):
+        return self[name] if name in self.names else default
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self.handle.get_tensor(name)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+            raise BuildError(f"{self.path}: tensor '{shorten(name)}' cannot be read ({shorten(str(error), 120)}); "
+                             f"{self.fix}") from None
 
 
 def _dtype(tensor: torch.Tensor) -> str:
@@ -242,7 +280,7 @@ def load_model(directory: Path | str, manifest: Manifest | None = None, device=N
         check_model_size(spec)  # on the meta device, before anything the spec asks for is allocated
     except BuildError as error:
         raise BuildError(f"{directory}/manifest.json: {error}") from None
-    model = build_model_from_spec(spec)
+    model = build_model_from_spec(spec, empty=True)  # every parameter comes from model.safetensors
     check_decoding_fields(directory, manifest, model)
     modes = [layer.full_mode for layer in manifest.plan.layers]
     fits = len(modes) == len(model.blocks) and all(mode in b.mixer.modes for mode, b in zip(modes, model.blocks))

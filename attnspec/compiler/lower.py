@@ -25,10 +25,11 @@ def as_spec(spec_or_path: Any, overrides=()) -> Spec:
     raise TypeError(f"expected a Spec, a dict or a path, got {type(spec_or_path).__name__}")
 
 
-def lower(spec: Spec, plan: Plan | None = None) -> Model:
-    """Build the eager model of ``spec`` and set each mixer's full-sequence mode from ``plan``."""
+def lower(spec: Spec, plan: Plan | None = None, *, empty: bool = False) -> Model:
+    """Build the eager model of ``spec`` and set each mixer's full-sequence mode from ``plan``; ``empty``:
+    its parameters on the meta device, for weights to be assigned (``build_model_from_spec``)."""
     plan = plan or plan_spec(spec)
-    model = build_model_from_spec(spec)
+    model = build_model_from_spec(spec, empty=empty)
     model.set_modes(plan.full_modes)
     model.eval()
     return model

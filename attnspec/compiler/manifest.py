@@ -25,8 +25,8 @@ from attnspec.spec import limits
 FORMAT = 2
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
-REQUIRED_FILES = ("spec.yaml", "model.safetensors", "model.pt2")
-OPTIONAL_FILES = ("step.pt2", "prefill.pt2", "model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2",
+REQUIRED_FILES = ("spec.yaml", "model.safetensors")
+OPTIONAL_FILES = ("model.pt2", "step.pt2", "prefill.pt2", "model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2",
                   "tokenizer.json", "tokenizer.tiktoken")
 FILE_NAMES = REQUIRED_FILES + OPTIONAL_FILES
 """Every file a build may write besides the manifest: plain names, so nothing outside the directory
@@ -112,7 +112,7 @@ class AotExport(_Strict):
 
 
 class ExportRecord(_Strict):
-    model: ModelExport = Field(alias="model.pt2")
+    model: ModelExport | None = Field(default=None, alias="model.pt2")
     step: StepExport | None = Field(default=None, alias="step.pt2")
     prefill: PrefillExport | None = Field(default=None, alias="prefill.pt2")
     """The prompt's pass to logits at its last position and the decoding state (builds before it have none)."""
@@ -152,7 +152,7 @@ class Manifest(_Strict):
     causal: bool
     """Every mixer is causal (position t sees only positions <= t)."""
     max_len: Annotated[int, Field(gt=0, le=limits.MAX_LEN)]
-    dtype: Literal["float32", "float64"]
+    dtype: Literal["float32", "float64", "bfloat16", "float16"]
     device: Literal["cpu", "cuda"] = "cpu"
     """The device type the exported programs were made for (``attnspec build --device``)."""
     plan: PlanRecord
@@ -162,6 +162,8 @@ class Manifest(_Strict):
     compile: dict[Text, Any] | None
     export: ExportRecord
     has_step: bool
+    """The model decodes one token at a time (``Model.has_step``); ``step.pt2`` is there where the build wrote
+    its programs (``export``)."""
     decode_limit: Annotated[int, Field(gt=0, le=limits.MAX_LEN)] | None = None
     """The most positions a sequence can reach by decoding (``Model.decode_limit``); None: unbounded."""
     stage_seconds: dict[Text, float]
@@ -232,9 +234,8 @@ def parse_manifest(directory: Path) -> Manifest:
         where = ".".join(str(part) for part in first["loc"]) or "(top level)"
         raise BuildError(f"{path} is not a valid attnspec manifest: {where}: {shorten(first['msg'], 200)} "
                          f"({error.error_count()} problem(s)); rebuild the directory") from None
-    missing = [name for name in REQUIRED_FILES if name not in manifest.files]
-    if manifest.has_step:
-        missing += [] if "step.pt2" in manifest.files else ["step.pt2"]
+    exported = [name for name, entry in manifest.export.model_dump(by_alias=True).items() if entry is not None]
+    missing = [name for name in (*REQUIRED_FILES, *exported) if name not in manifest.files]
     if missing:
         raise BuildError(f"{path} does not list {', '.join(missing)} in its files table; rebuild the directory")
     return manifest

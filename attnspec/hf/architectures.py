@@ -333,12 +333,13 @@ class Architecture:
 
 
 def _common(config: Config) -> dict:
-    """Fields every causal LM here shares: vocabulary, width, max_len, dtype."""
+    """Fields every causal LM here shares: vocabulary, width, max_len, dtype (the checkpoint's own, as its
+    config states it: a bfloat16 release stays bfloat16; float32 where it names none attnspec holds)."""
     dtype = config.get("dtype", str, None) or config.get("torch_dtype", str, "float32")
     return {"input": {"kind": "tokens", "vocab_size": config.count("vocab_size")},
             "d_model": config.count("hidden_size"),
             "max_len": config.count("max_position_embeddings", 2048),
-            "dtype": "float64" if dtype == "float64" else "float32"}
+            "dtype": dtype if dtype in ("float64", "bfloat16", "float16") else "float32"}
 
 
 def _head(config: Config, default_tied: bool) -> dict:

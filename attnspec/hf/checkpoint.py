@@ -107,30 +107,33 @@ def weight_files(directory: Path) -> dict[str, Path]:
         raise InteropError(str(error)) from None
 
 
-def read_tensors(files: dict[str, Path], names: set[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The tensors ``names`` (floating point, finite) from their files, as ``dtype``."""
-    by_file: dict[Path, list[str]] = {}
-    for name in sorted(names):
-        by_file.setdefault(files[name], []).append(name)
-    tensors = {}
-    for path, wanted in by_file.items():
-        regular_file(path, MAX_WEIGHT_BYTES, "the index names it")
+class ShardReader:
+    """The checkpoint's tensors read one at a time (``safe_open`` per shard, opened once): what an import
+    holds at a time is one tensor, never the checkpoint (``files``: :func:`weight_files`)."""
+
+    def __init__(self, files: dict[str, Path]):
+        self.files, self.handles = files, {}
+
+    def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """The tensor ``name`` (floating point, finite) as ``dtype``."""
+        path = self.files[name]
         try:
-            with safe_open(str(path), framework="pt") as handle:
-                present = set(handle.keys())
-                for name in wanted:
-                    if name not in present:
-                        raise InteropError(f"{path}: has no tensor {shorten(name)}, which the index puts there")
-                    tensor = handle.get_tensor(name)
-                    if not tensor.is_floating_point():
-                        raise InteropError(f"{path}: tensor {shorten(name)} is {tensor.dtype}, not floating point")
-                    tensor = tensor.to(dtype)
-                    if not torch.isfinite(tensor).all():
-                        raise InteropError(f"{path}: tensor {shorten(name)} holds NaN or infinite values")
-                    tensors[name] = tensor
+            if path not in self.handles:
+                regular_file(path, MAX_WEIGHT_BYTES, "the index names it")
+                handle = safe_open(str(path), framework="pt")
+                self.handles[path] = (handle, set(handle.keys()))
+            handle, present = self.handles[path]
+            if name not in present:
+                raise InteropError(f"{path}: has no tensor {shorten(name)}, which the index puts there")
+            tensor = handle.get_tensor(name)
         except (SafetensorError, OSError) as error:
             raise InteropError(f"{path}: not a valid safetensors file ({shorten(str(error), 120)})") from None
-    return tensors
+        if not tensor.is_floating_point():
+            raise InteropError(f"{path}: tensor {shorten(name)} is {tensor.dtype}, not floating point")
+        tensor = tensor.to(dtype)
+        if not torch.isfinite(tensor).all():
+            raise InteropError(f"{path}: tensor {shorten(name)} holds NaN or infinite values")
+        return tensor
 
 
 def write_checkpoint(directory: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:

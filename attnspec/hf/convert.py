@@ -24,7 +24,7 @@ from attnspec.compiler.manifest import sha256
 from attnspec.compiler.outdir import OutputKind, Scratch, check_output
 from attnspec.errors import AttnSpecError, InteropError, SpecError, shorten
 from attnspec.hf.architectures import ARCHITECTURES, EXPORT_ORDER, Config, NotExpressible
-from attnspec.hf.checkpoint import CONFIG, WEIGHTS, read_config, read_tensors, weight_files, write_checkpoint
+from attnspec.hf.checkpoint import CONFIG, WEIGHTS, ShardReader, read_config, weight_files, write_checkpoint
 from attnspec.spec import limits
 from attnspec.spec.emit import spec_to_data
 from attnspec.spec.ir import Spec
@@ -36,7 +36,6 @@ from attnspec.tokenizer import TOKENIZER_CONFIG, TokenizerError, save_tokenizer,
 ATTNSPEC_TYPE = "attnspec"
 IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
 """Tensors old checkpoints carry that are no weights (recomputed from the config)."""
-DTYPE_NAMES = {"float32": torch.float32, "float64": torch.float64}
 TEXT_MODELS = {"qwen3_5": ("qwen3_5_text", {"model.": "model.language_model."}, ("model.visual.",), ()),
                "qwen3_5_moe": ("qwen3_5_moe_text", {"model.": "model.language_model."}, ("model.visual.",), ()),
                "gemma3": ("gemma3_text", {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."},
@@ -107,17 +106,37 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -
 
 
 def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors as the state dict of ``spec``'s model (float32 or float64 as the spec).
+    """The checkpoint's tensors as the state dict of ``spec``'s model (each in the dtype the model holds it:
+    ``spec.dtype``, float32 for the parameters it keeps there). Holds the whole model: an import streams
+    them instead (:func:`converted_tensors`).
 
     Raises:
         InteropError: a tensor is missing, of the wrong size, not finite, or left over (something the
             spec does not model).
     """
-    from attnspec.nn.model import Model
+    return dict(converted_tensors(spec, checkpoint, model_type)[1])
 
-    checkpoint = Path(checkpoint)
+
+def target_layout(spec) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor of ``spec``'s model: name -> (shape, dtype name), found on the meta device."""
+    from attnspec.nn.model import build_model_from_spec
+
     with torch.device("meta"):
-        shapes = {name: t.shape for name, t in Model(spec).state_dict().items()}
+        model = build_model_from_spec(spec, empty=True)
+    return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in model.state_dict().items()}
+
+
+def converted_tensors(spec, checkpoint: Path | str, model_type: str):
+    """The checkpoint's tensors mapped onto ``spec``'s model, one link at a time: (the model's layout, name ->
+    (shape, dtype name); an iterator of (name, tensor) covering it). Every name is checked before the first
+    tensor is read; a link's arithmetic (splits, logs, μP scales) runs in float32 (float64 in a float64 spec)
+    and each result is then cast to the dtype the model holds it in.
+
+    Raises:
+        InteropError: as :func:`convert_weights` (a tensor's own problems as the iterator reaches it).
+    """
+    checkpoint = Path(checkpoint)
+    layout = target_layout(spec)
     links = ARCHITECTURES[model_type].links(spec)
     files = weight_files(checkpoint)
     other = None  # the prefixes of a multimodal checkpoint's tensors that are not its text model's
@@ -138,25 +157,44 @@ def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, 
     if extra:
         raise InteropError(f"{checkpoint}: tensor {shorten(extra[0], 100)} (and {len(extra) - 1} more) is not part of "
                            f"the {model_type} model this config describes; attnspec imports nothing it would drop")
-    theirs = read_tensors(files, wanted, DTYPE_NAMES[spec.dtype])
-    ours: dict[str, torch.Tensor] = {}
-    for link in links:
-        tensor, targets = theirs[link.theirs], [shapes[name] for name in link.ours]
-        expected = link.join([torch.empty(shape, device="meta") for shape in targets]).shape
-        if tensor.shape != expected:
-            raise InteropError(f"{checkpoint}: tensor {link.theirs} is {tuple(tensor.shape)}, the config implies "
-                               f"{tuple(expected)}")
-        parts = link.split(tensor, targets)
-        if link.log and not all(torch.isfinite(part).all() for part in parts):  # the log of a rate <= 0
-            raise InteropError(f"{checkpoint}: tensor {link.theirs} must be positive (attnspec holds its log)")
-        ours.update(zip(link.ours, parts))
+    covered = [name for link in links for name in link.ours]
+    if sorted(covered) != sorted(layout):  # every tensor of the model comes from the checkpoint once
+        raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(layout) - set(covered))[:3]} unset")
     scales = ARCHITECTURES[model_type].weight_scales(spec, Config(read_config(checkpoint), str(checkpoint)))
-    for name, scale in scales.items():  # μP multipliers folded into the weights they multiply
-        if name in ours and scale != 1.0:
-            ours[name] = ours[name] * scale
-    if set(ours) != set(shapes):  # every tensor of the model comes from the checkpoint: a mapping bug otherwise
-        raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(shapes) - set(ours))[:3]} unset")
-    return ours
+    exact = torch.float64 if spec.dtype == "float64" else torch.float32
+
+    def tensors():
+        reader = ShardReader(files)
+        for link in links:
+            tensor, targets = reader.read(link.theirs, exact), [layout[name][0] for name in link.ours]
+            expected = link.join([torch.empty(shape, device="meta") for shape in targets]).shape
+            if tensor.shape != expected:
+                raise InteropError(f"{checkpoint}: tensor {link.theirs} is {tuple(tensor.shape)}, the config implies "
+                                   f"{tuple(expected)}")
+            parts = link.split(tensor, targets)
+            if link.log and not all(torch.isfinite(part).all() for part in parts):  # the log of a rate <= 0
+                raise InteropError(f"{checkpoint}: tensor {link.theirs} must be positive (attnspec holds its log)")
+            for name, part in zip(link.ours, parts):
+                scale = scales.get(name, 1.0)  # μP multipliers folded into the weights they multiply
+                part = part * scale if scale != 1.0 else part
+                yield name, part.to(getattr(torch, layout[name][1])).contiguous()
+
+    return layout, tensors()
+
+
+def write_converted(spec, checkpoint: Path | str, model_type: str, path: Path) -> None:
+    """The checkpoint's tensors as ``spec``'s model's weights file ``path``, converted and written one
+    link at a time (:class:`attnspec.io.TensorFileWriter`): an import holds one tensor, never two models."""
+    from attnspec.io import TensorFileWriter
+
+    layout, tensors = converted_tensors(spec, checkpoint, model_type)
+    writer = TensorFileWriter(path, layout)
+    try:
+        for name, tensor in tensors:
+            writer.write(name, tensor)
+    finally:
+        writer.handle.close()
+    writer.close()
 
 
 def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None = None, compile_check: bool = True,
@@ -169,13 +207,14 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
     from attnspec.compiler.build import build_directory
 
     data, spec, model_type = spec_from_checkpoint(checkpoint, max_len=max_len)
-    weights = convert_weights(spec, checkpoint, model_type)
+    converted_tensors(spec, checkpoint, model_type)  # every name and shape checked before anything is written
     try:  # a tokenizer.json beside the weights travels with them
         tokenizer = tokenizer_in(Path(checkpoint))
     except TokenizerError as error:
         raise InteropError(f"{checkpoint}: its tokenizer cannot be carried ({error}); move tokenizer.json away to "
                            "import the weights alone") from None
-    return build_directory(data, output, weights=weights, compile_check=compile_check, force=force,
+    return build_directory(data, output, weights=lambda path: write_converted(spec, checkpoint, model_type, path),
+                           compile_check=compile_check, force=force,
                            calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer)
 
 

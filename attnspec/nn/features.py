@@ -155,7 +155,7 @@ class TrainableKernel(FeatureMap):
     @staticmethod
     def _matmul_groups(x: Tensor, weight: Tensor) -> Tensor:
         # x (B, H, L, n) times (G, n, n) with G in {1, H}
-        return x @ weight.unsqueeze(0)
+        return x @ weight.to(x.dtype).unsqueeze(0)  # (a half-precision model's weights, float32 features)
 
     def forward(self, x, query):
         for unit in range(self.stack):

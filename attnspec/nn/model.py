@@ -6,7 +6,11 @@ Readable top to bottom: ``Model.forward`` is the whole computation.
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
+
 import math
+from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +35,8 @@ from attnspec.ops.documents import check as check_documents
 from attnspec.ops.per_step import one_step
 from attnspec.spec.walk import iter_blocks
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HALF = (torch.bfloat16, torch.float16)
 
 
 class Block(nn.Module):
@@ -349,8 +354,15 @@ class Model(nn.Module):
         self.check_decode_state(batch)
         return self._init_state(batch, self.embed.weight.device, self._checked_capacity(capacity, 0))
 
-    def _init_state(self, batch: int, device, capacity: int | None = None) -> tuple[Tensor, ...]:
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """The decoding state's dtype: the parameters', but float32 in a bfloat16 or float16 model (recurrent
+        states sum over every step and the kernels read caches in float32: FLA keeps its states so too)."""
         dtype = self.embed.weight.dtype
+        return torch.float32 if dtype in HALF else dtype
+
+    def _init_state(self, batch: int, device, capacity: int | None = None) -> tuple[Tensor, ...]:
+        dtype = self.state_dtype
         tensors = [torch.zeros(batch, dtype=torch.long, device=device)]
         for block in self.blocks:
             tensors.extend(block.init_state(batch, dtype, device, capacity))
@@ -430,7 +442,7 @@ class Model(nn.Module):
         the meta device, and kept: the structure fixes it, and every decoding step reads it."""
         if self._state_layout is None:
             meta = torch.device("meta")
-            self._state_layout = [len(block.init_state(1, self.embed.weight.dtype, meta)) for block in self.blocks]
+            self._state_layout = [len(block.init_state(1, self.state_dtype, meta)) for block in self.blocks]
         return self._state_layout
 
     def prefill(self, tokens: Tensor, last_only: bool = False, capacity: int | None = None,
@@ -614,12 +626,68 @@ def redraw_random_features(model: nn.Module, step: int) -> int:
     return count
 
 
-def build_model_from_spec(spec) -> Model:
-    """Instantiate the model of a resolved spec, deterministically from ``spec.seed``."""
+def build_model_from_spec(spec, *, empty: bool = False) -> Model:
+    """Instantiate the model of a resolved spec, deterministically from ``spec.seed``.
+
+    ``empty``: parameters on the meta device (no memory, no initialisation: what a model whose every
+    parameter comes from a weights file needs; :func:`attnspec.compiler.load.model_with_weights`); buffers
+    (fixed tables, random projections) are made as usual."""
     state = torch.random.get_rng_state()
     torch.manual_seed(spec.seed)
     try:
-        model = Model(spec)
+        with parameters_on_meta() if empty else contextlib.nullcontext():
+            model = Model(spec)
     finally:
         torch.random.set_rng_state(state)
-    return model.to(DTYPES[spec.dtype])
+    return cast_parameters(model, spec)
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules made inside put each parameter on the meta device as it is registered (as accelerate's
+    ``init_empty_weights``): a 7B model takes no memory and no initialisation time until its weights are
+    assigned. Only parameters: buffers are computed as usual (they are small, and some are not in any
+    weights file)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, parameter) -> None:
+        if parameter is not None and parameter.device.type != "meta":
+            parameter = nn.Parameter(parameter.detach().to("meta"), requires_grad=parameter.requires_grad)
+        register(module, name, parameter)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def float32_names(model: nn.Module, spec) -> set[str]:
+    """The parameters a bfloat16 or float16 ``model`` keeps in float32: those its modules declare
+    (``float32_parameters``: the families' decays) and those ``spec.keep_float32`` names (shell patterns
+    of parameter names). Empty for a float32 or float64 spec."""
+    if spec.dtype not in ("bfloat16", "float16"):
+        return set()
+    kept = set()
+    for prefix, module in model.named_modules():
+        for name in getattr(module, "float32_parameters", ()):
+            if isinstance(getattr(module, name, None), nn.Parameter):
+                kept.add(f"{prefix}.{name}" if prefix else name)
+    patterns = spec.keep_float32
+    kept.update(name for name, _ in model.named_parameters() if any(fnmatch.fnmatchcase(name, p) for p in patterns))
+    return kept
+
+
+def cast_parameters(model: nn.Module, spec) -> nn.Module:
+    """``model`` with its floating parameters in ``spec.dtype``, but :func:`float32_names` in float32 (each
+    converted once from its float32 initialisation); buffers (random projections, hashes, fixed tables)
+    stay float32 in a half-precision model, where the parts that read them compute. Returns ``model``."""
+    dtype = DTYPES[spec.dtype]
+    if dtype not in HALF:
+        return model.to(dtype)
+    kept = float32_names(model, spec)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.is_floating_point():
+                parameter.data = parameter.data.to(torch.float32 if name in kept else dtype)
+    return model

@@ -54,6 +54,9 @@ class FixedTransition(Transition):
     ``alibi`` |a_h| = exp(-2^(-8 (h + 1) / H)). Not ``learnable``: buffers, kept as initialised (or loaded).
     """
 
+    float32_parameters = ("nu", "theta")
+    """Kept in float32 in a bfloat16 or float16 model (:func:`attnspec.nn.model.cast_parameters`): the decay exp(-exp(nu) + i theta) over many steps: a half-precision nu or theta drifts."""
+
     def __init__(self, node, *, heads: int, d_qk: int, **_):
         super().__init__(node)
         self.heads, self.width = heads, d_qk if self.per_channel else 1
@@ -137,6 +140,9 @@ class MambaTransition(Transition):
     at 1e-4, as Mamba2); Δ clamped to [``dt_min``, ``dt_max``] where set. ``input_scale(x)`` is the step Δ_t when
     the node scales the input, else None.
     """
+
+    float32_parameters = ("A_log", "dt_bias")
+    """Kept in float32 in a bfloat16 or float16 model (:func:`attnspec.nn.model.cast_parameters`): the decay -exp(A_log) softplus(W x + dt_bias) compounds over steps."""
 
     def __init__(self, node, *, d_model: int, heads: int, d_qk: int, **_):
         super().__init__(node)

@@ -261,7 +261,16 @@ class Spec(Node):
     d_model: Count(limits.MAX_D_MODEL)
     max_len: Count(limits.MAX_LEN)
     """Longest sequence the model is built for (cos re-weighting and budgets use it)."""
-    dtype: Literal["float32", "float64"] = "float32"
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    """The parameters' dtype, and the activations' between the parts that compute in float32 (attention
+    kernels' sums, states and normalisers; decays). bfloat16 and float16 halve the weights' bytes (import-hf
+    keeps a checkpoint's dtype); float64 is for numerical checks."""
+    keep_float32: Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]], Field(max_length=64)] = \
+        Field(default_factory=list)
+    """In a bfloat16 or float16 spec, the parameters that stay float32 besides those every family keeps
+    there (its decays' parameters: `A_log`, `dt_bias`, `D`, ...; `explain` lists them): shell-style
+    patterns of parameter names as `explain` and the manifest show them (`*.norm*.weight`). Unused in a
+    float32 or float64 spec."""
     seed: Seed = 0
     """Seed of the weight initialisation and of every random projection and hash."""
     position: Position = Field(default_factory=lambda: NoPosition(kind="none"))

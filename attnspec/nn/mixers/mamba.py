@@ -22,6 +22,10 @@ from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_st
 class MambaMixer(Mixer):
     """Mamba-1: in_proj -> conv(x) -> selection -> scan -> (y + D x) silu(z) -> out_proj."""
 
+    float32_parameters = ("A_log", "D")
+    """Kept in float32 in a bfloat16 or float16 model (:func:`attnspec.nn.model.cast_parameters`): the decay's
+    rate enters exp(-exp(A_log) Δ) and the skip adds to the scan's float32 output."""
+
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
         channels, state, rank = node.d_inner, node.d_qk, node.dt_rank
@@ -67,7 +71,9 @@ class MambaMixer(Mixer):
         # a strided view makes export guard on the batch (its reshape is a view only at batch 1)
         dt, b, c = (F.linear(x, rows) for rows in self.x_proj.weight.split([self.rank, self.state, self.state]))
         dt, b, c = (full_precision(self._normalized(t, name)) for t, name in ((dt, "dt"), (b, "B"), (c, "C")))
-        step = F.softplus(full_precision(self.dt_proj(dt))).transpose(1, 2).unsqueeze(-1)  # Δ (B, d_inner, L, 1)
+        # Δ (B, d_inner, L, 1), in float32 in a half-precision model as the other parts of the decay
+        step = F.softplus(F.linear(dt, self.dt_proj.weight.to(dt.dtype), self.dt_proj.bias.to(dt.dtype)))
+        step = step.transpose(1, 2).unsqueeze(-1)
         log_a = step * -torch.exp(full_precision(self.A_log)).unsqueeze(1)  # (B, d_inner, L, N)
         keys = step.to(b.dtype) * b.unsqueeze(1)
         queries = c.unsqueeze(1).expand(-1, self.channels, -1, -1)

@@ -33,6 +33,10 @@ class ProjectedMixer(Mixer):
     convolutions, output gate and per-head output norm (created in this order, before the family's
     own parts: the order draws the random initialisation)."""
 
+    float32_parameters = ("D",)
+    """Kept in float32 in a bfloat16 or float16 model (:func:`attnspec.nn.model.cast_parameters`): Mamba2's
+    skip D adds to the kernels' float32 output."""
+
     def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         d_in = self.d_in
@@ -151,7 +155,7 @@ class ProjectedMixer(Mixer):
             o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))
         if self.gate_before_norm:  # Mamba2: RMSNorm(y silu(z)) over each group of H / qk_groups heads
             o = self._rms_normalized(o.view(B, L, self.q_heads, -1)).view(B, L, H * Dv) * self.norm_weight
-        return self.out_proj(o)
+        return self.out_proj(o.to(x.dtype))  # the kernels' float32 back to a half-precision model's dtype
 
     def _rms_normalized(self, o: Tensor) -> Tensor:
         """The output norm without its weight over the last axis: RMS, or with ``norm_center`` LayerNorm's."""
@@ -250,7 +254,8 @@ class PrefixRerun:
         B = x_t.shape[0]
         where = position.view(B, 1, 1)
         inputs = state[0].scatter_(1, where.expand(B, 1, self.d_in), x_t.unsqueeze(1).to(state[0].dtype))
-        return self.forward(inputs).gather(1, where.expand(B, 1, self.d_model))[:, 0], (inputs,)
+        # (a half-precision model keeps its inputs in the float32 state: rounded back, they are x_t as it came)
+        return self.forward(inputs.to(x_t.dtype)).gather(1, where.expand(B, 1, self.d_model))[:, 0], (inputs,)
 
 
 __all__ = ["KeyValueCache", "PrefixRerun", "ProjectedMixer"]

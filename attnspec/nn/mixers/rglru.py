@@ -22,6 +22,10 @@ from attnspec.ops.linear import Decay, PairState, linear_attention, recurrent_st
 class RglruMixer(Mixer):
     """(B, L, d_model) -> (B, L, d_model): W_out (RG-LRU(conv(W_x u)) ⊙ act(W_y u))."""
 
+    float32_parameters = ("recurrent_param",)
+    """Kept in float32 in a bfloat16 or float16 model (:func:`attnspec.nn.model.cast_parameters`): the decay
+    a = sigmoid(Λ)^(c r_t) is raised to the power c = 8, which magnifies a half-precision rounding of Λ."""
+
     def __init__(self, node, *, d_model: int, max_len: int, seed: int):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
         width, heads = node.width, node.heads

@@ -43,6 +43,13 @@ SetOption = typer.Option(
 NoCalibrateOption = typer.Option(False, "--no-calibrate", help="Plan from the calibration cache and the cost model "
                                  "only; do not measure missing modes.")
 NoCompileOption = typer.Option(False, "--no-compile", help="Skip the torch.compile check.")
+
+
+def programs_option(default: str) -> typer.Option:
+    return typer.Option(default, "--programs", help="The exported programs to write: some of model, prefill, step "
+                        "(comma-separated), all or none. Each loads with plain torch.export.load, holds its own copy "
+                        "of the weights and takes seconds of tracing per block; attnspec.load, run, eval, train and "
+                        f"export-hf need none of them. Default: {default}.")
 ForceOption = typer.Option(False, "--force", help="Replace an existing build directory.")
 
 
@@ -223,6 +230,7 @@ def build(
                                         "(no tensor initialised, none left over)."),
     aot: bool = typer.Option(False, "--aot", help="Also write AOTInductor packages (model.aoti.pt2, step.aoti.pt2, "
                                                         "prefill.aoti.pt2)."),
+    programs: str = programs_option("all"),
     no_calibrate: bool = NoCalibrateOption,
     no_compile: bool = NoCompileOption,
     force: bool = ForceOption,
@@ -236,15 +244,17 @@ def build(
 
     The directory holds spec.yaml (resolved), model.safetensors, model.pt2 (torch.export,
     dynamic batch and length), prefill.pt2 and step.pt2 (a prompt's pass to the decoding
-    state, and one-token decoding, for a causal token model) and manifest.json. It is written atomically: a failing stage leaves
-    nothing behind.
+    state, and one-token decoding, for a causal token model; --programs chooses) and
+    manifest.json. It is written atomically: a failing stage leaves nothing behind.
     """
-    from attnspec.compiler.build import build_directory
+    from attnspec.compiler.build import build_directory, check_programs
 
+    wanted = check_programs(programs.split(","))
     with stage_progress() as on_stage:
         result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
                                  force=force, weights=weights, strict_weights=strict_weights,
-                                 calibrate=not no_calibrate, device=device, on_stage=on_stage, tokenizer=tokenizer)
+                                 calibrate=not no_calibrate, device=device, on_stage=on_stage, tokenizer=tokenizer,
+                                 programs=wanted)
     print_build_summary(result.directory, result.manifest)
 
 
@@ -259,17 +269,22 @@ def import_hf(
                                                                   "new file (edit it, then build it with --weights)."),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Build for sequences up to this length instead of "
                                           "the config's max_position_embeddings (key/value caches hold max_len)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="The parameters' dtype: float32, bfloat16, float16 or "
+                                        "float64. Default: the checkpoint's own (its config's dtype)."),
+    programs: str = programs_option("none"),
     no_calibrate: bool = NoCalibrateOption,
     no_compile: bool = NoCompileOption,
     force: bool = ForceOption,
 ) -> None:
     """Import a transformers model (llama, mistral, qwen2, qwen3, qwen3_next, mamba2) as a build directory.
 
-    The config becomes an attnspec spec and the weights are mapped onto its model, then built
-    like any spec (verified, compiled, exported). Anything attnspec cannot express (a mixture-
-    of-experts MLP, RoPE scaling, an unknown activation) is an error naming the config field
-    and the layers, and nothing is written.
+    The config becomes an attnspec spec in the checkpoint's dtype (bfloat16 stays bfloat16) and
+    the weights are mapped onto its model tensor by tensor, written once into the build's
+    model.safetensors, then built like any spec (verified per distinct block, compiled; no
+    exported programs unless --programs asks). Anything attnspec cannot express is an error
+    naming the config field and the layers, and nothing is written.
     """
+    from attnspec.compiler.build import check_programs
     from attnspec.hf.convert import import_hf as run_import
     from attnspec.io import write_atomic
     from attnspec.spec.emit import to_yaml
@@ -281,7 +296,8 @@ def import_hf(
         raise AttnSpecError(f"--spec {spec_file}: the folder {spec_file.parent} does not exist; create it first")
     with stage_progress() as on_stage:
         result = run_import(checkpoint, output, max_len=max_len, compile_check=not no_compile, force=force,
-                            calibrate=not no_calibrate, on_stage=on_stage)
+                            calibrate=not no_calibrate, on_stage=on_stage, dtype=dtype,
+                            programs=check_programs(programs.split(",")))
     if spec_file is not None:
         spec = validate_data(result.manifest["spec"])
         write_atomic(spec_file, to_yaml(spec, header=f"{spec.description}\nWeights: {output}/model.safetensors "

@@ -123,16 +123,17 @@ def print_build_summary(directory: Path, manifest: dict) -> None:
     out.print(table)
     run = (f"attnspec run {directory} --tokens \"1 2 3\"" + (" --generate 8" if manifest["has_step"] else "")
            if manifest["input"] == "tokens" else "")
-    lines = [f"\nNext: {run}", f"      python -c \"import attnspec; model = attnspec.load('{directory}')\"",
-             "Load each artifact from plain PyTorch:",
-             f"  model.pt2       program = torch.export.load('{directory}/model.pt2').module(); program(tokens)"]
-    if manifest["has_step"]:
+    lines = [f"\nNext: {run}", f"      python -c \"import attnspec; model = attnspec.load('{directory}')\""]
+    if "model.pt2" in manifest["files"]:
+        lines += ["Load each artifact from plain PyTorch:",
+                  f"  model.pt2       program = torch.export.load('{directory}/model.pt2').module(); program(tokens)"]
+    if "step.pt2" in manifest["files"]:
         lines.append("  (state: zeros for each entry of manifest.json export.step.pt2.state, (batch, *shape), its "
                      "capacity_axis sized to the prompt plus the tokens to generate; updated in place)")
     if "prefill.pt2" in manifest["files"]:
         lines.append(f"  prefill.pt2     prefill = torch.export.load('{directory}/prefill.pt2').module(); "
                      "logits, *state = prefill(prompt, *state)  (prompt: (batch, length >= 2))")
-    if manifest["has_step"]:
+    if "step.pt2" in manifest["files"]:
         lines.append(f"  step.pt2        step = torch.export.load('{directory}/step.pt2').module(); "
                      "logits, *state = step(token, *state)")
     for name in ("model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2"):
@@ -235,12 +236,12 @@ class TrainingDisplay:
 
 def verify_table(report) -> Table:
     """A :class:`~attnspec.compiler.verify.VerifyReport`: each block's modes against its reference mode."""
-    table = Table(title="mode equivalence (float64, vs. the reference mode)")
-    for column in ("layer", "mode", "max abs diff", "max rel diff", "tolerance", "ok"):
+    table = Table(title="mode equivalence (float64, vs. the reference mode; each distinct block once)")
+    for column in ("layer", "blocks", "mode", "max abs diff", "max rel diff", "tolerance", "ok"):
         table.add_column(column)
     for row in report.rows:
-        table.add_row(escape(row.layer), row.mode, f"{row.abs_diff:.2e}", f"{row.rel_diff:.2e}", f"{row.tolerance:.0e}",
-                      "yes" if row.ok else "NO")
+        table.add_row(escape(row.layer), str(row.blocks), row.mode, f"{row.abs_diff:.2e}", f"{row.rel_diff:.2e}",
+                      f"{row.tolerance:.0e}", "yes" if row.ok else "NO")
     return table
 
 

@@ -97,6 +97,11 @@ class _Runner:
         self.directory, self.manifest, self.programs, self.state = directory, manifest, programs, state
         # the exported programs run on the device they were built for; the rebuilt model on the CPU
         self.device = torch.device("cpu")
+        absent = [name for name in ("model.pt2", "step.pt2") if name not in manifest.files]
+        if programs and absent:
+            raise BuildError(f"{directory} holds no {' or '.join(absent)}: it was built without those programs "
+                             "(import-hf writes none unless asked). Rebuild it with `--programs all`, or run it "
+                             "without --programs (the model rebuilt from its weights)")
         if programs and manifest.device != "cpu":
             from attnspec.compiler.device import resolve_device
 
@@ -200,7 +205,7 @@ def run_directory(directory: Path | str, tokens: str | None, generate: int = 0, 
         prompt = parse_tokens(tokens, manifest.vocab_size, manifest.max_len)
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
     check_sampling(temperature, top_k, top_p, seed)
-    if generate and (not manifest.has_step or manifest.export.step is None):
+    if generate and not manifest.has_step:
         raise BuildError(f"{directory} has no decoding step (a non-causal mixer, or not a token LM with an lm head)")
     limit, state = decoding_facts(directory, manifest)
     if generate and limit is not None and len(prompt) + generate > limit:

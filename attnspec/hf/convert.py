@@ -62,7 +62,8 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -> tuple[dict, Spec, str]:
+def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None,
+                         dtype: str | None = None) -> tuple[dict, Spec, str]:
     """The spec of a transformers checkpoint, as data and validated, and its model type.
 
     Raises:
@@ -98,6 +99,10 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None) -
             **data}
     if max_len is not None:
         data["max_len"] = max_len
+    if dtype is not None:
+        if dtype not in ("float32", "float64", "bfloat16", "float16"):
+            raise InteropError(f"--dtype {shorten(dtype)}: give float32, bfloat16, float16 or float64")
+        data["dtype"] = dtype
     try:
         spec = validate_data(data)
     except SpecError as error:
@@ -198,15 +203,21 @@ def write_converted(spec, checkpoint: Path | str, model_type: str, path: Path) -
 
 
 def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None = None, compile_check: bool = True,
-              force: bool = False, calibrate: bool = True, on_stage=None):
+              force: bool = False, calibrate: bool = True, on_stage=None, dtype: str | None = None,
+              programs=()):
     """``attnspec import-hf``: a transformers checkpoint as an attnspec build directory.
+
+    ``dtype``: the parameters' (default the checkpoint's own). ``programs``: the exported programs to write
+    (:data:`attnspec.compiler.build.PROGRAMS`; none by default: a released model's are seconds of tracing
+    per block and a copy of its weights each, and nothing but a user without attnspec needs them).
+    The weights are converted tensor by tensor straight into the build's ``model.safetensors``.
 
     Returns the :class:`~attnspec.compiler.build.BuildResult` (its spec data is in ``manifest["spec"]``).
     Nothing is written when the checkpoint cannot be imported.
     """
     from attnspec.compiler.build import build_directory
 
-    data, spec, model_type = spec_from_checkpoint(checkpoint, max_len=max_len)
+    data, spec, model_type = spec_from_checkpoint(checkpoint, max_len=max_len, dtype=dtype)
     converted_tensors(spec, checkpoint, model_type)  # every name and shape checked before anything is written
     try:  # a tokenizer.json beside the weights travels with them
         tokenizer = tokenizer_in(Path(checkpoint))
@@ -214,7 +225,7 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
         raise InteropError(f"{checkpoint}: its tokenizer cannot be carried ({error}); move tokenizer.json away to "
                            "import the weights alone") from None
     return build_directory(data, output, weights=lambda path: write_converted(spec, checkpoint, model_type, path),
-                           compile_check=compile_check, force=force,
+                           compile_check=compile_check, force=force, programs=programs,
                            calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer)
 
 

@@ -104,12 +104,34 @@ def test_forced_recurrent_is_rejected_for_builds_with_the_reason():
         plan_spec(spec, for_build=True)
 
 
-def test_verify_reports_every_mode(tmp_path):
+def test_verify_reports_every_mode_of_each_distinct_block_once(tmp_path):
+    from attnspec.compiler.verify import distinct_blocks, verify_model
+
+    model = build_model(SPECS[0].parent / "cosformer.yaml", "d_model=32")
+    report = verify_model(model)
+    assert distinct_blocks(model) == {0: [0, 1, 2, 3]}  # four blocks of one structure: verified once
+    assert report.ok and len(report.rows) == 3 and all(row.blocks == 4 for row in report.rows)
+    assert report.to_json()["worst_rel_diff"] < 1e-12
+
+
+def test_verify_catches_a_mode_that_differs_in_one_distinct_block(monkeypatch):
+    """Per-block verification still sees a wrong mode: one mode of a mixer family made wrong by 1e-3."""
     from attnspec.compiler.verify import verify_model
 
-    report = verify_model(build_model(SPECS[0].parent / "cosformer.yaml", "d_model=32"))
-    assert report.ok and len(report.rows) == 4 * 3
-    assert report.to_json()["worst_rel_diff"] < 1e-12
+    model = build_model(SPECS[0].parent / "hybrid.yaml", "d_model=32")
+    report = verify_model(model)
+    assert report.ok and report.rows and all(row.blocks > 1 for row in report.rows)  # its linear blocks, once
+    row = report.rows[0]
+    family = type(model.blocks[int(row.layer[7:-1])].mixer)
+    original = family.forward
+
+    def wrong(self, x, mode=None, **kwargs):
+        out = original(self, x, mode, **kwargs)
+        return out * 1.001 if (mode or self.mode) == row.mode else out
+
+    monkeypatch.setattr(family, "forward", wrong)
+    failed = [r for r in verify_model(model).rows if not r.ok]
+    assert failed and failed[0].layer == row.layer and failed[0].mode == row.mode
 
 
 def formula_parameters(spec) -> int:

@@ -272,6 +272,9 @@ def import_hf(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="The parameters' dtype: float32, bfloat16, float16 or "
                                         "float64. Default: the checkpoint's own (its config's dtype)."),
     programs: str = programs_option("none"),
+    no_check: bool = typer.Option(False, "--no-check", help="Skip the comparison with transformers (with transformers "
+                                  "installed, both models run on an 8-token prompt: the largest logit difference "
+                                  "and whether 8 greedy tokens agree are printed)."),
     no_calibrate: bool = NoCalibrateOption,
     no_compile: bool = NoCompileOption,
     force: bool = ForceOption,
@@ -297,12 +300,14 @@ def import_hf(
     with stage_progress() as on_stage:
         result = run_import(checkpoint, output, max_len=max_len, compile_check=not no_compile, force=force,
                             calibrate=not no_calibrate, on_stage=on_stage, dtype=dtype,
-                            programs=check_programs(programs.split(",")))
+                            programs=check_programs(programs.split(",")), check=not no_check)
     if spec_file is not None:
         spec = validate_data(result.manifest["spec"])
         write_atomic(spec_file, to_yaml(spec, header=f"{spec.description}\nWeights: {output}/model.safetensors "
                                                       f"(attnspec build THIS_FILE -o DIR --weights ...)"))
     print_build_summary(result.directory, result.manifest)
+    if result.import_check is not None:
+        out.print(escape(result.import_check.summary()))
 
 
 @app.command("export-hf")

@@ -47,6 +47,8 @@ class BuildResult:
     directory: Path
     manifest: dict
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    import_check: object = None
+    """``import-hf``'s comparison with transformers (:class:`attnspec.hf.check.ImportCheck`), None otherwise."""
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ import dataclasses
 
 import os
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -204,13 +205,15 @@ def write_converted(spec, checkpoint: Path | str, model_type: str, path: Path) -
 
 def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None = None, compile_check: bool = True,
               force: bool = False, calibrate: bool = True, on_stage=None, dtype: str | None = None,
-              programs=()):
+              programs=(), check: bool = True):
     """``attnspec import-hf``: a transformers checkpoint as an attnspec build directory.
 
     ``dtype``: the parameters' (default the checkpoint's own). ``programs``: the exported programs to write
     (:data:`attnspec.compiler.build.PROGRAMS`; none by default: a released model's are seconds of tracing
     per block and a copy of its weights each, and nothing but a user without attnspec needs them).
     The weights are converted tensor by tensor straight into the build's ``model.safetensors``.
+    ``check``: then compare the built model with transformers' on a short prompt (:mod:`attnspec.hf.check`;
+    the result's ``import_check``, reported as skipped where transformers is absent or cannot load it).
 
     Returns the :class:`~attnspec.compiler.build.BuildResult` (its spec data is in ``manifest["spec"]``).
     Nothing is written when the checkpoint cannot be imported.
@@ -224,9 +227,24 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
     except TokenizerError as error:
         raise InteropError(f"{checkpoint}: its tokenizer cannot be carried ({error}); move tokenizer.json away to "
                            "import the weights alone") from None
-    return build_directory(data, output, weights=lambda path: write_converted(spec, checkpoint, model_type, path),
+    result = build_directory(data, output, weights=lambda path: write_converted(spec, checkpoint, model_type, path),
                            compile_check=compile_check, force=force, programs=programs,
                            calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer)
+    if check:
+        from attnspec.compiler.load import load_model
+        from attnspec.hf.check import ImportCheck, check_import
+
+        if model_type != read_config(Path(checkpoint)).get("model_type"):  # the text model of a multimodal release
+            result.import_check = ImportCheck(skipped=f"transformers' model of this checkpoint is multimodal; its "
+                                                      f"{model_type} text model is what was imported")
+        else:
+            if on_stage is not None:
+                on_stage("check", None)
+            start = time.perf_counter()
+            result.import_check = check_import(checkpoint, lambda: load_model(result.directory))
+            if on_stage is not None:
+                on_stage("check", round(time.perf_counter() - start, 3))
+    return result
 
 
 # --------------------------------------------------------------------------- export

@@ -25,7 +25,9 @@ class LayerNorm(nn.LayerNorm):
 
 @register("norm", "rmsnorm")
 class RMSNorm(nn.Module):
-    """``x / rms(x) * weight``."""
+    """``x / rms(x) * weight``; half-precision ``x`` is normalised in float32 and rounded back before the
+    weight multiplies it (as transformers' Llama norm does), and the output keeps ``x``'s dtype (a weight
+    kept in float32 by ``keep_float32`` included)."""
 
     def __init__(self, node, *, dim: int, **_):
         super().__init__()
@@ -33,7 +35,11 @@ class RMSNorm(nn.Module):
         self.eps = node.eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        wide = x.float()
+        normed = (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (self.weight * normed).to(x.dtype)
 
 
 @register("norm", "none")

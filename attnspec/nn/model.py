@@ -22,7 +22,7 @@ import attnspec.nn.mixers  # noqa: F401  (registers the mixers)
 import attnspec.nn.reweightings  # noqa: F401  (registers the re-weightings)
 import attnspec.nn.supports  # noqa: F401  (registers the sparse supports)
 import attnspec.nn.transitions  # noqa: F401  (registers the transitions)
-from attnspec.errors import ShapeError, shorten
+from attnspec.errors import Problem, ShapeError, SpecError, shorten
 from attnspec.spec import limits
 from attnspec.nn.channel import Mlp  # noqa: F401  (part of the nn API)
 from attnspec.nn.features import PerformerFeatures
@@ -674,7 +674,15 @@ def float32_names(model: nn.Module, spec) -> set[str]:
             if isinstance(getattr(module, name, None), nn.Parameter):
                 kept.add(f"{prefix}.{name}" if prefix else name)
     patterns = spec.keep_float32
-    kept.update(name for name, _ in model.named_parameters() if any(fnmatch.fnmatchcase(name, p) for p in patterns))
+    for prefix, module in model.named_modules():
+        for name, _ in module.named_parameters(prefix=prefix, recurse=False):
+            if not any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+                continue
+            if isinstance(module, (nn.Linear, nn.Embedding)):  # its product would mix a float32 weight in
+                raise SpecError(Problem(f"{shorten(name)} is a {type(module).__name__}'s parameter, which a "
+                                        f"{spec.dtype} model multiplies in {spec.dtype}; name norms' weights and the "
+                                        "families' elementwise parameters only", path="keep_float32"))
+            kept.add(name)
     return kept
 
 

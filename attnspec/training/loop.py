@@ -117,6 +117,11 @@ def check_fit(spec, task: Task, smap=None) -> None:
     if not isinstance(spec.head, LmHead):
         problems.append(Problem(f"tasks predict a token at each position; the spec's head is {spec.head.kind}, use "
                                 "`head: lm`", path="head", source="spec"))
+    if spec.dtype in ("bfloat16", "float16"):  # optimiser states and master weights in float32: not built yet
+        problems.append(Problem(f"training a model whose parameters are {spec.dtype} is not supported yet; train it "
+                                "at `dtype: float32` (add `--set dtype=float32`) with `precision: bfloat16` in the "
+                                "training configuration (autocast: the products in bfloat16, the weights float32)",
+                                path="dtype", source="spec"))
     if problems:
         raise SpecError(problems)
 

@@ -1,0 +1,91 @@
+"""An import checked against transformers: both models on one short prompt, as ``import-hf`` shows it.
+
+The truth for an imported checkpoint is what transformers computes from it. After ``import-hf`` builds a
+directory, :func:`check_import` loads the checkpoint with transformers (when it is installed; safetensors
+only, no remote code, nothing downloaded) in the build's dtype, runs both models on the same prompt of
+:data:`PROMPT_TOKENS` tokens, and reports the largest logit difference (absolute, and relative to the
+largest logit) and whether :data:`NEW_TOKENS` greedy tokens agree. It costs one transformers load and a
+short generation: seconds at 135M parameters, and it is the whole model at its real size, where
+attnspec's own float64 verification is per distinct block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from attnspec.errors import shorten
+
+PROMPT_TOKENS = 8
+NEW_TOKENS = 8
+
+
+@dataclass
+class ImportCheck:
+    """What :func:`check_import` found. ``skipped``: why nothing was compared (None when it ran)."""
+
+    skipped: str | None = None
+    max_logit_diff: float | None = None
+    relative_logit_diff: float | None = None
+    tokens_agree: int | None = None
+    """Of the :data:`NEW_TOKENS` greedy tokens, how many agree before the first that differs."""
+    new_tokens: int = NEW_TOKENS
+    dtype: str | None = None
+
+    @property
+    def agrees(self) -> bool:
+        return self.skipped is None and self.tokens_agree == self.new_tokens
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line: the logit difference and the greedy tokens, or why the check was skipped."""
+        if self.skipped is not None:
+            return f"not checked against transformers: {self.skipped}"
+        tokens = "agree" if self.agrees else f"differ from token {self.tokens_agree + 1}"
+        return (f"checked against transformers ({self.dtype}, {PROMPT_TOKENS}-token prompt): largest logit difference "
+                f"{self.max_logit_diff:.2e} ({self.relative_logit_diff:.2%} of the largest logit); {self.new_tokens} "
+                f"greedy tokens {tokens}")
+
+
+def check_import(checkpoint: Path | str, load_model) -> ImportCheck:
+    """Compare the imported model (``load_model()`` makes it: an attnspec model of the build) with
+    transformers' own model of ``checkpoint`` (module docstring). The two are never held at once: ours runs
+    and is dropped before transformers loads. Never raises for transformers' sake: a checkpoint it cannot
+    load (not installed, no causal-LM class for the type, its own error) is reported as skipped."""
+    try:
+        import transformers
+    except ImportError:
+        return ImportCheck(skipped="transformers is not installed (the `hf` extra); `--no-check` says so quietly")
+    model = load_model()
+    if not model.has_step:
+        return ImportCheck(skipped="the model does not decode")
+    dtype = model.embed.weight.dtype
+    vocab = model.spec.input.vocab_size
+    prompt = torch.randint(0, vocab, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        our_logits = model(prompt).float()
+        our_tokens = model.generate(prompt, NEW_TOKENS, temperature=0.0)[0, PROMPT_TOKENS:]
+    del model
+    try:
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(
+            str(checkpoint), dtype=dtype, local_files_only=True, use_safetensors=True, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001 - transformers' own failure is a reason, not a crash
+        return ImportCheck(skipped=f"transformers could not load it as a causal LM ({type(error).__name__}: "
+                                   f"{shorten(str(error), 160)})")
+    theirs.eval()
+    with torch.no_grad():
+        their_logits = theirs(prompt).logits.float()
+        their_tokens = theirs.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS,
+                                       eos_token_id=None, pad_token_id=0)[0, PROMPT_TOKENS:]
+    difference = (our_logits - their_logits[..., :our_logits.shape[-1]]).abs().max().item()
+    agree = next((i for i, (a, b) in enumerate(zip(our_tokens.tolist(), their_tokens.tolist())) if a != b),
+                 min(len(our_tokens), len(their_tokens)))
+    return ImportCheck(max_logit_diff=difference, tokens_agree=agree, dtype=str(dtype).removeprefix("torch."),
+                       relative_logit_diff=difference / max(their_logits.abs().max().item(), 1e-30))
+
+
+__all__ = ["ImportCheck", "check_import", "NEW_TOKENS", "PROMPT_TOKENS"]

@@ -1,0 +1,93 @@
+"""import-hf at a released model's cost: its dtype kept, its weights converted tensor by tensor straight into
+the build's one ``model.safetensors`` (no exported programs unless asked), and the import checked against
+transformers on a short prompt. The sizes themselves (135M, 360M) are measured in benchmarks/scale.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import attnspec
+from attnspec.errors import RunError
+from attnspec.hf.convert import convert_weights, import_hf, spec_from_checkpoint
+from attnspec.io import TensorFileWriter
+from tests.test_cli import attnspec as attnspec_cli
+
+CONFIG = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def bfloat16_llama(tmp_path_factory):
+    """A tiny Llama saved in bfloat16, as released checkpoints are (weights perturbed, seeded)."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG, dtype="bfloat16")).to(torch.bfloat16)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.2 * torch.randn_like(parameter))
+    directory = tmp_path_factory.mktemp("llama") / "checkpoint"
+    model.save_pretrained(directory)
+    return model.eval(), directory
+
+
+def test_import_keeps_the_checkpoint_dtype_and_writes_its_weights_once(bfloat16_llama, tmp_path):
+    reference, checkpoint = bfloat16_llama
+    result = import_hf(checkpoint, tmp_path / "build", compile_check=False, calibrate=False)
+    build = tmp_path / "build"
+    assert result.manifest["dtype"] == "bfloat16" and sorted(p.name for p in build.iterdir()) == \
+        ["manifest.json", "model.safetensors", "spec.yaml"]
+    with safe_open(str(build / "model.safetensors"), framework="pt") as handle:
+        assert {handle.get_slice(name).get_dtype() for name in handle.keys()} == {"BF16"}
+    checkpoint_bytes = (checkpoint / "model.safetensors").stat().st_size
+    written = sum(path.stat().st_size for path in build.iterdir())
+    assert written <= 1.25 * checkpoint_bytes  # the issue's bound; at 135M it is 1.00x (benchmarks/scale.py)
+    # the streamed file holds what the in-memory conversion gives, tensor for tensor
+    spec = spec_from_checkpoint(checkpoint)[1]
+    streamed = load_file(build / "model.safetensors")
+    converted = convert_weights(spec, checkpoint, "llama")
+    assert streamed.keys() == converted.keys() and all(torch.equal(streamed[k], converted[k]) for k in streamed)
+    # and the model computes transformers' function at bfloat16 (the check import-hf prints)
+    check = result.import_check
+    assert check.skipped is None and check.agrees and check.relative_logit_diff < 2 ** -5, check
+    model = attnspec.load(build)
+    tokens = torch.randint(0, CONFIG["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(tokens).float(), reference(tokens).logits.float()
+    assert (ours - theirs).abs().max() <= 2 ** -5 * theirs.abs().max()  # 8 units of bfloat16 at 3 blocks
+
+
+def test_import_hf_cli_dtype_programs_and_check_options(bfloat16_llama, tmp_path):
+    _, checkpoint = bfloat16_llama
+    done = attnspec_cli("import-hf", str(checkpoint), "-o", str(tmp_path / "f32"), "--dtype", "float32",
+                        "--programs", "step", "--no-check", "--no-compile", "--no-calibrate")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "f32" / "manifest.json").read_text())
+    assert manifest["dtype"] == "float32" and "step.pt2" in manifest["files"] and "model.pt2" not in manifest["files"]
+    assert "checked against transformers" not in done.stdout
+    ran = attnspec_cli("run", str(tmp_path / "f32"), "--tokens", "1 2 3", "--generate", "3", "--programs")
+    assert ran.returncode == 2 and "built without those programs" in ran.stderr and "Traceback" not in ran.stderr
+    for args, message in ((["--dtype", "int8"], "--dtype 'int8'"), (["--programs", "model,graph"], "--programs: 'graph'")):
+        refused = attnspec_cli("import-hf", str(checkpoint), "-o", str(tmp_path / "no"), *args, "--no-compile")
+        assert refused.returncode == 2 and message in refused.stderr and not (tmp_path / "no").exists()
+
+
+def test_tensor_file_writer_streams_a_safetensors_file_and_refuses_what_it_did_not_declare(tmp_path):
+    tensors = {"b": torch.randn(3, 5, dtype=torch.bfloat16), "a": torch.arange(4), "c": torch.randn(0, 2)}
+    writer = TensorFileWriter(tmp_path / "w.safetensors", {name: (tuple(t.shape), str(t.dtype)[6:])
+                                                           for name, t in tensors.items()}, {"format": "pt"})
+    for name in ("c", "b", "a"):  # any order: each goes to its offset
+        writer.write(name, tensors[name])
+    writer.close()
+    loaded = load_file(tmp_path / "w.safetensors")
+    assert all(torch.equal(loaded[name], tensors[name]) for name in tensors)
+    writer = TensorFileWriter(tmp_path / "x.safetensors", {"a": ((2,), "float32"), "b": ((1,), "float32")})
+    with pytest.raises(RunError, match="declared float32"):
+        writer.write("a", torch.zeros(3))
+    writer.write("a", torch.zeros(2))
+    with pytest.raises(RunError, match="never written"):
+        writer.close()

@@ -99,13 +99,13 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             a check that passed on this machine for the same structure is reused (manifest ``compile.reused``).
         force: replace an existing build directory (never any other directory).
         weights: a safetensors file (or name -> tensor dict) of trained weights for the spec's model,
-            instead of the spec's random initialisation (or a function ``write(path)`` that writes the
-            model's exact weights file there: an import streams its conversion into the build's own
-            ``model.safetensors``, and the model takes those tensors, never initialised or copied): every
-            tensor whose name and shape fit is
+            instead of the spec's random initialisation: every tensor whose name and shape fit is
             loaded, the rest keep the spec's ``init`` (an edited import: a swapped layer, a wider MLP),
             and the manifest's ``weights`` lists what was initialised, every shape mismatch and the
             file's tensors the model has no place for (:class:`~attnspec.compiler.load.WeightsFit`).
+            Or a function ``write(path)`` that writes the model's exact weights file there: an import
+            streams its conversion into the build's own ``model.safetensors``, and the model takes those
+            tensors (never initialised, never copied).
         strict_weights: refuse ``weights`` unless they fit the model exactly (every tensor, by name,
             shape and dtype). A training run directory's checkpoint is always loaded strictly.
         calibrate: measure the modes of ``mode: auto`` mixers that this machine's calibration lacks
@@ -164,9 +164,9 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                     fit = load_weights(model, scratch.path / "model.safetensors", fix=fix)
                 else:
                     model = lower(spec, plan)
-                if weights is not None and not streamed:
-                    fit = load_weights(model, weights if isinstance(weights, dict) else Path(weights), fix=fix,
-                                       strict=strict_weights)
+                    if weights is not None:
+                        fit = load_weights(model, weights if isinstance(weights, dict) else Path(weights),
+                                           fix=fix, strict=strict_weights)
                 parameters = sum(p.numel() for p in model.parameters())
                 if parameters != expected:  # a lowering bug, never a user error
                     raise BuildError(f"internal: built {parameters} parameters, the spec implies {expected}")

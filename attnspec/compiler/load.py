@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from attnspec.compiler.device import resolve_device
 from attnspec.compiler.sizes import check_model_size

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-
 import math
 from typing import Iterator
 
@@ -629,9 +628,9 @@ def redraw_random_features(model: nn.Module, step: int) -> int:
 def build_model_from_spec(spec, *, empty: bool = False) -> Model:
     """Instantiate the model of a resolved spec, deterministically from ``spec.seed``.
 
-    ``empty``: parameters on the meta device (no memory, no initialisation: what a model whose every
-    parameter comes from a weights file needs; :func:`attnspec.compiler.load.model_with_weights`); buffers
-    (fixed tables, random projections) are made as usual."""
+    ``empty``: parameters on the meta device (no memory, no initialisation: a model whose every parameter
+    comes from a weights file, which :func:`attnspec.compiler.load.load_weights` then assigns); buffers
+    (fixed tables, random projections) are made as usual, and the file's persistent ones replace them."""
     state = torch.random.get_rng_state()
     torch.manual_seed(spec.seed)
     try:
@@ -646,8 +645,9 @@ def build_model_from_spec(spec, *, empty: bool = False) -> Model:
 def parameters_on_meta() -> Iterator[None]:
     """Modules made inside put each parameter on the meta device as it is registered (as accelerate's
     ``init_empty_weights``): a 7B model takes no memory and no initialisation time until its weights are
-    assigned. Only parameters: buffers are computed as usual (they are small, and some are not in any
-    weights file)."""
+    assigned (a parameter a module draws itself before registering it, a few per block, is drawn and
+    dropped). Only parameters: buffers are computed as usual (they are small, and some are not in any
+    weights file). It patches ``nn.Module.register_parameter`` for its duration: one thread at a time."""
     register = nn.Module.register_parameter
 
     def on_meta(module: nn.Module, name: str, parameter) -> None:

@@ -268,9 +268,9 @@ class Spec(Node):
     keep_float32: Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]], Field(max_length=64)] = \
         Field(default_factory=list)
     """In a bfloat16 or float16 spec, the parameters that stay float32 besides those every family keeps
-    there (its decays' parameters: `A_log`, `dt_bias`, `D`, ...; `explain` lists them): shell-style
-    patterns of parameter names as `explain` and the manifest show them (`*.norm*.weight`). Unused in a
-    float32 or float64 spec."""
+    there (its decays' parameters: `A_log`, `dt_bias`, `D`, `nu`, `theta`, `recurrent_param`): shell-style
+    patterns of parameter names as the weights file names them (`*norm*.weight`), norms' weights and
+    elementwise parameters only (a linear map's weight is refused). Unused in a float32 or float64 spec."""
     seed: Seed = 0
     """Seed of the weight initialisation and of every random projection and hash."""
     position: Position = Field(default_factory=lambda: NoPosition(kind="none"))

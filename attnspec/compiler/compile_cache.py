@@ -21,12 +21,13 @@ CHECKS_FILE = "compile-checks.json"
 
 
 def check_key(spec_data: dict, modes: list[str], device: str = "cpu") -> str:
-    """What a build's compile check depends on: the resolved spec without its name and seed (which
-    change only values), the plan's modes, the device type (another device compiles other code) and
-    the attnspec and torch versions."""
+    """What a build's compile check depends on: the resolved spec without its name, description and seed
+    (which change only words and values: two imports of one architecture from two folders are one
+    structure), the plan's modes, the device type (another device compiles other code) and the attnspec
+    and torch versions."""
     import hashlib
 
-    data = {key: value for key, value in spec_data.items() if key not in ("name", "seed")}
+    data = {key: value for key, value in spec_data.items() if key not in ("name", "description", "seed")}
     versions = [VERSION, torch.__version__]
     text = json.dumps([data, modes, *versions] if device == "cpu" else [data, modes, device, *versions], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -371,6 +371,105 @@ def read_safetensors_header(path: Path, *, follow_links: bool = False) -> dict[s
         RunError: the file is missing, a link (unless ``follow_links``), or its header is not a valid
             safetensors header for its size.
     """
+    _, entries = _safetensors_layout(path, follow_links)
+    return {name: (shape, dtype) for name, (shape, dtype, _) in entries.items()}
+
+
+_ELEMENT_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "F16": 2,
+                  "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def map_safetensors(path: Path) -> dict:
+    """Every tensor of a safetensors file (links followed) as a view of one private memory map of it:
+    nothing is copied or read until used, and a model that takes these tensors holds its weights once
+    (the file's pages, shared with the page cache) rather than beside the mapped copy that safetensors'
+    own readers leave resident. The map is copy-on-write: writing a tensor (training) copies that page
+    and never changes the file. Each entry's byte size must be its shape's.
+
+    Raises:
+        RunError: as :func:`read_safetensors_header`, or an entry whose bytes do not hold its shape.
+    """
+    import math
+    import mmap
+
+    import torch
+
+    dtypes = _torch_dtypes()
+    start, entries = _safetensors_layout(path, follow_links=True)
+    mapped = None
+    tensors = {}
+    for name, (shape, dtype, (begin, end)) in entries.items():
+        count = math.prod(shape)
+        _check_entry_size(path, name, shape, dtype, begin, end)
+        if count == 0:
+            tensors[name] = torch.empty(shape, dtype=dtypes[dtype])
+            continue
+        if mapped is None:
+            try:
+                with open(path, "rb") as handle:
+                    mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            except (OSError, ValueError) as error:
+                raise RunError(f"{path}: cannot read ({error})") from None
+        tensors[name] = torch.frombuffer(mapped, dtype=dtypes[dtype], count=count, offset=start + begin).view(shape)
+    return tensors
+
+
+def safetensors_layout(path: Path) -> tuple[int, dict]:
+    """(where the data starts, name -> (shape, dtype name, (begin, end) within the data)) of a safetensors
+    file, links followed, checked as :func:`read_safetensors_header` says (for
+    :func:`read_safetensors_tensor`, which then reads no header again)."""
+    return _safetensors_layout(path, follow_links=True)
+
+
+def read_safetensors_tensor(path: Path, name: str, layout: tuple[int, dict] | None = None):
+    """One tensor of a safetensors file (links followed; ``layout``: its :func:`safetensors_layout`), read
+    into memory of its own with plain reads: no memory map stays resident, so converting a checkpoint
+    tensor by tensor holds one tensor at a time.
+
+    Raises:
+        RunError: as :func:`map_safetensors`, or the file has no tensor ``name``.
+    """
+    import torch
+
+    start, entries = layout or _safetensors_layout(path, follow_links=True)
+    if name not in entries:
+        raise RunError(f"{path}: has no tensor {shorten(name)}")
+    shape, dtype, (begin, end) = entries[name]
+    _check_entry_size(path, name, shape, dtype, begin, end)
+    data = bytearray(end - begin)
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(start + begin)
+            if handle.readinto(data) != len(data):
+                raise RunError(f"{path}: ends inside tensor {shorten(name)}")
+    except OSError as error:
+        raise RunError(f"{path}: cannot read ({error.strerror})") from None
+    if not data:
+        return torch.empty(shape, dtype=_torch_dtypes()[dtype])
+    return torch.frombuffer(data, dtype=_torch_dtypes()[dtype]).view(shape)
+
+
+def _torch_dtypes() -> dict:
+    import torch
+
+    return {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "U16": torch.uint16,
+            "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64, "U64": torch.uint64, "F16": torch.float16,
+            "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn,
+            "F8_E5M2": torch.float8_e5m2}
+
+
+def _check_entry_size(path: Path, name: str, shape: tuple, dtype: str, begin: int, end: int) -> None:
+    import math
+
+    count = math.prod(shape)
+    if end - begin != count * _ELEMENT_SIZES[dtype]:
+        raise RunError(f"{path}: its safetensors header entry {shorten(name)} holds {end - begin:,} bytes, "
+                       f"not the {count:,} {dtype} values of its shape")
+
+
+def _safetensors_layout(path: Path, follow_links: bool) -> tuple[int, dict]:
+    """(where the data starts, name -> (shape, dtype name, (begin, end) within the data)) of a safetensors
+    file, checked as :func:`read_safetensors_header` says."""
     info = _regular_file_status(path, follow_links)
     try:
         with open(path, "rb") as handle:
@@ -396,8 +495,8 @@ def read_safetensors_header(path: Path, *, follow_links: bool = False) -> dict[s
             and 0 <= offsets[0] <= offsets[1] <= data_bytes
         if not ok:
             raise RunError(f"{path}: its safetensors header entry {shorten(name)} is not a tensor within the file")
-        tensors[name] = (tuple(shape), entry["dtype"])
-    return tensors
+        tensors[name] = (tuple(shape), entry["dtype"], tuple(offsets))
+    return 8 + length, tensors
 
 
 def json_lines(text: str) -> list[dict]:

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from attnspec.compiler.device import resolve_device
 from attnspec.compiler.sizes import check_model_size
 from attnspec.compiler.manifest import Manifest, parse_manifest, read_manifest
-from attnspec.errors import AttnSpecError, BuildError, shorten
+from attnspec.errors import AttnSpecError, BuildError, RunError, shorten
+from attnspec.io import map_safetensors
 from attnspec.nn.model import Model, build_model_from_spec
 from attnspec.spec.validate import validate_data
 
@@ -94,8 +94,8 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
     either way. ``fix`` ends each message with what to do.
 
     A model made with ``build_model_from_spec(spec, empty=True)`` (parameters on the meta device) takes
-    the file's tensors themselves (``load_state_dict(assign=True)``), so a model read from a file is held
-    once, never beside a copy; the file is read tensor by tensor either way.
+    the file's tensors themselves (``load_state_dict(assign=True)``: views of a private, copy-on-write
+    memory map of the file), so a model read from a file is held once, never beside a copy.
 
     Raises:
         BuildError: the file is not a safetensors file; a tensor to load holds NaN or infinite values;
@@ -105,7 +105,7 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
     if isinstance(path, dict):
         tensors, path = path, "the weights"
     else:
-        tensors = _LazyTensors(Path(path), fix)
+        tensors = _mapped(Path(path), fix)
     if renames:
         tensors = {_renamed(name, renames): tensor for name, tensor in tensors.items()}
     expected = model.state_dict()
@@ -141,36 +141,14 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
     return fit
 
 
-class _LazyTensors:
-    """A safetensors file as a read-only name -> tensor mapping whose tensors are read when asked for
-    (``safe_open``), so a model's weights are never all held twice while they are checked and copied."""
-
-    def __init__(self, path: Path, fix: str):
-        self.path, self.fix = path, fix
-        try:
-            self.handle = safe_open(str(path), framework="pt")
-            self.names = set(self.handle.keys())
-        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-            raise BuildError(f"{path} is not a valid safetensors file ({shorten(str(error), 120)}); {fix}") from None
-
-    def __iter__(self):
-        return iter(sorted(self.names))
-
-    def __contains__(self, name) -> bool:
-        return name in self.names
-
-    def items(self):
-        return ((name, self[name]) for name in self)
-
-    def get(self, name: str, default=None):
-        return self[name] if name in self.names else default
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        try:
-            return self.handle.get_tensor(name)
-        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-            raise BuildError(f"{self.path}: tensor '{shorten(name)}' cannot be read ({shorten(str(error), 120)}); "
-                             f"{self.fix}") from None
+def _mapped(path: Path, fix: str) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file ``path`` as views of one private memory map of it
+    (:func:`attnspec.io.map_safetensors`): read when used, never copied, so a model's weights are never
+    held twice while they are checked and assigned. A file that is not one is a BuildError ending in ``fix``."""
+    try:
+        return map_safetensors(path)
+    except RunError as error:
+        raise BuildError(f"{path} is not a valid safetensors file ({shorten(str(error), 160)}); {fix}") from None
 
 
 def _dtype(tensor: torch.Tensor) -> str:

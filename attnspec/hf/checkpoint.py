@@ -16,10 +16,10 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from attnspec.errors import InteropError, RunError, shorten
-from attnspec.io import read_json, read_safetensors_header, save_tensors
+from attnspec.io import (read_json, read_safetensors_header, read_safetensors_tensor, safetensors_layout,
+                         save_tensors)
 from attnspec.spec import limits
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -108,26 +108,25 @@ def weight_files(directory: Path) -> dict[str, Path]:
 
 
 class ShardReader:
-    """The checkpoint's tensors read one at a time (``safe_open`` per shard, opened once): what an import
-    holds at a time is one tensor, never the checkpoint (``files``: :func:`weight_files`)."""
+    """The checkpoint's tensors read one at a time with plain reads (each shard's header parsed once;
+    :func:`attnspec.io.read_safetensors_tensor`): what an import holds at a time is one tensor, never the
+    checkpoint, and no memory map of it stays resident (``files``: :func:`weight_files`)."""
 
     def __init__(self, files: dict[str, Path]):
-        self.files, self.handles = files, {}
+        self.files, self.layouts = files, {}
 
     def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """The tensor ``name`` (floating point, finite) as ``dtype``."""
         path = self.files[name]
         try:
-            if path not in self.handles:
+            if path not in self.layouts:
                 regular_file(path, MAX_WEIGHT_BYTES, "the index names it")
-                handle = safe_open(str(path), framework="pt")
-                self.handles[path] = (handle, set(handle.keys()))
-            handle, present = self.handles[path]
-            if name not in present:
+                self.layouts[path] = safetensors_layout(path)
+            if name not in self.layouts[path][1]:
                 raise InteropError(f"{path}: has no tensor {shorten(name)}, which the index puts there")
-            tensor = handle.get_tensor(name)
-        except (SafetensorError, OSError) as error:
-            raise InteropError(f"{path}: not a valid safetensors file ({shorten(str(error), 120)})") from None
+            tensor = read_safetensors_tensor(path, name, self.layouts[path])
+        except RunError as error:
+            raise InteropError(f"{path}: not a valid safetensors file ({shorten(str(error), 160)})") from None
         if not tensor.is_floating_point():
             raise InteropError(f"{path}: tensor {shorten(name)} is {tensor.dtype}, not floating point")
         tensor = tensor.to(dtype)

@@ -176,7 +176,7 @@ class TensorFileWriter:
         offset = 0
         for name in sorted(layout):
             shape, dtype = layout[name]
-            size = math.prod(shape) * _ELEMENT_BYTES[dtype]
+            size = math.prod(shape) * _ELEMENT_SIZES[SAFETENSORS_NAMES[dtype]]
             header[name] = {"dtype": SAFETENSORS_NAMES[dtype], "shape": list(shape), "data_offsets": [offset,
                                                                                                      offset + size]}
             self.offsets[name] = (offset, size, tuple(shape), dtype)
@@ -210,10 +210,6 @@ class TensorFileWriter:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(self.path, 0o644 & ~umask)
-
-
-_ELEMENT_BYTES = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2,
-                  "float32": 4, "float64": 8}
 
 
 def write_with(path: Path, writer) -> None:

@@ -123,9 +123,9 @@ TOLERANCES = {torch.float64: (1e-9, 1e-7), torch.float32: (1e-4, 1e-4), torch.bf
 (``allclose``), summation order alone. bfloat16 and float16: the largest difference relative to the
 output's largest magnitude, at most 64 units in the last place of the dtype (eps 2^-8, 2^-11): compiled
 code fuses ops and keeps their intermediates in float32 where eager rounds each to the dtype, so the two
-differ by about as much as eager differs from the exact function (measured on the shipped specs in
-bfloat16: 1 to 10 units, the LRU 40; a 30-block Llama 1 unit); a wrong graph differs by the output's
-whole size."""
+differ by about as much as eager differs from the exact function (eager against float64, measured on
+the shipped specs in bfloat16: 1 to 10 units, the LRU 40); a wrong graph differs by the output's whole
+size."""
 
 
 def check_model(model: nn.Module) -> dict:

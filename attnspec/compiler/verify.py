@@ -30,8 +30,8 @@ from attnspec.spec.walk import iter_blocks
 TOLERANCE = 1e-9
 HALF_TOLERANCE = {torch.bfloat16: 2.0 ** -2, torch.float16: 2.0 ** -5}
 """A half-precision block against float64, relative to its output's largest magnitude: 64 units in the last
-place (eps 2^-8, 2^-11). Measured on the shipped specs' blocks in bfloat16: a few units; whole models
-(logits after every block) 1 to 10 units, the LRU 40."""
+place (eps 2^-8, 2^-11). Measured on the shipped specs' whole models in bfloat16 (logits after every
+block, a bound for one block): 1 to 10 units, the LRU 40."""
 
 
 @dataclass

@@ -482,6 +482,12 @@ def train(
                                                               "they fit (repeatable; the longest prefix applies)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in -o from its latest checkpoint."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Launch N data-parallel processes with torchrun."),
+    parallel: Optional[str] = typer.Option(None, "--parallel", help="How --nproc processes share the model: ddp "
+                                           "(each holds all of it; default) or fsdp (each holds 1/N of the "
+                                           "parameters, gradients and optimiser state)."),
+    activation_checkpointing: Optional[str] = typer.Option(None, "--activation-checkpointing", metavar="none|blocks|N",
+                                                           help="Recompute every block's (or every N-th block's) "
+                                                                "activations in the backward pass."),
 ) -> None:
     """Train a spec's model on a task; write metrics, checkpoints and the result to a run directory.
 
@@ -502,7 +508,8 @@ def train(
              "test_examples": test_examples, "checkpoint_every": checkpoint_every, "precision": precision,
              "weight_decay": weight_decay, "init_weights": init_weights,
              "init_weights_map": _prefix_renames(init_weights_map),
-             "compile": None if compile_ is None else ("on" if compile_ else "off"),
+             "compile": None if compile_ is None else ("on" if compile_ else "off"), "parallel": parallel,
+             "activation_checkpointing": _whole_or_word(activation_checkpointing),
              "tensorboard": True if tensorboard else None}
     if resume and (file or task or task_overrides or overrides or config or any(v is not None for v in flags.values())):
         raise AttnSpecError("--resume continues a run with its own spec and configuration; give only -o RUN_DIR")
@@ -520,6 +527,12 @@ def train(
     if rank0:
         out.print(f"trained {run.step} steps -> {output}: {metrics_text(run.metrics)}\n"
                   f"Next: attnspec build {output} -o {output}-build", markup=False)
+
+
+def _whole_or_word(value: Optional[str]):
+    """A flag taking a word or a count (``--activation-checkpointing blocks`` or ``2``) as the configuration's
+    value: digits become the number (the configuration's validation bounds and names both)."""
+    return int(value) if value is not None and value.isdigit() and len(value) < 10 else value
 
 
 def _prefix_renames(pairs: Optional[List[str]]) -> Optional[dict]:

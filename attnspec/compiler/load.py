@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from attnspec.compiler.device import resolve_device
 from attnspec.compiler.sizes import check_model_size
@@ -134,11 +135,30 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
             raise BuildError(f"{path}: tensor '{name}' holds NaN or infinite values{past}; {fix}")
         fitting[name] = converted
         fit.loaded.append(name)
+    aliases = _aliases(model) if assign else []
     model.load_state_dict(fitting, strict=False, assign=assign)
+    for places in aliases:  # assigning replaced one holder's tensor: every alias of it takes the new one
+        loaded = next((getattr(module, key) for module, key in places if not getattr(module, key).is_meta), None)
+        if loaded is not None:
+            for module, key in places:
+                (module._parameters if key in module._parameters else module._buffers)[key] = loaded
     empty = next((name for name, tensor in model.state_dict().items() if tensor.is_meta), None)
     if empty is not None:
         raise BuildError(f"{path}: holds no tensor '{empty}' for the model, which has no other weights; {fix}")
     return fit
+
+
+def _aliases(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Every tensor held in more than one place (a shared block's, held by each use's view too; a tied
+    embedding), as the (module, attribute) places holding it: ``load_state_dict(assign=True)`` replaces
+    the tensor where the state dict names it, and the other places must follow."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for key, tensor in store.items():
+                if tensor is not None:
+                    places.setdefault(id(tensor), []).append((module, key))
+    return [holders for holders in places.values() if len(holders) > 1]
 
 
 def _mapped(path: Path, fix: str) -> dict[str, torch.Tensor]:

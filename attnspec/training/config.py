@@ -116,6 +116,18 @@ class TrainConfig(Node):
     compiled steps of the shipped linear specs measured 0.96-1.27x eager at L = 512 (matrix products,
     which compiling does not speed up, are 34-75% of a step) and compiling took 10-36 s
     (benchmarks/train.py, table 3)."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """How the processes of a distributed run (`--nproc`, `torchrun`) share the model. `ddp`: every
+    process holds the whole model, its gradients and AdamW's moments (DistributedDataParallel). `fsdp`:
+    each holds a 1/N shard of them (FSDP2's `fully_shard`, one group per block, all-gathered for its
+    forward and backward and freed after; blocks that call a shared block, the shared blocks, the
+    embeddings, the final norm and the head are the root's group, so tied weights are one tensor);
+    with `precision: bfloat16` the gathered weights are bfloat16 and the gradients are reduced in
+    float32 onto float32 master weights. One process trains the same either way."""
+    activation_checkpointing: Literal["none", "blocks"] | Count(limits.MAX_BLOCKS) = "none"
+    """Recompute blocks' activations in the backward pass instead of keeping them: `blocks` every
+    block, N every N-th (blocks 0, N, 2N, ...), `none` none. Memory for compute: the losses and
+    gradients are the same."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto`: CUDA when available (the local rank's GPU under torchrun), else the CPU."""
     planning: Literal["model", "measured"] = "model"

@@ -1,9 +1,12 @@
-"""Data-parallel training on an existing engine: ``torchrun`` + DistributedDataParallel.
+"""Distributed training on existing engines: ``torchrun`` + DistributedDataParallel or FSDP2.
 
 Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) :func:`setup` joins the process group
 (gloo on the CPU, NCCL on CUDA, each rank on its ``LOCAL_RANK`` GPU) and :meth:`Distributed.wrap`
-wraps the model in DDP. Alone it is a no-op with rank 0 of 1. The trainer slices each global batch
-by rank (:mod:`attnspec.training.loop`), so the data never overlap and the global batch is preserved.
+wraps the model: in DDP (``parallel: ddp``), or shards it with FSDP2's ``fully_shard`` (``parallel:
+fsdp``; :func:`shard` says how). Alone it is a no-op with rank 0 of 1. The trainer slices each
+global batch by rank (:mod:`attnspec.training.loop`), so the data never overlap and the global
+batch is preserved. :func:`full_state` and :func:`load_full_state` move a sharded model's weights
+and AdamW moments to and from whole tensors (a checkpoint's), whatever the number of processes.
 """
 
 from __future__ import annotations
@@ -22,13 +25,24 @@ class Distributed:
     rank: int
     world_size: int
     device: torch.device
+    parallel: str = "ddp"
 
     @property
     def active(self) -> bool:
         return self.world_size > 1
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    @property
+    def sharded(self) -> bool:
+        """The model's parameters are sharded over the processes (FSDP2): its state is gathered to save it."""
+        return self.active and self.parallel == "fsdp"
+
+    def wrap(self, model: nn.Module, bfloat16: bool = False) -> nn.Module:
+        """The module the training step runs: ``model`` itself alone or sharded (:func:`shard`, in place), a
+        DistributedDataParallel around it otherwise. ``bfloat16``: FSDP gathers the weights in bfloat16."""
         if not self.active:
+            return model
+        if self.sharded:
+            shard(model, bfloat16)
             return model
         from torch.nn.parallel import DistributedDataParallel
 
@@ -36,7 +50,11 @@ class Distributed:
         return DistributedDataParallel(model, device_ids=ids)
 
     def no_sync(self, wrapped: nn.Module, last: bool):
-        """Skip the gradient all-reduce on every micro-batch but the last of a step."""
+        """Skip the gradient reduction on every micro-batch but the last of a step (DDP decides it in the
+        forward, under its context; FSDP2 in the backward, by a flag set here until the next call)."""
+        if self.sharded:
+            wrapped.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
         if self.active and not last:
             return wrapped.no_sync()
         return contextlib.nullcontext()
@@ -52,7 +70,65 @@ class Distributed:
             dist.barrier()
 
 
-def setup(device: str = "auto") -> Distributed:
+def shard(model: nn.Module, bfloat16: bool) -> None:
+    """Shard ``model`` (an :class:`attnspec.nn.model.Model`) in place with FSDP2, one group per block.
+
+    Groups: each block whose parameters are its own; inside one, each module that keeps float32
+    parameters (``float32_parameters``: the families' decays), which is gathered in float32 even when
+    the rest is bfloat16; then the root (embeddings, final norm, head, the shared blocks and the blocks
+    that call them: a shared block's tensors are held by every use's view, and a tensor must be in one
+    group). A group's weights are all-gathered for its forward, freed after it, gathered again for its
+    backward, and its gradients reduce-scattered: each process holds 1/N of the parameters, gradients
+    and AdamW moments outside the block it runs. ``bfloat16``: gathered weights in bfloat16, gradients
+    reduced in float32 onto the float32 shards (the master weights). Mixture-of-experts experts are
+    their block's tensors: every process runs every expert, on its own tokens.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    half = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bfloat16 else None
+    whole = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32) if bfloat16 else None
+
+    def group(module: nn.Module, policy) -> None:
+        fully_shard(module, **({"mp_policy": policy} if policy is not None else {}))
+
+    for block in model.blocks:
+        if block.shared_use is not None:
+            continue
+        for module in block.modules():
+            if any(isinstance(getattr(module, name, None), nn.Parameter)
+                   for name in getattr(module, "float32_parameters", ())):
+                group(module, whole)
+        group(block, half)
+    group(model, half)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """A sharded ``model``'s weights and ``optimizer``'s AdamW state as whole CPU tensors, on rank 0
+    (every process must call it; the others get empty dicts): (name -> weight, name -> {moment -> tensor})."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    moments = get_optimizer_state_dict(model, optimizer, options=options).get("state", {})
+    return weights, moments
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, weights: dict,
+                    moments: dict | None) -> None:
+    """Load whole tensors (a checkpoint's, read by every process) into a sharded ``model`` and its
+    ``optimizer``: each process keeps its shard. ``moments``: name -> {moment -> tensor}, as :func:`full_state`."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, weights, options=options)
+    if optimizer is not None and moments is not None:
+        groups = get_optimizer_state_dict(model, optimizer)["param_groups"]  # by parameter name, this run's
+        set_optimizer_state_dict(model, optimizer, {"state": moments, "param_groups": groups}, options=options)
+
+
+def setup(device: str = "auto", parallel: str = "ddp") -> Distributed:
     """Join torchrun's process group when there is one; choose the device (``auto``: CUDA if present)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -67,4 +143,4 @@ def setup(device: str = "auto") -> Distributed:
         torch.cuda.set_device(chosen)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
-    return Distributed(rank, world, chosen)
+    return Distributed(rank, world, chosen, parallel)

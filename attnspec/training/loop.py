@@ -38,6 +38,7 @@ from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
 from attnspec.training.config import TrainConfig, load_config
 from attnspec.training.optim import learning_rate, make_optimizer, parameter_groups, set_learning_rate
+from attnspec.training.recompute import blocks_to_recompute, recompute_blocks
 from attnspec.training.tasks import IGNORE, Task
 from attnspec.training.tasks.base import learned
 
@@ -137,7 +138,7 @@ class Trainer:
 
         self.spec, self.config, self.directory = spec, config, directory
         self.on_progress = on_progress or (lambda record: None)
-        self.dist = distributed.setup(config.device)
+        self.dist = distributed.setup(config.device, config.parallel)
         self.device = self.dist.device
         world = self.dist.world_size
         if config.batch_size % (world * config.accumulate):
@@ -157,12 +158,17 @@ class Trainer:
                                                                    config.init_weights_map)
         self.model = self.model.to(self.device)
         self.model.set_modes(self.plan.full_modes)
+        if self.compiled and self.dist.sharded:  # FSDP gathers around each block: compile the blocks, not the step
+            for block in self.model.blocks:
+                block.forward = torch.compile(block.forward, fullgraph=True, dynamic=False)
+        self.recomputed = blocks_to_recompute(config.activation_checkpointing, len(self.model.blocks))
+        recompute_blocks(self.model, self.recomputed)
+        self.wrapped = self.dist.wrap(self.model, bfloat16)  # before the optimiser: FSDP replaces the parameters
         self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()})
         self.names = [name for group in self.groups for name in group.names]
         self.optimizer = make_optimizer(self.model, self.groups, lr=config.lr, weight_decay=config.weight_decay,
                                         betas=tuple(config.betas))
         self.autocast = _autocast(bfloat16, self.device)
-        self.wrapped = self.dist.wrap(self.model)
         self.loss_fn = _micro_loss
         self.teacher = None
         if config.distill is not None:
@@ -171,7 +177,7 @@ class Trainer:
             self.teacher = load_teacher(config.distill, spec, config.task.seq_len, self.device)
             distill = config.distill
             self.loss_fn = lambda model, x, y, documents: distill_loss(model, self.teacher, x, y, distill, documents)
-        if self.compiled:  # one graph for the whole objective (the teacher's forward too when distilling)
+        if self.compiled and not self.dist.sharded:  # one graph for the whole objective (the teacher's too)
             self.loss_fn = torch.compile(self.loss_fn, fullgraph=True, dynamic=False)
         self.start = 0
         self.history: list[dict] = []
@@ -316,7 +322,7 @@ class Trainer:
                     for name, term in terms.items():
                         distilled[name] = distilled.get(name, 0.0) + float(term)
                 loss = summed * (self.dist.world_size / max(answers, 1))
-                regularizer = self.model.regularization_loss()
+                regularizer = _whole(self.model.regularization_loss())
                 loss = loss + regularizer / config.accumulate
                 aux = self.model.moe_aux_loss()
                 if aux is not None:
@@ -326,7 +332,7 @@ class Trainer:
             loss.backward()
             total += summed.detach().double()
         total = self.dist.all_reduce_sum(total)
-        grad_norm = _clip(self.model, config.grad_clip)
+        grad_norm = _clip(self.model, config.grad_clip, self.dist.sharded)
         loss = float(total) / max(answers, 1)
         extra = {"moe_aux_loss": sum(balance) / len(balance)} if balance else {}
         # each process sums its own micro-batches: the global mean is their all-reduced sum over the answers
@@ -428,8 +434,16 @@ class Trainer:
             rundir.write_atomic(self.directory / "config.yaml", yaml.safe_dump(config_data, sort_keys=False))
 
     def _checkpoint(self, step: int) -> None:
+        if self.dist.sharded:  # every process gathers; rank 0 writes whole tensors (any world size resumes them)
+            from attnspec.training import distributed
+
+            weights, moments = distributed.full_state(self.model, self.optimizer)
+            moments = rundir.moment_tensors(moments)
+        elif self.writes:
+            weights = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model.state_dict().items()}
+            moments = rundir.optimizer_tensors(self.optimizer, self.names)
         if self.writes:
-            rundir.save_checkpoint(self.directory, step, self.model, self.optimizer, self.names, {})
+            rundir.save_checkpoint(self.directory, step, weights, moments, {})
         self.fresh, self.checkpointed = False, step
         self.dist.barrier()
 
@@ -478,8 +492,17 @@ class Trainer:
                                   f"{shorten(self.data_identity, 200)}: another tokenizer or a changed corpus); "
                                   "resume with the data it trained on, or start a new run")
         step, weights, moments, _ = rundir.load_checkpoint(self.directory, max_step=self.config.steps)
-        load_weights(self.model, weights)  # checked tensor by tensor against the spec's model
-        rundir.restore_optimizer(self.optimizer, self.names, moments)
+        if self.dist.sharded:  # checked whole, in an unsharded twin (views of the file); each process keeps its shard
+            from attnspec.nn.model import build_model_from_spec
+            from attnspec.training import distributed
+
+            twin = build_model_from_spec(self.spec, empty=True)
+            load_weights(twin, weights)
+            moments = rundir.checked_moments(moments, {name: tuple(p.shape) for name, p in self.model.named_parameters()})
+            distributed.load_full_state(self.model, self.optimizer, twin.state_dict(), moments)
+        else:
+            load_weights(self.model, weights)  # checked tensor by tensor against the spec's model
+            rundir.restore_optimizer(self.optimizer, self.names, moments)
         self.start = self.step = self.checkpointed = step
         if self.writes:
             rundir.truncate_metrics(self.directory, step)
@@ -529,13 +552,24 @@ def _micro_loss(model: nn.Module, inputs: Tensor, targets: Tensor, documents=Non
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum")
 
 
-def _clip(model: nn.Module, max_norm: float) -> float:
+def _clip(model: nn.Module, max_norm: float, sharded: bool = False) -> float:
+    """Clip the gradients' global norm to ``max_norm`` (0: no clipping); returns the norm before clipping
+    (of the whole gradients where they are sharded: torch's norms of DTensors reduce over the shards)."""
     parameters = [p for p in model.parameters() if p.grad is not None]
     if not parameters:
         return 0.0
     if max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+        return float(_whole(torch.nn.utils.clip_grad_norm_(parameters, max_norm)))
+    if sharded:
+        return float(_whole(torch.nn.utils.get_total_norm([p.grad for p in parameters])))
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters])))
+
+
+def _whole(value: Tensor) -> Tensor:
+    """A DTensor (a sharded model's norm or regulariser) as the whole tensor it stands for; a tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def _uses_bfloat16_autocast(precision: str, device: torch.device, dtype: str) -> bool:

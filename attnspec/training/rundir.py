@@ -149,10 +149,11 @@ def truncate_metrics(directory: Path, step: int) -> None:
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    names: list[str], state: dict) -> None:
-    """Write checkpoint ``step`` (weights, AdamW moments by parameter name, JSON state), then point
-    checkpoint.json at it, then remove checkpoints older than the last ``KEEP_CHECKPOINTS``."""
+def save_checkpoint(directory: Path, step: int, weights: dict[str, torch.Tensor], moments: dict[str, torch.Tensor],
+                    state: dict) -> None:
+    """Write checkpoint ``step`` (``weights``: name -> CPU tensor; ``moments``: AdamW's state as
+    :func:`optimizer_tensors` names it; JSON ``state``), then point checkpoint.json at it, then remove
+    checkpoints older than the last ``KEEP_CHECKPOINTS``."""
     root = directory / "checkpoints"
     check_directory(root)  # a linked checkpoints directory is refused: nothing of the user's is written or removed
     final = root / f"step-{step:09d}"
@@ -165,9 +166,8 @@ def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, optimize
                            f"checkpoint of step {step}; move it away and resume")
     try:
         tmp.mkdir()
-        weights = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
         save_tensors(tmp / "model.safetensors", weights)
-        save_tensors(tmp / "optimizer.safetensors", _optimizer_tensors(optimizer, names))
+        save_tensors(tmp / "optimizer.safetensors", moments)
         (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
     except OSError as error:
         raise RunError(f"{tmp}: cannot write the checkpoint ({error.strerror})") from None
@@ -191,34 +191,43 @@ def load_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, Pat
     return step, where / "model.safetensors", moments, state
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
-    """AdamW's per-parameter state as flat tensors named ``{parameter}.{exp_avg|exp_avg_sq|step}``."""
+def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+    """AdamW's per-parameter state as flat tensors named ``{parameter}.{exp_avg|exp_avg_sq|step}``
+    (``names``: the optimiser's parameters' names, in its order)."""
     state = optimizer.state_dict()["state"]
-    tensors = {}
-    for index, name in enumerate(names):
-        for key, value in state.get(index, {}).items():
-            tensors[f"{name}.{key}"] = (value if isinstance(value, torch.Tensor) else torch.tensor(value)) \
-                .detach().cpu().contiguous()
-    return tensors
+    return moment_tensors({name: state[index] for index, name in enumerate(names) if index in state})
+
+
+def moment_tensors(moments: dict[str, dict]) -> dict[str, torch.Tensor]:
+    """name -> {moment -> value} as flat CPU tensors named ``{name}.{moment}`` (what a checkpoint holds)."""
+    return {f"{name}.{key}": (value if isinstance(value, torch.Tensor) else torch.tensor(value)).detach().cpu()
+            .contiguous() for name, entry in moments.items() for key, value in entry.items()}
+
+
+def checked_moments(tensors: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]]) -> dict[str, dict]:
+    """A checkpoint's AdamW tensors (:func:`moment_tensors`) grouped by parameter, each checked against
+    the parameter's (whole) shape in ``shapes`` (name -> shape): name -> {moment -> tensor}."""
+    moments = {}
+    for name, shape in shapes.items():
+        entry = {key.rsplit(".", 1)[1]: tensor for key, tensor in tensors.items() if key.rsplit(".", 1)[0] == name}
+        if entry:
+            _check_moments(name, entry, shape)
+            moments[name] = entry
+    if set(tensors) != {f"{name}.{key}" for name, entry in moments.items() for key in entry}:
+        raise RunError("the checkpoint's optimizer state does not match the model's parameters")
+    return moments
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
-    """Load AdamW moments saved by :func:`save_checkpoint` into ``optimizer`` (same parameter order)."""
-    current = optimizer.state_dict()
+    """Load AdamW moments saved by :func:`save_checkpoint` into ``optimizer`` (``names``: its parameters'
+    names, in its order)."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    state = {}
-    for index, name in enumerate(names):
-        entry = {key.rsplit(".", 1)[1]: tensor for key, tensor in tensors.items() if key.rsplit(".", 1)[0] == name}
-        if entry:
-            _check_moments(name, entry, parameters[index])
-            state[index] = entry
-    expected = {f"{name}.{key}" for index, name in enumerate(names) for key in state.get(index, {})}
-    if set(tensors) != expected:
-        raise RunError("the checkpoint's optimizer state does not match the model's parameters")
-    optimizer.load_state_dict({"state": state, "param_groups": current["param_groups"]})
+    moments = checked_moments(tensors, {name: tuple(p.shape) for name, p in zip(names, parameters)})
+    state = {index: moments[name] for index, name in enumerate(names) if name in moments}
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
-def _check_moments(name: str, entry: dict[str, torch.Tensor], parameter: torch.Tensor) -> None:
+def _check_moments(name: str, entry: dict[str, torch.Tensor], shape: tuple[int, ...]) -> None:
     """AdamW's state of one parameter as AdamW leaves it: both moments of the parameter's shape and
     finite, the second non-negative, the step count a finite non-negative scalar. Anything else would
     resume into NaN weights (or crash), so it is refused."""
@@ -227,9 +236,9 @@ def _check_moments(name: str, entry: dict[str, torch.Tensor], parameter: torch.T
         raise RunError(f"{where} has {sorted(entry)}, not AdamW's exp_avg, exp_avg_sq and step")
     for key in ("exp_avg", "exp_avg_sq"):
         moment = entry[key]
-        if moment.shape != parameter.shape or not moment.is_floating_point():
+        if tuple(moment.shape) != tuple(shape) or not moment.is_floating_point():
             raise RunError(f"{where}: {key} has shape {tuple(moment.shape)} ({moment.dtype}), the parameter "
-                           f"{tuple(parameter.shape)}")
+                           f"{tuple(shape)}")
         if not bool(torch.isfinite(moment).all()):
             raise RunError(f"{where}: {key} holds NaN or infinite values; the checkpoint is damaged")
     if bool((entry["exp_avg_sq"] < 0).any()):
@@ -241,7 +250,8 @@ def _check_moments(name: str, entry: dict[str, torch.Tensor], parameter: torch.T
 
 __all__ = ["FORMAT", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "STATUSES", "MAX_STEP", "is_step", "read_run",
            "read_json", "recorded", "create", "discard_unstarted", "append_metrics", "truncate_metrics",
-           "save_checkpoint", "load_checkpoint", "restore_optimizer", "RunError"]
+           "save_checkpoint", "load_checkpoint", "optimizer_tensors", "moment_tensors", "checked_moments",
+           "restore_optimizer", "RunError"]
 
 
 def load_trained(directory: Path | str):

@@ -102,6 +102,28 @@ def test_every_call_trains_the_one_shared_weight_which_the_state_dict_holds_once
     assert torch.equal(fresh(tokens), model(tokens).detach())
 
 
+def test_a_model_made_empty_takes_its_weights_file_with_every_call_tied_to_the_shared_weight(tmp_path):
+    """``attnspec.load`` and the compile check make the model with empty parameters and assign the file's
+    tensors: each call's view must hold the loaded shared tensors, not the empty ones it was made with."""
+    from attnspec.compiler.load import load_weights
+    from attnspec.io import save_tensors
+
+    model = _model()
+    save_tensors(tmp_path / "model.safetensors", {k: v.detach().contiguous() for k, v in model.state_dict().items()})
+    empty = build_model_from_spec(load_spec(_data()), empty=True)
+    load_weights(empty, tmp_path / "model.safetensors")
+    canonical = empty.shared_blocks["memory"]
+    for block in empty.blocks[1:]:
+        view = getattr(block.shared_use, VIEW)
+        assert view.mixer.out_proj.weight is canonical.mixer.out_proj.weight
+        assert view.mixer.q_proj.base.weight is canonical.mixer.q_proj.weight
+    held = [tensor for module in empty.modules() for tensor in [*module._parameters.values(), *module._buffers.values()]]
+    assert not any(tensor.is_meta for tensor in held if tensor is not None)
+    tokens = torch.randint(0, 40, (2, 11), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (empty(tokens) - model(tokens)).abs().max() < 1e-12  # float64; the file's tensors, mapped
+
+
 def test_decoding_keeps_a_cache_per_call_and_continues_the_prefill_as_the_forward_computes():
     model = _model()
     tokens = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(3))

@@ -19,6 +19,13 @@ means faster than softmax attention (target from L = 2048).
 Table 3, at L = 512 and 2048: each linear spec's training step compiled (as `attnspec train
 --compile` does) against eager, and the compile time (first compiled step).
 
+Table 4, at real sizes (``--tables 4``; minutes): a SmolLM-135M-shaped Llama (30 blocks, width 576,
+GQA 9/3, vocabulary 49,152) and a Qwen3-Next-shaped hybrid of ~140M (three Gated DeltaNet per gated
+attention), each imported from a random transformers model (``attnspec import-hf``, float32) and
+trained one step at a time beside that transformers model (plain PyTorch: transformers' own modules,
+eager SDPA; the hybrid's Gated DeltaNet in transformers' torch chunked form), same weights, L = 256,
+batch 2, float32, eager; the ratio is attnspec / transformers tokens per second (target >= 1.0).
+
 Candidates are interleaved (A B A B ...) and the median of the repeats is reported, since these
 machines are noisy.
 """
@@ -80,10 +87,10 @@ def make_step(model, optimizer, compiled: bool):
     return step
 
 
-def measure(candidates: dict, L: int, batch: int, repeats: int) -> tuple[dict, dict]:
+def measure(candidates: dict, L: int, batch: int, repeats: int, vocab: int = VOCAB) -> tuple[dict, dict]:
     """Interleaved timing: tokens/s (median) per candidate, and the first-call seconds (compile)."""
-    x = torch.randint(0, VOCAB, (batch, L))
-    y = torch.randint(0, VOCAB, (batch, L))
+    x = torch.randint(0, vocab, (batch, L))
+    y = torch.randint(0, vocab, (batch, L))
     first = {}
     for name, step in candidates.items():
         start = time.perf_counter()
@@ -153,10 +160,63 @@ def table_compile_linear(lengths: list[int], repeats: int) -> None:
                   f"{rates[True] / rates[False]:6.2f} {first[True]:10.1f}", flush=True)
 
 
+REAL_SIZES = {
+    "llama-135m": ("LlamaConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                                       tie_word_embeddings=True, rms_norm_eps=1e-5)),
+    "hybrid-140m": ("Qwen3NextConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                                            num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+                                            head_dim=64, linear_num_value_heads=8, linear_num_key_heads=4,
+                                            linear_key_head_dim=64, linear_value_head_dim=64, num_experts=0,
+                                            max_position_embeddings=2048, tie_word_embeddings=True)),
+}
+
+
+def table_real_sizes(repeats: int) -> None:
+    """attnspec's import of a transformers model against that model, one training step each (module doc)."""
+    import tempfile
+
+    import transformers as tf
+
+    from attnspec.compiler.load import load_weights
+    from attnspec.hf.convert import import_hf
+
+    L, batch = 256, 2
+    print(f"\nTable 4: real sizes, attnspec / transformers training step, L = {L}, batch {batch}, float32, eager, "
+          f"{torch.get_num_threads()} thread(s)")
+    print(f"{'model':12} {'params':>8} {'transformers tok/s':>19} {'attnspec tok/s':>15} {'ratio':>6}")
+    for name, (config_class, fields) in REAL_SIZES.items():
+        torch.manual_seed(0)
+        reference = getattr(tf, config_class.replace("Config", "ForCausalLM"))(getattr(tf, config_class)(**fields))
+        with tempfile.TemporaryDirectory(prefix="attnspec-train-bench-") as work:
+            reference.save_pretrained(f"{work}/hf")
+            import_hf(f"{work}/hf", f"{work}/ours", compile_check=False, calibrate=False, check=False,
+                      dtype="float32")
+            ours = attnspec.build(Path(work) / "ours" / "spec.yaml")
+            load_weights(ours, Path(work) / "ours" / "model.safetensors")
+        ours.set_modes(plan_spec(ours.spec, L, batch=batch, training=True).full_modes)
+        reference.train()
+        ours.train()
+        steps = {}
+        for tag, model, forward in (("transformers", reference, lambda m, x: m(x).logits),
+                                    ("attnspec", ours, lambda m, x: m(x))):
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+            def step(x, y, model=model, forward=forward, optimizer=optimizer):
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(forward(model, x).flatten(0, 1).float(), y.flatten()).backward()
+                optimizer.step()
+            steps[tag] = step
+        rates, _ = measure(steps, L, batch, repeats, vocab=fields["vocab_size"])
+        parameters = sum(p.numel() for p in ours.parameters())
+        print(f"{name:12} {parameters / 1e6:7.1f}M {rates['transformers']:19.0f} {rates['attnspec']:15.0f} "
+              f"{rates['attnspec'] / rates['transformers']:6.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--tables", default="123", help="which tables to print, e.g. 3")
+    parser.add_argument("--tables", default="123", help="which tables to print, e.g. 3 (4: real sizes, on request)")
     args = parser.parse_args()
     repeats = 3 if args.quick else 5
     print(f"torch {torch.__version__}")
@@ -166,6 +226,8 @@ def main() -> None:
         table_lengths([512, 2048] if args.quick else [512, 2048, 8192], repeats)
     if "3" in args.tables:
         table_compile_linear([512] if args.quick else [512, 2048], repeats)
+    if "4" in args.tables:
+        table_real_sizes(repeats)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
     fix = "they must come from a model of this spec"
     if strict_weights:
         fix += " (without --strict-weights, what fits is loaded and the rest initialised)"
+    run_directory = None
     if not isinstance(spec_path, dict) and Path(spec_path).is_dir():
         run_directory = Path(spec_path)
         spec_path, weights = _from_run(run_directory, weights)
@@ -164,9 +165,9 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                     fit = load_weights(model, scratch.path / "model.safetensors", fix=fix)
                 else:
                     model = lower(spec, plan)
-                    if weights is not None:
+                    if weights is not None:  # a run's checkpoint: its master weights, float32 for a half spec
                         fit = load_weights(model, weights if isinstance(weights, dict) else Path(weights),
-                                           fix=fix, strict=strict_weights)
+                                           fix=fix, strict=strict_weights, cast=run_directory is not None)
                 parameters = sum(p.numel() for p in model.parameters())
                 if parameters != expected:  # a lowering bug, never a user error
                     raise BuildError(f"internal: built {parameters} parameters, the spec implies {expected}")

@@ -81,7 +81,7 @@ def _kind(shape: list[int], dtype: str, other: str) -> str:
 
 
 def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the directory", *,
-                 strict: bool = True, renames: dict[str, str] | None = None) -> WeightsFit:
+                 strict: bool = True, renames: dict[str, str] | None = None, cast: bool = False) -> WeightsFit:
     """Copy the tensors of the safetensors file ``path`` (or a name -> tensor dict) into ``model``.
 
     ``renames`` maps name prefixes of the file's tensors to the model's (``{"blocks.3.mixer.o_proj.":
@@ -92,7 +92,8 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
     name, shape and dtype. Otherwise (``attnspec build --weights`` of an edited spec) every tensor whose
     name and shape fit is loaded, a floating-point one converted to the model's dtype, and the rest
     keep the model's initialisation; the returned :class:`WeightsFit` lists them. Values must be finite
-    either way. ``fix`` ends each message with what to do.
+    either way. ``cast``: strict but for the floating dtype, converted to the model's (a bfloat16 run's
+    checkpoint holds its float32 master weights). ``fix`` ends each message with what to do.
 
     A model made with ``build_model_from_spec(spec, empty=True)`` (parameters on the meta device) takes
     the file's tensors themselves (``load_state_dict(assign=True)``: views of a private, copy-on-write
@@ -120,7 +121,7 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
         tensor = tensors.get(name)
         if tensor is None:
             continue
-        converts = not strict and tensor.is_floating_point() and target.is_floating_point()
+        converts = (cast or not strict) and tensor.is_floating_point() and target.is_floating_point()
         if tensor.shape != target.shape or (tensor.dtype != target.dtype and not converts):
             if strict:
                 raise BuildError(f"{path}: tensor '{name}' is {_dtype(tensor)} {tuple(tensor.shape)}, the spec's "

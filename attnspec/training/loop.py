@@ -118,11 +118,10 @@ def check_fit(spec, task: Task, smap=None) -> None:
     if not isinstance(spec.head, LmHead):
         problems.append(Problem(f"tasks predict a token at each position; the spec's head is {spec.head.kind}, use "
                                 "`head: lm`", path="head", source="spec"))
-    if spec.dtype in ("bfloat16", "float16"):  # optimiser states and master weights in float32: not built yet
-        problems.append(Problem(f"training a model whose parameters are {spec.dtype} is not supported yet; train it "
-                                "at `dtype: float32` (add `--set dtype=float32`) with `precision: bfloat16` in the "
-                                "training configuration (autocast: the products in bfloat16, the weights float32)",
-                                path="dtype", source="spec"))
+    if spec.dtype == "float16":  # float16's range needs loss scaling (GradScaler), which the trainer does not do
+        problems.append(Problem("training a model whose parameters are float16 is not supported (its gradients "
+                                "underflow without loss scaling); train it at `dtype: bfloat16` (`--set "
+                                "dtype=bfloat16`) and cast the build, or at float32", path="dtype", source="spec"))
     if problems:
         raise SpecError(problems)
 
@@ -147,13 +146,20 @@ class Trainer:
         self.micro = config.batch_size // (world * config.accumulate)
         self.compiled = config.compile == "on" or (config.compile == "auto" and self.device.type == "cuda")
         bfloat16 = _uses_bfloat16_autocast(config.precision, self.device, spec.dtype)
+        if spec.dtype == "bfloat16" and config.precision == "float32":
+            raise SpecError(Problem("the spec's parameters are bfloat16, so its products are; `precision: float32` "
+                                    "contradicts it: leave `precision` at auto, or train at `dtype: float32`",
+                                    path="precision", source="training configuration"))
         recorded = rundir.recorded_modes(rundir.read_run(directory)) if resume else None
         self.plan = plan_spec(spec, config.task.seq_len, batch=self.micro, training=True,
                               calibration=self._calibration(spec, config, world, resumed=recorded is not None),
                               device=self.device.type,
                               dtype="bfloat16" if bfloat16 else None, recorded=recorded,
                               packed=config.task.packs_documents)
-        self.model = build_model_from_spec(spec)
+        # A bfloat16 spec trains float32 master weights (the optimiser's, the checkpoints') and computes in
+        # bfloat16 (autocast; FSDP gathers bfloat16 copies): AdamW's small updates vanish in bfloat16 weights.
+        self.model = build_model_from_spec(spec.model_copy(update={"dtype": "float32"}) if spec.dtype == "bfloat16"
+                                           else spec)
         self.weights_fit = None if resume else _load_init_weights(self.model, config.init_weights,
                                                                    config.init_weights_map)
         self.model = self.model.to(self.device)
@@ -573,9 +579,10 @@ def _whole(value: Tensor) -> Tensor:
 
 
 def _uses_bfloat16_autocast(precision: str, device: torch.device, dtype: str) -> bool:
-    """bf16 autocast when asked, or for ``auto`` on a CUDA device with bf16 and a float32 model."""
-    return precision == "bfloat16" or (precision == "auto" and device.type == "cuda" and dtype == "float32"
-                                       and torch.cuda.is_bf16_supported())
+    """bf16 autocast when asked, for a bfloat16 spec, or for ``auto`` on a CUDA device with bf16 and a
+    float32 model."""
+    return precision == "bfloat16" or dtype == "bfloat16" or (
+        precision == "auto" and device.type == "cuda" and dtype == "float32" and torch.cuda.is_bf16_supported())
 
 
 def _autocast(bfloat16: bool, device: torch.device):

@@ -466,6 +466,18 @@ def _check_entry_size(path: Path, name: str, shape: tuple, dtype: str, begin: in
 def _safetensors_layout(path: Path, follow_links: bool) -> tuple[int, dict]:
     """(where the data starts, name -> (shape, dtype name, (begin, end) within the data)) of a safetensors
     file, checked as :func:`read_safetensors_header` says."""
+    start, tensors, _ = _safetensors_header(path, follow_links)
+    return start, tensors
+
+
+def safetensors_metadata(path: Path) -> dict:
+    """The ``__metadata__`` table of a safetensors file's header (links followed; {} without one), the
+    header checked as :func:`read_safetensors_header` says."""
+    return _safetensors_header(path, follow_links=True)[2]
+
+
+def _safetensors_header(path: Path, follow_links: bool) -> tuple[int, dict, dict]:
+    """:func:`_safetensors_layout`'s two values and the header's ``__metadata__`` (a table, or {})."""
     info = _regular_file_status(path, follow_links)
     try:
         with open(path, "rb") as handle:
@@ -481,6 +493,7 @@ def _safetensors_layout(path: Path, follow_links: bool) -> tuple[int, dict]:
         raise RunError(f"{path}: its safetensors header is not a table of tensors")
     data_bytes = info.st_size - 8 - length
     tensors = {}
+    metadata = header.get("__metadata__")
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -492,7 +505,7 @@ def _safetensors_layout(path: Path, follow_links: bool) -> tuple[int, dict]:
         if not ok:
             raise RunError(f"{path}: its safetensors header entry {shorten(name)} is not a tensor within the file")
         tensors[name] = (tuple(shape), entry["dtype"], tuple(offsets))
-    return 8 + length, tensors
+    return 8 + length, tensors, metadata if isinstance(metadata, dict) else {}
 
 
 def json_lines(text: str) -> list[dict]:
@@ -550,7 +563,27 @@ RUN_FORMAT = 1
 RUN_FILE = "run.json"
 CHECKPOINT_POINTER = "checkpoint.json"
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
-CHECKPOINT_NAMES = frozenset(CHECKPOINT_FILES)
+MAX_SHARDS = 1 << 16
+"""Processes whose shards one checkpoint may hold (torch.distributed.checkpoint's files are numbered in 5 digits)."""
+
+
+def shard_file(rank: int) -> str:
+    """The file process ``rank`` (from 0) writes in a sharded checkpoint: torch.distributed.checkpoint's
+    ``HuggingFaceStorageWriter`` name for it (weights and AdamW moments, ``model.`` and ``optimizer.``)."""
+    return f"shard-{rank + 1:05d}-model-00001-of-00001.safetensors"
+
+
+class _CheckpointNames:
+    """The entries a checkpoint folder may hold: the whole checkpoint's files, state.json, and shard files."""
+
+    def __contains__(self, name: object) -> bool:
+        if name in CHECKPOINT_FILES:
+            return True
+        number = name[len("shard-"):len("shard-") + 5] if isinstance(name, str) else ""
+        return number.isdigit() and 1 <= int(number) <= MAX_SHARDS and name == shard_file(int(number) - 1)
+
+
+CHECKPOINT_NAMES = _CheckpointNames()
 STATUSES = ("running", "stopped", "done", "diverged", "interrupted")
 MAX_STEP = 1 << 40
 """Far above any step count a configuration allows; a larger recorded step is tampering."""
@@ -588,10 +621,13 @@ def latest_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, P
     where = directory / name
     if not owns_tree(where, CHECKPOINT_NAMES):
         raise RunError(f"{where}: not a checkpoint directory attnspec wrote (a link, or other files in it)")
-    for file in CHECKPOINT_FILES:
+    state = read_json(where / "state.json") if (where / "state.json").is_file() else None
+    shards = state.get("shards") if isinstance(state, dict) else None
+    files = ["state.json", *map(shard_file, range(shards))] if type(shards) is int and 0 < shards <= MAX_SHARDS \
+        else CHECKPOINT_FILES
+    for file in files:
         if not (where / file).is_file():
             raise RunError(f"{where}: missing {file}; the checkpoint is incomplete")
-    state = read_json(where / "state.json")
     step = state.get("step") if isinstance(state, dict) else None
     if not is_step(step) or step > max_step or step != pointer.get("step") or name != f"checkpoints/step-{step:09d}":
         raise RunError(f"{where}/state.json: its step is not the checkpoint's (a whole number from 0 to the run's "
@@ -599,8 +635,63 @@ def latest_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, P
     return step, where, state
 
 
+MAX_TENSOR_ROWS = 1 << 40
+"""Far above any tensor's first dimension; a larger recorded offset is tampering."""
+
+
+def checkpoint_tensors(where: Path, part: str) -> dict:
+    """The whole tensors of one part of a checkpoint (``part``: ``"model"``, the weights, or
+    ``"optimizer"``, AdamW's state by ``{parameter}.{moment}``), by name: a whole checkpoint's file
+    mapped (:func:`map_safetensors`), or a sharded one's pieces put together.
+
+    A sharded checkpoint (``state.json``'s ``shards``: the processes that wrote it) holds in each
+    process's :func:`shard_file` the rows of every tensor that process held (FSDP shards the first
+    dimension), placed by torch.distributed.checkpoint's ``saved_offsets`` in the file's metadata. The
+    pieces of each tensor must tile it: the same trailing shape and dtype, first-dimension ranges that
+    meet end to end from 0.
+
+    Raises:
+        RunError: a file is not a valid safetensors file, or the pieces do not make whole tensors.
+    """
+    import torch
+
+    state = read_json(where / "state.json")
+    shards = state.get("shards") if isinstance(state, dict) else None
+    if shards is None:
+        return map_safetensors(where / f"{part}.safetensors")
+    pieces: dict[str, list] = {}
+    for rank in range(shards):
+        path = where / shard_file(rank)
+        offsets = _json_value(str(safetensors_metadata(path).get("DCP_SHARDING_INFO", "{}")).encode(), path,
+                              "its sharding metadata is ")
+        for name, tensor in map_safetensors(path).items():
+            if not name.startswith(f"{part}."):
+                continue
+            entry = offsets.get(name) if isinstance(offsets, dict) else None
+            offset = entry.get("saved_offsets") if isinstance(entry, dict) else None
+            if not (isinstance(offset, list) and len(offset) == tensor.dim() and all(type(n) is int for n in offset)
+                    and all(n == 0 for n in offset[1:]) and (not offset or 0 <= offset[0] <= MAX_TENSOR_ROWS)):
+                raise RunError(f"{path}: tensor {shorten(name)} has no placement a first-dimension shard has")
+            pieces.setdefault(name[len(part) + 1:], []).append((offset[0] if offset else 0, tensor, path))
+    whole = {}
+    for name, parts in pieces.items():
+        parts.sort(key=lambda item: item[0])
+        first = parts[0][1]
+        end = 0
+        for start, tensor, path in parts:
+            if start != end or tensor.shape[1:] != first.shape[1:] or tensor.dtype != first.dtype or \
+                    (tensor.dim() == 0 and len(parts) > 1):
+                raise RunError(f"{path}: the pieces of {shorten(name)} do not tile it (a piece at row {start:,} "
+                               f"where row {end:,} was next, or of another shape or dtype); the checkpoint is "
+                               "damaged")
+            end += tensor.shape[0] if tensor.dim() else 1
+        whole[name] = first if len(parts) == 1 else torch.cat([tensor for _, tensor, _ in parts])
+    return whole
+
+
 __all__ = ["cache_directory", "child_environment", "start_python", "check_directory", "ensure_directory",
            "write_atomic", "write_with", "save_tensors", "open_append", "open_append_binary", "open_lock", "owns_tree",
            "remove_tree", "read_json", "read_safetensors_header", "json_lines", "MAX_JSON_BYTES", "VERSION",
            "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "read_run", "latest_checkpoint", "is_step",
+           "shard_file", "checkpoint_tensors", "safetensors_metadata",
            "read_cache_file", "write_cache_file"]

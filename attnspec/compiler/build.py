@@ -22,7 +22,7 @@ from attnspec.io import VERSION, save_tensors
 from attnspec.compiler.compile import BackgroundCheck
 from attnspec.compiler.compile_cache import check_key, passed_before, remember_pass
 from attnspec.compiler.export import export_model, export_prefill, export_step, state_signature
-from attnspec.compiler.speed import DECODE_STEPS, SPEED_BATCH, SPEED_LENGTH, decode_speed, sequence_speed
+from attnspec.compiler.speed import SPEED_BATCH, decode_speed, sequence_speed, speed_length, speed_steps
 from attnspec.compiler.tracing import example_input
 from attnspec.compiler.load import load_weights, tokenizer_of
 from attnspec.compiler.device import device_calibration, resolve_device
@@ -218,15 +218,15 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
 
 
 def _from_run(directory: Path, weights) -> tuple[dict, Path]:
-    """A training run directory's resolved spec and the weights file of its latest checkpoint."""
-    from attnspec.io import RUN_FILE, latest_checkpoint, read_run
+    """A training run directory's resolved spec and the weights of its latest checkpoint (name -> tensor)."""
+    from attnspec.io import RUN_FILE, checkpoint_tensors, latest_checkpoint, read_run
 
     if not (directory / RUN_FILE).is_file():
         raise BuildError(f"{directory}: a directory, but not a training run directory (no {RUN_FILE}); give a "
                          "spec file or a run directory written by `attnspec train`")
     record = read_run(directory)
-    if weights is None:
-        weights = latest_checkpoint(directory)[1] / "model.safetensors"
+    if weights is None:  # whole tensors, from one file or from each process's shard
+        weights = checkpoint_tensors(latest_checkpoint(directory)[1], "model")
     return record["spec"], weights
 
 
@@ -293,13 +293,16 @@ def _export(model, scratch: Path, aot: bool, wanted: Iterable[str] = PROGRAMS) -
 
 def _measure_speeds(model, programs: dict, info: dict) -> None:
     """Tokens per second of every artifact into its ``info`` entry: full-sequence programs at batch
-    ``SPEED_BATCH`` and length ``SPEED_LENGTH`` (or ``max_len``), decoding steps at batch 1, each
-    beside ``attnspec.load``'s eager model for the portable programs."""
-    inputs = example_input(model, SPEED_BATCH, max(2, min(model.spec.max_len, SPEED_LENGTH)),
+    ``SPEED_BATCH`` and :func:`~attnspec.compiler.speed.speed_length`, decoding steps at batch 1
+    (:func:`~attnspec.compiler.speed.speed_steps`), each beside ``attnspec.load``'s eager model for the
+    portable programs."""
+    parameters = sum(p.numel() for p in model.parameters())  # a larger model is timed on fewer tokens (SPEED_WORK)
+    inputs = example_input(model, SPEED_BATCH, speed_length(parameters, model.spec.max_len),
                            torch.Generator().manual_seed(2))
     sequence_at = {"batch": int(inputs.shape[0]), "length": int(inputs.shape[1])}
     # the warm-up step and the timed ones stay within the positions a full cache holds
-    steps = DECODE_STEPS if model.decode_limit is None else max(1, min(DECODE_STEPS, model.decode_limit - 1))
+    steps = speed_steps(parameters) if model.decode_limit is None else \
+        max(1, min(speed_steps(parameters), model.decode_limit - 1))
     decode_at = {"batch": 1, "steps": steps}
     state = model.init_state(inputs.shape[0], inputs.shape[1]) if model.has_step else ()  # a prefill writes it
     for name, program in programs.items():

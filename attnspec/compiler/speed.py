@@ -14,6 +14,21 @@ SPEED_BATCH = 1
 SPEED_LENGTH = 256
 SPEED_SECONDS = 0.5  # timed calls stop after this long (at least one after the warm-up)
 DECODE_STEPS = 32
+SPEED_WORK = SPEED_LENGTH * (1 << 25)
+"""Parameter-tokens of one timed call at most (256 tokens through 32M parameters, ~17 GFLOP): a larger model
+is timed on fewer tokens (at least 16) and decoding steps (at least 4), so measuring a 1B model's
+programs takes seconds rather than the ten minutes 256-token calls take on a small CPU. The manifest
+records the length and steps each speed was measured at."""
+
+
+def speed_length(parameters: int, max_len: int) -> int:
+    """The sequence length a build times full-sequence calls at (:data:`SPEED_WORK`), within ``max_len``."""
+    return max(2, min(max_len, SPEED_LENGTH, max(16, SPEED_WORK // max(parameters, 1))))
+
+
+def speed_steps(parameters: int) -> int:
+    """The decoding steps a build times (:data:`SPEED_WORK`, one token a step)."""
+    return min(DECODE_STEPS, max(4, SPEED_WORK // SPEED_LENGTH * DECODE_STEPS // max(parameters, 1)))
 
 
 def sequence_speed(call, inputs: torch.Tensor, repeats: int = 3) -> float:

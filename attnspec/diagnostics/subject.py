@@ -69,8 +69,6 @@ def load_subject(source: str | Path, overrides: Iterable[str] = ()) -> Subject:
     Raises:
         SpecError: the spec is invalid. RunError: the run directory cannot be read.
     """
-    from safetensors.torch import load_file
-
     from attnspec.compiler.lower import as_spec
     from attnspec.errors import AttnSpecError
     from attnspec.training import rundir
@@ -84,11 +82,7 @@ def load_subject(source: str | Path, overrides: Iterable[str] = ()) -> Subject:
         model = rundir.load_trained(path)
         return Subject(model.spec, {name: tensor.detach() for name, tensor in model.state_dict().items()})
     spec, config = rundir.recorded(path, rundir.read_run(path))
-    _, weights_file, _, _ = rundir.load_checkpoint(path, max_step=config.steps)
-    try:
-        weights = load_file(str(weights_file))
-    except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file
-        raise rundir.RunError(f"{weights_file}: not a valid safetensors file ({error})") from None
+    _, weights, _, _ = rundir.load_checkpoint(path, max_step=config.steps)
     return Subject(spec, weights, config.task, config.seed)
 
 

@@ -5,8 +5,9 @@ Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) :func:`setup` joins t
 wraps the model: in DDP (``parallel: ddp``), or shards it with FSDP2's ``fully_shard`` (``parallel:
 fsdp``; :func:`shard` says how). Alone it is a no-op with rank 0 of 1. The trainer slices each
 global batch by rank (:mod:`attnspec.training.loop`), so the data never overlap and the global
-batch is preserved. :func:`full_state` and :func:`load_full_state` move a sharded model's weights
-and AdamW moments to and from whole tensors (a checkpoint's), whatever the number of processes.
+batch is preserved. A sharded run checkpoints each process's shard (:func:`save_shards`, with
+torch.distributed.checkpoint) and resumes from shards written by any number of processes
+(:func:`load_shards`); :func:`load_full_state` loads whole tensors (a one-process checkpoint's) into it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -65,6 +67,15 @@ class Distributed:
             dist.all_reduce(value)
         return value
 
+    def all_agree(self, ok: bool) -> bool:
+        """Whether ``ok`` holds on every process (each must call it): a step rank 0 alone takes (making a
+        checkpoint's folder) fails on every process rather than leaving the others waiting."""
+        if not self.active:
+            return ok
+        flag = torch.tensor([int(ok)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag)
+
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
@@ -102,18 +113,6 @@ def shard(model: nn.Module, bfloat16: bool) -> None:
     group(model, half)
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """A sharded ``model``'s weights and ``optimizer``'s AdamW state as whole CPU tensors, on rank 0
-    (every process must call it; the others get empty dicts): (name -> weight, name -> {moment -> tensor})."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(model, options=options)
-    moments = get_optimizer_state_dict(model, optimizer, options=options).get("state", {})
-    return weights, moments
-
-
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, weights: dict,
                     moments: dict | None) -> None:
     """Load whole tensors (a checkpoint's, read by every process) into a sharded ``model`` and its
@@ -126,6 +125,77 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, w
     if optimizer is not None and moments is not None:
         groups = get_optimizer_state_dict(model, optimizer)["param_groups"]  # by parameter name, this run's
         set_optimizer_state_dict(model, optimizer, {"state": moments, "param_groups": groups}, options=options)
+
+
+def save_shards(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Every process writes its shard of a sharded ``model``'s weights and AdamW state into ``folder``
+    (torch.distributed.checkpoint, its safetensors format: :func:`attnspec.io.shard_file`, each piece
+    with its offset; nothing pickled); a tensor every process holds whole (a step count) once."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    dcp.save(_flat_state(model, optimizer), storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True))
+
+
+def load_shards(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load a sharded checkpoint (:func:`save_shards`, written by any number of processes) into this run's
+    sharded ``model`` and ``optimizer``: each process reads the pieces of its own shard. Every process
+    then checks what it holds (finite weights and moments, second moments non-negative).
+
+    Raises:
+        RunError: on every process, when the checkpoint does not fit the model or holds such values.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    from attnspec.errors import RunError
+
+    state = _flat_state(model, optimizer)
+    try:
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
+        problem = None
+    except Exception as error:  # noqa: BLE001 - torch.distributed.checkpoint raises its own wrappers of anything
+        problem = f"does not fit this run's model ({str(error).strip().splitlines()[-1][:300]})"
+    if problem is None:
+        bad = [name for name, tensor in state.items() if not _sane(name, tensor)]
+        problem = f"holds NaN, infinite or negative second-moment values in {bad[0]}" if bad else None
+    failed = torch.tensor([problem is not None], dtype=torch.int32)
+    dist.all_reduce(failed)  # every process stops, or none
+    if int(failed):
+        raise RunError(f"{folder}: the sharded checkpoint {problem or 'is damaged (another process found it)'}; "
+                       "the checkpoint is damaged")
+    set_model_state_dict(model, {name[len("model."):]: tensor for name, tensor in state.items()
+                                 if name.startswith("model.")})
+    moments: dict = {}
+    for name, tensor in state.items():
+        if name.startswith("optimizer."):
+            parameter, moment = name[len("optimizer."):].rsplit(".", 1)
+            moments.setdefault(parameter, {})[moment] = tensor
+    groups = get_optimizer_state_dict(model, optimizer)["param_groups"]
+    set_optimizer_state_dict(model, optimizer, {"state": moments, "param_groups": groups})
+
+
+def _flat_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The sharded weights and AdamW state by flat name: ``model.{parameter}``, ``optimizer.{parameter}.{moment}``
+    (the names a whole checkpoint's two files use, prefixed), as DTensors of this run's sharding."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state = {f"model.{name}": tensor for name, tensor in get_model_state_dict(model).items()}
+    for name, entry in get_optimizer_state_dict(model, optimizer)["state"].items():
+        state.update({f"optimizer.{name}.{moment}": value for moment, value in entry.items()})
+    return state
+
+
+def _sane(name: str, tensor: torch.Tensor) -> bool:
+    """This process's piece of a loaded tensor is finite (and non-negative for AdamW's second moment)."""
+    from torch.distributed.tensor import DTensor
+
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    if not local.is_floating_point():
+        return True
+    return bool(torch.isfinite(local).all()) and not (name.endswith(".exp_avg_sq") and bool((local < 0).any()))
 
 
 def setup(device: str = "auto", parallel: str = "ddp") -> Distributed:

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnspec.errors import AttnSpecError, Problem, RunInterrupted, SpecError, TrainingDiverged, shorten
+from attnspec.errors import AttnSpecError, Problem, RunError, RunInterrupted, SpecError, TrainingDiverged, shorten
 from attnspec.io import VERSION
 from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
@@ -440,16 +440,26 @@ class Trainer:
             rundir.write_atomic(self.directory / "config.yaml", yaml.safe_dump(config_data, sort_keys=False))
 
     def _checkpoint(self, step: int) -> None:
-        if self.dist.sharded:  # every process gathers; rank 0 writes whole tensors (any world size resumes them)
+        if self.dist.sharded and self.directory is not None:  # every process writes its shard: nothing is gathered
             from attnspec.training import distributed
 
-            weights, moments = distributed.full_state(self.model, self.optimizer)
-            moments = rundir.moment_tensors(moments)
+            failure = None
+            if self.writes:
+                try:
+                    rundir.checkpoint_scratch(self.directory, step)
+                except RunError as error:
+                    failure = error
+            if not self.dist.all_agree(failure is None):
+                raise failure or RunError(f"{self.directory}: the checkpoint of step {step} could not be started "
+                                          "(rank 0 says why)")
+            distributed.save_shards(rundir.scratch_folder(self.directory, step), self.model, self.optimizer)
+            if self.writes:
+                rundir.publish_checkpoint(self.directory, step, rundir.scratch_folder(self.directory, step),
+                                          {"shards": self.dist.world_size})
         elif self.writes:
             weights = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model.state_dict().items()}
-            moments = rundir.optimizer_tensors(self.optimizer, self.names)
-        if self.writes:
-            rundir.save_checkpoint(self.directory, step, weights, moments, {})
+            rundir.save_checkpoint(self.directory, step, weights, rundir.optimizer_tensors(self.optimizer, self.names),
+                                   {})
         self.fresh, self.checkpointed = False, step
         self.dist.barrier()
 
@@ -483,6 +493,7 @@ class Trainer:
 
     def _resume(self) -> None:
         from attnspec.compiler.load import load_weights
+        from attnspec.io import checkpoint_tensors, latest_checkpoint
 
         record = rundir.read_run(self.directory)
         if record["status"] == "diverged":
@@ -497,18 +508,23 @@ class Trainer:
                                   f"records {shorten(record.get('data'), 200)}, the task gives "
                                   f"{shorten(self.data_identity, 200)}: another tokenizer or a changed corpus); "
                                   "resume with the data it trained on, or start a new run")
-        step, weights, moments, _ = rundir.load_checkpoint(self.directory, max_step=self.config.steps)
-        if self.dist.sharded:  # checked whole, in an unsharded twin (views of the file); each process keeps its shard
+        step, where, _ = latest_checkpoint(self.directory, self.config.steps)
+        if self.dist.sharded and rundir.is_sharded(where):  # each process reads the pieces of its own shard
+            from attnspec.training import distributed
+
+            distributed.load_shards(where, self.model, self.optimizer)
+        elif self.dist.sharded:  # whole tensors, checked in an unsharded twin; each process keeps its shard
             from attnspec.nn.model import build_model_from_spec
             from attnspec.training import distributed
 
-            twin = build_model_from_spec(self.spec, empty=True)
-            load_weights(twin, weights)
-            moments = rundir.checked_moments(moments, {name: tuple(p.shape) for name, p in self.model.named_parameters()})
+            twin = build_model_from_spec(self.model.spec, empty=True)
+            load_weights(twin, checkpoint_tensors(where, "model"))
+            moments = rundir.checked_moments(checkpoint_tensors(where, "optimizer"),
+                                             {name: tuple(p.shape) for name, p in self.model.named_parameters()})
             distributed.load_full_state(self.model, self.optimizer, twin.state_dict(), moments)
-        else:
-            load_weights(self.model, weights)  # checked tensor by tensor against the spec's model
-            rundir.restore_optimizer(self.optimizer, self.names, moments)
+        else:  # one process: whole tensors, from one file or put together from each process's shard
+            load_weights(self.model, checkpoint_tensors(where, "model"))  # checked against the spec's model
+            rundir.restore_optimizer(self.optimizer, self.names, checkpoint_tensors(where, "optimizer"))
         self.start = self.step = self.checkpointed = step
         if self.writes:
             rundir.truncate_metrics(self.directory, step)
@@ -534,17 +550,17 @@ def _load_init_weights(model: nn.Module, source: str | None, renames: dict[str, 
     if source is None:
         return None
     from attnspec.compiler.load import load_weights
-    from attnspec.io import latest_checkpoint
+    from attnspec.io import checkpoint_tensors, latest_checkpoint
 
     path = Path(source)
     try:
         if path.is_dir() and (path / rundir.RUN_FILE).is_file():
-            path = latest_checkpoint(path)[1] / "model.safetensors"
-        elif path.is_dir():
-            path = path / "model.safetensors"
-        if not path.is_file():
-            raise FileNotFoundError(str(path))
-        return load_weights(model, path, "give a safetensors file or a build or run directory", strict=False,
+            weights = checkpoint_tensors(latest_checkpoint(path)[1], "model")  # one file or each process's shard
+        else:
+            weights = path / "model.safetensors" if path.is_dir() else path
+            if not weights.is_file():
+                raise FileNotFoundError(str(weights))
+        return load_weights(model, weights, "give a safetensors file or a build or run directory", strict=False,
                             renames=renames)
     except (AttnSpecError, OSError) as error:
         raise SpecError(Problem(f"{source}: not weights to start from ({error})", path="init_weights",

@@ -10,7 +10,10 @@ Layout (every file written to a temporary name and renamed into place)::
       config.yaml       the resolved training configuration (repeat the run with --config)
       metrics.jsonl     one JSON object per line: training steps and evaluations
       checkpoint.json   which checkpoint is the latest ({"step": N, "directory": "checkpoints/step-N"})
-      checkpoints/step-N/  model.safetensors, optimizer.safetensors (AdamW moments), state.json
+      checkpoints/step-N/  model.safetensors, optimizer.safetensors (AdamW moments), state.json; or, from an
+                        FSDP run, one shard-0000R-model-00001-of-00001.safetensors per process (its rows of
+                        every weight and moment, ``model.`` and ``optimizer.``, with their offsets:
+                        torch.distributed.checkpoint's safetensors format) and state.json (``shards``: N)
       result.json       the final evaluation, when the run ends
 
 Nothing is pickled. A new run refuses a non-empty directory; ``--resume`` accepts only a run
@@ -28,12 +31,12 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from attnspec.errors import RunError
 # The read side of the format (what `attnspec build RUN_DIR` needs too) is in attnspec.io, the lowest layer.
 from attnspec.io import (CHECKPOINT_FILES, CHECKPOINT_NAMES, CHECKPOINT_POINTER, MAX_JSON_BYTES, MAX_STEP, RUN_FILE,
-                         RUN_FORMAT as FORMAT, STATUSES, check_directory, ensure_directory, is_step, json_lines,
+                         RUN_FORMAT as FORMAT, STATUSES, check_directory, checkpoint_tensors, ensure_directory,
+                         is_step, json_lines,
                          latest_checkpoint, open_append, owns_tree, read_json, read_run, remove_tree, save_tensors,
                          write_atomic)
 
@@ -109,7 +112,7 @@ def discard_unstarted(directory: Path) -> bool:
     for entry in entries:
         if entry.name == "checkpoints" and entry.is_dir() and not entry.is_symlink():
             if any(not (part.name.startswith(".step-") and part.is_dir() and not part.is_symlink()
-                        and {f.name for f in part.iterdir()} <= set(CHECKPOINT_FILES)) for part in entry.iterdir()):
+                        and all(f.name in CHECKPOINT_NAMES for f in part.iterdir())) for part in entry.iterdir()):
                 return False
         elif entry.name == "tensorboard" and entry.is_dir() and not entry.is_symlink():
             if any(not (f.is_file() and f.name.startswith("events.out.tfevents.")) for f in entry.iterdir()):
@@ -151,13 +154,24 @@ def truncate_metrics(directory: Path, step: int) -> None:
 
 def save_checkpoint(directory: Path, step: int, weights: dict[str, torch.Tensor], moments: dict[str, torch.Tensor],
                     state: dict) -> None:
-    """Write checkpoint ``step`` (``weights``: name -> CPU tensor; ``moments``: AdamW's state as
-    :func:`optimizer_tensors` names it; JSON ``state``), then point checkpoint.json at it, then remove
-    checkpoints older than the last ``KEEP_CHECKPOINTS``."""
+    """Write checkpoint ``step`` whole (``weights``: name -> CPU tensor; ``moments``: AdamW's state as
+    :func:`optimizer_tensors` names it; JSON ``state``): see :func:`publish_checkpoint`."""
+    tmp = checkpoint_scratch(directory, step)
+    try:
+        save_tensors(tmp / "model.safetensors", weights)
+        save_tensors(tmp / "optimizer.safetensors", moments)
+    except OSError as error:
+        raise RunError(f"{tmp}: cannot write the checkpoint ({error.strerror})") from None
+    publish_checkpoint(directory, step, tmp, state)
+
+
+def checkpoint_scratch(directory: Path, step: int) -> Path:
+    """The empty folder checkpoint ``step`` is written in before :func:`publish_checkpoint` renames it (a
+    stale one of an earlier attempt removed; every process of a sharded run writes its file there)."""
     root = directory / "checkpoints"
     check_directory(root)  # a linked checkpoints directory is refused: nothing of the user's is written or removed
     final = root / f"step-{step:09d}"
-    tmp = root / f".step-{step:09d}.tmp-{os.getpid()}"
+    tmp = scratch_folder(directory, step)
     if tmp.exists() or tmp.is_symlink():
         remove_tree(tmp, CHECKPOINT_NAMES)
     if final.exists() or final.is_symlink():  # a re-run of the same step after a resume: only our own checkpoint
@@ -166,8 +180,23 @@ def save_checkpoint(directory: Path, step: int, weights: dict[str, torch.Tensor]
                            f"checkpoint of step {step}; move it away and resume")
     try:
         tmp.mkdir()
-        save_tensors(tmp / "model.safetensors", weights)
-        save_tensors(tmp / "optimizer.safetensors", moments)
+    except OSError as error:
+        raise RunError(f"{tmp}: cannot write the checkpoint ({error.strerror})") from None
+    return tmp
+
+
+def scratch_folder(directory: Path, step: int) -> Path:
+    """Where checkpoint ``step`` is written before it is published (the same path on every process)."""
+    return directory / "checkpoints" / f".step-{step:09d}.tmp"
+
+
+def publish_checkpoint(directory: Path, step: int, tmp: Path, state: dict) -> None:
+    """Finish checkpoint ``step`` written in ``tmp`` (:func:`checkpoint_scratch`): its state.json, the rename to
+    ``checkpoints/step-N``, checkpoint.json pointing at it, then checkpoints older than the last
+    ``KEEP_CHECKPOINTS`` removed. ``state["shards"]``: the processes whose files a sharded checkpoint holds."""
+    root = directory / "checkpoints"
+    final = root / f"step-{step:09d}"
+    try:
         (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
     except OSError as error:
         raise RunError(f"{tmp}: cannot write the checkpoint ({error.strerror})") from None
@@ -180,15 +209,18 @@ def save_checkpoint(directory: Path, step: int, weights: dict[str, torch.Tensor]
         remove_tree(old, CHECKPOINT_NAMES)  # only what we wrote; links and foreign folders were left out above
 
 
-def load_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, Path, dict[str, torch.Tensor], dict]:
-    """The latest checkpoint: (step, its weights file, optimizer tensors, state); ``max_step``: the
-    run's configured steps (a checkpoint beyond them is not this run's)."""
+def load_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, dict[str, torch.Tensor],
+                                                                        dict[str, torch.Tensor], dict]:
+    """The latest checkpoint: (step, its weights, its optimizer tensors, state), whole tensors by name
+    whether one process wrote it or each its shard (:func:`attnspec.io.checkpoint_tensors`); ``max_step``:
+    the run's configured steps (a checkpoint beyond them is not this run's)."""
     step, where, state = latest_checkpoint(directory, max_step)
-    try:
-        moments = load_file(str(where / "optimizer.safetensors"))
-    except Exception as error:  # noqa: BLE001 - safetensors raises several types for a bad file
-        raise RunError(f"{where}/optimizer.safetensors: not a valid safetensors file ({error})") from None
-    return step, where / "model.safetensors", moments, state
+    return step, checkpoint_tensors(where, "model"), checkpoint_tensors(where, "optimizer"), state
+
+
+def is_sharded(where: Path) -> bool:
+    """Whether the checkpoint folder ``where`` holds each process's shard rather than whole tensors."""
+    return "shards" in read_json(where / "state.json")
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
@@ -250,7 +282,7 @@ def _check_moments(name: str, entry: dict[str, torch.Tensor], shape: tuple[int, 
 
 __all__ = ["FORMAT", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "STATUSES", "MAX_STEP", "is_step", "read_run",
            "read_json", "recorded", "create", "discard_unstarted", "append_metrics", "truncate_metrics",
-           "save_checkpoint", "load_checkpoint", "optimizer_tensors", "moment_tensors", "checked_moments",
+           "save_checkpoint", "checkpoint_scratch", "scratch_folder", "publish_checkpoint", "is_sharded", "load_checkpoint", "optimizer_tensors", "moment_tensors", "checked_moments",
            "restore_optimizer", "RunError"]
 
 
@@ -269,6 +301,7 @@ def load_trained(directory: Path | str):
         return load_model(directory)
     spec, config = recorded(directory, read_run(directory))
     _, checkpoint, _ = latest_checkpoint(directory, max_step=config.steps)
-    model = build_model_from_spec(spec)
-    load_weights(model, checkpoint / "model.safetensors", fix="the run's checkpoint does not match its spec")
+    model = build_model_from_spec(spec)  # the run's master weights (float32 for a bfloat16 spec) cast to it
+    load_weights(model, checkpoint_tensors(checkpoint, "model"), fix="the run's checkpoint does not match its spec",
+                 cast=True)
     return model.eval()

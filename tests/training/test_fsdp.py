@@ -72,7 +72,7 @@ def _config(**changes) -> dict:
 @pytest.mark.slow
 def test_fsdp_trains_as_ddp_and_as_one_process(tmp_path):
     """The same 6 steps (2 micro-batches each) alone, with DDP and with FSDP on 2 processes; the FSDP
-    run's checkpoint holds whole tensors, which a model of the spec loads as a build does."""
+    run's checkpoint holds each process's shard, and `attnspec build RUN_DIR` puts them together."""
     alone = attnspec.train(SPEC, _config(), output=tmp_path / "one")
     _torchrun(tmp_path, SPEC, _config(), tmp_path / "ddp")
     _torchrun(tmp_path, SPEC, _config(parallel="fsdp"), tmp_path / "fsdp")
@@ -83,19 +83,22 @@ def test_fsdp_trains_as_ddp_and_as_one_process(tmp_path):
     record = json.loads((tmp_path / "fsdp" / "run.json").read_text())
     assert record["world_size"] == 2 and record["config"]["parallel"] == "fsdp"
 
-    from attnspec.compiler.load import load_weights
-    from attnspec.io import latest_checkpoint
+    from attnspec.compiler.build import build_directory
+    from attnspec.io import latest_checkpoint, shard_file
 
-    model = build_model_from_spec(load_spec(SPEC), empty=True)
-    load_weights(model, latest_checkpoint(tmp_path / "fsdp")[1] / "model.safetensors")  # strict: every tensor whole
+    folder = latest_checkpoint(tmp_path / "fsdp")[1]
+    assert sorted(path.name for path in folder.iterdir()) == [shard_file(0), shard_file(1), "state.json"]
+    build_directory(tmp_path / "fsdp", tmp_path / "build", compile_check=False, calibrate=False, programs=())
+    model = attnspec.load(tmp_path / "build")  # the shards put together, loaded strictly: every tensor whole
     trained = dict(alone.model.named_parameters())
     assert max(float((p - trained[n]).detach().abs().max()) for n, p in model.named_parameters()) < 1e-4
 
 
 @pytest.mark.slow
 def test_fsdp_resumes_at_another_world_size(tmp_path):
-    """Stopped at step 3 on 2 processes and resumed alone, or stopped alone and resumed on 2: the losses of
-    the uninterrupted run (the checkpoint's weights and AdamW moments are whole tensors)."""
+    """Stopped at step 3 on 2 processes and resumed alone (the shards put together), or stopped alone and
+    resumed on 2 (whole tensors sharded), or stopped on 2 and resumed on 2 (each reads its shard's pieces):
+    the losses of the uninterrupted run."""
     config = _config(parallel="fsdp")
     whole = attnspec.train(SPEC, config).losses
     _torchrun(tmp_path, SPEC, config, tmp_path / "two-one", stop=3)
@@ -103,7 +106,9 @@ def test_fsdp_resumes_at_another_world_size(tmp_path):
     attnspec.train(None, output=tmp_path / "two-one", resume=True)
     attnspec.train(SPEC, config, output=tmp_path / "one-two", stop_after=3)
     _torchrun(tmp_path, None, None, tmp_path / "one-two", resume=True)
-    for name in ("two-one", "one-two"):
+    _torchrun(tmp_path, SPEC, config, tmp_path / "two-two", stop=3)
+    _torchrun(tmp_path, None, None, tmp_path / "two-two", resume=True)
+    for name in ("two-one", "one-two", "two-two"):
         resumed = _losses(tmp_path / name)
         assert len(resumed) == 6 and max(abs(a - b) for a, b in zip(whole, resumed)) < 1e-5, (name, whole, resumed)
         assert json.loads((tmp_path / name / "run.json").read_text())["status"] == "done"

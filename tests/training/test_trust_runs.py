@@ -118,7 +118,7 @@ def test_a_diverging_run_stops_is_recorded_and_keeps_finite_weights(tmp_path):
     assert lines[-1]["diverged"] is True and lines[-1]["step"] == caught.value.step  # strict JSON: no NaN literal
     if (tmp_path / "run" / rundir.CHECKPOINT_POINTER).exists():
         step, weights, moments, _ = rundir.load_checkpoint(tmp_path / "run")
-        assert all(torch.isfinite(t).all() for t in load_file(str(weights)).values())
+        assert all(torch.isfinite(t).all() for t in weights.values())
     with pytest.raises(RunError, match="diverged"):
         attnspec.train(None, output=tmp_path / "run", resume=True)
 

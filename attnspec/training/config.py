@@ -122,8 +122,9 @@ class TrainConfig(Node):
     each holds a 1/N shard of them (FSDP2's `fully_shard`, one group per block, all-gathered for its
     forward and backward and freed after; blocks that call a shared block, the shared blocks, the
     embeddings, the final norm and the head are the root's group, so tied weights are one tensor);
-    with `precision: bfloat16` the gathered weights are bfloat16 and the gradients are reduced in
-    float32 onto float32 master weights. One process trains the same either way."""
+    with `precision: bfloat16` the gathered weights are bfloat16 (float32 in a block holding parameters
+    its family keeps in float32) and the gradients are reduced in float32 onto float32 master weights;
+    checkpoints are each process's shard. One process trains the same either way."""
     activation_checkpointing: Literal["none", "blocks"] | Count(limits.MAX_BLOCKS) = "none"
     """Recompute blocks' activations in the backward pass instead of keeping them: `blocks` every
     block, N every N-th (blocks 0, N, 2N, ...), `none` none. Memory for compute: the losses and

@@ -84,33 +84,33 @@ class Distributed:
 def shard(model: nn.Module, bfloat16: bool) -> None:
     """Shard ``model`` (an :class:`attnspec.nn.model.Model`) in place with FSDP2, one group per block.
 
-    Groups: each block whose parameters are its own; inside one, each module that keeps float32
-    parameters (``float32_parameters``: the families' decays), which is gathered in float32 even when
-    the rest is bfloat16; then the root (embeddings, final norm, head, the shared blocks and the blocks
-    that call them: a shared block's tensors are held by every use's view, and a tensor must be in one
-    group). A group's weights are all-gathered for its forward, freed after it, gathered again for its
-    backward, and its gradients reduce-scattered: each process holds 1/N of the parameters, gradients
-    and AdamW moments outside the block it runs. ``bfloat16``: gathered weights in bfloat16, gradients
-    reduced in float32 onto the float32 shards (the master weights). Mixture-of-experts experts are
-    their block's tensors: every process runs every expert, on its own tokens.
+    Groups: each block whose parameters are its own, then the root (embeddings, final norm, head, the
+    shared blocks and the blocks that call them: a shared block's tensors are held by every use's view,
+    and a tensor must be in one group). A group's weights are all-gathered for its forward, freed after
+    it, gathered again for its backward, and its gradients reduce-scattered: each process holds 1/N of
+    the parameters, gradients and AdamW moments outside the block it runs. Mixture-of-experts experts
+    are their block's tensors: every process runs every expert, on its own tokens.
+
+    ``bfloat16`` (the run computes in bfloat16 under autocast): a group's weights are gathered in
+    bfloat16 and its gradients reduced in float32 onto the float32 shards (the master weights), except
+    a block holding parameters its family keeps in float32 (``float32_parameters``: Mamba's ``A_log``),
+    which is gathered in float32 (autocast still multiplies in bfloat16). One group per block, never
+    nested, so a compiled block's forward has no gather inside it.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    half = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bfloat16 else None
-    whole = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32) if bfloat16 else None
-
-    def group(module: nn.Module, policy) -> None:
-        fully_shard(module, **({"mp_policy": policy} if policy is not None else {}))
+    def policy(module: nn.Module) -> dict:
+        if not bfloat16:
+            return {}
+        keeps = any(isinstance(getattr(part, name, None), nn.Parameter) for part in module.modules()
+                    for name in getattr(part, "float32_parameters", ()))
+        return {"mp_policy": MixedPrecisionPolicy(param_dtype=None if keeps else torch.bfloat16,
+                                                  reduce_dtype=torch.float32)}
 
     for block in model.blocks:
-        if block.shared_use is not None:
-            continue
-        for module in block.modules():
-            if any(isinstance(getattr(module, name, None), nn.Parameter)
-                   for name in getattr(module, "float32_parameters", ())):
-                group(module, whole)
-        group(block, half)
-    group(model, half)
+        if block.shared_use is None:
+            fully_shard(block, **policy(block))
+    fully_shard(model, **policy(model))
 
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, weights: dict,

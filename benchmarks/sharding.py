@@ -7,10 +7,13 @@ activation checkpointing, on 2 CPU processes (gloo).
 The model is the softmax spec (``specs/softmax-transformer.yaml``, learned positions) at ``--width`` and
 ``--blocks``, vocabulary 8192, trained on ``lm``-shaped MQAR batches of length 256 (batch 8: 4 per
 process) for 3 steps in float32 with AdamW. Each configuration is one ``torchrun`` of 2 processes
-at 1 thread each; each process reports its peak RSS (``ru_maxrss``: the Python process with torch
-imported, its share of the model, gradients and AdamW moments, its activations). Beside it, the
-model state a process holds in theory: 16 bytes a parameter (weight, gradient, two moments) under DDP,
-half of it under FSDP on 2 processes.
+at 1 thread each; each process reports the peak of the memory its training allocated and still held
+(glibc's ``mallinfo2``: bytes handed out and not freed, sampled every 2 ms, less what it held before
+training: its share of the model, gradients and AdamW moments, DDP's buckets, gathered blocks,
+activations), and its peak RSS (``ru_maxrss``, which also counts torch's modules and freed pages the
+allocator keeps: on the CPU it barely moves with what training holds). Beside them, the model state a
+process holds in theory: 16 bytes a parameter (weight, gradient, two moments) under DDP, half under
+FSDP on 2 processes.
 """
 
 from __future__ import annotations
@@ -26,16 +29,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 DRIVER = """
-import json, os, resource, sys, time
+import ctypes, json, os, resource, sys, threading, time
 import torch
 from attnspec.training.loop import train
+
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+
+
+def live_mb():  # bytes malloc has handed out and not had back (heap and mapped chunks): tensors, not freed pages
+    info = libc.mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2 ** 20
+
+
+peak, running = [0.0], [True]
+
+
+def sample():
+    while running[0]:
+        peak[0] = max(peak[0], live_mb())
+        time.sleep(0.002)
+
+
 spec, overrides, config = json.loads(sys.argv[1])
+before = live_mb()
+threading.Thread(target=sample, daemon=True).start()
 start = time.perf_counter()
 run = train(spec, config, overrides=overrides)
 seconds = time.perf_counter() - start
+running[0] = False
 parameters = sum(p.numel() for p in run.model.parameters())
 print(json.dumps({"rank": int(os.environ.get("RANK", 0)), "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                  / 1024, "parameters": parameters, "seconds": seconds}))
+                  / 1024, "live_mb": peak[0] - before, "parameters": parameters, "seconds": seconds}))
 """
 
 
@@ -71,14 +102,15 @@ def main() -> None:
     parameters = rows[0][2][0]["parameters"]
     print(f"\nsoftmax spec, width {args.width}, {args.blocks} blocks, {parameters / 1e6:.1f}M parameters, 2 processes "
           f"(gloo, 1 thread each), L 256, 4 sequences a process, float32")
-    print(f"{'parallel':9} {'recompute':10} {'peak RSS MB (rank 0, 1)':>24} {'vs ddp/none':>12} "
-          f"{'model state MB in theory':>25} {'seconds':>8}")
-    baseline = max(report["rss_mb"] for report in rows[0][2])
+    print(f"{'parallel':9} {'recompute':10} {'training peak MB (rank 0, 1)':>29} {'vs ddp/none':>12} "
+          f"{'model state MB in theory':>25} {'peak RSS MB (rank 0, 1)':>24} {'seconds':>8}")
+    baseline = max(report["live_mb"] for report in rows[0][2])
     for parallel, recompute, reports in rows:
-        peak = max(report["rss_mb"] for report in reports)
+        peak = max(report["live_mb"] for report in reports)
         state = 16 * parameters / 2 ** 20 / (2 if parallel == "fsdp" else 1)
-        ranks = ", ".join(f"{report['rss_mb']:.0f}" for report in reports)
-        print(f"{parallel:9} {recompute:10} {ranks:>24} {peak / baseline:12.2f} {state:25.0f} "
+        live = ", ".join(f"{report['live_mb']:.0f}" for report in reports)
+        rss = ", ".join(f"{report['rss_mb']:.0f}" for report in reports)
+        print(f"{parallel:9} {recompute:10} {live:>29} {peak / baseline:12.2f} {state:25.0f} {rss:>24} "
               f"{max(report['seconds'] for report in reports):8.1f}")
     print(json.dumps([{"parallel": p, "recompute": r, "reports": reports} for p, r, reports in rows]))
 

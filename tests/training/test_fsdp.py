@@ -144,3 +144,53 @@ def test_training_configuration_refuses_unknown_parallel_and_recompute_settings(
                          ("activation_checkpointing", 0)):
         with pytest.raises(SpecError, match=field):
             load_config(_config(**{field: value}))
+
+
+def _sharded_folder(folder: Path, pieces: list[dict[str, tuple[torch.Tensor, list[int]]]]) -> Path:
+    """A sharded checkpoint folder as FSDP runs write it: one file per process, each piece with its offset."""
+    from safetensors.torch import save_file
+
+    from attnspec.io import shard_file
+
+    folder.mkdir()
+    for rank, tensors in enumerate(pieces):
+        info = {name: {"saved_offsets": offset} for name, (_, offset) in tensors.items()}
+        save_file({name: tensor for name, (tensor, _) in tensors.items()}, str(folder / shard_file(rank)),
+                  metadata={"DCP_SHARDING_INFO": json.dumps(info)})
+    (folder / "state.json").write_text(json.dumps({"step": 3, "shards": len(pieces)}))
+    return folder
+
+
+def test_a_sharded_checkpoints_pieces_make_whole_tensors_or_are_refused(tmp_path):
+    """Pieces of a first-dimension shard put together; a gap, an overlap, a piece of another shape, an offset
+    in another dimension or no placement at all is a damaged checkpoint (RunError), never a wrong tensor."""
+    from attnspec.errors import RunError
+    from attnspec.io import checkpoint_tensors
+
+    weight = torch.arange(15.0).reshape(5, 3)
+    good = _sharded_folder(tmp_path / "good", [
+        {"model.w": (weight[:3], [0, 0]), "optimizer.w.exp_avg": (weight[:3], [0, 0])},
+        {"model.w": (weight[3:], [3, 0]), "optimizer.w.exp_avg": (weight[3:], [3, 0]),
+         "optimizer.w.step": (torch.tensor(3.0), [])}])
+    assert torch.equal(checkpoint_tensors(good, "model")["w"], weight)
+    moments = checkpoint_tensors(good, "optimizer")
+    assert torch.equal(moments["w.exp_avg"], weight) and float(moments["w.step"]) == 3.0
+    damaged = {"gap": [{"model.w": (weight[:2], [0, 0])}, {"model.w": (weight[3:], [3, 0])}],
+               "overlap": [{"model.w": (weight[:3], [0, 0])}, {"model.w": (weight[2:], [2, 0])}],
+               "shape": [{"model.w": (weight[:3], [0, 0])}, {"model.w": (weight[3:, :2], [3, 0])}],
+               "second dimension": [{"model.w": (weight[:, :2], [0, 0])}, {"model.w": (weight[:, 2:], [0, 2])}],
+               "late start": [{"model.w": (weight[1:3], [1, 0])}, {"model.w": (weight[3:], [3, 0])}]}
+    for name, pieces in damaged.items():
+        folder = _sharded_folder(tmp_path / name.replace(" ", "-"), pieces)
+        with pytest.raises(RunError, match="tile it|placement"):
+            checkpoint_tensors(folder, "model")
+    from safetensors.torch import save_file
+
+    from attnspec.io import shard_file
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    save_file({"model.w": weight}, str(bare / shard_file(0)), metadata={"DCP_SHARDING_INFO": "{}"})
+    (bare / "state.json").write_text(json.dumps({"step": 3, "shards": 1}))
+    with pytest.raises(RunError, match="placement"):
+        checkpoint_tensors(bare, "model")

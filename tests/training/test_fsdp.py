@@ -155,7 +155,8 @@ def _sharded_folder(folder: Path, pieces: list[dict[str, tuple[torch.Tensor, lis
     folder.mkdir()
     for rank, tensors in enumerate(pieces):
         info = {name: {"saved_offsets": offset} for name, (_, offset) in tensors.items()}
-        save_file({name: tensor for name, (tensor, _) in tensors.items()}, str(folder / shard_file(rank)),
+        save_file({name: tensor.clone().contiguous() for name, (tensor, _) in tensors.items()},
+                  str(folder / shard_file(rank)),
                   metadata={"DCP_SHARDING_INFO": json.dumps(info)})
     (folder / "state.json").write_text(json.dumps({"step": 3, "shards": len(pieces)}))
     return folder

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -14,8 +16,10 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir())
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-# A fresh mode calibration for the run: plans do not depend on what this machine measured before.
+# A fresh mode calibration for the run: plans do not depend on what this machine measured before. The
+# folder goes when the process does (every pytest-xdist worker made one, and they were left in /tmp).
 os.environ["ATTNSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnspec-calibration-")
+atexit.register(shutil.rmtree, os.environ["ATTNSPEC_CACHE_DIR"], ignore_errors=True)
 
 # The suite runs in one pytest-xdist worker per core (pyproject's addopts). Each worker computes with one
 # intra-op thread, and so do the processes it starts: at two threads per worker the workers' threads

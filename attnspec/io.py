@@ -573,6 +573,15 @@ def shard_file(rank: int) -> str:
     return f"shard-{rank + 1:05d}-model-00001-of-00001.safetensors"
 
 
+def shard_count(where: Path, state: object) -> int | None:
+    """The processes whose shards the checkpoint folder ``where`` holds (its state.json's ``shards``), or
+    None for a whole checkpoint. Raises RunError for a count no run writes."""
+    shards = state.get("shards") if isinstance(state, dict) else None
+    if shards is not None and not (type(shards) is int and 0 < shards <= MAX_SHARDS):
+        raise RunError(f"{where}/state.json: its shard count is not a number of processes (1 to {MAX_SHARDS:,})")
+    return shards
+
+
 class _CheckpointNames:
     """The entries a checkpoint folder may hold: the whole checkpoint's files, state.json, and shard files."""
 
@@ -622,10 +631,8 @@ def latest_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, P
     if not owns_tree(where, CHECKPOINT_NAMES):
         raise RunError(f"{where}: not a checkpoint directory attnspec wrote (a link, or other files in it)")
     state = read_json(where / "state.json") if (where / "state.json").is_file() else None
-    shards = state.get("shards") if isinstance(state, dict) else None
-    files = ["state.json", *map(shard_file, range(shards))] if type(shards) is int and 0 < shards <= MAX_SHARDS \
-        else CHECKPOINT_FILES
-    for file in files:
+    shards = shard_count(where, state)
+    for file in CHECKPOINT_FILES if shards is None else ["state.json", *map(shard_file, range(shards))]:
         if not (where / file).is_file():
             raise RunError(f"{where}: missing {file}; the checkpoint is incomplete")
     step = state.get("step") if isinstance(state, dict) else None
@@ -655,8 +662,7 @@ def checkpoint_tensors(where: Path, part: str) -> dict:
     """
     import torch
 
-    state = read_json(where / "state.json")
-    shards = state.get("shards") if isinstance(state, dict) else None
+    shards = shard_count(where, read_json(where / "state.json"))
     if shards is None:
         return map_safetensors(where / f"{part}.safetensors")
     pieces: dict[str, list] = {}
@@ -693,5 +699,5 @@ __all__ = ["cache_directory", "child_environment", "start_python", "check_direct
            "write_atomic", "write_with", "save_tensors", "open_append", "open_append_binary", "open_lock", "owns_tree",
            "remove_tree", "read_json", "read_safetensors_header", "json_lines", "MAX_JSON_BYTES", "VERSION",
            "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "read_run", "latest_checkpoint", "is_step",
-           "shard_file", "checkpoint_tensors", "safetensors_metadata",
+           "shard_file", "shard_count", "checkpoint_tensors", "safetensors_metadata",
            "read_cache_file", "write_cache_file"]

@@ -215,8 +215,10 @@ class TrainingDisplay:
         if event == "prepare":  # the task's data being made (a corpus tokenised), in bytes
             self._prepare(record["done"], record["total"])
         elif event == "start":
+            sharing = f" sharded ({record['parallel']})" if record.get("parallel") == "fsdp" else ""
+            recomputing = f", recomputing {record['recomputed']} block(s)" if record.get("recomputed") else ""
             line = (f"training {record['parameters']:,} parameters on {record['device']} "
-                    f"({record['world_size']} process(es), modes {', '.join(record['plan'])} "
+                    f"({record['world_size']} process(es){sharing}{recomputing}, modes {', '.join(record['plan'])} "
                     f"({'measured' if record.get('planning') == 'measured' else 'cost model'}), "
                     f"{'compiled' if record['compiled'] else 'eager'}), from step {record['step']}")
             out.print(line, markup=False)

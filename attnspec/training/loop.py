@@ -258,7 +258,9 @@ class Trainer:
         self.on_progress({"event": "start", "step": self.start, "steps": config.steps, "plan": self.plan.full_modes,
                           "planning": config.planning,
                           "parameters": sum(p.numel() for p in self.model.parameters()), "device": str(self.device),
-                          "compiled": self.compiled, "world_size": self.dist.world_size})
+                          "compiled": self.compiled, "world_size": self.dist.world_size,
+                          "parallel": self.config.parallel if self.dist.active else None,
+                          "recomputed": len(self.recomputed)})
         self.model.train()
         metrics: dict = {}
         step = self.start

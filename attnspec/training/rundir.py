@@ -36,7 +36,7 @@ from attnspec.errors import RunError
 # The read side of the format (what `attnspec build RUN_DIR` needs too) is in attnspec.io, the lowest layer.
 from attnspec.io import (CHECKPOINT_FILES, CHECKPOINT_NAMES, CHECKPOINT_POINTER, MAX_JSON_BYTES, MAX_STEP, RUN_FILE,
                          RUN_FORMAT as FORMAT, STATUSES, check_directory, checkpoint_tensors, ensure_directory,
-                         is_step, json_lines,
+                         is_step, json_lines, shard_count,
                          latest_checkpoint, open_append, owns_tree, read_json, read_run, remove_tree, save_tensors,
                          write_atomic)
 
@@ -220,7 +220,7 @@ def load_checkpoint(directory: Path, max_step: int = MAX_STEP) -> tuple[int, dic
 
 def is_sharded(where: Path) -> bool:
     """Whether the checkpoint folder ``where`` holds each process's shard rather than whole tensors."""
-    return "shards" in read_json(where / "state.json")
+    return shard_count(where, read_json(where / "state.json")) is not None
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:

@@ -195,3 +195,7 @@ def test_a_sharded_checkpoints_pieces_make_whole_tensors_or_are_refused(tmp_path
     (bare / "state.json").write_text(json.dumps({"step": 3, "shards": 1}))
     with pytest.raises(RunError, match="placement"):
         checkpoint_tensors(bare, "model")
+    for count in ("two", 0, 10 ** 9, True):  # a shard count no run writes, never a loop over it
+        (bare / "state.json").write_text(json.dumps({"step": 3, "shards": count}))
+        with pytest.raises(RunError, match="shard count"):
+            checkpoint_tensors(bare, "model")

@@ -116,7 +116,8 @@ def shard(model: nn.Module, bfloat16: bool) -> None:
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None, weights: dict,
                     moments: dict | None) -> None:
     """Load whole tensors (a checkpoint's, read by every process) into a sharded ``model`` and its
-    ``optimizer``: each process keeps its shard. ``moments``: name -> {moment -> tensor}, as :func:`full_state`."""
+    ``optimizer``: each process keeps its shard. ``moments``: name -> {moment -> tensor}, as
+    :func:`attnspec.training.rundir.checked_moments` gives them."""
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
 
@@ -157,7 +158,8 @@ def load_shards(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
         problem = None
     except Exception as error:  # noqa: BLE001 - torch.distributed.checkpoint raises its own wrappers of anything
-        problem = f"does not fit this run's model ({str(error).strip().splitlines()[-1][:300]})"
+        said = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+        problem = f"does not fit this run's model ({said[:300]})"
     if problem is None:
         bad = [name for name, tensor in state.items() if not _sane(name, tensor)]
         problem = f"holds NaN, infinite or negative second-moment values in {bad[0]}" if bad else None

@@ -8,7 +8,7 @@ peak memory.
 Checkpoints are made here from each size's transformers config with random bfloat16 weights (nothing is
 downloaded): ``135m`` is SmolLM-135M's shape (30 blocks, width 576, GQA 9/3, vocabulary 49,152; 134.5M
 parameters), ``360m`` SmolLM-360M's (32 blocks, width 960, GQA 15/5; 362M), ``hybrid-135m`` a
-Qwen3-Next-shaped model of ~140M (24 blocks: three Gated DeltaNet per gated attention, dense MLPs), and,
+Qwen3-Next-shaped model of ~120M (24 blocks: three Gated DeltaNet per gated attention, dense MLPs), and,
 on request, ``1b`` Llama-3.2-1B's (16 blocks, width 2048, GQA 32/8, vocabulary 128,256; 1.24B, without
 its RoPE scaling).
 

@@ -19,8 +19,8 @@ means faster than softmax attention (target from L = 2048).
 Table 3, at L = 512 and 2048: each linear spec's training step compiled (as `attnspec train
 --compile` does) against eager, and the compile time (first compiled step).
 
-Table 4, at real sizes (``--tables 4``; minutes): a SmolLM-135M-shaped Llama (30 blocks, width 576,
-GQA 9/3, vocabulary 49,152) and a Qwen3-Next-shaped hybrid of ~140M (three Gated DeltaNet per gated
+Table 4, at real sizes (``--tables 4``; minutes), ``benchmarks/scale.py``'s ``135m`` and ``hybrid-135m``: a SmolLM-135M-shaped Llama (30 blocks, width 576,
+GQA 9/3, vocabulary 49,152) and a Qwen3-Next-shaped hybrid of ~120M (three Gated DeltaNet per gated
 attention), each imported from a random transformers model (``attnspec import-hf``, float32) and
 trained one step at a time beside that transformers model (plain PyTorch: transformers' own modules,
 eager SDPA; the hybrid's Gated DeltaNet in transformers' torch chunked form), same weights, L = 256,
@@ -160,16 +160,8 @@ def table_compile_linear(lengths: list[int], repeats: int) -> None:
                   f"{rates[True] / rates[False]:6.2f} {first[True]:10.1f}", flush=True)
 
 
-REAL_SIZES = {
-    "llama-135m": ("LlamaConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                                       tie_word_embeddings=True, rms_norm_eps=1e-5)),
-    "hybrid-140m": ("Qwen3NextConfig", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                            num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
-                                            head_dim=64, linear_num_value_heads=8, linear_num_key_heads=4,
-                                            linear_key_head_dim=64, linear_value_head_dim=64, num_experts=0,
-                                            max_position_embeddings=2048, tie_word_embeddings=True)),
-}
+REAL_SIZES = ("135m", "hybrid-135m")
+"""Sizes of ``benchmarks/scale.py`` (its ``SIZES``: one definition of each shape) trained in table 4."""
 
 
 def table_real_sizes(repeats: int) -> None:
@@ -181,11 +173,15 @@ def table_real_sizes(repeats: int) -> None:
     from attnspec.compiler.load import load_weights
     from attnspec.hf.convert import import_hf
 
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from scale import SIZES
+
     L, batch = 256, 2
     print(f"\nTable 4: real sizes, attnspec / transformers training step, L = {L}, batch {batch}, float32, eager, "
           f"{torch.get_num_threads()} thread(s)")
     print(f"{'model':12} {'params':>8} {'transformers tok/s':>19} {'attnspec tok/s':>15} {'ratio':>6}")
-    for name, (config_class, fields) in REAL_SIZES.items():
+    for name in REAL_SIZES:
+        config_class, fields = SIZES[name]
         torch.manual_seed(0)
         reference = getattr(tf, config_class.replace("Config", "ForCausalLM"))(getattr(tf, config_class)(**fields))
         with tempfile.TemporaryDirectory(prefix="attnspec-train-bench-") as work:

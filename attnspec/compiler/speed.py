@@ -16,9 +16,9 @@ SPEED_SECONDS = 0.5  # timed calls stop after this long (at least one after the 
 DECODE_STEPS = 32
 SPEED_WORK = SPEED_LENGTH * (1 << 25)
 """Parameter-tokens of one timed call at most (256 tokens through 32M parameters, ~17 GFLOP): a larger model
-is timed on fewer tokens (at least 16) and decoding steps (at least 4), so measuring a 1B model's
-programs takes seconds rather than the ten minutes 256-token calls take on a small CPU. The manifest
-records the length and steps each speed was measured at."""
+is timed on fewer tokens (at least 16) and decoding steps (at least 4): at 256 tokens a 1B build on 2
+cores was still timing its programs after 8 minutes. The manifest records the length and steps each speed
+was measured at."""
 
 
 def speed_length(parameters: int, max_len: int) -> int:

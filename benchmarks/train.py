@@ -171,7 +171,7 @@ def table_real_sizes(repeats: int) -> None:
     import transformers as tf
 
     from attnspec.compiler.load import load_weights
-    from attnspec.hf.convert import import_hf
+    from attnspec.interop.convert import import_hf
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from scale import SIZES

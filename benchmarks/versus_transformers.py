@@ -41,7 +41,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from attnspec.compiler.export import export_prefill, export_step  # noqa: E402
-from attnspec.hf.convert import convert_weights, spec_from_checkpoint  # noqa: E402
+from attnspec.interop.convert import convert_weights, spec_from_checkpoint  # noqa: E402
 from attnspec.nn.generate import decode  # noqa: E402
 from attnspec.nn.model import build_model_from_spec  # noqa: E402
 

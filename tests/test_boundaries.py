@@ -31,7 +31,8 @@ LAYERS = {
     "attnspec.nn": 3,
     "attnspec.compiler": 4,
     "attnspec.training": 5,
-    "attnspec.ablation": 6, "attnspec.diagnostics": 6, "attnspec.hf": 6,
+    "attnspec.ablation": 6, "attnspec.diagnostics": 6, "attnspec.interop": 6,
+    "attnspec.hf": 6.5,  # the `attnspec` model type for transformers' Auto classes: reads interop's file checks
     "attnspec.cli": 7, "attnspec.__main__": 7,
     "attnspec": 7,  # the facade (attnspec.build, .load, .train, ...): the top, for users
 }

@@ -42,7 +42,7 @@ def originals(tmp_path_factory) -> dict[str, Path]:
     export of GateLoop, and a task file of both request types."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
 
-    from attnspec.hf.convert import export_hf
+    from attnspec.interop.convert import export_hf
 
     root = tmp_path_factory.mktemp("interop-originals")
     small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_attention_heads=4,
@@ -94,7 +94,7 @@ def test_hostile_interop_inputs_never_crash_hang_run_code_or_touch_the_user_s_fi
                                                                                    capsys):
     import attnspec.hf  # noqa: F401  (registers the attnspec model type)
     from attnspec.hf import AttnspecForCausalLM
-    from attnspec.hf.convert import convert_weights, spec_from_checkpoint
+    from attnspec.interop.convert import convert_weights, spec_from_checkpoint
     from attnspec.training.evaluate import evaluate_file
 
     rng = random.Random(SEED)

@@ -260,7 +260,23 @@ def build(
 
 
 
-@app.command("import-hf")
+class _NamesTypes(typer.core.TyperCommand):
+    """A command whose help names the model types of :mod:`attnspec.interop.registry`: ``{imported}`` and
+    ``{exported}`` in its text and options are filled in when the help is shown (the registry reads
+    every family module, which the other commands need not pay for)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from attnspec.interop.registry import architectures, imported_types
+
+        names = {"imported": ", ".join(imported_types()), "exported": ", ".join(sorted(architectures()))}
+        self.help = self.help.format(**names)
+        for parameter in self.params:
+            if getattr(parameter, "help", None):
+                parameter.help = parameter.help.format(**names)
+        super().format_help(ctx, formatter)
+
+
+@app.command("import-hf", cls=_NamesTypes)
 def import_hf(
     checkpoint: Path = typer.Argument(..., help="A local transformers checkpoint directory: config.json and "
                                                 "safetensors weights (nothing is downloaded, nothing unpickled)."),
@@ -279,7 +295,9 @@ def import_hf(
     no_compile: bool = NoCompileOption,
     force: bool = ForceOption,
 ) -> None:
-    """Import a transformers model (llama, mistral, qwen2, qwen3, qwen3_next, mamba2) as a build directory.
+    """Import a transformers model as a build directory.
+
+    Model types: {imported}.
 
     The config becomes an attnspec spec in the checkpoint's dtype (bfloat16 stays bfloat16) and
     the weights are mapped onto its model tensor by tensor, written once into the build's
@@ -288,7 +306,7 @@ def import_hf(
     naming the config field and the layers, and nothing is written.
     """
     from attnspec.compiler.build import check_programs
-    from attnspec.hf.convert import import_hf as run_import
+    from attnspec.interop.convert import import_hf as run_import
     from attnspec.io import write_atomic
     from attnspec.spec.emit import to_yaml
     from attnspec.spec.validate import validate_data
@@ -310,14 +328,13 @@ def import_hf(
         out.print(escape(result.import_check.summary()))
 
 
-@app.command("export-hf")
+@app.command("export-hf", cls=_NamesTypes)
 def export_hf(
     directory: Path = typer.Argument(..., help="A build directory, or a training run directory (its latest "
                                                "checkpoint)."),
     output: Path = typer.Option(..., "--output", "-o", help="transformers directory to create."),
-    model_type: Optional[str] = typer.Option(None, "--model-type", help="Insist on this type (llama, mistral, qwen2, "
-                                             "qwen3, qwen3_next, mamba2 or attnspec); default: the native type that "
-                                             "states the spec exactly, else attnspec."),
+    model_type: Optional[str] = typer.Option(None, "--model-type", help="Insist on this type ({exported}, or attnspec); "
+                                             "default: the native type that states the spec exactly, else attnspec."),
     force: bool = typer.Option(False, "--force", help="Replace an existing directory that export-hf wrote (nothing "
                                "else)."),
 ) -> None:
@@ -327,7 +344,7 @@ def export_hf(
     attnspec); any other causal token spec as the `attnspec` type, which `import attnspec.hf`
     registers with the Auto classes (generate() runs on attnspec's decoding state).
     """
-    from attnspec.hf.convert import export_hf as run_export
+    from attnspec.interop.convert import export_hf as run_export
 
     written, kind = run_export(directory, output, model_type=model_type, force=force)
     out.print(f"wrote {written} as model type {kind}", markup=False)

@@ -48,7 +48,7 @@ class BuildResult:
     manifest: dict
     stage_seconds: dict[str, float] = field(default_factory=dict)
     import_check: object = None
-    """``import-hf``'s comparison with transformers (:class:`attnspec.hf.check.ImportCheck`), None otherwise."""
+    """``import-hf``'s comparison with transformers (:class:`attnspec.interop.check.ImportCheck`), None otherwise."""
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -5,8 +5,9 @@ directory written by ``attnspec export-hf`` as that type loads with
 ``transformers.AutoModelForCausalLM.from_pretrained(dir)`` (no ``trust_remote_code``). It needs the
 ``hf`` extra (transformers); ``import attnspec`` never imports this package.
 
-Import and export themselves (:mod:`attnspec.hf.convert`) read and write config.json and safetensors
-and need no transformers.
+Import and export themselves (:mod:`attnspec.interop`) read and write config.json and safetensors,
+need no transformers and never import this package: registering the model type imports transformers'
+modelling stack (~200 MB and seconds), which a conversion does not need.
 """
 
 from __future__ import annotations

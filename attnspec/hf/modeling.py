@@ -66,7 +66,7 @@ def check_directory(directory: Path) -> None:
         InteropError: naming the file, the field or the tensor.
     """
     from attnspec.compiler.sizes import check_model_size
-    from attnspec.hf.checkpoint import CONFIG, MAX_WEIGHT_BYTES, WEIGHTS, read_json_file, regular_file
+    from attnspec.interop.checkpoint import CONFIG, MAX_WEIGHT_BYTES, WEIGHTS, read_json_file, regular_file
     from attnspec.io import read_safetensors_header
     from attnspec.nn.model import Model
 

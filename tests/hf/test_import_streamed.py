@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import attnspec
 from attnspec.errors import RunError
-from attnspec.hf.convert import convert_weights, import_hf, spec_from_checkpoint
+from attnspec.interop.convert import convert_weights, import_hf, spec_from_checkpoint
 from attnspec.io import TensorFileWriter
 from tests.test_cli import attnspec as attnspec_cli
 

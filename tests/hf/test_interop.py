@@ -33,7 +33,7 @@ import attnspec
 import attnspec.hf  # noqa: F401  (registers the attnspec model type)
 from attnspec.cli import app
 from attnspec.errors import InteropError
-from attnspec.hf.convert import convert_weights, export_hf, spec_from_checkpoint
+from attnspec.interop.convert import convert_weights, export_hf, spec_from_checkpoint
 from attnspec.nn.model import build_model_from_spec
 from tests.test_cli import attnspec as attnspec_cli
 
@@ -572,7 +572,7 @@ def _holds_to(reference, directory, model_type: str, modes=("chunk",), generate:
     """Save ``reference`` to ``directory``, import it, and hold the import to it: logits within BOUND with
     every block in each of ``modes`` (where it has it), greedy generation token for token, and the
     spec's own config naming the reference's class. Returns the imported spec."""
-    from attnspec.hf.convert import native_config
+    from attnspec.interop.convert import native_config
 
     reference.save_pretrained(directory)
     spec = spec_from_checkpoint(directory)[1]
@@ -631,7 +631,7 @@ def test_a_scaled_rope_imports_logit_equal_and_exports_as_it_came(tmp_path, scal
 
 @pytest.mark.parametrize("activation", ["gelu_pytorch_tanh", "relu2"])
 def test_a_tanh_gelu_or_squared_relu_mlp_imports_logit_equal(tmp_path, activation):
-    from attnspec.hf.convert import native_config
+    from attnspec.interop.convert import native_config
 
     reference = _perturbed(lambda: LlamaForCausalLM(LlamaConfig(**SMALL, hidden_act=activation)))
     spec = _holds_to(reference, tmp_path / "checkpoint", "llama", generate=False)
@@ -658,30 +658,43 @@ def test_qwen3_5_text_models_compute_transformers_logits_and_decode_alike(tmp_pa
     _holds_to(_perturbed(lambda: _qwen3_5(model_type)), tmp_path / "checkpoint", model_type, EVERY_MODE)
 
 
-def test_the_text_model_of_a_multimodal_qwen3_5_imports_logit_equal(tmp_path):
-    """A Qwen3.5 release is its text model inside a vision-language wrapper: the text config and the
-    ``model.language_model.`` tensors import; the vision tower's tensors are left unread."""
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+@pytest.mark.parametrize("release", ["qwen3_5", pytest.param("qwen3_5_moe", marks=pytest.mark.slow)])
+def test_the_text_model_of_a_multimodal_qwen3_5_imports_logit_equal(tmp_path, release):
+    """A Qwen3.5 release (dense or MoE) is its text model inside a vision-language wrapper: the text config
+    and the ``model.language_model.`` tensors import; the vision tower's tensors are left unread."""
+    import transformers
 
-    text = _qwen3_5("qwen3_5_text").config.to_dict()
+    moe = "Moe" if release == "qwen3_5_moe" else ""
+    text = _qwen3_5(f"{release}_text").config.to_dict()
     vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, patch_size=4,
                   temporal_patch_size=1, spatial_merge_size=1)
-    reference = _perturbed(lambda: Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text,
-                                                                                 vision_config=vision)))
+    config = getattr(transformers, f"Qwen3_5{moe}Config")(text_config=text, vision_config=vision)
+    reference = _perturbed(lambda: getattr(transformers, f"Qwen3_5{moe}ForConditionalGeneration")(config))
     reference.save_pretrained(tmp_path / "checkpoint")
+    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == release
     _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
-    assert model_type == "qwen3_5_text"
+    assert model_type == f"{release}_text"
     model = _imported(tmp_path / "checkpoint", model_type)
     tokens = _tokens()
     with torch.no_grad():
         assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
 
 
+@pytest.mark.parametrize("model_type", ["internlm3", "iquestcoder"])
+def test_llama_under_another_name_imports_as_llama_and_exports_as_itself(tmp_path, model_type):
+    """Types transformers runs with LlamaForCausalLM itself, from their own config classes (biases on)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type, **SMALL, attention_bias=True, mlp_bias=True)
+    assert config.model_type == model_type
+    _holds_to(_perturbed(lambda: LlamaForCausalLM(config)), tmp_path / "checkpoint", model_type)
+
+
 def test_bamba_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path):
     """Bamba: Mamba2 layers with softmax attention (GQA, partial RoPE) at attn_layer_indices, each with a GLU MLP."""
     from transformers import BambaConfig, BambaForCausalLM
 
-    from attnspec.hf.convert import native_config
+    from attnspec.interop.convert import native_config
 
     config = BambaConfig(**{**SMALL, "num_hidden_layers": 4}, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=8,
                          mamba_n_groups=2, mamba_d_state=6, mamba_chunk_size=16)
@@ -711,7 +724,7 @@ def test_jamba_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_
     layer; experts (softmax router, top-2 of 4 not renormalised) every 3rd, so each mixer meets both MLPs."""
     from transformers import JambaConfig, JambaForCausalLM
 
-    from attnspec.hf.convert import native_config
+    from attnspec.interop.convert import native_config
 
     config = JambaConfig(**{**SMALL, "num_hidden_layers": 4}, num_experts=4, num_experts_per_tok=2,
                          expert_layer_period=3, expert_layer_offset=0, attn_layer_period=2, attn_layer_offset=1,
@@ -729,7 +742,7 @@ def test_nemotron_h_computes_transformers_logits_in_every_mode_and_decodes_alike
     expert), each its own block: the MLP and experts layers are blocks without a mixer."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
-    from attnspec.hf.convert import native_config
+    from attnspec.interop.convert import native_config
 
     config = NemotronHConfig(vocab_size=VOCAB, hidden_size=32, max_position_embeddings=64, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=8, intermediate_size=48, ssm_state_size=6,
@@ -817,6 +830,7 @@ def test_the_text_model_of_a_multimodal_gemma3_imports_logit_equal(tmp_path):
     reference = _perturbed(lambda: Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision,
                                                                                mm_tokens_per_image=4)))
     reference.save_pretrained(tmp_path / "checkpoint")
+    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "gemma3"
     _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
     assert model_type == "gemma3_text"
     model = _imported(tmp_path / "checkpoint", model_type)
@@ -982,9 +996,9 @@ def test_minimax_slopes_are_read_positive_and_their_decays_written_back_as_trans
                            layer_types=["linear_attention", "full_attention"])
     _perturbed(lambda: MiniMaxForCausalLM(config)).save_pretrained(tmp_path)
     tensors = load_file(tmp_path / "model.safetensors")
-    from attnspec.hf.architectures import ARCHITECTURES  # export writes the decays derived from the slopes:
+    from attnspec.interop.registry import architectures  # export writes the decays derived from the slopes:
     slopes = {k: v for k, v in tensors.items() if k.endswith("slope_rate")}
-    derived = ARCHITECTURES["minimax"].derived_tensors(None, slopes, {"block_size": config.block_size})
+    derived = architectures()["minimax"].derived_tensors(None, slopes, {"block_size": config.block_size})
     assert derived.keys() == {k for k in tensors if k.endswith("_decay")}
     assert all(torch.allclose(derived[k], tensors[k], rtol=1e-6, atol=0) for k in derived)  # as transformers'
     tensors["model.layers.0.self_attn.slope_rate"][1] = 0.0
@@ -1074,7 +1088,7 @@ def test_zamba2_computes_transformers_logits_in_every_mode_decodes_alike_and_exp
     loads it as a Zamba2ForCausalLM computing the original's logits."""
     from transformers import Zamba2Config, Zamba2ForCausalLM
 
-    from attnspec.hf.convert import export_model_hf
+    from attnspec.interop.convert import export_model_hf
 
     if variant == "adapters":
         config = Zamba2Config(**{**SMALL, "num_hidden_layers": 5, "num_key_value_heads": 4}, num_mem_blocks=2,
@@ -1104,7 +1118,7 @@ def test_dynamic_ntk_rope_imports_logit_equal_and_decodes_as_transformers_genera
     transformers model computes and generates (its rotary module keeps the largest length it has seen, so
     each comparison loads it anew). Below the trained context nothing is scaled: decoding equals the whole
     sequence computed at once there, and departs from it past it, as transformers' does."""
-    from attnspec.hf.convert import native_config
+    from attnspec.interop.convert import native_config
 
     config = LlamaConfig(**{**SMALL, "max_position_embeddings": 12},
                          rope_parameters={"rope_theta": 500.0, "rope_type": "dynamic", "factor": 4.0})

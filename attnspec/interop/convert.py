@@ -1,6 +1,6 @@
 """``attnspec import-hf`` and ``attnspec export-hf``: transformers checkpoints in, trained specs out.
 
-In: a checkpoint's ``config.json`` becomes a spec (:mod:`attnspec.hf.architectures`), its weights are
+In: a checkpoint's ``config.json`` becomes a spec (its family in :mod:`attnspec.interop.families`, found by :mod:`attnspec.interop.registry`), its weights are
 mapped tensor by tensor onto the spec's model, and the pair is built like any spec
 (:func:`attnspec.compiler.build.build_directory`: verified, compiled, exported).
 
@@ -24,8 +24,9 @@ import torch
 from attnspec.compiler.manifest import sha256
 from attnspec.compiler.outdir import OutputKind, Scratch, check_output
 from attnspec.errors import AttnSpecError, InteropError, SpecError, shorten
-from attnspec.hf.architectures import ARCHITECTURES, EXPORT_ORDER, Config, NotExpressible
-from attnspec.hf.checkpoint import CONFIG, WEIGHTS, ShardReader, read_config, weight_files, write_checkpoint
+from attnspec.interop.config import Config, NotExpressible
+from attnspec.interop.registry import architectures, export_order, imported_types, wrappers
+from attnspec.interop.checkpoint import CONFIG, WEIGHTS, ShardReader, read_config, weight_files, write_checkpoint
 from attnspec.spec import limits
 from attnspec.spec.emit import spec_to_data
 from attnspec.spec.ir import Spec
@@ -37,22 +38,6 @@ from attnspec.tokenizer import TOKENIZER_CONFIG, TokenizerError, save_tokenizer,
 ATTNSPEC_TYPE = "attnspec"
 IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
 """Tensors old checkpoints carry that are no weights (recomputed from the config)."""
-TEXT_MODELS = {"qwen3_5": ("qwen3_5_text", {"model.": "model.language_model."}, ("model.visual.",), ()),
-               "qwen3_5_moe": ("qwen3_5_moe_text", {"model.": "model.language_model."}, ("model.visual.",), ()),
-               "gemma3": ("gemma3_text", {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."},
-                          ("vision_tower.", "multi_modal_projector."), ("final_logit_softcapping",))}
-"""Multimodal model types whose text model imports: type -> (the text model's type, the prefixes its
-tensors carry in place of the text model's own, the prefixes of the tensors that are not the text model's,
-the text config's fields the multimodal model does not apply: Gemma 3's soft-cap is Gemma3ForCausalLM's
-alone, its multimodal model's logits are uncapped)."""
-
-
-def _rewrapped(name: str, prefixes: dict[str, str]) -> str:
-    """A text model's tensor name as its multimodal release stores it (``prefixes``: own -> release's)."""
-    own = next((prefix for prefix in prefixes if name.startswith(prefix)), None)
-    return name if own is None else prefixes[own] + name[len(own):]
-
-
 def _name(directory: Path) -> str:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", directory.resolve().name).strip("-.") or "imported"
     return name[:64]
@@ -79,20 +64,20 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None,
     config = read_config(directory)
     source = f"{directory}/config.json"
     model_type = config.get("model_type")
-    if isinstance(model_type, str) and model_type in TEXT_MODELS:  # the text model of a multimodal release
+    wrapper = wrappers().get(model_type) if isinstance(model_type, str) else None
+    if wrapper is not None:  # the text model of a multimodal release
         text = config.get("text_config")
         if not isinstance(text, dict):
             raise InteropError(f"{source}: `text_config`: a {model_type} config holds its text model's config there")
         source += " text_config"
-        text = {field: value for field, value in text.items() if field not in TEXT_MODELS[model_type][3]}
-        config = {**text, "model_type": TEXT_MODELS[model_type][0],
+        text = {field: value for field, value in text.items() if field not in wrapper.unapplied}
+        config = {**text, "model_type": wrapper.text_type,
                   "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings"))}
         model_type = config["model_type"]
-    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
-        supported = ", ".join(sorted(ARCHITECTURES))
+    if not isinstance(model_type, str) or model_type not in architectures():
         raise InteropError(f"{source}: `model_type`: {shorten(model_type)} is not one attnspec imports; supported: "
-                           f"{supported}")
-    architecture = ARCHITECTURES[model_type]
+                           f"{', '.join(imported_types())}")
+    architecture = architectures()[model_type]
     data = architecture.spec(Config(config, source), model_type)
     data = {"name": _name(directory),
             "description": f"Imported from a transformers {model_type} checkpoint "
@@ -143,20 +128,21 @@ def converted_tensors(spec, checkpoint: Path | str, model_type: str):
     """
     checkpoint = Path(checkpoint)
     layout = target_layout(spec)
-    links = ARCHITECTURES[model_type].links(spec)
+    architecture = architectures()[model_type]
+    links = architecture.links(spec)
     files = weight_files(checkpoint)
     other = None  # the prefixes of a multimodal checkpoint's tensors that are not its text model's
-    wrapper = TEXT_MODELS.get(read_config(checkpoint).get("model_type"))
-    if wrapper is not None and wrapper[0] == model_type:
-        other = wrapper[2]
-        links = [dataclasses.replace(link, theirs=_rewrapped(link.theirs, wrapper[1])) for link in links]
+    wrapper = wrappers().get(read_config(checkpoint).get("model_type"))
+    if wrapper is not None and wrapper.text_type == model_type:
+        other = wrapper.foreign
+        links = [dataclasses.replace(link, theirs=wrapper.stored_name(link.theirs)) for link in links]
     wanted = {link.theirs for link in links}
     missing = sorted(wanted - set(files))
     if missing:
         raise InteropError(f"{checkpoint}: the weights lack {shorten(missing[0], 100)} (and {len(missing) - 1} more), "
                            f"which a {model_type} model of this config has")
     tied = spec.head.tied and "lm_head.weight" in files
-    unused = ARCHITECTURES[model_type].unused
+    unused = architecture.unused
     extra = sorted(name for name in set(files) - wanted if not IGNORED.match(name) and not (tied and
                                                                                            name == "lm_head.weight")
                    and not (other is not None and name.startswith(other)) and not unused(name, spec))
@@ -166,7 +152,7 @@ def converted_tensors(spec, checkpoint: Path | str, model_type: str):
     covered = [name for link in links for name in link.ours]
     if sorted(covered) != sorted(layout):  # every tensor of the model comes from the checkpoint once
         raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(layout) - set(covered))[:3]} unset")
-    scales = ARCHITECTURES[model_type].weight_scales(spec, Config(read_config(checkpoint), str(checkpoint)))
+    scales = architecture.weight_scales(spec, Config(read_config(checkpoint), str(checkpoint)))
     exact = torch.float64 if spec.dtype == "float64" else torch.float32
 
     def tensors():
@@ -212,7 +198,7 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
     (:data:`attnspec.compiler.build.PROGRAMS`; none by default: a released model's are seconds of tracing
     per block and a copy of its weights each, and nothing but a user without attnspec needs them).
     The weights are converted tensor by tensor straight into the build's ``model.safetensors``.
-    ``check``: then compare the built model with transformers' on a short prompt (:mod:`attnspec.hf.check`;
+    ``check``: then compare the built model with transformers' on a short prompt (:mod:`attnspec.interop.check`;
     the result's ``import_check``, reported as skipped where transformers is absent or cannot load it).
 
     Returns the :class:`~attnspec.compiler.build.BuildResult` (its spec data is in ``manifest["spec"]``).
@@ -232,7 +218,7 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
                            calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer)
     if check:
         from attnspec.compiler.load import load_model
-        from attnspec.hf.check import ImportCheck, check_import
+        from attnspec.interop.check import ImportCheck, check_import
 
         if model_type != read_config(Path(checkpoint)).get("model_type"):  # the text model of a multimodal release
             result.import_check = ImportCheck(skipped=f"transformers' model of this checkpoint is multimodal; its "
@@ -276,7 +262,7 @@ def native_config(spec, model_type: str) -> dict:
     Raises:
         NotExpressible: the type cannot state this spec (its config would import as another one).
     """
-    architecture = ARCHITECTURES[model_type]
+    architecture = architectures()[model_type]
     try:  # a draft the round trip below confirms; a spec of another shape lacks what it reads
         drafted = architecture.config(spec, model_type)
     except AttributeError as error:
@@ -380,8 +366,8 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
 
 
 def _check_model_type(model_type: str | None) -> None:
-    if model_type is not None and model_type != ATTNSPEC_TYPE and model_type not in ARCHITECTURES:
-        raise InteropError(f"--model-type {shorten(model_type)}: attnspec writes {', '.join(sorted(ARCHITECTURES))} "
+    if model_type is not None and model_type != ATTNSPEC_TYPE and model_type not in architectures():
+        raise InteropError(f"--model-type {shorten(model_type)}: attnspec writes {', '.join(sorted(architectures()))} "
                            f"or {ATTNSPEC_TYPE}")
 
 
@@ -399,7 +385,7 @@ def export_model_hf(model, output: Path | str, *, model_type: str | None = None,
     if problem:
         raise InteropError(f"{source}: {problem}")
     ours = {name: t.detach().cpu() for name, t in model.state_dict().items()}
-    candidates = EXPORT_ORDER if model_type is None else () if model_type == ATTNSPEC_TYPE else (model_type,)
+    candidates = export_order() if model_type is None else () if model_type == ATTNSPEC_TYPE else (model_type,)
     config = None
     for candidate in candidates:
         try:
@@ -413,8 +399,8 @@ def export_model_hf(model, output: Path | str, *, model_type: str | None = None,
         break
     if config is not None:
         tensors = {link.theirs: link.join([ours[name] for name in link.ours])
-                   for link in ARCHITECTURES[model_type].links(spec)}
-        tensors.update(ARCHITECTURES[model_type].derived_tensors(spec, tensors, config))
+                   for link in architectures()[model_type].links(spec)}
+        tensors.update(architectures()[model_type].derived_tensors(spec, tensors, config))
     else:
         model_type = ATTNSPEC_TYPE
         config = attnspec_config(spec, [block.mixer.mode for block in model.blocks])

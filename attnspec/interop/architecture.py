@@ -1,0 +1,283 @@
+"""The shared machinery of every architecture family: :class:`Architecture` (what a family states),
+:class:`Link` (which transformers tensor holds which attnspec tensors, read both ways) and the spec
+pieces and link rows many families share.
+
+A family (one module of :mod:`attnspec.interop.families`) says, for each of its transformers model
+types:
+
+* :meth:`~Architecture.spec`: the spec data computing what transformers' modelling code computes for
+  a ``config.json``, or an :class:`~attnspec.errors.InteropError` naming the field (and layers) it
+  cannot express;
+* :meth:`~Architecture.config`: the ``config.json`` of a spec, or :class:`NotExpressible`; the caller
+  keeps it only if the config's own spec is the spec again (so "native" is decided by one round trip,
+  not by a second list of conditions);
+* :meth:`~Architecture.links`: the :class:`Link` rows of its weights.
+
+The tests hold every family to transformers' own model, logit for logit (tests/hf/). Nothing here
+imports torch at import time: the registry (and so the CLI's help) reads the families without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnspec.interop.config import Config
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+
+def rope_config(position) -> dict:
+    """A rotary position node as transformers 5's ``rope_parameters``."""
+    parameters: dict[str, Any] = {"rope_type": "default" if position.scaling == "none" else position.scaling,
+                                  "rope_theta": position.base}
+    if position.scaling != "none":
+        parameters["factor"] = position.factor
+    if position.scaling in ("llama3", "yarn"):  # dynamic's is the config's max_position_embeddings
+        parameters["original_max_position_embeddings"] = position.original_max_len
+    if position.scaling == "llama3":
+        parameters.update(low_freq_factor=position.low_freq_factor, high_freq_factor=position.high_freq_factor)
+    if position.scaling == "yarn":
+        parameters.update(beta_fast=position.beta_fast, beta_slow=position.beta_slow, truncate=position.truncate)
+        if position.attention_factor is not None:
+            parameters["attention_factor"] = position.attention_factor
+    return parameters
+
+
+def compress_layers(blocks: list[dict]) -> list[dict]:
+    """A list of blocks as readable layers: the shortest repeating period as a ``repeat`` group, runs of
+    equal blocks inside it as their own groups ([a, a, a, b] * 12 -> repeat 12 of [repeat 3 of a, b])."""
+    n = len(blocks)
+    for period in range(1, n + 1):
+        if n % period == 0 and all(blocks[i] == blocks[i % period] for i in range(n)):
+            break
+    runs: list[dict] = []
+    for block in blocks[:period]:
+        if runs and runs[-1]["layers"][0] == block:
+            runs[-1]["repeat"] += 1
+        else:
+            runs.append({"repeat": 1, "layers": [block]})
+    inner = [run["layers"][0] if run["repeat"] == 1 else run for run in runs]
+    return inner if n == period else [{"repeat": n // period, "layers": inner}]
+
+
+@dataclass(frozen=True)
+class Link:
+    """One transformers tensor ``theirs`` made of attnspec tensors ``ours``.
+
+    ``theirs`` = the rows of ``ours`` concatenated, interleaved by ``groups`` (group g of each of
+    ``ours`` in turn: transformers' per-key-head packing), minus ``offset`` (Qwen3-Next's norms store
+    weight - 1), exponentiated where ours is its ``log`` (a fixed transition's log-rate, MiniMax's
+    slope), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)), its rows in
+    ``stack`` slices along a leading axis (fused experts: (experts, rows, columns)), or the whole viewed
+    as ``view``.
+    """
+
+    theirs: str
+    ours: tuple[str, ...]
+    groups: int = 1
+    offset: float = 0.0
+    conv: bool = False
+    stack: int = 1
+    view: tuple[int, ...] | None = None
+    log: bool = False
+
+    def join(self, tensors: list[Tensor]) -> Tensor:
+        """attnspec -> transformers."""
+        import torch
+
+        parts = [t.chunk(self.groups) for t in tensors]
+        joined = torch.cat([part for group in zip(*parts) for part in group]) - self.offset
+        if self.log:
+            joined = torch.exp(joined)
+        if self.view is not None:  # the same numbers in transformers' shape (Kimi's A_log (1, 1, H, 1))
+            return joined.reshape(self.view)
+        if self.stack > 1:
+            joined = joined.reshape(self.stack, -1, *joined.shape[1:])
+        return joined.unsqueeze(1) if self.conv else joined
+
+    def split(self, tensor: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
+        """transformers -> attnspec, into tensors of ``shapes``."""
+        import torch
+
+        if self.view is not None:
+            tensor = tensor.reshape(sum(shape[0] for shape in shapes), *shapes[0][1:])
+        if self.stack > 1:
+            tensor = tensor.reshape(-1, *tensor.shape[2:])
+        if self.conv:
+            tensor = tensor.squeeze(1)
+        if self.log:
+            tensor = torch.log(tensor)
+        tensor = tensor + self.offset
+        rows = [shape[0] // self.groups for shape in shapes]
+        grouped = tensor.reshape(self.groups, sum(rows), *tensor.shape[1:])
+        return [part.reshape(shape).contiguous() for part, shape in zip(grouped.split(rows, dim=1), shapes)]
+
+
+def rename(theirs: str, ours: str, offset: float = 0.0) -> Link:
+    return Link(theirs, (ours,), offset=offset)
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """A multimodal model type whose text model is one of a family's types: its config holds the text
+    model's in ``text_config`` and its tensors carry other prefixes."""
+
+    text_type: str
+    """The text model's own model type (the one imported, and written back by export-hf)."""
+    prefixes: dict[str, str]
+    """The text model's own tensor-name prefix -> the one the multimodal release stores it under."""
+    foreign: tuple[str, ...]
+    """Prefixes of the release's tensors that are not the text model's (a vision tower): left unread."""
+    unapplied: tuple[str, ...] = ()
+    """Fields of the text config the multimodal model does not apply (Gemma 3's logit soft-cap is
+    Gemma3ForCausalLM's alone)."""
+
+    def stored_name(self, name: str) -> str:
+        """A text model's tensor name as the release stores it."""
+        own = next((prefix for prefix in self.prefixes if name.startswith(prefix)), None)
+        return name if own is None else self.prefixes[own] + name[len(own):]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the README's table of imported types: what these types import as, and what of them
+    is refused (a located error, nothing written)."""
+
+    types: tuple[str, ...]
+    imported_as: str
+    refused: str = ""
+
+
+class Architecture:
+    """A family of transformers model types (see the module docstring)."""
+
+    model_types: tuple[str, ...] = ()
+    causal_lm: dict[str, str] = {}
+    """model type -> its causal-LM class, the config's ``architectures`` entry."""
+    export_order: tuple[str, ...] | None = None
+    """The order export-hf tries this family's types in, most specific first (default: ``model_types``)."""
+    wrappers: dict[str, Wrapper] = {}
+    """Multimodal model types whose text model is one of ``model_types``."""
+    rows: tuple[Row, ...] = ()
+    """The README's rows for ``model_types`` and ``wrappers`` (each type in exactly one row; a test holds
+    the README's table to them)."""
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        raise NotImplementedError
+
+    def config(self, spec, model_type: str) -> dict:
+        raise NotImplementedError
+
+    def links(self, spec) -> list[Link]:
+        raise NotImplementedError
+
+    def unused(self, name: str, spec) -> bool:
+        """Whether a checkpoint tensor no link reads is one transformers' model also leaves unread (else the
+        import refuses it: attnspec imports nothing it would drop)."""
+        return False
+
+    def derived_tensors(self, spec, tensors: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
+        """Tensors a checkpoint of this type stores that are computed from others (the ones :meth:`unused`
+        leaves unread on import), for export: ``tensors`` are the linked ones, ``config`` the config
+        written beside them. Empty for most types."""
+        return {}
+
+    def weight_scales(self, spec, config: Config) -> dict[str, float]:
+        """attnspec tensor -> the constant its checkpoint tensor is multiplied by in transformers' forward
+        (μP multipliers inside a layer, folded into the weight they multiply on import; the exported
+        config then states 1 for each). Empty for most types."""
+        return {}
+
+
+def common_fields(config: Config) -> dict:
+    """Fields every causal LM here shares: vocabulary, width, max_len, dtype (the checkpoint's own, as its
+    config states it: a bfloat16 release stays bfloat16; float32 where it names none attnspec holds)."""
+    dtype = config.get("dtype", str, None) or config.get("torch_dtype", str, "float32")
+    return {"input": {"kind": "tokens", "vocab_size": config.count("vocab_size")},
+            "d_model": config.count("hidden_size"),
+            "max_len": config.count("max_position_embeddings", 2048),
+            "dtype": dtype if dtype in ("float64", "bfloat16", "float16") else "float32"}
+
+
+def head_node(config: Config, default_tied: bool) -> dict:
+    """transformers' LM heads multiply by nothing, tied or not."""
+    return {"kind": "lm", "tied": config.get("tie_word_embeddings", bool, default_tied), "scale": 1.0}
+
+
+def glu_node(config: Config, hidden_field: str = "intermediate_size", bias: bool = False) -> dict:
+    return {"kind": "glu", "hidden": config.count(hidden_field), "activation": config.activation(),
+            "bias": bias}
+
+
+def rmsnorm_node(eps: float) -> dict:
+    return {"kind": "rmsnorm", "eps": eps}
+
+
+def block_prefix(index: int) -> str:
+    return f"blocks.{index}."
+
+
+def lm_links(spec, embed: str, final_norm: str, offset: float = 0.0) -> list[Link]:
+    links = [rename(embed, "embed.weight"), rename(final_norm, "final_norm.weight", offset)]
+    if not spec.head.tied:
+        links.append(rename("lm_head.weight", "head.weight"))
+    return links
+
+
+def glu_links(theirs: str, ours: str, bias: bool) -> list[Link]:
+    """transformers' down(act(gate_proj x) * up_proj x) is attnspec's down(act(up x) * gate x)."""
+    links = []
+    for their_name, our_name in (("gate_proj", "up"), ("up_proj", "gate"), ("down_proj", "down")):
+        links.append(rename(f"{theirs}{their_name}.weight", f"{ours}{our_name}.weight"))
+        if bias:
+            links.append(rename(f"{theirs}{their_name}.bias", f"{ours}{our_name}.bias"))
+    return links
+
+
+def mlp_links(theirs: str, ours: str, bias: bool) -> list[Link]:
+    """transformers' down(act(up_proj x)) is attnspec's ``mlp`` kind, down(act(up x))."""
+    names = ["up", "down"]
+    return [rename(f"{theirs}{n}_proj.{p}", f"{ours}{n}.{p}") for n in names for p in ("weight", "bias")[:1 + bias]]
+
+
+def w123_links(theirs: str, ours: str, bias: bool) -> list[Link]:
+    """Mixtral's expert names: w2(act(w1 x) * w3 x) is attnspec's down(act(up x) * gate x)."""
+    pairs = (("w1", "up"), ("w3", "gate"), ("w2", "down"))
+    return [rename(f"{theirs}{t}.weight", f"{ours}{o}.weight") for t, o in pairs]
+
+
+def moe_links(moe, theirs: str, ours: str, shared: str = "shared_expert", router: str = "gate",
+               expert_links=None) -> list[Link]:
+    """A sparse MoE block as released checkpoints store it: the ``router`` (and its score correction
+    bias), one MLP per expert (``experts.{e}.gate_proj`` ...; no gate_proj for plain experts; Mixtral's
+    w1/w2/w3 with ``expert_links``), the shared expert and its gate."""
+    plain = glu_links if moe.gated else mlp_links
+    links = [rename(f"{theirs}{router}.weight", f"{ours}router.weight")]
+    if moe.score_bias:
+        links.append(rename(f"{theirs}{router}.e_score_correction_bias", f"{ours}score_bias"))
+    for e in range(moe.experts):
+        links += (expert_links or plain)(f"{theirs}experts.{e}.", f"{ours}routed.{e}.", False)
+    if moe.shared:
+        links += plain(f"{theirs}{shared}.", f"{ours}shared.", False)
+    if moe.shared_gate:
+        links.append(rename(f"{theirs}{shared}_gate.weight", f"{ours}shared_gate.weight"))
+    return links
+
+
+def attention_links(theirs: str, ours: str, bias: bool) -> list[Link]:
+    """Softmax attention's q, k, v and o projections (``o_proj`` is attnspec's ``out_proj``)."""
+    links = [rename(f"{theirs}{n}_proj.weight", f"{ours}{n}_proj.weight") for n in "qkv"]
+    links.append(rename(f"{theirs}o_proj.weight", f"{ours}out_proj.weight"))
+    if bias:
+        links += [rename(f"{theirs}{n}_proj.bias", f"{ours}{n}_proj.bias") for n in "qkv"]
+        links.append(rename(f"{theirs}o_proj.bias", f"{ours}out_proj.bias"))
+    return links
+
+
+def expanded_blocks(spec) -> list:
+    from attnspec.spec.walk import iter_blocks
+
+    return [block for _, block in iter_blocks(spec, expand=True)]

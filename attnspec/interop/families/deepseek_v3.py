@@ -1,0 +1,150 @@
+"""transformers' ``deepseek_v3`` model type as attnspec specs, and back
+(what a family states: :mod:`attnspec.interop.architecture`)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from attnspec.interop.architecture import (Architecture, Link, Row, block_prefix, common_fields, compress_layers,
+                                           expanded_blocks, glu_links, glu_node, head_node, lm_links, moe_links,
+                                           rename, rmsnorm_node, rope_config)
+from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible, is_positive, yarn_mscale
+from attnspec.spec import limits
+
+
+class DeepseekV3(Architecture):
+    """DeepSeek-V3: multi-head latent attention (interleaved RoPE on its decoupled part, YaRN's softmax
+    scale) in every layer, GLU MLPs in the first ``first_k_dense_replace`` layers and experts after
+    (sigmoid scores with a correction bias, group-limited routing, renormalised top-k times
+    ``routed_scaling_factor``, shared experts). transformers runs no multi-token-prediction layer."""
+
+    model_types = ("deepseek_v3",)
+    causal_lm = {"deepseek_v3": "DeepseekV3ForCausalLM"}
+
+    rows = (
+        Row(("deepseek_v3",),
+            "latent attention in every layer (the `mla` mixer: query latent or full query, the shared latent cached "
+            "in decoding, interleaved RoPE on the decoupled part, YaRN's mscale in the softmax scale), GLU MLPs in "
+            "the first `first_k_dense_replace` layers, then experts (sigmoid, correction bias, group-limited, "
+            "renormalised, `routed_scaling_factor`, shared experts)",
+            "nothing of these; the multi-token-prediction layer its releases carry past the last layer is left "
+            "unread, as transformers leaves it"),
+    )
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        eps = config.number("rms_norm_eps", 1e-6)
+        attention = mla_mixer(config)
+        dense = config.get("first_k_dense_replace", int, 3)
+        experts = config.count("n_routed_experts", limit=limits.MAX_EXPERTS)
+        shared = config.get("n_shared_experts", int, 1)
+        if not 0 <= shared <= limits.MAX_EXPERTS:
+            raise config.refuse("n_shared_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
+        moe = {"kind": "moe", "experts": experts, "top_k": config.count("num_experts_per_tok", 8),
+               "hidden": config.count("moe_intermediate_size"), "activation": config.activation(),
+               "scoring": "sigmoid", "score_bias": True, "normalize": config.get("norm_topk_prob", bool, True),
+               "routed_scale": config.number("routed_scaling_factor", 1.0), "groups": config.count("n_group", 1),
+               "top_groups": config.count("topk_group", 1), "shared": shared,
+               **({"shared_hidden": shared * config.count("moe_intermediate_size")} if shared else {})}
+        blocks = [{"mixer": attention, "mlp": glu_node(config) if i < dense else moe, "norm": rmsnorm_node(eps)}
+                  for i in range(layers)]
+        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
+                "head": head_node(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        if any(b.mixer.kind != "mla" for b in blocks):
+            raise NotExpressible("deepseek_v3 is latent attention in every block")
+        dense = next((i for i, b in enumerate(blocks) if b.mlp.kind == "moe"), len(blocks))
+        if any(b.mlp.kind != "moe" for b in blocks[dense:]) or any(b.mlp.kind != "glu" for b in blocks[:dense]):
+            raise NotExpressible("deepseek_v3 has dense MLPs in its first layers and experts after them")
+        config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
+                  "first_k_dense_replace": dense, **mla_config(blocks[0].mixer)}
+        mlp = blocks[0].mlp if dense else None
+        if mlp is not None:
+            config["intermediate_size"] = mlp.hidden
+        moe = blocks[dense].mlp if dense < len(blocks) else None
+        if moe is not None:
+            config.update({"n_routed_experts": moe.experts, "num_experts_per_tok": moe.top_k,
+                           "moe_intermediate_size": moe.hidden, "norm_topk_prob": moe.normalize,
+                           "routed_scaling_factor": moe.routed_scale, "n_group": moe.groups,
+                           "topk_group": moe.top_groups or moe.groups, "n_shared_experts": moe.shared})
+        config["hidden_act"] = ACTIVATION_NAMES[(mlp or moe).activation]
+        return config
+
+    def unused(self, name: str, spec) -> bool:
+        """The multi-token-prediction layers released checkpoints carry past the last layer (transformers
+        leaves them unread; so does attnspec)."""
+        match = re.match(r"model\.layers\.(\d+)\.", name)
+        return match is not None and int(match.group(1)) >= len(expanded_blocks(spec))
+
+    def links(self, spec) -> list[Link]:
+        links = lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
+        for index, block in enumerate(expanded_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", block_prefix(index)
+            links += mla_links(block.mixer, f"{theirs}self_attn.", f"{ours}mixer.")
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
+            if block.mlp.kind == "moe":
+                links += moe_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.", shared="shared_experts")
+            else:
+                links += glu_links(f"{theirs}mlp.", f"{ours}mlp.", False)
+        return links
+
+
+def mla_mixer(config: Config) -> dict:
+    """DeepSeek's latent attention as attnspec's ``mla`` mixer: its widths, its RoPE (interleaved with
+    ``rope_interleave``) and YaRN's softmax scale (qk_head_dim^-1/2 times mscale(factor, mscale_all_dim)^2)."""
+    heads, rope_dim = config.count("num_attention_heads"), config.count("qk_rope_head_dim")
+    d_qk = config.count("qk_nope_head_dim") + rope_dim
+    bias = config.get("attention_bias", bool, False)
+    position = {**config.rope(rope_dim), "interleaved": config.get("rope_interleave", bool, True)}
+    scale = d_qk ** -0.5
+    parameters = config.get("rope_parameters", dict, None) or config.get("rope_scaling", dict, None) or {}
+    mscale_all = parameters.get("mscale_all_dim")
+    if position.get("scaling", "none") != "none" and is_positive(mscale_all):
+        scale *= yarn_mscale(position["factor"], mscale_all) ** 2
+    mixer = {"kind": "mla", "heads": heads, "d_qk": d_qk, "d_v": config.count("v_head_dim"), "rope_dim": rope_dim,
+             "kv_rank": config.count("kv_lora_rank", limit=limits.MAX_D_MODEL), "qkv_bias": bias, "out_bias": bias,
+             "scale": scale, "position": position}
+    if config.data.get("q_lora_rank") is not None:
+        mixer["q_rank"] = config.count("q_lora_rank", limit=limits.MAX_D_MODEL)
+    return mixer
+
+
+def mla_config(mixer) -> dict:
+    """An ``mla`` mixer's fields as DeepSeek's config states them (the inverse of :func:`mla_mixer`)."""
+    config = {"num_attention_heads": mixer.heads, "num_key_value_heads": mixer.heads, "kv_lora_rank": mixer.kv_rank,
+              "q_lora_rank": mixer.q_rank, "qk_rope_head_dim": mixer.rope_dim,
+              "qk_nope_head_dim": mixer.d_qk - mixer.rope_dim, "v_head_dim": mixer.d_v,
+              "attention_bias": mixer.qkv_bias}
+    position = mixer.position
+    if position.kind != "rope":
+        return config
+    parameters = rope_config(position)
+    ratio = (mixer.scale / mixer.d_qk ** -0.5) ** 0.5  # YaRN's mscale(factor, mscale_all_dim), from the scale
+    if position.scaling != "none" and position.factor > 1 and abs(ratio - 1) > 1e-12:
+        parameters["mscale_all_dim"] = (ratio - 1) / (0.1 * math.log(position.factor))
+    return {**config, "rope_interleave": position.interleaved, "rope_parameters": parameters}
+
+
+def mla_links(mixer, theirs: str, ours: str) -> list[Link]:
+    """A latent attention's tensors under DeepSeek's names."""
+    names = {"kv_a_proj_with_mqa.weight": "kv_a_proj.weight", "kv_a_layernorm.weight": "kv_norm",
+             "kv_b_proj.weight": "kv_b_proj.weight", "o_proj.weight": "out_proj.weight"}
+    if mixer.q_rank is None:
+        names["q_proj.weight"] = "q_proj.weight"
+    else:
+        names.update({"q_a_proj.weight": "q_a_proj.weight", "q_a_layernorm.weight": "q_norm",
+                      "q_b_proj.weight": "q_b_proj.weight"})
+    if mixer.qkv_bias:
+        names["kv_a_proj_with_mqa.bias"] = "kv_a_proj.bias"
+        if mixer.q_rank is not None:
+            names["q_a_proj.bias"] = "q_a_proj.bias"
+    if mixer.out_bias:
+        names["o_proj.bias"] = "out_proj.bias"
+    return [rename(f"{theirs}{their}", f"{ours}{our}") for their, our in names.items()]
+
+
+ARCHITECTURES = (DeepseekV3(),)

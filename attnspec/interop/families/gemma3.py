@@ -1,0 +1,105 @@
+"""transformers' ``gemma3_text`` model type as attnspec specs, and back
+(what a family states: :mod:`attnspec.interop.architecture`)."""
+
+from __future__ import annotations
+
+import math
+
+from attnspec.interop.architecture import (Architecture, Link, Row, Wrapper, attention_links, block_prefix, common_fields,
+                                           compress_layers, expanded_blocks, glu_links, head_node, lm_links,
+                                           rename, rmsnorm_node, rope_config)
+from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
+from attnspec.spec import limits
+
+
+class Gemma3(Architecture):
+    """Gemma 3's text model: sandwich norms (a norm before and after each sub-layer, RMSNorms of
+    weight 1 + w), GQA attention with QK-norm, the softmax scale ``query_pre_attn_scalar``^-1/2, sliding
+    windows and RoPE bases per layer type (local and global), a tanh-GeLU GLU MLP, embeddings times
+    sqrt(hidden_size), a tied head with an optional logit soft-cap. Multimodal Gemma 3 imports its text model."""
+
+    model_types = ("gemma3_text",)
+    causal_lm = {"gemma3_text": "Gemma3ForCausalLM"}
+    wrappers = {"gemma3": Wrapper("gemma3_text", {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."},
+                                  ("vision_tower.", "multi_modal_projector."), ("final_logit_softcapping",))}
+    """Gemma3ForConditionalGeneration applies no logit soft-cap: Gemma3ForCausalLM's alone."""
+
+    rows = (
+        Row(("gemma3_text",),
+            "Gemma 3's text model: sandwich norms (`norm_placement: sandwich`, weights 1 + w), QK-norm, the scale "
+            "`query_pre_attn_scalar`^-1/2, windows and RoPE (with its scaling) per layer type, a tanh-GeLU GLU, "
+            "embeddings times sqrt(d), a tied head with `final_logit_softcapping`",
+            "`attn_logit_softcapping`, bidirectional attention"),
+        Row(("gemma3",),
+            "the multimodal release's text model: `text_config` and the `language_model.model.` tensors, as "
+            "`gemma3_text` but without the logit soft-cap (Gemma3ForConditionalGeneration applies none); the vision "
+            "tower and projector are not read",
+            "images: attnspec models are text models"),
+    )
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
+        heads, kv_heads, head_dim = config.attention_heads()
+        for field in ("attn_logit_softcapping", "use_bidirectional_attention"):
+            if config.get(field, (int, float, bool), None):
+                raise config.refuse(field, "capped attention logits and bidirectional attention are not attnspec's "
+                                    "softmax attention; unset imports")
+        eps = config.number("rms_norm_eps", 1e-6)
+        bias = config.get("attention_bias", bool, False)
+        window = config.count("sliding_window", 4096)
+        pattern = config.count("sliding_window_pattern", 6)
+        types = config.layer_types(layers, ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                            for i in range(layers)])
+        unknown = [i for i, t in enumerate(types) if t not in ("sliding_attention", "full_attention")]
+        if unknown:
+            raise config.refuse("layer_types", "each layer is sliding_attention or full_attention", unknown)
+        mlp = {"kind": "glu", "hidden": config.count("intermediate_size"), "bias": False,
+               "activation": config.activation("hidden_activation")}
+        blocks = []
+        for layer_type in types:
+            mixer = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": bias,
+                     "out_bias": bias, "qk_norm": "rmsnorm", "norm_eps": eps,
+                     "scale": config.number("query_pre_attn_scalar", 256, positive=True) ** -0.5,
+                     "position": config.rope(head_dim, layer_type=layer_type),
+                     **({"kv_heads": kv_heads} if kv_heads != heads else {}),
+                     **({"window": window} if layer_type == "sliding_attention" else {})}
+            blocks.append({"mixer": mixer, "mlp": mlp, "norm": rmsnorm_node(eps), "norm_placement": "sandwich"})
+        common = common_fields(config)
+        common["input"]["scale"] = math.sqrt(d_model)
+        softcap = config.number("final_logit_softcapping", None) if config.data.get("final_logit_softcapping") else None
+        head = {**head_node(config, True), **({"softcap": softcap} if softcap else {})}
+        return {**common, "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps), "head": head}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        first = blocks[0].mixer
+        if any(b.mixer.kind != "softmax" or b.norm_placement != "sandwich" for b in blocks):
+            raise NotExpressible("gemma3 is softmax attention with sandwich norms in every block")
+        windows = [b.mixer.window for b in blocks]
+        types = ["full_attention" if w is None else "sliding_attention" for w in windows]
+        rope = {t: rope_config(b.mixer.position) for t, b in zip(types, blocks)}
+        mlp = blocks[0].mlp
+        config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden, "num_hidden_layers": len(blocks),
+                  "num_attention_heads": first.heads, "num_key_value_heads": first.kv_heads or first.heads,
+                  "head_dim": first.d_qk, "hidden_activation": ACTIVATION_NAMES[mlp.activation],
+                  "rms_norm_eps": first.norm_eps, "attention_bias": first.qkv_bias, "layer_types": types,
+                  "sliding_window": next((w for w in windows if w is not None), 4096), "rope_parameters": rope,
+                  "query_pre_attn_scalar": first.scale ** -2, "final_logit_softcapping": spec.head.softcap}
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = lm_links(spec, "model.embed_tokens.weight", "model.norm.weight", 1.0)
+        for index, block in enumerate(expanded_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", block_prefix(index)
+            links += attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
+            links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q", 1.0),
+                      rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k", 1.0)]
+            for their_norm, our_norm in (("input_layernorm", "norm1"), ("post_attention_layernorm", "post_norm1"),
+                                         ("pre_feedforward_layernorm", "norm2"),
+                                         ("post_feedforward_layernorm", "post_norm2")):
+                links.append(rename(f"{theirs}{their_norm}.weight", f"{ours}{our_norm}.weight", 1.0))
+            links += glu_links(f"{theirs}mlp.", f"{ours}mlp.", False)
+        return links
+
+
+ARCHITECTURES = (Gemma3(),)

@@ -1,0 +1,149 @@
+"""transformers' ``llama``, ``mistral``, ``qwen2``, ``qwen3`` model types (and the types that are Llama under
+another name) as attnspec specs, and back (what a family states: :mod:`attnspec.interop.architecture`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnspec.interop.architecture import (Architecture, Link, Row, block_prefix, common_fields, compress_layers,
+                                           expanded_blocks, glu_links, glu_node, head_node, lm_links, rename,
+                                           rmsnorm_node, rope_config)
+from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
+from attnspec.spec import limits
+
+
+class LlamaFamily(Architecture):
+    """Llama-style decoders: RMSNorm, GQA softmax attention with RoPE, a SiLU GLU MLP. Mistral adds a
+    sliding window, Qwen2 q/k/v biases and per-layer windows, Qwen3 QK-norm."""
+
+    ALIASES = {"internlm3": "llama", "iquestcoder": "llama"}
+    """Types whose transformers model is another's own class (transformers 5.24's causal-LM mapping names
+    LlamaForCausalLM for these) and whose configs hold nothing else: they read and write as that type."""
+    model_types = ("llama", "mistral", "qwen2", "qwen3", *ALIASES)
+    causal_lm = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "internlm3": "LlamaForCausalLM", "iquestcoder": "LlamaForCausalLM"}
+    export_order = ("mistral", "qwen3", "qwen2", "llama", *ALIASES)
+    """A Llama-family spec with a window is a Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; an
+    alias is written only where ``--model-type`` names it (llama states the same spec first)."""
+
+    rows = (
+        Row(("llama",),
+            "softmax attention (GQA, RoPE `base` = rope_theta with its `rope_type` scaling: linear, llama3, yarn, "
+            "dynamic NTK (its base grown with the length a call reaches past `max_position_embeddings`; import with "
+            "`--max-len` to run past it: decoding then rotates each new token with its own position's base, as "
+            "transformers' `generate` does), biases if `attention_bias`), SiLU GLU MLP (`hidden` = "
+            "intermediate_size), RMSNorm",
+            "RoPE scaling `longrope` and others; activations other than silu, gelu (exact or tanh: "
+            "`gelu_pytorch_tanh`, `gelu_new`), relu, relu2"),
+        Row(("mistral",),
+            "the same with `window` = sliding_window in every layer",
+            "as llama"),
+        Row(("qwen2",),
+            "q/k/v biases; a window on the layers `layer_types` (or `max_window_layers`) names",
+            "as llama"),
+        Row(("qwen3",),
+            "QK-norm (`qk_norm: rmsnorm`)",
+            "as llama"),
+        Row(("internlm3", "iquestcoder"),
+            "as llama: transformers' model of these types is LlamaForCausalLM itself",
+            "as llama"),
+    )
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        model_type = self.ALIASES.get(model_type, model_type)
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        heads, kv_heads, head_dim = config.attention_heads()
+        eps = config.number("rms_norm_eps", 1e-6)
+        bias = config.get("attention_bias", bool, False)
+        mixer: dict[str, Any] = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
+                                 "qkv_bias": bias or model_type == "qwen2", "out_bias": bias, "norm_eps": eps}
+        if kv_heads != heads:
+            mixer["kv_heads"] = kv_heads
+        if model_type == "qwen3":
+            mixer["qk_norm"] = "rmsnorm"
+        mixer["position"] = config.rope(head_dim)
+        windows = self._windows(config, model_type, layers)
+        mlp = glu_node(config, bias=config.get("mlp_bias", bool, False) if model_type == "llama" else False)
+        blocks = [{"mixer": mixer if window is None else {**mixer, "window": window}, "mlp": mlp,
+                   "norm": rmsnorm_node(eps)} for window in windows]
+        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
+                "head": head_node(config, False)}
+
+    @staticmethod
+    def _windows(config: Config, model_type: str, layers: int) -> list[int | None]:
+        """Each layer's sliding window (None: full attention), as transformers decides it."""
+        if model_type == "llama":
+            return [None] * layers
+        window = config.count("sliding_window", None)
+        if model_type == "mistral":
+            return [window] * layers
+        if not config.get("use_sliding_window", bool, False):
+            window = None
+        first_windowed = config.get("max_window_layers", int, 28)
+        default = ["sliding_attention" if window is not None and i >= first_windowed else "full_attention"
+                   for i in range(layers)]
+        types = config.layer_types(layers, default)
+        unknown = [i for i, t in enumerate(types) if t not in ("full_attention", "sliding_attention")]
+        if unknown:
+            raise config.refuse("layer_types", f"{types[unknown[0]]!r} is not full_attention or sliding_attention",
+                                unknown)
+        if window is None and "sliding_attention" in types:
+            raise config.refuse("sliding_window", "layer_types names sliding layers but no window is set",
+                                [i for i, t in enumerate(types) if t == "sliding_attention"])
+        return [window if t == "sliding_attention" else None for t in types]
+
+    def config(self, spec, model_type: str) -> dict:
+        model_type = self.ALIASES.get(model_type, model_type)
+        blocks = expanded_blocks(spec)
+        first = blocks[0].mixer
+        if first.kind != "softmax" or first.position is None or first.position.kind != "rope":
+            raise NotExpressible("a Llama-family model is softmax attention with RoPE in every block")
+        windows = [getattr(block.mixer, "window", None) for block in blocks]
+        if model_type == "llama" and any(windows):
+            raise NotExpressible("llama has no sliding windows")
+        if model_type == "mistral" and (windows[0] is None or len(set(windows)) != 1):
+            raise NotExpressible("mistral has one sliding window in every layer")
+        if model_type == "qwen3" and first.qk_norm == "none":
+            raise NotExpressible("qwen3 has QK-norm")
+        mlp = blocks[0].mlp
+        config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
+                  "num_hidden_layers": len(blocks), "num_attention_heads": first.heads,
+                  "num_key_value_heads": first.kv_heads or first.heads, "head_dim": first.d_qk,
+                  "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": first.norm_eps,
+                  "rope_parameters": rope_config(first.position), "attention_bias": first.out_bias}
+        if first.position.rotary_fraction != 1.0:
+            config["rope_parameters"]["partial_rotary_factor"] = first.position.rotary_fraction
+        if model_type == "llama":
+            config["mlp_bias"] = mlp.bias
+        elif model_type == "mistral":
+            config["sliding_window"] = windows[0]
+        else:
+            window = next((w for w in windows if w is not None), None)
+            config.update({"use_sliding_window": window is not None, "sliding_window": window,
+                           "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows]})
+            if model_type == "qwen2":
+                config.pop("attention_bias")
+        return config
+
+    def links(self, spec) -> list[Link]:
+        links = lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
+        for index, block in enumerate(expanded_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", block_prefix(index)
+            mixer = block.mixer
+            for name in ("q", "k", "v"):
+                links.append(rename(f"{theirs}self_attn.{name}_proj.weight", f"{ours}mixer.{name}_proj.weight"))
+                if mixer.qkv_bias:
+                    links.append(rename(f"{theirs}self_attn.{name}_proj.bias", f"{ours}mixer.{name}_proj.bias"))
+            links.append(rename(f"{theirs}self_attn.o_proj.weight", f"{ours}mixer.out_proj.weight"))
+            if mixer.out_bias:
+                links.append(rename(f"{theirs}self_attn.o_proj.bias", f"{ours}mixer.out_proj.bias"))
+            if mixer.qk_norm != "none":
+                links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q"),
+                          rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k")]
+            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
+            links += glu_links(f"{theirs}mlp.", f"{ours}mlp.", block.mlp.bias)
+        return links
+
+
+ARCHITECTURES = (LlamaFamily(),)

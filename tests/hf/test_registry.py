@@ -1,0 +1,60 @@
+"""The one registry of model types: complete, consistent, light, and what the README and help show."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from attnspec.interop.registry import (_families, architectures, export_order, imported_types, rewrite_table,
+                                       types_table, wrappers)
+from tests.conftest import ROOT
+
+
+def test_the_readme_table_of_types_is_generated_from_the_registry():
+    readme = (ROOT / "README.md").read_text()
+    assert rewrite_table(readme) == readme, "run `python -m attnspec.interop.registry README.md`"
+    assert types_table() in readme
+
+
+def test_every_type_has_one_row_one_class_and_one_place_in_the_export_order():
+    rows = [t for family in _families() for row in family.rows for t in row.types]
+    assert sorted(rows) == imported_types(), "each type (and multimodal release) in exactly one README row"
+    assert sorted(export_order()) == sorted(architectures()), "export-hf tries every native type once"
+    for model_type, family in architectures().items():
+        assert family.causal_lm.get(model_type, "").endswith("ForCausalLM"), model_type
+    for release, wrapper in wrappers().items():
+        assert wrapper.text_type in architectures(), release
+        assert release not in architectures()
+
+
+def test_the_registry_and_conversion_import_neither_torch_nor_transformers():
+    # The CLI's help reads the registry; conversion needs torch but never transformers' modelling stack
+    # (which `import attnspec.hf` costs: ~200 MB and seconds at every import-hf before the split).
+    code = ("import sys, json\nfrom attnspec.interop.registry import imported_types\nimported_types()\n"
+            "light = ['torch' in sys.modules, 'transformers' in sys.modules]\n"
+            "import attnspec.interop.convert\n"
+            "print(json.dumps(light + ['transformers' in sys.modules]))")
+    found = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                      cwd=ROOT).stdout)
+    assert found == [False, False, False]
+
+
+def test_import_hf_and_export_hf_help_name_every_registered_type():
+    from typer.testing import CliRunner
+
+    from attnspec.cli.app import app
+
+    imported = CliRunner().invoke(app, ["import-hf", "--help"], terminal_width=400).stdout
+    exported = CliRunner().invoke(app, ["export-hf", "--help"], terminal_width=400).stdout
+    words = lambda text: set(text.replace(",", " ").replace(".", " ").replace("(", " ").replace(")", " ").split())
+    assert set(imported_types()) <= words(imported)
+    assert set(architectures()) <= words(exported)
+
+
+def test_every_registered_type_is_held_to_transformers_by_a_test():
+    # The logit-equality tests are written per family (each turns on its own distinctive parts); every
+    # type the registry names must be built by one of them.
+    tests = (ROOT / "tests" / "hf" / "test_interop.py").read_text()
+    untested = [t for t in imported_types() if f'"{t}"' not in tests]
+    assert untested == []

@@ -23,7 +23,7 @@ from attnspec.compiler.device import resolve_device
 from attnspec.compiler.sizes import check_model_size
 from attnspec.compiler.manifest import Manifest, parse_manifest, read_manifest
 from attnspec.errors import AttnSpecError, BuildError, RunError, shorten
-from attnspec.io import map_safetensors
+from attnspec.io import all_finite, map_safetensors
 from attnspec.nn.model import Model, build_model_from_spec
 from attnspec.spec.validate import validate_data
 
@@ -130,7 +130,7 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
             fit.mismatched.append((name, list(tensor.shape), list(target.shape), _dtype(tensor), _dtype(target)))
             continue
         converted = tensor.to(target.dtype)  # finite as the model will hold it: float64's 1e300 is inf in float32
-        if converted.is_floating_point() and not torch.isfinite(converted).all():
+        if converted.is_floating_point() and not all_finite(converted):
             past = "" if converted.dtype == tensor.dtype or not torch.isfinite(tensor).all() else \
                 f" as {_dtype(target)} (its {_dtype(tensor)} values are past {_dtype(target)}'s range)"
             raise BuildError(f"{path}: tensor '{name}' holds NaN or infinite values{past}; {fix}")

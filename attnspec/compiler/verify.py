@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from attnspec.compiler.tracing import example_input
+from attnspec.io import all_finite
 from attnspec.nn.model import HALF, Model
 from attnspec.spec.walk import iter_blocks
 
@@ -120,7 +121,7 @@ def non_finite_problem(model: Model, length: int | None = None, seed: int = 0) -
         return labels[index]
 
     for name, tensor in model.state_dict().items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if tensor.is_floating_point() and not all_finite(tensor):
             parts = name.split(".")
             owner = f" of {where(int(parts[1]))}" if parts[0] == "blocks" else ""
             return (f"the model's tensor {name}{owner} holds NaN or infinite values at {model.spec.dtype}; check "

@@ -21,6 +21,7 @@ from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from attnspec.errors import AttnSpecError, InteropError, RunError, shorten
+from attnspec.io import all_finite
 
 
 class AttnspecConfig(PreTrainedConfig):
@@ -154,7 +155,7 @@ class AttnspecForCausalLM(PreTrainedModel, GenerationMixin):
         check_directory(directory)
         model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         for name, tensor in model.state_dict().items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            if tensor.is_floating_point() and not all_finite(tensor):
                 raise InteropError(f"{directory}/model.safetensors: tensor {shorten(name)} holds NaN or infinite "
                                    "values")
         return model

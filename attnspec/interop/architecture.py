@@ -84,6 +84,12 @@ class Link:
     view: tuple[int, ...] | None = None
     log: bool = False
 
+    @property
+    def plain(self) -> bool:
+        """One attnspec tensor that is the transformers tensor itself (a rename)."""
+        return (len(self.ours) == 1 and self.groups == 1 and self.offset == 0.0 and not self.conv and self.stack == 1
+                and self.view is None and not self.log)
+
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
         import torch

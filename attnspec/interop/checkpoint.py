@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from attnspec.errors import InteropError, RunError, shorten
-from attnspec.io import (read_json, read_safetensors_header, read_safetensors_tensor, safetensors_layout,
+from attnspec.io import (all_finite, read_json, read_safetensors_header, read_safetensors_tensor, safetensors_layout,
                          save_tensors)
 from attnspec.spec import limits
 
@@ -115,8 +115,8 @@ class ShardReader:
     def __init__(self, files: dict[str, Path]):
         self.files, self.layouts = files, {}
 
-    def read(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        """The tensor ``name`` (floating point, finite) as ``dtype``."""
+    def read(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor ``name`` (floating point, finite) as ``dtype`` (None: as stored)."""
         path = self.files[name]
         try:
             if path not in self.layouts:
@@ -129,8 +129,8 @@ class ShardReader:
             raise InteropError(f"{path}: not a valid safetensors file ({shorten(str(error), 160)})") from None
         if not tensor.is_floating_point():
             raise InteropError(f"{path}: tensor {shorten(name)} is {tensor.dtype}, not floating point")
-        tensor = tensor.to(dtype)
-        if not torch.isfinite(tensor).all():
+        tensor = tensor if dtype is None else tensor.to(dtype)
+        if not all_finite(tensor):
             raise InteropError(f"{path}: tensor {shorten(name)} holds NaN or infinite values")
         return tensor
 

@@ -158,7 +158,15 @@ def converted_tensors(spec, checkpoint: Path | str, model_type: str):
     def tensors():
         reader = ShardReader(files)
         for link in links:
-            tensor, targets = reader.read(link.theirs, exact), [layout[name][0] for name in link.ours]
+            targets = [layout[name][0] for name in link.ours]
+            if link.plain and scales.get(link.ours[0], 1.0) == 1.0:  # one tensor as it is: cast, no arithmetic
+                tensor = reader.read(link.theirs)
+                if tuple(tensor.shape) != tuple(targets[0]):
+                    raise InteropError(f"{checkpoint}: tensor {link.theirs} is {tuple(tensor.shape)}, the config "
+                                       f"implies {tuple(targets[0])}")
+                yield link.ours[0], tensor.to(getattr(torch, layout[link.ours[0]][1]))
+                continue
+            tensor = reader.read(link.theirs, exact)
             expected = link.join([torch.empty(shape, device="meta") for shape in targets]).shape
             if tensor.shape != expected:
                 raise InteropError(f"{checkpoint}: tensor {link.theirs} is {tuple(tensor.shape)}, the config implies "

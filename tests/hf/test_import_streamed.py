@@ -91,3 +91,19 @@ def test_tensor_file_writer_streams_a_safetensors_file_and_refuses_what_it_did_n
     writer.write("a", torch.zeros(2))
     with pytest.raises(RunError, match="never written"):
         writer.close()
+
+
+@pytest.mark.parametrize("where", [0, 5, 6, 16, 22])
+def test_all_finite_checks_every_chunk(monkeypatch, where):
+    """The chunked check finds one NaN or infinity wherever it is (chunks of 6: first, inside, on a chunk's
+    edge, in the last and partial chunk), in any dtype and layout."""
+    import attnspec.io as io
+
+    monkeypatch.setattr(io, "FINITE_CHUNK", 6)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        tensor = torch.randn(23, dtype=dtype)
+        assert io.all_finite(tensor) and io.all_finite(tensor[:0]) and io.all_finite(tensor.view(23, 1).T)
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            poisoned = tensor.clone()
+            poisoned[where] = bad
+            assert not io.all_finite(poisoned) and not io.all_finite(poisoned.view(1, 23).T)

@@ -429,7 +429,10 @@ def test_weights_that_do_not_fit_the_config_are_refused_by_name(checkpoints, tmp
                           (lambda t: t.update({"model.norm.weight": torch.zeros(5)}), "model.norm.weight"),
                           # the right number of elements in another shape: Link.split crashed on it
                           (lambda t: t.update({"model.embed_tokens.weight":
-                                               t["model.embed_tokens.weight"].reshape(32, -1)}), r"\(32, 97\)")]:
+                                               t["model.embed_tokens.weight"].reshape(32, -1)}), r"\(32, 97\)"),
+                          # read as stored (no arithmetic) and still checked: its last element
+                          (lambda t: t["model.embed_tokens.weight"].__setitem__((-1, -1), float("inf")),
+                           "'model.embed_tokens.weight' holds NaN or infinite")]:
         changed = dict(tensors)
         change(changed)
         save_file(changed, directory / "model.safetensors")

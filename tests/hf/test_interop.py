@@ -683,6 +683,56 @@ def test_the_text_model_of_a_multimodal_qwen3_5_imports_logit_equal(tmp_path, re
         assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
 
 
+def test_gemma_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Gemma 1: norms of 1 + w, embeddings times sqrt(d), a tanh-GeLU GLU, MQA heads wider than d / heads."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    config = GemmaConfig(**{**SMALL, "num_key_value_heads": 1}, head_dim=16, attention_bias=True)
+    _holds_to(_perturbed(lambda: GemmaForCausalLM(config)), tmp_path / "checkpoint", "gemma")
+
+
+def test_granite_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Granite's four multipliers, none of them 1, on Llama's layers with every bias."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    config = GraniteConfig(**SMALL, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
+                           logits_scaling=4.0, attention_bias=True, mlp_bias=True)
+    spec = _holds_to(_perturbed(lambda: GraniteForCausalLM(config)), tmp_path / "checkpoint", "granite")
+    assert (spec.input.scale, spec.head.scale, spec_blocks(spec)[0].residual_scale) == (3.0, 0.25, 0.5)
+
+
+def test_smollm3_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """SmolLM3: every fourth layer without positions (NoPE), that layer windowed (a window shorter than the
+    prompt), with every bias."""
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    config = SmolLM3Config(**{**SMALL, "num_hidden_layers": 4}, use_sliding_window=True, sliding_window=6,
+                           attention_bias=True, mlp_bias=True, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: SmolLM3ForCausalLM(config)), tmp_path / "checkpoint", "smollm3")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.position.kind for b in blocks] == ["rope", "rope", "rope", "none"]
+    assert [getattr(b.mixer, "window", None) for b in blocks] == [None, None, None, 6]
+
+
+@pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
+def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
+    """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's
+    windowed layers (a window shorter than the prompt) with RoPE parameters of their own."""
+    import transformers
+
+    fields = dict(**SMALL, attention_bias=True)
+    if model_type == "olmo3":
+        fields.update(num_hidden_layers=3, sliding_window=6, layer_types=["sliding_attention", "full_attention",
+                                                                          "sliding_attention"],
+                      rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                       "full_attention": {"rope_type": "linear", "rope_theta": 5000.0, "factor": 2.0}})
+    config = getattr(transformers, f"{model_type.capitalize()}Config")(**fields)
+    reference = _perturbed(lambda: getattr(transformers, f"{model_type.capitalize()}ForCausalLM")(config))
+    spec = _holds_to(reference, tmp_path / "checkpoint", model_type)
+    windows = [getattr(block.mixer, "window", None) for block in spec_blocks(spec)]
+    assert windows == ([None, None] if model_type == "olmo2" else [6, None, 6])
+
+
 @pytest.mark.parametrize("model_type", ["internlm3", "iquestcoder"])
 def test_llama_under_another_name_imports_as_llama_and_exports_as_itself(tmp_path, model_type):
     """Types transformers runs with LlamaForCausalLM itself, from their own config classes (biases on)."""

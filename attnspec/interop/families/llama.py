@@ -50,7 +50,12 @@ class LlamaFamily(Architecture):
     )
 
     def spec(self, config: Config, model_type: str) -> dict:
-        model_type = self.ALIASES.get(model_type, model_type)
+        blocks, eps = self.layer_blocks(config, self.ALIASES.get(model_type, model_type))
+        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
+                "head": head_node(config, False)}
+
+    def layer_blocks(self, config: Config, model_type: str) -> tuple[list[dict], float]:
+        """Each layer's block data, and the norms' eps (the family's members add their own settings)."""
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         heads, kv_heads, head_dim = config.attention_heads()
         eps = config.number("rms_norm_eps", 1e-6)
@@ -64,10 +69,8 @@ class LlamaFamily(Architecture):
         mixer["position"] = config.rope(head_dim)
         windows = self._windows(config, model_type, layers)
         mlp = glu_node(config, bias=config.get("mlp_bias", bool, False) if model_type == "llama" else False)
-        blocks = [{"mixer": mixer if window is None else {**mixer, "window": window}, "mlp": mlp,
-                   "norm": rmsnorm_node(eps)} for window in windows]
-        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
-                "head": head_node(config, False)}
+        return [{"mixer": mixer if window is None else {**mixer, "window": window}, "mlp": mlp,
+                 "norm": rmsnorm_node(eps)} for window in windows], eps
 
     @staticmethod
     def _windows(config: Config, model_type: str, layers: int) -> list[int | None]:

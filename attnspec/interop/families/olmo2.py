@@ -1,0 +1,101 @@
+"""transformers' ``olmo2`` and ``olmo3`` model types as attnspec specs, and back
+(what a family states: :mod:`attnspec.interop.architecture`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnspec.interop.architecture import (Architecture, Link, Row, attention_links, block_prefix, common_fields,
+                                           compress_layers, expanded_blocks, glu_links, glu_node, head_node, lm_links,
+                                           rename, rmsnorm_node, rope_config)
+from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
+from attnspec.spec import limits
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class Olmo2(Architecture):
+    """OLMo 2 and OLMo 3: softmax attention in OLMo 2's placement, x + norm(f(x)) for the attention and the
+    SiLU GLU alike, with QK-norm over the whole q and k projections before RoPE. OLMo 3 adds a sliding
+    window on the layers ``layer_types`` names (by default three of every four), with RoPE parameters per
+    layer type."""
+
+    model_types = ("olmo2", "olmo3")
+    causal_lm = {"olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM"}
+
+    rows = (
+        Row(("olmo2", "olmo3"),
+            "softmax attention (GQA, RoPE with its scaling, biases with `attention_bias`) and a SiLU GLU, each in "
+            "OLMo 2's placement (`norm_placement: output`: x + norm(f(x))), with QK-norm over the whole q and k "
+            "projections (`qk_norm: rmsnorm_full`); OLMo 3's `sliding_window` on the `sliding_attention` layers of "
+            "`layer_types`, each layer type with its own RoPE parameters",
+            "as llama"),
+    )
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        heads, kv_heads, head_dim = config.attention_heads()
+        eps = config.number("rms_norm_eps", 1e-6)
+        bias = config.get("attention_bias", bool, False)
+        if model_type == "olmo2":
+            types, window = ["full_attention"] * layers, None
+        else:
+            types = config.layer_types(layers, ["sliding_attention" if (i + 1) % 4 else "full_attention"
+                                                for i in range(layers)])
+            unknown = [i for i, t in enumerate(types) if t not in LAYER_TYPES]
+            if unknown:
+                raise config.refuse("layer_types", "each layer is full_attention or sliding_attention", unknown)
+            window = config.count("sliding_window", 4096)
+        mlp = glu_node(config)
+        blocks = []
+        for layer_type in types:
+            mixer: dict[str, Any] = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
+                                     "qk_norm": "rmsnorm_full", "norm_eps": eps, "qkv_bias": bias, "out_bias": bias,
+                                     "position": config.rope(head_dim, layer_type=layer_type)}
+            if kv_heads != heads:
+                mixer["kv_heads"] = kv_heads
+            if layer_type == "sliding_attention":
+                mixer["window"] = window
+            blocks.append({"mixer": mixer, "mlp": mlp, "norm": rmsnorm_node(eps), "norm_placement": "output"})
+        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
+                "head": head_node(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        mixers = [block.mixer for block in blocks]
+        if any(m.kind != "softmax" or m.position is None or m.position.kind != "rope" or m.qk_norm != "rmsnorm_full"
+               for m in mixers) or any(block.norm_placement != "output" for block in blocks):
+            raise NotExpressible(f"{model_type} is QK-normed softmax attention with RoPE in OLMo 2's placement")
+        windows = [getattr(m, "window", None) for m in mixers]
+        if model_type == "olmo2" and any(windows):
+            raise NotExpressible("olmo2 has no sliding windows")
+        if len({w for w in windows if w is not None}) > 1:
+            raise NotExpressible(f"{model_type} has one sliding window")
+        first, mlp = mixers[0], blocks[0].mlp
+        types = ["full_attention" if w is None else "sliding_attention" for w in windows]
+        rope = {t: rope_config(m.position) for t, m in zip(types, mixers)}
+        config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden, "num_hidden_layers": len(blocks),
+                  "num_attention_heads": first.heads, "num_key_value_heads": first.kv_heads or first.heads,
+                  "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": first.norm_eps,
+                  "attention_bias": first.qkv_bias}
+        if first.d_qk * first.heads != spec.d_model:  # transformers' OLMo attention takes its width from the model's
+            raise NotExpressible(f"{model_type}'s heads are hidden_size / num_attention_heads wide")
+        if model_type == "olmo2":
+            return {**config, "rope_parameters": rope["full_attention"]}
+        return {**config, "layer_types": types, "sliding_window": next((w for w in windows if w), 4096),
+                "rope_parameters": rope}
+
+    def links(self, spec) -> list[Link]:
+        links = lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
+        for index, block in enumerate(expanded_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.", block_prefix(index)
+            links += attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
+            links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q"),
+                      rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k"),
+                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}post_feedforward_layernorm.weight", f"{ours}norm2.weight")]
+            links += glu_links(f"{theirs}mlp.", f"{ours}mlp.", False)
+        return links
+
+
+ARCHITECTURES = (Olmo2(),)

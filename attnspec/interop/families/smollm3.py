@@ -1,0 +1,83 @@
+"""transformers' ``smollm3`` model type as attnspec specs, and back
+(what a family states: :mod:`attnspec.interop.architecture`)."""
+
+from __future__ import annotations
+
+from attnspec.interop.architecture import (Row, common_fields, compress_layers, expanded_blocks, head_node,
+                                           rmsnorm_node, rope_config)
+from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
+from attnspec.interop.families.llama import LlamaFamily
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class SmolLM3(LlamaFamily):
+    """SmolLM3: Llama's layers and weights, where the layers ``no_rope_layers`` marks 0 (by default every
+    ``no_rope_layer_interval``-th) have no positions (NoPE), and with ``use_sliding_window`` the
+    ``sliding_attention`` layers of ``layer_types`` a window."""
+
+    ALIASES: dict[str, str] = {}
+    model_types = ("smollm3",)
+    causal_lm = {"smollm3": "SmolLM3ForCausalLM"}
+    export_order = None
+
+    rows = (
+        Row(("smollm3",),
+            "llama's layers, without positions (`position: {kind: none}`) where `no_rope_layers` is 0 (by default "
+            "every `no_rope_layer_interval`-th layer), and with `use_sliding_window` a `window` on the "
+            "`sliding_attention` layers of `layer_types`",
+            "as llama"),
+    )
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        blocks, eps = self.layer_blocks(config, "llama")
+        layers = len(blocks)
+        interval = config.count("no_rope_layer_interval", 4)
+        roped = config.get("no_rope_layers", list, [int((i + 1) % interval != 0) for i in range(layers)])
+        if len(roped) != layers or any(flag not in (0, 1) or isinstance(flag, float) for flag in roped):
+            raise config.refuse("no_rope_layers", f"must list 1 (RoPE) or 0 (none) for each of the {layers} layers")
+        windowed = config.get("use_sliding_window", bool, False)
+        window = config.count("sliding_window", None)
+        types = config.layer_types(layers, ["sliding_attention" if windowed and window is not None and not rope
+                                            else "full_attention" for rope in roped])
+        unknown = [i for i, t in enumerate(types) if t not in LAYER_TYPES]
+        if unknown:
+            raise config.refuse("layer_types", "each layer is full_attention or sliding_attention", unknown)
+        sliding = [i for i, t in enumerate(types) if windowed and t == "sliding_attention"]
+        if sliding and window is None:
+            raise config.refuse("sliding_window", "layer_types names sliding layers but no window is set", sliding)
+        for index, block in enumerate(blocks):
+            mixer = dict(block["mixer"])
+            if not roped[index]:
+                mixer["position"] = {"kind": "none"}
+            if index in sliding:
+                mixer["window"] = window
+            block["mixer"] = mixer
+        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
+                "head": head_node(config, False)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        mixers = [block.mixer for block in blocks]
+        if any(m.kind != "softmax" or m.qk_norm != "none" for m in mixers) or \
+                any(block.norm_placement != "pre" for block in blocks):
+            raise NotExpressible("smollm3 is softmax attention without QK-norm in pre-norm blocks")
+        roped = [m.position is not None and m.position.kind == "rope" for m in mixers]
+        rotated = [m for m, rope in zip(mixers, roped) if rope]
+        if not rotated or any(m.position != rotated[0].position for m in rotated):
+            raise NotExpressible("smollm3's RoPE layers share one rotation")
+        windows = [getattr(m, "window", None) for m in mixers]
+        if len({w for w in windows if w is not None}) > 1:
+            raise NotExpressible("smollm3 has one sliding window")
+        first, mlp = mixers[0], blocks[0].mlp
+        window = next((w for w in windows if w is not None), None)
+        return {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden, "num_hidden_layers": len(blocks),
+                "num_attention_heads": first.heads, "num_key_value_heads": first.kv_heads or first.heads,
+                "head_dim": first.d_qk, "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": first.norm_eps,
+                "attention_bias": first.out_bias, "mlp_bias": mlp.bias,
+                "rope_parameters": rope_config(rotated[0].position), "no_rope_layers": [int(r) for r in roped],
+                "use_sliding_window": window is not None, "sliding_window": window,
+                "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows]}
+
+
+ARCHITECTURES = (SmolLM3(),)

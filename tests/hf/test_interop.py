@@ -714,6 +714,38 @@ def test_smollm3_computes_transformers_logits_decodes_alike_and_exports_as_itsel
     assert [getattr(b.mixer, "window", None) for b in blocks] == [None, None, None, 6]
 
 
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "qwen3_moe"])
+def test_qwen_moe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, model_type):
+    """Experts every second layer but a dense first one (`decoder_sparse_step`, `mlp_only_layers`), top-2 of 4
+    renormalised, Qwen2-MoE's gated shared expert; windows with `use_sliding_window` (a window shorter than
+    the prompt: on Qwen2-MoE's sliding layers, on every Qwen3-MoE layer)."""
+    import transformers
+
+    moe = "Qwen2Moe" if model_type == "qwen2_moe" else "Qwen3Moe"
+    fields = dict(**{**SMALL, "num_hidden_layers": 4}, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+                  decoder_sparse_step=2, mlp_only_layers=[1], norm_topk_prob=True, use_sliding_window=True,
+                  sliding_window=6, pad_token_id=0)
+    if model_type == "qwen2_moe":
+        fields.update(shared_expert_intermediate_size=20, max_window_layers=3)
+    config = getattr(transformers, f"{moe}Config")(**fields)
+    spec = _holds_to(_perturbed(lambda: getattr(transformers, f"{moe}ForCausalLM")(config)),
+                     tmp_path / "checkpoint", model_type)
+    blocks = spec_blocks(spec)
+    assert [b.mlp.kind for b in blocks] == ["glu", "glu", "glu", "moe"]
+    windows = [getattr(b.mixer, "window", None) for b in blocks]
+    assert windows == ([6, None, 6, None] if model_type == "qwen2_moe" else [6] * 4)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_mixtral_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, window):
+    """Top-2 of 4 experts in every layer, with and without Mistral's window (shorter than the prompt)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2, sliding_window=window, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: MixtralForCausalLM(config)), tmp_path / "checkpoint", "mixtral")
+    assert [getattr(b.mixer, "window", None) for b in spec_blocks(spec)] == [window, window]
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

@@ -54,8 +54,10 @@ class LlamaFamily(Architecture):
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, False)}
 
-    def layer_blocks(self, config: Config, model_type: str) -> tuple[list[dict], float]:
-        """Each layer's block data, and the norms' eps (the family's members add their own settings)."""
+    def layer_blocks(self, config: Config, model_type: str,
+                     windows: list[int | None] | None = None) -> tuple[list[dict], float]:
+        """Each layer's block data, and the norms' eps (the family's members add their own settings);
+        ``windows``: each layer's sliding window where the member decides them itself."""
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         heads, kv_heads, head_dim = config.attention_heads()
         eps = config.number("rms_norm_eps", 1e-6)
@@ -67,7 +69,7 @@ class LlamaFamily(Architecture):
         if model_type == "qwen3":
             mixer["qk_norm"] = "rmsnorm"
         mixer["position"] = config.rope(head_dim)
-        windows = self._windows(config, model_type, layers)
+        windows = self._windows(config, model_type, layers) if windows is None else windows
         mlp = glu_node(config, bias=config.get("mlp_bias", bool, False) if model_type == "llama" else False)
         return [{"mixer": mixer if window is None else {**mixer, "window": window}, "mlp": mlp,
                  "norm": rmsnorm_node(eps)} for window in windows], eps
@@ -117,7 +119,7 @@ class LlamaFamily(Architecture):
         if first.position.rotary_fraction != 1.0:
             config["rope_parameters"]["partial_rotary_factor"] = first.position.rotary_fraction
         if model_type == "llama":
-            config["mlp_bias"] = mlp.bias
+            config["mlp_bias"] = getattr(mlp, "bias", False)  # experts have none
         elif model_type == "mistral":
             config["sliding_window"] = windows[0]
         else:
@@ -145,8 +147,12 @@ class LlamaFamily(Architecture):
                           rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k")]
             links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
                       rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
-            links += glu_links(f"{theirs}mlp.", f"{ours}mlp.", block.mlp.bias)
+            links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
         return links
+
+    def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:
+        """A block's MLP's links (a member with experts adds theirs)."""
+        return glu_links(theirs, ours, mlp.bias)
 
 
 ARCHITECTURES = (LlamaFamily(),)

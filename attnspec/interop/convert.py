@@ -25,7 +25,8 @@ from attnspec.compiler.manifest import sha256
 from attnspec.compiler.outdir import OutputKind, Scratch, check_output
 from attnspec.errors import AttnSpecError, InteropError, SpecError, shorten
 from attnspec.interop.config import Config, NotExpressible
-from attnspec.interop.registry import architectures, export_order, imported_types, wrappers
+from attnspec.interop.refused import refusal
+from attnspec.interop.registry import architectures, export_order, wrappers
 from attnspec.interop.checkpoint import CONFIG, WEIGHTS, ShardReader, read_config, weight_files, write_checkpoint
 from attnspec.spec import limits
 from attnspec.spec.emit import spec_to_data
@@ -75,8 +76,7 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None,
                   "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings"))}
         model_type = config["model_type"]
     if not isinstance(model_type, str) or model_type not in architectures():
-        raise InteropError(f"{source}: `model_type`: {shorten(model_type)} is not one attnspec imports; supported: "
-                           f"{', '.join(imported_types())}")
+        raise InteropError(f"{source}: {refusal(model_type, config)}")
     architecture = architectures()[model_type]
     data = architecture.spec(Config(config, source), model_type)
     data = {"name": _name(directory),

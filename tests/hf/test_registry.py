@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from attnspec.interop.registry import (_families, architectures, export_order, imported_types, rewrite_table,
                                        types_table, wrappers)
 from tests.conftest import ROOT
@@ -58,3 +60,38 @@ def test_every_registered_type_is_held_to_transformers_by_a_test():
     tests = (ROOT / "tests" / "hf" / "test_interop.py").read_text()
     untested = [t for t in imported_types() if f'"{t}"' not in tests]
     assert untested == []
+
+
+def test_the_snapshot_of_transformers_causal_lm_types_is_the_installed_mapping():
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from attnspec.interop.refused import CAUSAL_LM_TYPES, TRANSFORMERS_VERSION
+
+    assert set(imported_types()) <= set(CAUSAL_LM_TYPES)
+    if transformers.__version__.startswith(TRANSFORMERS_VERSION + "."):
+        assert CAUSAL_LM_TYPES == tuple(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    else:  # another transformers: the snapshot is this project's measure, not a claim about it
+        assert set(CAUSAL_LM_TYPES) & set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"model_type": "bert"}, "`model_type`: bert is an encoder"),
+    ({"model_type": "bart", "is_encoder_decoder": True}, "`model_type`: bart is the decoder of an encoder-decoder"),
+    ({"model_type": "newdecoder", "is_encoder_decoder": True}, "is the decoder of an encoder-decoder"),
+    ({"model_type": "gemma2"}, "`attn_logit_softcapping`: gemma2 needs a tanh soft-cap on the attention logits"),
+    ({"model_type": "falcon"}, "`parallel_attn`: falcon needs attention and the MLP in parallel"),
+    ({"model_type": "stablelm"}, "`model_type`: stablelm is a decoder-only type no attnspec family maps yet"),
+    ({"model_type": "x" * 500}, "is not a causal language model type of transformers 5.24"),
+    ({"model_type": ["llama"]}, "is not a causal language model type"),
+])
+def test_a_type_that_does_not_import_says_what_it_is_or_lacks_in_one_line(tmp_path, config, words):
+    from attnspec.errors import InteropError
+    from attnspec.interop.convert import spec_from_checkpoint
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InteropError) as refused:
+        spec_from_checkpoint(tmp_path)
+    message = str(refused.value)
+    assert words in message and "\n" not in message and len(message) < 400
+    assert message.startswith(f"{tmp_path}/config.json: ")

@@ -746,6 +746,35 @@ def test_mixtral_computes_transformers_logits_decodes_alike_and_exports_as_itsel
     assert [getattr(b.mixer, "window", None) for b in spec_blocks(spec)] == [window, window]
 
 
+@pytest.mark.parametrize("model_type", ["ministral", "cwm"])
+def test_layer_typed_windows_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
+    """Ministral's and CWM's windows (shorter than the prompt) on the layers `layer_types` names; CWM's MLP
+    biases and its llama3-scaled RoPE."""
+    import transformers
+
+    name = {"ministral": "Ministral", "cwm": "Cwm"}[model_type]  # (Ministral leaves head_dim None: transformers fails)
+    fields = dict(**{**SMALL, "num_hidden_layers": 3}, sliding_window=6, pad_token_id=0, head_dim=8,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    if model_type == "cwm":
+        fields.update(mlp_bias=True)
+    config = getattr(transformers, f"{name}Config")(**fields)
+    spec = _holds_to(_perturbed(lambda: getattr(transformers, f"{name}ForCausalLM")(config)),
+                     tmp_path / "checkpoint", model_type)
+    assert [getattr(b.mixer, "window", None) for b in spec_blocks(spec)] == [6, None, 6]
+
+
+def test_arcee_and_seed_oss_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path):
+    """Arcee's plain squared-ReLU MLP with biases; Seed-OSS's q/k/v biases without the output's, MLP biases."""
+    from transformers import ArceeConfig, ArceeForCausalLM, SeedOssConfig, SeedOssForCausalLM
+
+    arcee = ArceeConfig(**SMALL, mlp_bias=True, attention_bias=True, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: ArceeForCausalLM(arcee)), tmp_path / "arcee", "arcee")
+    assert (spec_blocks(spec)[0].mlp.kind, spec_blocks(spec)[0].mlp.activation) == ("mlp", "relu2")
+    seed = SeedOssConfig(**SMALL, attention_bias=True, attention_out_bias=False, mlp_bias=True, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: SeedOssForCausalLM(seed)), tmp_path / "seed_oss", "seed_oss")
+    assert (spec_blocks(spec)[0].mixer.qkv_bias, spec_blocks(spec)[0].mixer.out_bias) == (True, False)
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

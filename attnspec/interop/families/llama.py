@@ -51,6 +51,11 @@ class LlamaFamily(Architecture):
 
     def spec(self, config: Config, model_type: str) -> dict:
         blocks, eps = self.layer_blocks(config, self.ALIASES.get(model_type, model_type))
+        return self.assembled(config, blocks, eps)
+
+    @staticmethod
+    def assembled(config: Config, blocks: list[dict], eps: float) -> dict:
+        """The spec data of a Llama-shaped model of these blocks (untied head unless the config ties it)."""
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, False)}
 

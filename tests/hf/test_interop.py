@@ -775,6 +775,16 @@ def test_arcee_and_seed_oss_compute_transformers_logits_decode_alike_and_export_
     assert (spec_blocks(spec)[0].mixer.qkv_bias, spec_blocks(spec)[0].mixer.out_bias) == (True, False)
 
 
+@pytest.mark.parametrize("window", [None, 6])
+def test_phi3_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, window):
+    """Phi-3's packed q/k/v and gate/up, partial RoPE (half the head), GQA, with and without its window."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    config = Phi3Config(**SMALL, partial_rotary_factor=0.5, sliding_window=window, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: Phi3ForCausalLM(config)), tmp_path / "checkpoint", "phi3")
+    assert spec_blocks(spec)[0].mixer.position.rotary_fraction == 0.5
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

@@ -140,19 +140,25 @@ class LlamaFamily(Architecture):
         for index, block in enumerate(expanded_blocks(spec)):
             theirs, ours = f"model.layers.{index}.", block_prefix(index)
             mixer = block.mixer
-            for name in ("q", "k", "v"):
-                links.append(rename(f"{theirs}self_attn.{name}_proj.weight", f"{ours}mixer.{name}_proj.weight"))
-                if mixer.qkv_bias:
-                    links.append(rename(f"{theirs}self_attn.{name}_proj.bias", f"{ours}mixer.{name}_proj.bias"))
-            links.append(rename(f"{theirs}self_attn.o_proj.weight", f"{ours}mixer.out_proj.weight"))
-            if mixer.out_bias:
-                links.append(rename(f"{theirs}self_attn.o_proj.bias", f"{ours}mixer.out_proj.bias"))
+            links += self.projection_links(mixer, f"{theirs}self_attn.", f"{ours}mixer.")
             if mixer.qk_norm != "none":
                 links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q"),
                           rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k")]
             links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
                       rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
             links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
+        return links
+
+    def projection_links(self, mixer, theirs: str, ours: str) -> list[Link]:
+        """The attention's q, k, v and output projections (a member that packs them says how)."""
+        links = []
+        for name in ("q", "k", "v"):
+            links.append(rename(f"{theirs}{name}_proj.weight", f"{ours}{name}_proj.weight"))
+            if mixer.qkv_bias:
+                links.append(rename(f"{theirs}{name}_proj.bias", f"{ours}{name}_proj.bias"))
+        links.append(rename(f"{theirs}o_proj.weight", f"{ours}out_proj.weight"))
+        if mixer.out_bias:
+            links.append(rename(f"{theirs}o_proj.bias", f"{ours}out_proj.bias"))
         return links
 
     def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:

@@ -785,6 +785,22 @@ def test_phi3_computes_transformers_logits_decodes_alike_and_exports_as_itself(t
     assert spec_blocks(spec)[0].mixer.position.rotary_fraction == 0.5
 
 
+@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoeshared"])
+def test_granite_moe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, model_type):
+    """Granite's multipliers with top-2 of 4 fused experts in every layer, and the shared MLP beside them."""
+    import transformers
+
+    name = {"granitemoe": "GraniteMoe", "granitemoeshared": "GraniteMoeShared"}[model_type]
+    fields = dict(**SMALL, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=3.0,
+                  residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0, pad_token_id=0)
+    if model_type == "granitemoeshared":
+        fields.update(shared_intermediate_size=20)
+    config = getattr(transformers, f"{name}Config")(**fields)
+    spec = _holds_to(_perturbed(lambda: getattr(transformers, f"{name}ForCausalLM")(config)),
+                     tmp_path / "checkpoint", model_type)
+    assert spec_blocks(spec)[0].mlp.shared == (model_type == "granitemoeshared")
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

@@ -31,12 +31,16 @@ class Granite(LlamaFamily):
         blocks, eps = self.layer_blocks(config, "llama")
         scale = config.number("attention_multiplier", 1.0, positive=True)
         residual = config.number("residual_multiplier", 1.0)
-        blocks = [{**block, "mixer": {**block["mixer"], "scale": scale},
+        blocks = [{**block, "mixer": {**block["mixer"], "scale": scale}, "mlp": self.mlp_node(config, block["mlp"], model_type),
                    **({"residual_scale": residual} if residual != 1.0 else {})} for block in blocks]
         common = common_fields(config)
         common["input"]["scale"] = config.number("embedding_multiplier", 1.0, positive=True)
         head = {**head_node(config, False), "scale": 1.0 / config.number("logits_scaling", 1.0, positive=True)}
         return {**common, "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps), "head": head}
+
+    def mlp_node(self, config: Config, dense: dict, model_type: str) -> dict:
+        """A block's MLP (the Llama MLP ``dense``; a member with experts gives its own)."""
+        return dense
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)

@@ -801,6 +801,15 @@ def test_granite_moe_computes_transformers_logits_decodes_alike_and_exports_as_i
     assert spec_blocks(spec)[0].mlp.shared == (model_type == "granitemoeshared")
 
 
+def test_olmoe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """OLMoE: QK-norm over whole projections (GQA), top-2 of 4 renormalised experts in every layer."""
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+
+    config = OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: OlmoeForCausalLM(config)), tmp_path / "checkpoint", "olmoe")
+    assert spec_blocks(spec)[0].mixer.qk_norm == "rmsnorm_full"
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

@@ -1,4 +1,4 @@
-"""transformers' ``deepseek_v3`` model type as attnspec specs, and back
+"""transformers' ``deepseek_v3`` and ``deepseek_v2`` model types as attnspec specs, and back
 (what a family states: :mod:`attnspec.interop.architecture`)."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 
+from attnspec.errors import shorten
 from attnspec.interop.architecture import (Architecture, Link, Row, block_prefix, common_fields, compress_layers,
                                            expanded_blocks, glu_links, glu_node, head_node, lm_links, moe_links,
                                            rename, rmsnorm_node, rope_config)
@@ -37,20 +38,20 @@ class DeepseekV3(Architecture):
         eps = config.number("rms_norm_eps", 1e-6)
         attention = mla_mixer(config)
         dense = config.get("first_k_dense_replace", int, 3)
-        experts = config.count("n_routed_experts", limit=limits.MAX_EXPERTS)
-        shared = config.get("n_shared_experts", int, 1)
-        if not 0 <= shared <= limits.MAX_EXPERTS:
-            raise config.refuse("n_shared_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
-        moe = {"kind": "moe", "experts": experts, "top_k": config.count("num_experts_per_tok", 8),
-               "hidden": config.count("moe_intermediate_size"), "activation": config.activation(),
-               "scoring": "sigmoid", "score_bias": True, "normalize": config.get("norm_topk_prob", bool, True),
-               "routed_scale": config.number("routed_scaling_factor", 1.0), "groups": config.count("n_group", 1),
-               "top_groups": config.count("topk_group", 1), "shared": shared,
-               **({"shared_hidden": shared * config.count("moe_intermediate_size")} if shared else {})}
+        moe = self.experts(config)
         blocks = [{"mixer": attention, "mlp": glu_node(config) if i < dense else moe, "norm": rmsnorm_node(eps)}
                   for i in range(layers)]
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, False)}
+
+    @staticmethod
+    def experts(config: Config) -> dict:
+        """DeepSeek-V3's experts: sigmoid scores with a correction bias, group-limited top-k, renormalised
+        (``norm_topk_prob``), times ``routed_scaling_factor``, beside ``n_shared_experts`` shared ones."""
+        return {**shared_experts(config), "top_k": config.count("num_experts_per_tok", 8), "scoring": "sigmoid",
+                "score_bias": True, "normalize": config.get("norm_topk_prob", bool, True),
+                "routed_scale": config.number("routed_scaling_factor", 1.0), "groups": config.count("n_group", 1),
+                "top_groups": config.count("topk_group", 1)}
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
@@ -91,6 +92,18 @@ class DeepseekV3(Architecture):
             else:
                 links += glu_links(f"{theirs}mlp.", f"{ours}mlp.", False)
         return links
+
+
+def shared_experts(config: Config) -> dict:
+    """DeepSeek's expert widths: ``n_routed_experts`` of ``moe_intermediate_size``, and the shared experts
+    as one MLP ``n_shared_experts`` times as wide."""
+    experts = config.count("n_routed_experts", limit=limits.MAX_EXPERTS)
+    shared = config.get("n_shared_experts", int, 1)
+    if not 0 <= shared <= limits.MAX_EXPERTS:
+        raise config.refuse("n_shared_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
+    hidden = config.count("moe_intermediate_size")
+    return {"kind": "moe", "experts": experts, "hidden": hidden, "activation": config.activation(), "shared": shared,
+            **({"shared_hidden": shared * hidden} if shared else {})}
 
 
 def mla_mixer(config: Config) -> dict:
@@ -147,4 +160,45 @@ def mla_links(mixer, theirs: str, ours: str) -> list[Link]:
     return [rename(f"{theirs}{their}", f"{ours}{our}") for their, our in names.items()]
 
 
-ARCHITECTURES = (DeepseekV3(),)
+class DeepseekV2(DeepseekV3):
+    """DeepSeek-V2: V3's layers with V2's router: softmax scores, the top ``num_experts_per_tok`` (greedy;
+    ``group_limited_greedy`` ranks groups by their best score, which attnspec's groups do not) times
+    ``routed_scaling_factor``, never renormalised (transformers' V2 router ignores ``norm_topk_prob``)."""
+
+    model_types = ("deepseek_v2",)
+    causal_lm = {"deepseek_v2": "DeepseekV2ForCausalLM"}
+
+    rows = (
+        Row(("deepseek_v2",),
+            "deepseek_v3's layers with V2's experts: softmax scores, greedy top-k times `routed_scaling_factor`, "
+            "not renormalised, beside the shared experts; RoPE on the decoupled part always interleaved",
+            "`topk_method: group_limited_greedy` (groups ranked by their best score); `mlp_bias`"),
+    )
+
+    @staticmethod
+    def experts(config: Config) -> dict:
+        method = config.get("topk_method", str, "greedy")
+        if method != "greedy":
+            raise config.refuse("topk_method", f"{shorten(method)}: attnspec's expert groups rank a group by the sum "
+                                "of its best two scores, DeepSeek-V2's by its best; greedy imports")
+        if config.get("mlp_bias", bool, False):
+            raise config.refuse("mlp_bias", "DeepSeek-V2's experts take no biases; false imports")
+        return {**shared_experts(config), "top_k": config.count("num_experts_per_tok", 6), "scoring": "softmax",
+                "normalize": False, "routed_scale": config.number("routed_scaling_factor", 1.0)}
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        if config.get("rope_interleave", bool, True) is not True:
+            raise config.refuse("rope_interleave", "DeepSeek-V2 rotates interleaved pairs; true imports")
+        return super().spec(config, model_type)
+
+    def config(self, spec, model_type: str) -> dict:
+        config = super().config(spec, model_type)
+        moe = next((b.mlp for b in expanded_blocks(spec) if b.mlp.kind == "moe"), None)
+        if moe is not None and (moe.scoring != "softmax" or moe.normalize or moe.score_bias or moe.groups != 1):
+            raise NotExpressible("deepseek_v2's experts are softmax-scored, greedy and not renormalised")
+        if not config.pop("rope_interleave"):
+            raise NotExpressible("deepseek_v2 rotates interleaved pairs")
+        return {**config, "topk_method": "greedy", "n_group": None, "topk_group": None}
+
+
+ARCHITECTURES = (DeepseekV3(), DeepseekV2())

@@ -810,6 +810,19 @@ def test_olmoe_computes_transformers_logits_decodes_alike_and_exports_as_itself(
     assert spec_blocks(spec)[0].mixer.qk_norm == "rmsnorm_full"
 
 
+@pytest.mark.parametrize("model_type", ["glm", "glm4"])
+def test_glm_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, model_type):
+    """GLM: q/k/v biases, interleaved RoPE on half of each head, a packed gate/up; GLM-4's sandwich norms."""
+    import transformers
+
+    name = {"glm": "Glm", "glm4": "Glm4"}[model_type]
+    config = getattr(transformers, f"{name}Config")(**SMALL, head_dim=8, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: getattr(transformers, f"{name}ForCausalLM")(config)),
+                     tmp_path / "checkpoint", model_type)
+    position = spec_blocks(spec)[0].mixer.position
+    assert (position.interleaved, position.rotary_fraction) == (True, 0.5)
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

@@ -152,7 +152,8 @@ class Config:
         return heads, kv_heads, width or d_model // heads
 
     def activation(self, field: str = "hidden_act",
-                   allowed: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu", "relu2"), default: str = "silu") -> str:
+                   allowed: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu", "relu2"),
+                   default: str = "silu") -> str:
         """The activation ``field`` names (``default`` where absent), as attnspec's name, if one of ``allowed``."""
         value = self.get(field, str, default)
         name = HF_ACTIVATIONS.get(value, value)

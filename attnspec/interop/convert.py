@@ -1,6 +1,7 @@
 """``attnspec import-hf`` and ``attnspec export-hf``: transformers checkpoints in, trained specs out.
 
-In: a checkpoint's ``config.json`` becomes a spec (its family in :mod:`attnspec.interop.families`, found by :mod:`attnspec.interop.registry`), its weights are
+In: a checkpoint's ``config.json`` becomes a spec (its family in :mod:`attnspec.interop.families`, found
+by :mod:`attnspec.interop.registry`), its weights are
 mapped tensor by tensor onto the spec's model, and the pair is built like any spec
 (:func:`attnspec.compiler.build.build_directory`: verified, compiled, exported).
 

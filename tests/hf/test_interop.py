@@ -823,6 +823,16 @@ def test_glm_computes_transformers_logits_decodes_alike_and_exports_as_itself(tm
     assert (position.interleaved, position.rotary_fraction) == (True, 0.5)
 
 
+@pytest.mark.parametrize("window", [None, 6])
+def test_starcoder2_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, window):
+    """StarCoder2: biased LayerNorms, projections and plain tanh-GeLU MLP, GQA, with and without its window."""
+    from transformers import Starcoder2Config, Starcoder2ForCausalLM
+
+    config = Starcoder2Config(**SMALL, sliding_window=window, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: Starcoder2ForCausalLM(config)), tmp_path / "checkpoint", "starcoder2")
+    assert (spec_blocks(spec)[0].norm.kind, spec_blocks(spec)[0].mlp.kind) == ("layernorm", "mlp")
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from attnspec.interop.architecture import (Architecture, Link, Row, Wrapper, attention_links, block_prefix, common_fields,
-                                           compress_layers, expanded_blocks, glu_links, head_node, lm_links,
-                                           rename, rmsnorm_node, rope_config)
+from attnspec.interop.architecture import (Architecture, Link, Row, Wrapper, attention_links, block_prefix,
+                                           common_fields, compress_layers, expanded_blocks, glu_links, head_node,
+                                           lm_links, rename, rmsnorm_node, rope_config)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.spec import limits
 
@@ -20,7 +20,8 @@ class Gemma3(Architecture):
 
     model_types = ("gemma3_text",)
     causal_lm = {"gemma3_text": "Gemma3ForCausalLM"}
-    wrappers = {"gemma3": Wrapper("gemma3_text", {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."},
+    wrappers = {"gemma3": Wrapper("gemma3_text",
+                                  {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."},
                                   ("vision_tower.", "multi_modal_projector."), ("final_logit_softcapping",))}
     """Gemma3ForConditionalGeneration applies no logit soft-cap: Gemma3ForCausalLM's alone."""
 

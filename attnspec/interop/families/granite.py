@@ -31,7 +31,8 @@ class Granite(LlamaFamily):
         blocks, eps = self.layer_blocks(config, "llama")
         scale = config.number("attention_multiplier", 1.0, positive=True)
         residual = config.number("residual_multiplier", 1.0)
-        blocks = [{**block, "mixer": {**block["mixer"], "scale": scale}, "mlp": self.mlp_node(config, block["mlp"], model_type),
+        blocks = [{**block, "mixer": {**block["mixer"], "scale": scale},
+                   "mlp": self.mlp_node(config, block["mlp"], model_type),
                    **({"residual_scale": residual} if residual != 1.0 else {})} for block in blocks]
         common = common_fields(config)
         common["input"]["scale"] = config.number("embedding_multiplier", 1.0, positive=True)

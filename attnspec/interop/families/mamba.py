@@ -32,7 +32,8 @@ class Mamba(Architecture):
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         eps = config.number("layer_norm_epsilon", 1e-5)
         norm = ("rms", config.number("mixer_rms_eps", 1e-6)) if model_type == "falcon_mamba" else ("none", eps)
-        blocks = [{"mixer": mamba1_mixer(config, self.FIELDS, *norm), "mlp": "none", "norm": rmsnorm_node(eps)}] * layers
+        mixer = mamba1_mixer(config, self.FIELDS, *norm)
+        blocks = [{"mixer": mixer, "mlp": "none", "norm": rmsnorm_node(eps)}] * layers
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, True)}
 

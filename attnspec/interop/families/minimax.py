@@ -75,7 +75,8 @@ class MiniMax(Architecture):
                                         f"got {shorten(value)}")
             blocks.append({"mixer": lightning if layer_type == "linear_attention" else attention, "mlp": moe,
                            "norm": rmsnorm_node(eps), "norm_placement": "normed_residual",
-                           "skip_scale": residual_scales(alpha, mlp_alpha), "residual_scale": residual_scales(beta, mlp_beta)})
+                           "skip_scale": residual_scales(alpha, mlp_alpha),
+                           "residual_scale": residual_scales(beta, mlp_beta)})
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, False)}
 

@@ -60,7 +60,8 @@ class LayerTypedWindows(LlamaFamily):
         first, mlp = mixers[0], blocks[0].mlp
         config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden, "num_hidden_layers": len(blocks),
                   "num_attention_heads": first.heads, "num_key_value_heads": first.kv_heads or first.heads,
-                  "head_dim": first.d_qk, "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": first.norm_eps,
+                  "head_dim": first.d_qk, "hidden_act": ACTIVATION_NAMES[mlp.activation],
+                  "rms_norm_eps": first.norm_eps,
                   "rope_parameters": rope_config(first.position),
                   "sliding_window": next((w for w in windows if w is not None), None),
                   "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows]}

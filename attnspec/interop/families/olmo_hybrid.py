@@ -58,7 +58,8 @@ class OlmoHybrid(Architecture):
                  **({"qk_groups": k_heads} if k_heads != v_heads else {})}
         mlp = glu_node(config)
         blocks = [{"mixer": delta, "mlp": mlp, "norm": rmsnorm_node(eps)} if t == "linear_attention" else
-                  {"mixer": attention, "mlp": mlp, "norm": rmsnorm_node(eps), "norm_placement": "output"} for t in types]
+                  {"mixer": attention, "mlp": mlp, "norm": rmsnorm_node(eps), "norm_placement": "output"}
+                  for t in types]
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, False)}
 

@@ -87,8 +87,8 @@ class Zamba2(Architecture):
         blocks = [{"mixer": mamba, "mlp": "none", "norm": rmsnorm_node(eps),
                    **({"shared": {"name": f"memory{hybrid.index(i) % memories}"}} if i in hybrid else {})}
                   for i in range(layers)]
-        return {**common_fields(config), "shared": shared, "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
-                "head": head_node(config, True)}
+        return {**common_fields(config), "shared": shared, "layers": compress_layers(blocks),
+                "final_norm": rmsnorm_node(eps), "head": head_node(config, True)}
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)

@@ -218,6 +218,18 @@ def glu_node(config: Config, hidden_field: str = "intermediate_size", bias: bool
             "bias": bias}
 
 
+def softmax_experts(config: Config, experts: int, hidden: int, top_k: int, normalize: bool,
+                    activation: str | None = None) -> dict:
+    """A sparse MoE block routed by a softmax over ``experts`` (``num_experts_per_tok`` of them, ``top_k``
+    where the config has none, renormalised with ``normalize``) of GLU experts ``hidden`` wide, of
+    ``activation`` (default: the config's ``hidden_act``, SiLU)."""
+    chosen = config.count("num_experts_per_tok", top_k)
+    if chosen > experts:
+        raise config.refuse("num_experts_per_tok", f"{chosen} experts per token of {experts}")
+    return {"kind": "moe", "experts": experts, "top_k": chosen, "hidden": hidden, "scoring": "softmax",
+            "activation": activation or config.activation(allowed=("silu",)), "normalize": normalize}
+
+
 def rmsnorm_node(eps: float) -> dict:
     return {"kind": "rmsnorm", "eps": eps}
 

@@ -13,6 +13,7 @@ from typing import Any
 from attnspec.errors import InteropError, shorten
 
 _MISSING = object()
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 MAX_COUNT = 1 << 40
 """Any count a config states (sizes, heads, ...) before the spec's own limits check it further."""
 
@@ -81,6 +82,16 @@ class Config:
         types = self.get("layer_types", list, default)
         if len(types) != layers or not all(isinstance(t, str) for t in types):
             raise self.refuse("layer_types", f"must list a type for each of the {layers} layers")
+        return types
+
+    def attention_layer_types(self, layers: int, default: list[str]) -> list[str]:
+        """``layer_types`` (``default`` where absent) of a model whose layers are all attention: each
+        ``full_attention`` or ``sliding_attention``, refused by layer otherwise."""
+        types = self.layer_types(layers, default)
+        unknown = [i for i, t in enumerate(types) if t not in ATTENTION_LAYER_TYPES]
+        if unknown:
+            raise self.refuse("layer_types", f"{types[unknown[0]]!r}: each layer is full_attention or "
+                              "sliding_attention", unknown)
         return types
 
     def rope(self, head_dim: int, default_fraction: float = 1.0, layer_type: str | None = None) -> dict:

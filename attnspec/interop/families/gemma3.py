@@ -49,11 +49,8 @@ class Gemma3(Architecture):
         bias = config.get("attention_bias", bool, False)
         window = config.count("sliding_window", 4096)
         pattern = config.count("sliding_window_pattern", 6)
-        types = config.layer_types(layers, ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                                            for i in range(layers)])
-        unknown = [i for i, t in enumerate(types) if t not in ("sliding_attention", "full_attention")]
-        if unknown:
-            raise config.refuse("layer_types", "each layer is sliding_attention or full_attention", unknown)
+        default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        types = config.attention_layer_types(layers, default)
         mlp = {"kind": "glu", "hidden": config.count("intermediate_size"), "bias": False,
                "activation": config.activation("hidden_activation")}
         blocks = []

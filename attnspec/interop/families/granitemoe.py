@@ -3,7 +3,7 @@ and back (what a family states: :mod:`attnspec.interop.architecture`)."""
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Link, Row, expanded_blocks, rename
+from attnspec.interop.architecture import Link, Row, expanded_blocks, rename, softmax_experts
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.granite import Granite
 from attnspec.spec import limits
@@ -27,11 +27,7 @@ class GraniteMoe(Granite):
 
     def mlp_node(self, config: Config, dense: dict, model_type: str) -> dict:
         experts = config.count("num_local_experts", 8, limit=limits.MAX_EXPERTS)
-        top_k = config.count("num_experts_per_tok", 2)
-        if top_k > experts:
-            raise config.refuse("num_experts_per_tok", f"{top_k} experts per token of {experts}")
-        moe = {"kind": "moe", "experts": experts, "top_k": top_k, "hidden": dense["hidden"],
-               "activation": dense["activation"], "scoring": "softmax", "normalize": True}
+        moe = softmax_experts(config, experts, dense["hidden"], 2, True, dense["activation"])
         shared = config.get("shared_intermediate_size", int, 0) if model_type == "granitemoeshared" else 0
         if shared:  # 0: no shared MLP (the config's default)
             shared = config.count("shared_intermediate_size")

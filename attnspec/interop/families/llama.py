@@ -92,11 +92,7 @@ class LlamaFamily(Architecture):
         first_windowed = config.get("max_window_layers", int, 28)
         default = ["sliding_attention" if window is not None and i >= first_windowed else "full_attention"
                    for i in range(layers)]
-        types = config.layer_types(layers, default)
-        unknown = [i for i, t in enumerate(types) if t not in ("full_attention", "sliding_attention")]
-        if unknown:
-            raise config.refuse("layer_types", f"{types[unknown[0]]!r} is not full_attention or sliding_attention",
-                                unknown)
+        types = config.attention_layer_types(layers, default)
         if window is None and "sliding_attention" in types:
             raise config.refuse("sliding_window", "layer_types names sliding layers but no window is set",
                                 [i for i, t in enumerate(types) if t == "sliding_attention"])

@@ -8,7 +8,6 @@ from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 from attnspec.spec import limits
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class LayerTypedWindows(LlamaFamily):
@@ -34,10 +33,7 @@ class LayerTypedWindows(LlamaFamily):
         default = (["sliding_attention" if window is not None else "full_attention"] * layers
                    if model_type == "ministral" else
                    ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers)])
-        types = config.layer_types(layers, default)
-        unknown = [i for i, t in enumerate(types) if t not in LAYER_TYPES]
-        if unknown:
-            raise config.refuse("layer_types", "each layer is full_attention or sliding_attention", unknown)
+        types = config.attention_layer_types(layers, default)
         sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
         if sliding and window is None:
             raise config.refuse("sliding_window", "layer_types names sliding layers but no window is set", sliding)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from attnspec.interop.architecture import (Link, Row, common_fields, compress_layers, expanded_blocks, head_node,
-                                           moe_links, rmsnorm_node, w123_links)
+                                           moe_links, rmsnorm_node, softmax_experts, w123_links)
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 from attnspec.spec import limits
@@ -32,11 +32,7 @@ class Mixtral(LlamaFamily):
         if config.number("router_jitter_noise", 0.0):
             raise config.refuse("router_jitter_noise", "attnspec's experts take no jitter; 0 imports")
         experts = config.count("num_local_experts", 8, limit=limits.MAX_EXPERTS)
-        top_k = config.count("num_experts_per_tok", 2)
-        if top_k > experts:
-            raise config.refuse("num_experts_per_tok", f"{top_k} experts per token of {experts}")
-        moe = {"kind": "moe", "experts": experts, "top_k": top_k, "hidden": config.count("intermediate_size"),
-               "activation": config.activation(allowed=("silu",)), "scoring": "softmax", "normalize": True}
+        moe = softmax_experts(config, experts, config.count("intermediate_size"), 2, True)
         blocks = [{**block, "mlp": moe} for block in blocks]
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, False)}

@@ -11,7 +11,6 @@ from attnspec.interop.architecture import (Architecture, Link, Row, attention_li
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.spec import limits
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class Olmo2(Architecture):
@@ -40,11 +39,8 @@ class Olmo2(Architecture):
         if model_type == "olmo2":
             types, window = ["full_attention"] * layers, None
         else:
-            types = config.layer_types(layers, ["sliding_attention" if (i + 1) % 4 else "full_attention"
-                                                for i in range(layers)])
-            unknown = [i for i, t in enumerate(types) if t not in LAYER_TYPES]
-            if unknown:
-                raise config.refuse("layer_types", "each layer is full_attention or sliding_attention", unknown)
+            default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
+            types = config.attention_layer_types(layers, default)
             window = config.count("sliding_window", 4096)
         mlp = glu_node(config)
         blocks = []

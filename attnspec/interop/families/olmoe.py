@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Link, Row, expanded_blocks, moe_links
+from attnspec.interop.architecture import Link, Row, expanded_blocks, moe_links, softmax_experts
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 from attnspec.spec import limits
@@ -32,12 +32,8 @@ class Olmoe(LlamaFamily):
             raise config.refuse("clip_qkv", "attnspec's attention does not clamp q, k and v; null imports")
         blocks, eps = self.layer_blocks(config, "llama")
         experts = config.count("num_experts", 64, limit=limits.MAX_EXPERTS)
-        top_k = config.count("num_experts_per_tok", 8)
-        if top_k > experts:
-            raise config.refuse("num_experts_per_tok", f"{top_k} experts per token of {experts}")
-        moe = {"kind": "moe", "experts": experts, "top_k": top_k, "hidden": config.count("intermediate_size"),
-               "activation": config.activation(allowed=("silu",)), "scoring": "softmax",
-               "normalize": config.get("norm_topk_prob", bool, False)}
+        moe = softmax_experts(config, experts, config.count("intermediate_size"), 8,
+                              config.get("norm_topk_prob", bool, False))
         blocks = [{**block, "mixer": {**block["mixer"], "qk_norm": "rmsnorm_full"}, "mlp": moe} for block in blocks]
         return self.assembled(config, blocks, eps)
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from attnspec.errors import shorten
 from attnspec.interop.architecture import (Link, Row, common_fields, compress_layers, expanded_blocks, head_node,
-                                           moe_links, rmsnorm_node)
+                                           moe_links, rmsnorm_node, softmax_experts)
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 from attnspec.spec import limits
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class QwenMoe(LlamaFamily):
@@ -42,19 +41,15 @@ class QwenMoe(LlamaFamily):
         if model_type == "qwen2_moe":
             bias = config.get("qkv_bias", bool, True)
             blocks = [{**b, "mixer": {**b["mixer"], "qkv_bias": bias, "out_bias": False}} for b in blocks]
-        field = "num_local_experts" if "num_local_experts" in config.data else "num_experts"  # Qwen3-MoE's is the first
+        field = "num_local_experts" if "num_local_experts" in config.data else "num_experts"  # Qwen3-MoE: the first
         experts = config.get(field, int, 60)
         if experts < 0 or experts > limits.MAX_EXPERTS:
             raise config.refuse(field, f"must be in 0..{limits.MAX_EXPERTS}, got {shorten(experts)}")
         step = config.count("decoder_sparse_step", 1)
         dense_only = config.layer_list("mlp_only_layers", layers)
         if experts:
-            top_k = config.count("num_experts_per_tok", 4)
-            if top_k > experts:
-                raise config.refuse("num_experts_per_tok", f"{top_k} experts per token of {experts}")
-            moe = {"kind": "moe", "experts": experts, "top_k": top_k, "hidden": config.count("moe_intermediate_size"),
-                   "activation": config.activation(allowed=("silu",)), "scoring": "softmax",
-                   "normalize": config.get("norm_topk_prob", bool, False)}
+            moe = softmax_experts(config, experts, config.count("moe_intermediate_size"), 4,
+                                  config.get("norm_topk_prob", bool, False))
             if model_type == "qwen2_moe":
                 moe.update(shared=1, shared_hidden=config.count("shared_expert_intermediate_size"), shared_gate=True)
             blocks = [{**b, "mlp": moe} if i not in dense_only and (i + 1) % step == 0 else b
@@ -72,11 +67,8 @@ class QwenMoe(LlamaFamily):
         if model_type == "qwen3_moe":
             return [window] * layers
         first_full = config.get("max_window_layers", int, 28)
-        types = config.layer_types(layers, ["sliding_attention" if (i + 1) % 2 and i < first_full else
-                                            "full_attention" for i in range(layers)])
-        unknown = [i for i, t in enumerate(types) if t not in LAYER_TYPES]
-        if unknown:
-            raise config.refuse("layer_types", "each layer is full_attention or sliding_attention", unknown)
+        default = ["sliding_attention" if (i + 1) % 2 and i < first_full else "full_attention" for i in range(layers)]
+        types = config.attention_layer_types(layers, default)
         return [window if t == "sliding_attention" else None for t in types]
 
     def config(self, spec, model_type: str) -> dict:

@@ -8,7 +8,6 @@ from attnspec.interop.architecture import (Row, common_fields, compress_layers, 
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class SmolLM3(LlamaFamily):
@@ -38,11 +37,9 @@ class SmolLM3(LlamaFamily):
             raise config.refuse("no_rope_layers", f"must list 1 (RoPE) or 0 (none) for each of the {layers} layers")
         windowed = config.get("use_sliding_window", bool, False)
         window = config.count("sliding_window", None)
-        types = config.layer_types(layers, ["sliding_attention" if windowed and window is not None and not rope
-                                            else "full_attention" for rope in roped])
-        unknown = [i for i, t in enumerate(types) if t not in LAYER_TYPES]
-        if unknown:
-            raise config.refuse("layer_types", "each layer is full_attention or sliding_attention", unknown)
+        default = ["sliding_attention" if windowed and window is not None and not rope else "full_attention"
+                   for rope in roped]
+        types = config.attention_layer_types(layers, default)
         sliding = [i for i, t in enumerate(types) if windowed and t == "sliding_attention"]
         if sliding and window is None:
             raise config.refuse("sliding_window", "layer_types names sliding layers but no window is set", sliding)

@@ -82,8 +82,16 @@ class Gemma3(Architecture):
                   "head_dim": first.d_qk, "hidden_activation": ACTIVATION_NAMES[mlp.activation],
                   "rms_norm_eps": first.norm_eps, "attention_bias": first.qkv_bias, "layer_types": types,
                   "sliding_window": next((w for w in windows if w is not None), 4096), "rope_parameters": rope,
-                  "query_pre_attn_scalar": first.scale ** -2, "final_logit_softcapping": spec.head.softcap}
+                  "query_pre_attn_scalar": self._scalar(first.scale), "final_logit_softcapping": spec.head.softcap}
         return config
+
+    @staticmethod
+    def _scalar(scale: float) -> int:
+        """``query_pre_attn_scalar`` of a softmax scale: a whole number (Gemma3TextConfig takes nothing else)."""
+        scalar = scale ** -2
+        if abs(scalar - round(scalar)) > 1e-6 * scalar:
+            raise NotExpressible(f"gemma3's softmax scale is a whole number's inverse root, not {scale!r}")
+        return round(scalar)
 
     def links(self, spec) -> list[Link]:
         links = lm_links(spec, "model.embed_tokens.weight", "model.norm.weight", 1.0)

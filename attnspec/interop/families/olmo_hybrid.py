@@ -22,7 +22,9 @@ class OlmoHybrid(Architecture):
         Row(("olmo_hybrid",),
             "Gated DeltaNet layers (beta in [0, 2] with `linear_allow_neg_eigval`) and attention layers in OLMo 2's "
             "placement (`norm_placement: output`, x + norm(f(x))) with QK-norm over the whole projection width "
-            "(`qk_norm: rmsnorm_full`), RoPE or none, each with a SiLU GLU",
+            "(`qk_norm: rmsnorm_full`), RoPE or none (null `rope_parameters` or theta, as OlmoHybridModel reads them; "
+            "transformers 5.24's from_pretrained fills a default RoPE in for null parameters, and import-hf's check "
+            "shows that difference), each with a SiLU GLU",
             "a checkpoint saved by transformers 5.24 with keys and values of different widths: it cuts the "
             "convolution into three equal q/k/v parts, which OLMo-core's layout is not (released checkpoints are "
             "exact)"),
@@ -39,7 +41,10 @@ class OlmoHybrid(Architecture):
         heads, kv_heads, head_dim = config.attention_heads(None)
         bias = config.get("attention_bias", bool, False)
         parameters = config.get("rope_parameters", dict, None)
-        rope = parameters is not None and parameters.get("rope_theta") is not None  # released checkpoints: none
+        # OlmoHybridModel's own test: no RoPE where the parameters or their theta are null (as released).
+        # transformers 5.24's config class fills a default RoPE in for null parameters when it loads a
+        # config.json, so its from_pretrained differs from its model's intent there; import-hf's check shows it
+        rope = parameters is not None and parameters.get("rope_theta") is not None
         attention = {"kind": "softmax", "heads": heads, "qk_norm": "rmsnorm_full", "norm_eps": eps, "qkv_bias": bias,
                      "out_bias": bias, "position": config.rope(head_dim) if rope else {"kind": "none"},
                      **({"kv_heads": kv_heads} if kv_heads != heads else {})}
@@ -77,8 +82,9 @@ class OlmoHybrid(Architecture):
                   "linear_num_key_heads": delta.qk_groups or delta.heads, "linear_key_head_dim": delta.d_qk,
                   "linear_value_head_dim": delta.d_v, "linear_conv_kernel_dim": delta.conv.width,
                   "linear_allow_neg_eigval": delta.beta == "2sigmoid",
+                  # no RoPE: a null theta (null parameters would load with a default RoPE filled in)
                   "rope_parameters": rope_config(attention.position) if attention.position.kind == "rope"
-                  else None}
+                  else {"rope_type": "default", "rope_theta": None}}
         return config
 
     def links(self, spec) -> list[Link]:

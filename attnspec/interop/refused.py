@@ -73,6 +73,9 @@ LACKS: dict[str, tuple[str, str]] = {
     "xlnet": ("model_type", "permutation language modelling with two-stream relative attention"),
     "bitnet": ("model_type", "BitNet's ternary-quantised linear maps and their sub-layer norms"),
     "olmo": ("model_type", "LayerNorms without weights or biases (and `clip_qkv`)"),
+    "apertus": ("hidden_act", "the xIELU activation (with its learned parameters per layer)"),
+    "ministral3": ("rope_parameters.llama_4_scaling_beta", "queries scaled by a factor growing with the position "
+                                                           "past `original_max_position_embeddings` (Llama 4's)"),
 }
 """Decoder-only types whose missing part is known: type -> (the config field that asks for it, the part)."""
 

@@ -285,12 +285,14 @@ def moe_links(moe, theirs: str, ours: str, shared: str = "shared_expert", router
     return links
 
 
-def attention_links(theirs: str, ours: str, bias: bool) -> list[Link]:
-    """Softmax attention's q, k, v and o projections (``o_proj`` is attnspec's ``out_proj``)."""
+def attention_links(theirs: str, ours: str, bias: bool, out_bias: bool | None = None) -> list[Link]:
+    """Softmax attention's q, k, v and o projections (``o_proj`` is attnspec's ``out_proj``); ``bias``: the
+    q/k/v biases, ``out_bias`` the output's (default: as ``bias``)."""
     links = [rename(f"{theirs}{n}_proj.weight", f"{ours}{n}_proj.weight") for n in "qkv"]
     links.append(rename(f"{theirs}o_proj.weight", f"{ours}out_proj.weight"))
     if bias:
         links += [rename(f"{theirs}{n}_proj.bias", f"{ours}{n}_proj.bias") for n in "qkv"]
+    if bias if out_bias is None else out_bias:
         links.append(rename(f"{theirs}o_proj.bias", f"{ours}out_proj.bias"))
     return links
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnspec.interop.architecture import (Architecture, Link, Row, block_prefix, common_fields, compress_layers,
-                                           expanded_blocks, glu_links, glu_node, head_node, lm_links, rename,
-                                           rmsnorm_node, rope_config)
+from attnspec.interop.architecture import (Architecture, Link, Row, attention_links, block_prefix, common_fields,
+                                           compress_layers, expanded_blocks, glu_links, glu_node, head_node, lm_links,
+                                           rename, rmsnorm_node, rope_config)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.spec import limits
 
@@ -112,13 +112,7 @@ class LlamaFamily(Architecture):
         if model_type == "qwen3" and first.qk_norm == "none":
             raise NotExpressible("qwen3 has QK-norm")
         mlp = blocks[0].mlp
-        config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
-                  "num_hidden_layers": len(blocks), "num_attention_heads": first.heads,
-                  "num_key_value_heads": first.kv_heads or first.heads, "head_dim": first.d_qk,
-                  "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": first.norm_eps,
-                  "rope_parameters": rope_config(first.position), "attention_bias": first.out_bias}
-        if first.position.rotary_fraction != 1.0:
-            config["rope_parameters"]["partial_rotary_factor"] = first.position.rotary_fraction
+        config = {**self.shared_fields(spec, first), "attention_bias": first.out_bias}
         if model_type == "llama":
             config["mlp_bias"] = getattr(mlp, "bias", False)  # experts have none
         elif model_type == "mistral":
@@ -145,17 +139,24 @@ class LlamaFamily(Architecture):
             links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
         return links
 
+    @staticmethod
+    def shared_fields(spec, mixer) -> dict:
+        """The config fields every Llama-shaped type writes alike: widths and counts, the first block's MLP
+        activation, and ``mixer``'s heads, norm eps and RoPE (with its partial fraction)."""
+        blocks = expanded_blocks(spec)
+        mlp = blocks[0].mlp
+        rope = rope_config(mixer.position)
+        if mixer.position.rotary_fraction != 1.0:
+            rope["partial_rotary_factor"] = mixer.position.rotary_fraction
+        return {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
+                "num_hidden_layers": len(blocks), "num_attention_heads": mixer.heads,
+                "num_key_value_heads": mixer.kv_heads or mixer.heads, "head_dim": mixer.d_qk,
+                "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": mixer.norm_eps,
+                "rope_parameters": rope}
+
     def projection_links(self, mixer, theirs: str, ours: str) -> list[Link]:
         """The attention's q, k, v and output projections (a member that packs them says how)."""
-        links = []
-        for name in ("q", "k", "v"):
-            links.append(rename(f"{theirs}{name}_proj.weight", f"{ours}{name}_proj.weight"))
-            if mixer.qkv_bias:
-                links.append(rename(f"{theirs}{name}_proj.bias", f"{ours}{name}_proj.bias"))
-        links.append(rename(f"{theirs}o_proj.weight", f"{ours}out_proj.weight"))
-        if mixer.out_bias:
-            links.append(rename(f"{theirs}o_proj.bias", f"{ours}out_proj.bias"))
-        return links
+        return attention_links(theirs, ours, mixer.qkv_bias, mixer.out_bias)
 
     def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:
         """A block's MLP's links (a member with experts adds theirs)."""

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Row, expanded_blocks, rope_config
-from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
+from attnspec.interop.architecture import Row, expanded_blocks
+from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 from attnspec.spec import limits
 
@@ -53,15 +53,10 @@ class LayerTypedWindows(LlamaFamily):
         windows = [getattr(m, "window", None) for m in mixers]
         if len({w for w in windows if w is not None}) > 1:
             raise NotExpressible(f"{model_type} has one sliding window")
-        first, mlp = mixers[0], blocks[0].mlp
-        config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden, "num_hidden_layers": len(blocks),
-                  "num_attention_heads": first.heads, "num_key_value_heads": first.kv_heads or first.heads,
-                  "head_dim": first.d_qk, "hidden_act": ACTIVATION_NAMES[mlp.activation],
-                  "rms_norm_eps": first.norm_eps,
-                  "rope_parameters": rope_config(first.position),
+        config = {**self.shared_fields(spec, mixers[0]),
                   "sliding_window": next((w for w in windows if w is not None), None),
                   "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows]}
-        return {**config, "mlp_bias": mlp.bias} if model_type == "cwm" else config
+        return {**config, "mlp_bias": blocks[0].mlp.bias} if model_type == "cwm" else config
 
 
 ARCHITECTURES = (LayerTypedWindows(),)

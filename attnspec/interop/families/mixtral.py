@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import (Link, Row, common_fields, compress_layers, expanded_blocks, head_node,
-                                           moe_links, rmsnorm_node, softmax_experts, w123_links)
+from attnspec.interop.architecture import Link, Row, expanded_blocks, moe_links, softmax_experts, w123_links
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 from attnspec.spec import limits
@@ -34,8 +33,7 @@ class Mixtral(LlamaFamily):
         experts = config.count("num_local_experts", 8, limit=limits.MAX_EXPERTS)
         moe = softmax_experts(config, experts, config.count("intermediate_size"), 2, True)
         blocks = [{**block, "mlp": moe} for block in blocks]
-        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
-                "head": head_node(config, False)}
+        return self.assembled(config, blocks, eps)
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)

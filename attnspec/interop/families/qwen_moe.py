@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 from attnspec.errors import shorten
-from attnspec.interop.architecture import (Link, Row, common_fields, compress_layers, expanded_blocks, head_node,
-                                           moe_links, rmsnorm_node, softmax_experts)
+from attnspec.interop.architecture import Link, Row, expanded_blocks, moe_links, softmax_experts
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 from attnspec.spec import limits
@@ -54,8 +53,7 @@ class QwenMoe(LlamaFamily):
                 moe.update(shared=1, shared_hidden=config.count("shared_expert_intermediate_size"), shared_gate=True)
             blocks = [{**b, "mlp": moe} if i not in dense_only and (i + 1) % step == 0 else b
                       for i, b in enumerate(blocks)]
-        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
-                "head": head_node(config, False)}
+        return self.assembled(config, blocks, eps)
 
     @staticmethod
     def _moe_windows(config: Config, model_type: str, layers: int) -> list[int | None]:

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import (Row, common_fields, compress_layers, expanded_blocks, head_node,
-                                           rmsnorm_node, rope_config)
-from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
+from attnspec.interop.architecture import Row, expanded_blocks
+from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 
 
@@ -50,8 +49,7 @@ class SmolLM3(LlamaFamily):
             if index in sliding:
                 mixer["window"] = window
             block["mixer"] = mixer
-        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
-                "head": head_node(config, False)}
+        return self.assembled(config, blocks, eps)
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
@@ -66,13 +64,9 @@ class SmolLM3(LlamaFamily):
         windows = [getattr(m, "window", None) for m in mixers]
         if len({w for w in windows if w is not None}) > 1:
             raise NotExpressible("smollm3 has one sliding window")
-        first, mlp = mixers[0], blocks[0].mlp
         window = next((w for w in windows if w is not None), None)
-        return {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden, "num_hidden_layers": len(blocks),
-                "num_attention_heads": first.heads, "num_key_value_heads": first.kv_heads or first.heads,
-                "head_dim": first.d_qk, "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": first.norm_eps,
-                "attention_bias": first.out_bias, "mlp_bias": mlp.bias,
-                "rope_parameters": rope_config(rotated[0].position), "no_rope_layers": [int(r) for r in roped],
+        return {**self.shared_fields(spec, rotated[0]), "attention_bias": mixers[0].out_bias,
+                "mlp_bias": blocks[0].mlp.bias, "no_rope_layers": [int(r) for r in roped],
                 "use_sliding_window": window is not None, "sliding_window": window,
                 "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows]}
 

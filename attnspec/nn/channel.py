@@ -20,7 +20,7 @@ class LayerNorm(nn.LayerNorm):
     """LayerNorm over the last dimension, with weight and bias."""
 
     def __init__(self, node, *, dim: int, **_):
-        super().__init__(dim)
+        super().__init__(dim, eps=node.eps)
 
 
 @register("norm", "rmsnorm")

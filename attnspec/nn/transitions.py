@@ -26,6 +26,10 @@ class Transition(nn.Module):
     """Base: ``forward(x)`` with x (B, L, d_model) -> Decay or None. Whether it is complex or per
     channel is the IR node's fact, copied here for the mixer's state layout."""
 
+    decays = True
+    """False where ``forward`` is None whatever x is: mixers then do not call it (a module call costs
+    microseconds per layer of every decoding step)."""
+
     def __init__(self, node):
         super().__init__()
         self.is_complex, self.per_channel = node.is_complex, node.per_channel
@@ -37,6 +41,8 @@ class Transition(nn.Module):
 
 @register("transition", "none")
 class NoTransition(Transition):
+    decays = False
+
     def __init__(self, node, **_):
         super().__init__(node)
 

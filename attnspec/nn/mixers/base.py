@@ -160,8 +160,8 @@ def check_prompt_fits(length: int, capacity: int) -> None:
 def check_position_held(position: Tensor, capacity: int, what: str, or_else: str = "") -> None:
     """Refuse a step at a ``position`` (B,) past the ``capacity`` positions a state holds (a full cache
     would wrap into a silent window): a ShapeError in eager code; in an exported step whose capacity is
-    the caller's (a dynamic size), a data-dependent assertion raised when the program runs, made once per
-    step and capacity (:func:`attnspec.ops.per_step.shared`). A fixed exported capacity is ``max_len``,
+    the caller's (a dynamic size), a data-dependent assertion raised when the program runs; either made once
+    per step and capacity (:func:`attnspec.ops.per_step.shared`). A fixed exported capacity is ``max_len``,
     which the model's own check bounds."""
     remedy = f"raise max_len or the capacity{', or ' + or_else if or_else else ''}"
     if torch.compiler.is_exporting():
@@ -172,9 +172,13 @@ def check_position_held(position: Tensor, capacity: int, what: str, or_else: str
         return
     if torch.compiler.is_compiling() or not position.numel():
         return
-    if int(position.max()) >= capacity:
-        raise ShapeError(f"{what} holds {capacity} positions (max_len, or the capacity the state was made with); "
-                         f"position {int(position.max())} is past it ({remedy})")
+
+    def check() -> None:  # one host read per step and capacity, not one per layer
+        if int(position.max()) >= capacity:
+            raise ShapeError(f"{what} holds {capacity} positions (max_len, or the capacity the state was made "
+                             f"with); position {int(position.max())} is past it ({remedy})")
+
+    shared("position held", (position, capacity), check)
 
 
 __all__ = ["Mixer", "autocast_dtype", "check_position_held", "check_prompt_fits", "full_precision", "holding",

@@ -66,6 +66,8 @@ class ProjectedMixer(Mixer):
         self.norm_groups = {"head": None, "group": node.query_heads, "full": 1}[node.norm_span]
         self.norm_center = node.norm_center  # a LayerNorm: the mean subtracted first (xLSTM)
         self.D = nn.Parameter(torch.ones(self.heads)) if node.skip else None  # Mamba2's skip, D v_t
+        # output stages beyond the projection (they compute in float32 in a half-precision model)
+        self.output_stages = self.D is not None or self.norm_weight is not None or self.gate is not None
         with torch.no_grad():  # `init_scale` multiplies PyTorch's default initialisation
             for projection in (self.q_proj, self.k_proj, self.v_proj, self.out_proj, self.gate, self.gate_down):
                 if projection is not None:
@@ -106,21 +108,30 @@ class ProjectedMixer(Mixer):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.qk_norm[name].to(t.dtype)
 
     def _project(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None,
-                 expand: bool = True, documents: Documents | None = None
+                 expand: bool = True, documents: Documents | None = None, widen_values: bool = True
                  ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
         """q, k (B, H, L, d_qk) normalised (``qk_norm``) and rotated at positions offset.., v (B, H, L, d_v),
         and the convolutions' new state (one tensor per stream; ``conv_state`` continues a sequence,
-        None starts one). ``expand=False`` leaves shared keys and values at their own head counts.
-        ``documents``: packed documents, whose positions restart at each (rotary positions, convolutions)."""
+        None starts one); in full precision (a half-precision model's widened), but v in the projection's
+        dtype where not ``widen_values``. ``expand=False`` leaves shared keys and values at their own head
+        counts. ``documents``: packed documents, whose positions restart at each (rotary positions,
+        convolutions)."""
         past = dict(zip(self.conv.widths, conv_state)) if conv_state is not None else {}
         restart = None if documents is None else documents.positions
         offset = offset if restart is None else restart
         new_state = {}
-        x, new_state["x"] = self.conv("x", x, past.get("x"), restart)
-        streams = {}
-        for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj)):
-            streams[name], new_state[name] = self.conv(name, projection(x), past.get(name), restart)
-        q, k, v = (full_precision(streams[name]) for name in ("q", "k", "v"))
+
+        def convolved(name: str, t: Tensor) -> Tensor:  # a stream without a filter is not handed to the module
+            if name not in self.conv.widths:  # (a module call is microseconds a layer in a decoding step)
+                return t
+            t, new_state[name] = self.conv(name, t, past.get(name), restart)
+            return t
+
+        x = convolved("x", x)
+        streams = {name: convolved(name, projection(x))
+                   for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj))}
+        q, k = full_precision(streams["q"]), full_precision(streams["k"])
+        v = full_precision(streams["v"]) if widen_values else streams["v"]
         q, k = self._normalized(q, "q", full=True), self._normalized(k, "k", full=True)
         q = self._normalized(self._heads(q, self.d_qk, self.q_heads), "q")
         k = self._normalized(self._heads(k, self.d_qk, self.k_heads, expand), "k")
@@ -129,7 +140,7 @@ class ProjectedMixer(Mixer):
 
     def _decay(self, x: Tensor) -> Decay | None:
         """The transition's decay joined with the position scheme's (ALiBi), in full precision."""
-        decay = combine_decays(self.transition(x), self.position.decay(x))
+        decay = combine_decays(self.transition(x) if self.transition.decays else None, self.position.decay(x))
         if decay is None:
             return None
         return Decay(full_precision(decay.log_mag), None if decay.phase is None else full_precision(decay.phase))
@@ -224,10 +235,17 @@ class KeyValueCache:
         if self.window is None:  # a full cache: its capacity is its slots (max_len, or a generation's length)
             check_position_held(position, state[0].shape[2], "full softmax attention", "give the mixer a `window`")
         x = x_t.unsqueeze(1)
-        q, k, v, conv_state = self._project(x, position, state[3:], expand=False)
+        # The values only enter the cache, and the output comes out in the cache's dtype: widened to float32
+        # only for a float32 cache (a prefilled one is the model's half dtype), and the output only for
+        # stages that compute in float32. Equal to widening both always (bfloat16 widens exactly), with 4
+        # conversions fewer per layer and token.
+        q, k, v, conv_state = self._project(x, position, state[3:], expand=False, widen_values=False)
+        v = v if v.dtype == state[1].dtype else full_precision(v)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[:, :, 0, 0]
         o, cache = softmax_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state[:3], position, log_a=log_a, scale=self.scale)
+        if self.output_stages:
+            o = full_precision(o)
         y = self._output(o.unsqueeze(2), x, v)
         return y[:, 0], cache + conv_state
 

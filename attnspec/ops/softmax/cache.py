@@ -216,7 +216,8 @@ class _Read(NamedTuple):
         place (no copy per query head). Returns (B, H_v, H / H_v, Dv)."""
         H, k_heads, v_heads = self.heads
         for size, expected in ((q.shape[1], H), (keys.shape[1], k_heads), (values.shape[1], v_heads)):
-            torch._check(size == expected)  # pins a traced read's head counts (eager: true already)
+            if isinstance(size, torch.SymInt):  # pins a traced read's head counts (a plain size is known already)
+                torch._check(size == expected)
         keys, values, bias = keys[:, :, :n], values[:, :, :n], None if bias is None else bias[:, :, :n]
         if k_heads == v_heads and not by_value:  # one fused call, a key head's H / H_k query heads its "positions"
             mask = None if bias is None else bias.reshape(-1, k_heads, H // k_heads, n)

@@ -170,6 +170,24 @@ class Architecture:
     rows: tuple[Row, ...] = ()
     """The README's rows for ``model_types`` and ``wrappers`` (each type in exactly one row; a test holds
     the README's table to them)."""
+    stored_names: dict[str, tuple[tuple[str, str], ...]] = {}
+    """model type -> the renames, in order, from transformers' tensor names (the ones :meth:`links` gives)
+    to the names its checkpoints store: ``(regex, replacement)`` pairs, transformers' ``WeightRenaming``
+    of the type read backwards (transformers renames a checkpoint's names on load and back on save)."""
+    config_fields: dict[str, dict[str, str]] = {}
+    """model type -> a released config's own field names -> transformers' (its config class's
+    ``attribute_map``): a config.json written with the released names reads as transformers reads it."""
+
+    def stored_links(self, spec, model_type: str) -> list[Link]:
+        """:meth:`links` with each transformers tensor named as ``model_type``'s checkpoints store it."""
+        import re
+        from dataclasses import replace
+
+        renames = self.stored_names.get(model_type, ())
+        links = self.links(spec)
+        for pattern, replacement in renames:
+            links = [replace(link, theirs=re.sub(pattern, replacement, link.theirs)) for link in links]
+        return links
 
     def spec(self, config: Config, model_type: str) -> dict:
         raise NotImplementedError

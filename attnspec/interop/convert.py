@@ -79,6 +79,9 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None,
     if not isinstance(model_type, str) or model_type not in architectures():
         raise InteropError(f"{source}: {refusal(model_type, config)}")
     architecture = architectures()[model_type]
+    for released, field in architecture.config_fields.get(model_type, {}).items():
+        if released in config and field not in config:  # read as transformers' config class reads it
+            config = {**config, field: config[released]}
     data = architecture.spec(Config(config, source), model_type)
     data = {"name": _name(directory),
             "description": f"Imported from a transformers {model_type} checkpoint "
@@ -130,7 +133,7 @@ def converted_tensors(spec, checkpoint: Path | str, model_type: str):
     checkpoint = Path(checkpoint)
     layout = target_layout(spec)
     architecture = architectures()[model_type]
-    links = architecture.links(spec)
+    links = architecture.stored_links(spec, model_type)
     files = weight_files(checkpoint)
     other = None  # the prefixes of a multimodal checkpoint's tensors that are not its text model's
     wrapper = wrappers().get(read_config(checkpoint).get("model_type"))
@@ -408,7 +411,7 @@ def export_model_hf(model, output: Path | str, *, model_type: str | None = None,
         break
     if config is not None:
         tensors = {link.theirs: link.join([ours[name] for name in link.ours])
-                   for link in architectures()[model_type].links(spec)}
+                   for link in architectures()[model_type].stored_links(spec, model_type)}
         tensors.update(architectures()[model_type].derived_tensors(spec, tensors, config))
     else:
         model_type = ATTNSPEC_TYPE

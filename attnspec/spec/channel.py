@@ -18,9 +18,10 @@ class NormComponent(Component):
 
 
 class LayerNormNode(NormComponent):
-    """LayerNorm: (x - mean) / std * weight + bias."""
+    """LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias (eps: torch's default, 1e-5)."""
 
     kind: Literal["layernorm"]
+    eps: Annotated[float, Field(gt=0, le=1)] = 1e-5
 
 
 class RmsNormNode(NormComponent):

@@ -783,6 +783,32 @@ def test_arcee_and_seed_oss_compute_transformers_logits_decode_alike_and_export_
     assert (spec_blocks(spec)[0].mixer.qkv_bias, spec_blocks(spec)[0].mixer.out_bias) == (True, False)
 
 
+def test_helium_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Helium: RoPE on interleaved pairs, q/k/v biases without the output's, MLP biases; a head width whose
+    heads are not the model's width is refused by its field (transformers' output projection could not take it)."""
+    from transformers import HeliumConfig, HeliumForCausalLM
+
+    config = HeliumConfig(**SMALL, head_dim=8, attention_bias=True, mlp_bias=True, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: HeliumForCausalLM(config)), tmp_path / "checkpoint", "helium")
+    mixer = spec_blocks(spec)[0].mixer
+    assert (mixer.position.interleaved, mixer.qkv_bias, mixer.out_bias) == (True, True, False)
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "head_dim": 12}))
+    with pytest.raises(InteropError, match="head_dim"):
+        spec_from_checkpoint(tmp_path / "checkpoint")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_ernie4_5_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, bias):
+    """ERNIE 4.5 (dense): RoPE on interleaved pairs, one `use_bias` for every projection."""
+    from transformers import Ernie4_5Config, Ernie4_5ForCausalLM
+
+    config = Ernie4_5Config(**SMALL, head_dim=8, use_bias=bias, tie_word_embeddings=False)
+    spec = _holds_to(_perturbed(lambda: Ernie4_5ForCausalLM(config)), tmp_path / "checkpoint", "ernie4_5")
+    block = spec_blocks(spec)[0]
+    assert (block.mixer.position.interleaved, block.mixer.out_bias, block.mlp.bias) == (True, bias, bias)
+
+
 @pytest.mark.parametrize("window", [None, 6])
 def test_phi3_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, window):
     """Phi-3's packed q/k/v and gate/up, partial RoPE (half the head), GQA, with and without its window."""
@@ -833,12 +859,25 @@ def test_glm_computes_transformers_logits_decodes_alike_and_exports_as_itself(tm
 
 @pytest.mark.parametrize("window", [None, 6])
 def test_starcoder2_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, window):
-    """StarCoder2: biased LayerNorms, projections and plain tanh-GeLU MLP, GQA, with and without its window."""
+    """StarCoder2: biased LayerNorms (an eps of its own, large enough to move the logits), projections and
+    plain tanh-GeLU MLP, GQA, with and without its window."""
     from transformers import Starcoder2Config, Starcoder2ForCausalLM
 
-    config = Starcoder2Config(**SMALL, sliding_window=window, pad_token_id=0)
+    config = Starcoder2Config(**SMALL, sliding_window=window, norm_epsilon=0.01, pad_token_id=0)
     spec = _holds_to(_perturbed(lambda: Starcoder2ForCausalLM(config)), tmp_path / "checkpoint", "starcoder2")
-    assert (spec_blocks(spec)[0].norm.kind, spec_blocks(spec)[0].mlp.kind) == ("layernorm", "mlp")
+    norm = spec_blocks(spec)[0].norm
+    assert (norm.kind, norm.eps, spec_blocks(spec)[0].mlp.kind) == ("layernorm", 0.01, "mlp")
+
+
+def test_jais2_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Jais 2: biased attention and plain squared-ReLU MLP under biased LayerNorms of its own eps."""
+    from transformers import Jais2Config, Jais2ForCausalLM
+
+    config = Jais2Config(**SMALL, layer_norm_eps=0.01, attention_bias=True, mlp_bias=True, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: Jais2ForCausalLM(config)), tmp_path / "checkpoint", "jais2")
+    block = spec_blocks(spec)[0]
+    assert (block.norm.kind, block.norm.eps, block.mlp.kind, block.mlp.activation) == ("layernorm", 0.01, "mlp",
+                                                                                      "relu2")
 
 
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
@@ -860,14 +899,27 @@ def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_
     assert windows == ([None, None] if model_type == "olmo2" else [6, None, 6])
 
 
-@pytest.mark.parametrize("model_type", ["internlm3", "iquestcoder"])
+@pytest.mark.parametrize("model_type", ["internlm3", "iquestcoder", "exaone"])
 def test_llama_under_another_name_imports_as_llama_and_exports_as_itself(tmp_path, model_type):
-    """Types transformers runs with LlamaForCausalLM itself, from their own config classes (biases on)."""
+    """Types transformers runs with LlamaForCausalLM itself, from their own config classes (biases on).
+    EXAONE 3's checkpoints store GPT-2-like names (transformers renames them on load, back on save), and its
+    released config.json names its fields as its remote code did: both read as transformers reads them."""
+    from safetensors import safe_open
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type, **SMALL, attention_bias=True, mlp_bias=True)
     assert config.model_type == model_type
-    _holds_to(_perturbed(lambda: LlamaForCausalLM(config)), tmp_path / "checkpoint", model_type)
+    spec = _holds_to(_perturbed(lambda: LlamaForCausalLM(config)), tmp_path / "checkpoint", model_type)
+    if model_type == "exaone":
+        with safe_open(tmp_path / "checkpoint" / "model.safetensors", "pt") as stored:
+            assert "transformer.h.0.attn.attention.out_proj.weight" in stored.keys()
+        path = tmp_path / "checkpoint" / "config.json"
+        fields = json.loads(path.read_text())
+        for released, field in (("num_layers", "num_hidden_layers"), ("layer_norm_epsilon", "rms_norm_eps"),
+                                ("activation_function", "hidden_act")):
+            fields[released] = fields.pop(field)
+        path.write_text(json.dumps(fields))
+        assert spec_from_checkpoint(tmp_path / "checkpoint")[1] == spec
 
 
 def test_bamba_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path):

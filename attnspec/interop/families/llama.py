@@ -16,12 +16,21 @@ class LlamaFamily(Architecture):
     """Llama-style decoders: RMSNorm, GQA softmax attention with RoPE, a SiLU GLU MLP. Mistral adds a
     sliding window, Qwen2 q/k/v biases and per-layer windows, Qwen3 QK-norm."""
 
-    ALIASES = {"internlm3": "llama", "iquestcoder": "llama"}
+    ALIASES = {"internlm3": "llama", "iquestcoder": "llama", "exaone": "llama"}
     """Types whose transformers model is another's own class (transformers 5.24's causal-LM mapping names
     LlamaForCausalLM for these) and whose configs hold nothing else: they read and write as that type."""
     model_types = ("llama", "mistral", "qwen2", "qwen3", *ALIASES)
     causal_lm = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "internlm3": "LlamaForCausalLM", "iquestcoder": "LlamaForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", **{alias: "LlamaForCausalLM" for alias in ALIASES}}
+    stored_names = {"exaone": ((r"^model\.embed_tokens\.", "transformer.wte."), (r"^model\.layers\.", "transformer.h."),
+                               (r"^model\.norm\.", "transformer.ln_f."),
+                               (r"\.self_attn\.o_proj\.", ".attn.attention.out_proj."),
+                               (r"\.self_attn\.", ".attn.attention."), (r"\.input_layernorm\.", ".ln_1."),
+                               (r"\.post_attention_layernorm\.", ".ln_2."), (r"\.mlp\.gate_proj\.", ".mlp.c_fc_0."),
+                               (r"\.mlp\.up_proj\.", ".mlp.c_fc_1."), (r"\.mlp\.down_proj\.", ".mlp.c_proj."))}
+    """EXAONE 3's checkpoints keep their GPT-2-like names (transformers' conversion_mapping renames them)."""
+    config_fields = {"exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+                                "activation_function": "hidden_act"}}
     export_order = ("mistral", "qwen3", "qwen2", "llama", *ALIASES)
     """A Llama-family spec with a window is a Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; an
     alias is written only where ``--model-type`` names it (llama states the same spec first)."""
@@ -44,8 +53,9 @@ class LlamaFamily(Architecture):
         Row(("qwen3",),
             "QK-norm (`qk_norm: rmsnorm`)",
             "as llama"),
-        Row(("internlm3", "iquestcoder"),
-            "as llama: transformers' model of these types is LlamaForCausalLM itself",
+        Row(("internlm3", "iquestcoder", "exaone"),
+            "as llama: transformers' model of these types is LlamaForCausalLM itself (EXAONE 3's tensors and "
+            "config fields under their released names: `transformer.h.N.attn.attention.*`, `num_layers`)",
             "as llama"),
     )
 

@@ -8,10 +8,6 @@ from attnspec.interop.architecture import (Link, Row, block_prefix, common_field
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 
-LAYER_NORM_EPS = 1e-5
-"""attnspec's LayerNorm's eps (torch's default), which StarCoder2's ``norm_epsilon`` must be."""
-
-
 class Starcoder2(LlamaFamily):
     """StarCoder2: softmax attention (GQA, RoPE, a window in every layer where ``sliding_window`` is set) and
     a plain MLP (``c_fc``, ``hidden_act``, ``c_proj``), every projection biased with ``use_bias``, under
@@ -25,19 +21,18 @@ class Starcoder2(LlamaFamily):
     rows = (
         Row(("starcoder2",),
             "softmax attention (GQA, RoPE, a `window` in every layer where `sliding_window` is set) and a plain MLP "
-            "(`mlp: {kind: mlp}`, tanh-GeLU), biased with `use_bias`, under LayerNorms with biases",
-            "`norm_epsilon` other than 1e-5 (attnspec's LayerNorm's); as llama"),
+            "(`mlp: {kind: mlp}`, tanh-GeLU), biased with `use_bias`, under LayerNorms with biases (`eps` = "
+            "norm_epsilon)",
+            "as llama"),
     )
 
     def spec(self, config: Config, model_type: str) -> dict:
-        if config.number("norm_epsilon", LAYER_NORM_EPS) != LAYER_NORM_EPS:
-            raise config.refuse("norm_epsilon", f"attnspec's LayerNorm has eps {LAYER_NORM_EPS}")
         layers = config.count("num_hidden_layers")
         blocks, _ = self.layer_blocks(config, "llama", [config.count("sliding_window", None)] * layers)
         bias = config.get("use_bias", bool, True)
         mlp = {"kind": "mlp", "hidden": config.count("intermediate_size"), "bias": bias,
                "activation": config.activation(default="gelu_pytorch_tanh")}
-        norm = {"kind": "layernorm"}
+        norm = {"kind": "layernorm", "eps": config.number("norm_epsilon", 1e-5, positive=True)}
         blocks = [{**block, "mixer": {**block["mixer"], "qkv_bias": bias, "out_bias": bias}, "mlp": mlp, "norm": norm}
                   for block in blocks]
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": norm,
@@ -55,7 +50,7 @@ class Starcoder2(LlamaFamily):
         config = super().config(spec, "llama" if window is None else "mistral")
         for field in ("rms_norm_eps", "attention_bias", "mlp_bias"):
             config.pop(field, None)
-        return {**config, "use_bias": blocks[0].mlp.bias, "norm_epsilon": LAYER_NORM_EPS, "sliding_window": window}
+        return {**config, "use_bias": blocks[0].mlp.bias, "norm_epsilon": blocks[0].norm.eps, "sliding_window": window}
 
     def links(self, spec) -> list[Link]:
         links = [*super().links(spec), rename("model.norm.bias", "final_norm.bias")]

@@ -72,7 +72,8 @@ class Link:
     weight - 1), exponentiated where ours is its ``log`` (a fixed transition's log-rate, MiniMax's
     slope), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)), its rows in
     ``stack`` slices along a leading axis (fused experts: (experts, rows, columns)), or the whole viewed
-    as ``view``.
+    as ``view``; a 2-D whole ``transpose``-d (GPT-2's ``Conv1D`` stores (in, out), a linear map's
+    transpose).
     """
 
     theirs: str
@@ -83,12 +84,13 @@ class Link:
     stack: int = 1
     view: tuple[int, ...] | None = None
     log: bool = False
+    transpose: bool = False
 
     @property
     def plain(self) -> bool:
         """One attnspec tensor that is the transformers tensor itself (a rename)."""
         return (len(self.ours) == 1 and self.groups == 1 and self.offset == 0.0 and not self.conv and self.stack == 1
-                and self.view is None and not self.log)
+                and self.view is None and not self.log and not self.transpose)
 
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
@@ -102,12 +104,16 @@ class Link:
             return joined.reshape(self.view)
         if self.stack > 1:
             joined = joined.reshape(self.stack, -1, *joined.shape[1:])
+        if self.transpose:
+            return joined.t()
         return joined.unsqueeze(1) if self.conv else joined
 
     def split(self, tensor: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
         """transformers -> attnspec, into tensors of ``shapes``."""
         import torch
 
+        if self.transpose:
+            tensor = tensor.t()
         if self.view is not None:
             tensor = tensor.reshape(sum(shape[0] for shape in shapes), *shapes[0][1:])
         if self.stack > 1:
@@ -177,6 +183,14 @@ class Architecture:
     config_fields: dict[str, dict[str, str]] = {}
     """model type -> a released config's own field names -> transformers' (its config class's
     ``attribute_map``): a config.json written with the released names reads as transformers reads it."""
+
+    def read(self, data: dict, model_type: str, source: str) -> Config:
+        """``data`` (a config.json's fields) to read as ``model_type``: its released field names
+        (:attr:`config_fields`) also under transformers' names where those are absent."""
+        for released, field in self.config_fields.get(model_type, {}).items():
+            if released in data and field not in data:
+                data = {**data, field: data[released]}
+        return Config(data, source)
 
     def stored_links(self, spec, model_type: str) -> list[Link]:
         """:meth:`links` with each transformers tensor named as ``model_type``'s checkpoints store it."""

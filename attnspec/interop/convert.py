@@ -79,10 +79,7 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None,
     if not isinstance(model_type, str) or model_type not in architectures():
         raise InteropError(f"{source}: {refusal(model_type, config)}")
     architecture = architectures()[model_type]
-    for released, field in architecture.config_fields.get(model_type, {}).items():
-        if released in config and field not in config:  # read as transformers' config class reads it
-            config = {**config, field: config[released]}
-    data = architecture.spec(Config(config, source), model_type)
+    data = architecture.spec(architecture.read(config, model_type, source), model_type)
     data = {"name": _name(directory),
             "description": f"Imported from a transformers {model_type} checkpoint "
                            f"({_printable(directory.resolve().name)}).",
@@ -156,7 +153,7 @@ def converted_tensors(spec, checkpoint: Path | str, model_type: str):
     covered = [name for link in links for name in link.ours]
     if sorted(covered) != sorted(layout):  # every tensor of the model comes from the checkpoint once
         raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(layout) - set(covered))[:3]} unset")
-    scales = architecture.weight_scales(spec, Config(read_config(checkpoint), str(checkpoint)))
+    scales = architecture.weight_scales(spec, architecture.read(read_config(checkpoint), model_type, str(checkpoint)))
     exact = torch.float64 if spec.dtype == "float64" else torch.float32
 
     def tensors():
@@ -283,7 +280,8 @@ def native_config(spec, model_type: str) -> dict:
               "vocab_size": spec.input.vocab_size, "max_position_embeddings": spec.max_len,
               "tie_word_embeddings": spec.head.tied, "dtype": spec.dtype, **drafted}
     try:
-        again = validate_data({"name": spec.name, **architecture.spec(Config(config, "config"), model_type)})
+        again = validate_data({"name": spec.name, **architecture.spec(architecture.read(config, model_type, "config"),
+                                                                      model_type)})
     except AttnSpecError as error:
         raise NotExpressible(str(error)) from None
     if _comparable(again) != _comparable(spec):

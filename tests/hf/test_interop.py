@@ -709,6 +709,24 @@ def test_granite_computes_transformers_logits_decodes_alike_and_exports_as_itsel
     assert (spec.input.scale, spec.head.scale, spec_blocks(spec)[0].residual_scale) == (3.0, 0.25, 0.5)
 
 
+@pytest.mark.parametrize("post_norm", [True, False])
+def test_hyperclovax_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, post_norm):
+    """HyperCLOVA X: Granite's multipliers with logits multiplied (not divided) by logits_scaling, the softmax
+    scale head_dim^-1/2 where attention_multiplier is unset, and a norm after each sub-layer (or none)."""
+    from transformers import HyperCLOVAXConfig, HyperCLOVAXForCausalLM
+
+    config = HyperCLOVAXConfig(**SMALL, embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=0.25,
+                               use_post_norm=post_norm, attention_bias=True, mlp_bias=True, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: HyperCLOVAXForCausalLM(config)), tmp_path / "checkpoint", "hyperclovax")
+    block = spec_blocks(spec)[0]
+    assert (spec.head.scale, block.mixer.scale) == (0.25, 8 ** -0.5)
+    assert block.norm_placement == ("sandwich" if post_norm else "pre")
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    del fields["attention_multiplier"]  # a released config may leave it out: head_dim^-1/2, as transformers reads it
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps(fields))
+    assert spec_from_checkpoint(tmp_path / "checkpoint")[1] == spec
+
+
 def test_smollm3_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """SmolLM3: every fourth layer without positions (NoPE), that layer windowed (a window shorter than the
     prompt), with every bias."""
@@ -878,6 +896,23 @@ def test_jais2_computes_transformers_logits_decodes_alike_and_exports_as_itself(
     block = spec_blocks(spec)[0]
     assert (block.norm.kind, block.norm.eps, block.mlp.kind, block.mlp.activation) == ("layernorm", 0.01, "mlp",
                                                                                       "relu2")
+
+
+@pytest.mark.parametrize("variant", ["plain", "by_layer", "unscaled", "gpt-sw3"])
+def test_gpt2_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, variant):
+    """GPT-2: learned positions, packed q/k/v and Conv1D (transposed) weights, biased LayerNorms of their own eps,
+    a plain MLP; the softmax scale divided by the layer's number, or 1 (without scale_attn_weights); untied."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=3, n_head=4, n_positions=64, n_inner=48,
+                        layer_norm_epsilon=0.01, activation_function="gelu_new", tie_word_embeddings=variant != "plain",
+                        scale_attn_by_inverse_layer_idx=variant == "by_layer", scale_attn_weights=variant != "unscaled")
+    model_type = "gpt-sw3" if variant == "gpt-sw3" else "gpt2"  # GPT-SW3's config class is GPT2Config
+    spec = _holds_to(_perturbed(lambda: GPT2LMHeadModel(config)), tmp_path / "checkpoint", model_type)
+    scales = [block.mixer.scale for block in spec_blocks(spec)]
+    assert scales == {"by_layer": [8 ** -0.5 / n for n in (1, 2, 3)], "unscaled": [1.0] * 3}.get(variant, [8 ** -0.5] * 3)
+    assert (spec.position.kind, spec.head.tied, spec_blocks(spec)[0].mlp.activation) == ("learned", variant != "plain",
+                                                                                         "gelu_tanh")
 
 
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])

@@ -29,15 +29,27 @@ class Granite(LlamaFamily):
 
     def spec(self, config: Config, model_type: str) -> dict:
         blocks, eps = self.layer_blocks(config, "llama")
-        scale = config.number("attention_multiplier", 1.0, positive=True)
+        scale = config.number("attention_multiplier", self.default_attention_multiplier(config), positive=True)
         residual = config.number("residual_multiplier", 1.0)
         blocks = [{**block, "mixer": {**block["mixer"], "scale": scale},
-                   "mlp": self.mlp_node(config, block["mlp"], model_type),
+                   "mlp": self.mlp_node(config, block["mlp"], model_type), **self.block_fields(config),
                    **({"residual_scale": residual} if residual != 1.0 else {})} for block in blocks]
         common = common_fields(config)
         common["input"]["scale"] = config.number("embedding_multiplier", 1.0, positive=True)
-        head = {**head_node(config, False), "scale": 1.0 / config.number("logits_scaling", 1.0, positive=True)}
+        head = {**head_node(config, False), "scale": self.head_scale(config)}
         return {**common, "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps), "head": head}
+
+    def default_attention_multiplier(self, config: Config) -> float:
+        """The softmax scale where ``attention_multiplier`` is unset (Granite's config class: 1)."""
+        return 1.0
+
+    def block_fields(self, config: Config) -> dict:
+        """Block fields a member sets in every block (none for Granite)."""
+        return {}
+
+    def head_scale(self, config: Config) -> float:
+        """The logits' multiplier: Granite divides them by ``logits_scaling``."""
+        return 1.0 / config.number("logits_scaling", 1.0, positive=True)
 
     def mlp_node(self, config: Config, dense: dict, model_type: str) -> dict:
         """A block's MLP (the Llama MLP ``dense``; a member with experts gives its own)."""

@@ -1,0 +1,104 @@
+"""transformers' ``gpt2`` model type (GPT-2, and GPT-SW3, whose config is GPT-2's) as attnspec specs, and back
+(what a family states: :mod:`attnspec.interop.architecture`)."""
+
+from __future__ import annotations
+
+from attnspec.interop.architecture import (Architecture, Link, Row, block_prefix, common_fields, compress_layers,
+                                           expanded_blocks, head_node, rename)
+from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
+from attnspec.spec import limits
+
+
+class Gpt2(Architecture):
+    """GPT-2: a learned position table added to the embeddings; in each block softmax attention (every head
+    its own keys and values, biases, q/k/v packed in ``c_attn``) and a plain MLP (``c_fc``, ``activation_function``,
+    ``c_proj``), under LayerNorms with biases; a tied head. Its ``Conv1D`` weights store each linear map
+    transposed (the links say so). The softmax scale is head_dim^-1/2 (1 without ``scale_attn_weights``), divided
+    by the layer's number with ``scale_attn_by_inverse_layer_idx``: each block's own ``scale``."""
+
+    model_types = ("gpt2", "gpt-sw3")
+    causal_lm = {"gpt2": "GPT2LMHeadModel", "gpt-sw3": "GPT2LMHeadModel"}
+    export_order = ("gpt2", "gpt-sw3")
+    """GPT-SW3 is GPT-2's model and config (gpt2 states the same spec first: written as gpt-sw3 only where
+    ``--model-type`` names it)."""
+    FIELDS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
+              "n_positions": "max_position_embeddings", "n_inner": "intermediate_size",
+              "activation_function": "hidden_act", "layer_norm_epsilon": "norm_eps"}
+    config_fields = {"gpt2": FIELDS, "gpt-sw3": FIELDS}
+    """GPT2Config's own names (its ``attribute_map`` read forwards) -> the names the reader asks for."""
+
+    rows = (
+        Row(("gpt2", "gpt-sw3"),
+            "a learned position table (`position: {kind: learned}`), softmax attention with biases (q/k/v packed, "
+            "`Conv1D` weights transposed) and a plain MLP (`activation_function`) under LayerNorms with biases; "
+            "`scale_attn_by_inverse_layer_idx` as each block's softmax `scale` (GPT-SW3's model is GPT-2's)",
+            "cross-attention (`add_cross_attention`); activations other than the gelu and relu kinds"),
+    )
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        if config.get("add_cross_attention", bool, False):
+            raise config.refuse("add_cross_attention", "cross-attention reads an encoder; attnspec imports decoders")
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        width, heads = config.count("hidden_size"), config.count("num_attention_heads")
+        if width % heads:
+            raise config.refuse("n_head", f"{heads} heads do not divide n_embd = {width}")
+        head_dim = width // heads
+        scale = head_dim ** -0.5 if config.get("scale_attn_weights", bool, True) else 1.0
+        by_layer = config.get("scale_attn_by_inverse_layer_idx", bool, False)
+        norm = {"kind": "layernorm", "eps": config.number("norm_eps", 1e-5, positive=True)}
+        mlp = {"kind": "mlp", "hidden": config.get("intermediate_size", int, None) or 4 * width, "bias": True,
+               "activation": config.activation(allowed=("gelu", "gelu_tanh", "relu", "relu2", "silu"),
+                                               default="gelu_new")}
+        blocks = [{"mixer": {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": True,
+                             "out_bias": True, "scale": scale / (index + 1) if by_layer else scale},
+                   "mlp": mlp, "norm": norm} for index in range(layers)]
+        return {**common_fields(config), "position": {"kind": "learned"}, "layers": compress_layers(blocks),
+                "final_norm": norm, "head": head_node(config, True)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        first = blocks[0]
+        unscaled = first.mixer.model_copy(update={"scale": None})
+        if spec.position.kind != "learned" or spec.final_norm.kind != "layernorm" or first.mixer.kind != "softmax" \
+                or any(b.mixer.model_copy(update={"scale": None}) != unscaled or (b.mlp, b.norm) != (first.mlp, first.norm)
+                       or b.norm_placement != "pre" for b in blocks):
+            raise NotExpressible("gpt2 is learned positions and alike blocks")
+        mixer = first.mixer
+        if getattr(mixer, "window", None) is not None or mixer.kv_heads not in (None, mixer.heads) \
+                or not (mixer.qkv_bias and mixer.out_bias) or mixer.qk_norm != "none" or mixer.d_qk != mixer.d_v \
+                or mixer.heads * mixer.d_qk != spec.d_model or getattr(mixer.position, "kind", "none") != "none" \
+                or first.mlp.kind != "mlp" or not first.mlp.bias or first.norm.kind != "layernorm":
+            raise NotExpressible("gpt2's blocks are biased attention of heads x head_dim = n_embd and a biased plain "
+                                 "MLP under LayerNorms")
+        scales = [mixer.d_qk ** -0.5 if b.mixer.scale is None else b.mixer.scale for b in blocks]
+        by_layer = len(blocks) > 1 and scales[1] != scales[0]
+        if any(scale != scales[0] / (index + 1 if by_layer else 1) for index, scale in enumerate(scales)) \
+                or scales[0] not in (mixer.d_qk ** -0.5, 1.0):
+            raise NotExpressible("gpt2's softmax scale is head_dim^-1/2 or 1, divided by the layer's number or not")
+        return {"vocab_size": spec.input.vocab_size, "n_positions": spec.max_len, "n_embd": spec.d_model,
+                "n_layer": len(blocks), "n_head": mixer.heads, "n_inner": first.mlp.hidden,
+                "activation_function": ACTIVATION_NAMES[first.mlp.activation], "layer_norm_epsilon": first.norm.eps,
+                "scale_attn_weights": scales[0] != 1.0, "scale_attn_by_inverse_layer_idx": by_layer,
+                "tie_word_embeddings": spec.head.tied}
+
+    def links(self, spec) -> list[Link]:
+        links = [rename("transformer.wte.weight", "embed.weight"), rename("transformer.wpe.weight", "position.table"),
+                 rename("transformer.ln_f.weight", "final_norm.weight"), rename("transformer.ln_f.bias", "final_norm.bias")]
+        if not spec.head.tied:
+            links.append(rename("lm_head.weight", "head.weight"))
+        for index in range(len(expanded_blocks(spec))):
+            theirs, ours = f"transformer.h.{index}.", block_prefix(index)
+            q, k, v = (f"{ours}mixer.{n}_proj" for n in "qkv")
+            links += [Link(f"{theirs}attn.c_attn.weight", (f"{q}.weight", f"{k}.weight", f"{v}.weight"), transpose=True),
+                      Link(f"{theirs}attn.c_attn.bias", (f"{q}.bias", f"{k}.bias", f"{v}.bias")),
+                      Link(f"{theirs}attn.c_proj.weight", (f"{ours}mixer.out_proj.weight",), transpose=True),
+                      rename(f"{theirs}attn.c_proj.bias", f"{ours}mixer.out_proj.bias"),
+                      Link(f"{theirs}mlp.c_fc.weight", (f"{ours}mlp.up.weight",), transpose=True),
+                      rename(f"{theirs}mlp.c_fc.bias", f"{ours}mlp.up.bias"),
+                      Link(f"{theirs}mlp.c_proj.weight", (f"{ours}mlp.down.weight",), transpose=True),
+                      rename(f"{theirs}mlp.c_proj.bias", f"{ours}mlp.down.bias")]
+            links += [rename(f"{theirs}ln_{n}.{p}", f"{ours}norm{n}.{p}") for n in (1, 2) for p in ("weight", "bias")]
+        return links
+
+
+ARCHITECTURES = (Gpt2(),)

@@ -915,6 +915,32 @@ def test_gpt2_computes_transformers_logits_decodes_alike_and_exports_as_itself(t
                                                                                          "gelu_tanh")
 
 
+@pytest.mark.parametrize("multi_query", [True, False])
+def test_gpt_bigcode_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, multi_query):
+    """GPTBigCode: GPT-2's model with linear projections, one key/value head (multi-query) or each head's q, k
+    and v packed in turn."""
+    from transformers import GPTBigCodeConfig, GPTBigCodeForCausalLM
+
+    config = GPTBigCodeConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, n_inner=48,
+                              layer_norm_epsilon=0.01, multi_query=multi_query)
+    spec = _holds_to(_perturbed(lambda: GPTBigCodeForCausalLM(config)), tmp_path / "checkpoint", "gpt_bigcode")
+    assert spec_blocks(spec)[0].mixer.kv_heads == (1 if multi_query else None)
+
+
+@pytest.mark.parametrize("afn", ["gelu", "relu"])
+def test_openai_gpt_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, afn):
+    """GPT (2018): GPT-2's layers with post-sum LayerNorms (no final norm) and its own names for the tables;
+    its `gelu` is the tanh approximation."""
+    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+    config = OpenAIGPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, afn=afn,
+                             layer_norm_epsilon=0.01)
+    spec = _holds_to(_perturbed(lambda: OpenAIGPTLMHeadModel(config)), tmp_path / "checkpoint", "openai-gpt")
+    block = spec_blocks(spec)[0]
+    assert (block.norm_placement, spec.final_norm.kind, block.mlp.activation) == (
+        "post", "none", {"gelu": "gelu_tanh", "relu": "relu"}[afn])
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

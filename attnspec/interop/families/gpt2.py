@@ -44,27 +44,31 @@ class Gpt2(Architecture):
             raise config.refuse("n_head", f"{heads} heads do not divide n_embd = {width}")
         head_dim = width // heads
         scale = head_dim ** -0.5 if config.get("scale_attn_weights", bool, True) else 1.0
-        by_layer = config.get("scale_attn_by_inverse_layer_idx", bool, False)
+        by_layer = self.scaled_by_layer(config)
+        shared = {"kv_heads": self.kv_heads(config, heads)}
         norm = {"kind": "layernorm", "eps": config.number("norm_eps", 1e-5, positive=True)}
         mlp = {"kind": "mlp", "hidden": config.get("intermediate_size", int, None) or 4 * width, "bias": True,
-               "activation": config.activation(allowed=("gelu", "gelu_tanh", "relu", "relu2", "silu"),
-                                               default="gelu_new")}
+               "activation": self.activation(config)}
+        placement = {} if self.PLACEMENT == "pre" else {"norm_placement": self.PLACEMENT}
         blocks = [{"mixer": {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": True,
-                             "out_bias": True, "scale": scale / (index + 1) if by_layer else scale},
-                   "mlp": mlp, "norm": norm} for index in range(layers)]
+                             "out_bias": True, "scale": scale / (index + 1) if by_layer else scale,
+                             **(shared if shared["kv_heads"] != heads else {})},
+                   "mlp": mlp, "norm": norm, **placement} for index in range(layers)]
         return {**common_fields(config), "position": {"kind": "learned"}, "layers": compress_layers(blocks),
-                "final_norm": norm, "head": head_node(config, True)}
+                "final_norm": norm if self.PLACEMENT == "pre" else {"kind": "none"}, "head": head_node(config, True)}
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
         first = blocks[0]
         unscaled = first.mixer.model_copy(update={"scale": None})
-        if spec.position.kind != "learned" or spec.final_norm.kind != "layernorm" or first.mixer.kind != "softmax" \
+        final = "layernorm" if self.PLACEMENT == "pre" else "none"
+        if spec.position.kind != "learned" or spec.final_norm.kind != final or first.mixer.kind != "softmax" \
                 or any(b.mixer.model_copy(update={"scale": None}) != unscaled or (b.mlp, b.norm) != (first.mlp, first.norm)
-                       or b.norm_placement != "pre" for b in blocks):
+                       or b.norm_placement != self.PLACEMENT for b in blocks):
             raise NotExpressible("gpt2 is learned positions and alike blocks")
         mixer = first.mixer
-        if getattr(mixer, "window", None) is not None or mixer.kv_heads not in (None, mixer.heads) \
+        kv_fields = self.kv_fields(mixer)
+        if getattr(mixer, "window", None) is not None \
                 or not (mixer.qkv_bias and mixer.out_bias) or mixer.qk_norm != "none" or mixer.d_qk != mixer.d_v \
                 or mixer.heads * mixer.d_qk != spec.d_model or getattr(mixer.position, "kind", "none") != "none" \
                 or first.mlp.kind != "mlp" or not first.mlp.bias or first.norm.kind != "layernorm":
@@ -72,31 +76,60 @@ class Gpt2(Architecture):
                                  "MLP under LayerNorms")
         scales = [mixer.d_qk ** -0.5 if b.mixer.scale is None else b.mixer.scale for b in blocks]
         by_layer = len(blocks) > 1 and scales[1] != scales[0]
-        if any(scale != scales[0] / (index + 1 if by_layer else 1) for index, scale in enumerate(scales)) \
+        if by_layer and not self.SCALED_BY_LAYER \
+                or any(scale != scales[0] / (index + 1 if by_layer else 1) for index, scale in enumerate(scales)) \
                 or scales[0] not in (mixer.d_qk ** -0.5, 1.0):
             raise NotExpressible("gpt2's softmax scale is head_dim^-1/2 or 1, divided by the layer's number or not")
         return {"vocab_size": spec.input.vocab_size, "n_positions": spec.max_len, "n_embd": spec.d_model,
                 "n_layer": len(blocks), "n_head": mixer.heads, "n_inner": first.mlp.hidden,
-                "activation_function": ACTIVATION_NAMES[first.mlp.activation], "layer_norm_epsilon": first.norm.eps,
-                "scale_attn_weights": scales[0] != 1.0, "scale_attn_by_inverse_layer_idx": by_layer,
-                "tie_word_embeddings": spec.head.tied}
+                **self.activation_fields(first.mlp.activation), "layer_norm_epsilon": first.norm.eps,
+                "scale_attn_weights": scales[0] != 1.0, "tie_word_embeddings": spec.head.tied, **kv_fields,
+                **({"scale_attn_by_inverse_layer_idx": by_layer} if self.SCALED_BY_LAYER else {})}
+
+    SCALED_BY_LAYER = True
+    """The type has ``scale_attn_by_inverse_layer_idx``."""
+    PLACEMENT = "pre"
+    """Where the blocks' LayerNorms are (``pre``: and a final one; ``post``: none after the last block)."""
+
+    def activation(self, config: Config) -> str:
+        return config.activation(allowed=("gelu", "gelu_tanh", "relu", "relu2", "silu"), default="gelu_new")
+
+    def activation_fields(self, activation: str) -> dict:
+        return {"activation_function": ACTIVATION_NAMES[activation]}
+    TRANSPOSED = True
+    """The projections are ``Conv1D``s, their weights stored transposed."""
+
+    def scaled_by_layer(self, config: Config) -> bool:
+        return config.get("scale_attn_by_inverse_layer_idx", bool, False)
+
+    def kv_heads(self, config: Config, heads: int) -> int:
+        """The key/value heads: GPT-2's heads each have their own."""
+        return heads
+
+    def kv_fields(self, mixer) -> dict:
+        """The config fields stating ``mixer``'s key/value heads (NotExpressible where the type cannot)."""
+        if mixer.kv_heads not in (None, mixer.heads):
+            raise NotExpressible("gpt2's heads each have their own keys and values")
+        return {}
+
+    def qkv_link(self, mixer, theirs: str, ours: str, kind: str) -> Link:
+        """``c_attn``'s ``kind`` (weight or bias): GPT-2 packs the whole q, then k, then v."""
+        return Link(f"{theirs}attn.c_attn.{kind}", tuple(f"{ours}mixer.{n}_proj.{kind}" for n in "qkv"),
+                    transpose=self.TRANSPOSED and kind == "weight")
 
     def links(self, spec) -> list[Link]:
-        links = [rename("transformer.wte.weight", "embed.weight"), rename("transformer.wpe.weight", "position.table"),
-                 rename("transformer.ln_f.weight", "final_norm.weight"), rename("transformer.ln_f.bias", "final_norm.bias")]
+        links = [rename("transformer.wte.weight", "embed.weight"), rename("transformer.wpe.weight", "position.table")]
+        if spec.final_norm.kind == "layernorm":
+            links += [rename(f"transformer.ln_f.{p}", f"final_norm.{p}") for p in ("weight", "bias")]
         if not spec.head.tied:
             links.append(rename("lm_head.weight", "head.weight"))
-        for index in range(len(expanded_blocks(spec))):
+        for index, block in enumerate(expanded_blocks(spec)):
             theirs, ours = f"transformer.h.{index}.", block_prefix(index)
-            q, k, v = (f"{ours}mixer.{n}_proj" for n in "qkv")
-            links += [Link(f"{theirs}attn.c_attn.weight", (f"{q}.weight", f"{k}.weight", f"{v}.weight"), transpose=True),
-                      Link(f"{theirs}attn.c_attn.bias", (f"{q}.bias", f"{k}.bias", f"{v}.bias")),
-                      Link(f"{theirs}attn.c_proj.weight", (f"{ours}mixer.out_proj.weight",), transpose=True),
-                      rename(f"{theirs}attn.c_proj.bias", f"{ours}mixer.out_proj.bias"),
-                      Link(f"{theirs}mlp.c_fc.weight", (f"{ours}mlp.up.weight",), transpose=True),
-                      rename(f"{theirs}mlp.c_fc.bias", f"{ours}mlp.up.bias"),
-                      Link(f"{theirs}mlp.c_proj.weight", (f"{ours}mlp.down.weight",), transpose=True),
-                      rename(f"{theirs}mlp.c_proj.bias", f"{ours}mlp.down.bias")]
+            links += [self.qkv_link(block.mixer, theirs, ours, kind) for kind in ("weight", "bias")]
+            for their_name, our_name in (("attn.c_proj", "mixer.out_proj"), ("mlp.c_fc", "mlp.up"),
+                                         ("mlp.c_proj", "mlp.down")):
+                links += [Link(f"{theirs}{their_name}.weight", (f"{ours}{our_name}.weight",), transpose=self.TRANSPOSED),
+                          rename(f"{theirs}{their_name}.bias", f"{ours}{our_name}.bias")]
             links += [rename(f"{theirs}ln_{n}.{p}", f"{ours}norm{n}.{p}") for n in (1, 2) for p in ("weight", "bias")]
         return links
 

@@ -58,7 +58,6 @@ LACKS: dict[str, tuple[str, str]] = {
     "gpt_oss": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator) and "
                               "clamped SwiGLU experts with biases"),
     "falcon": ("parallel_attn", "attention and the MLP in parallel on one LayerNorm's output"),
-    "gpt_neox": ("use_parallel_residual", "attention and the MLP in parallel, each on its own LayerNorm"),
     "gpt_neox_japanese": ("model_type", "attention and the MLP in parallel, with a bias added after the residual"),
     "gptj": ("model_type", "attention and the MLP in parallel on one LayerNorm's output (and interleaved partial "
                            "RoPE, `rotary_dim`)"),

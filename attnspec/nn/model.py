@@ -42,7 +42,8 @@ class Block(nn.Module):
     """``pre``: x + f(norm(x)); ``post``: norm(x + f(x)); ``sandwich``: x + post_norm(f(norm(x)));
     ``output``: x + norm(f(x)); ``normed_residual``: norm(x) + f(norm(x)); each sub-layer's skip and output
     times its own α and β (``skip_scale``, ``residual_scale``: α x + β f(x)); a sub-layer without its
-    residual drops the ``α x +``; ``mixer: none`` drops the mixer's sub-layer and its norm. A block that
+    residual drops the ``α x +``; ``mixer: none`` drops the mixer's sub-layer and its norm; ``parallel``:
+    x + f(norm(x)) + g(norm(x)) (or g(norm2(x))), the mixer and the MLP side by side. A block that
     calls a shared block (``shared_use``) adds its output to the mixer's input: x + f(norm(x + P S(..)))."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None,
@@ -54,7 +55,10 @@ class Block(nn.Module):
         self.mixer = build("mixer", node.mixer, d_model=d_model, max_len=max_len, seed=seed, **wide)
         self.mlp = None if node.mlp.is_identity else build("mlp", node.mlp, d_model=d_model)
         self.norm1 = None if node.mixer.is_identity else build("norm", node.norm, dim=d_in or d_model)  # `mixer: none`
-        self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None else None
+        # a parallel block with one norm (`shared_norm`) feeds the MLP the mixer's normalised input
+        self.parallel = node.parallel != "none"
+        self.norm2 = build("norm", node.norm, dim=d_model) if self.mlp is not None and node.parallel != "shared_norm" \
+            else None
         self.pre = node.norm_placement in ("pre", "sandwich", "normed_residual")
         self.normed_skip = node.norm_placement == "normed_residual"  # the skip carries norm(x), not x
         self.output_norm = node.norm_placement == "output"  # x + norm(f(x)): the one norm is on the output
@@ -85,6 +89,11 @@ class Block(nn.Module):
             x = x * skip_scale
         return norm(x + y) if after else x + y
 
+    def _parallel(self, x: Tensor, mix) -> Tensor:
+        """``parallel``: x + mix(norm1(x)) + mlp(norm1(x)), or mlp(norm2(x)) with its own norm."""
+        h = self.norm1(x)
+        return x + mix(h) + self.mlp(h if self.norm2 is None else self.norm2(x))
+
     def forward(self, x: Tensor, mode: str | None = None, embeddings: Tensor | None = None,
                 documents: Documents | None = None) -> Tensor:
         """x (B, L, d_in) -> (B, L, d_model); ``embeddings`` (B, L, d_model): the model's first hidden state,
@@ -92,6 +101,8 @@ class Block(nn.Module):
         each computed as if alone (only mixers that take them are handed them)."""
         feed = None if self.shared_use is None else self.shared_use(x, embeddings, documents)
         extra = {} if documents is None else {"documents": documents}
+        if self.parallel:
+            return self._parallel(x, lambda h: self.mixer(h, mode, **extra))
         if self.norm1 is not None:
             x = self._sublayer(x, lambda h: self.mixer(h, mode, **extra), self.norm1, self.mixer_residual,
                                self.post_norm1, self.mixer_scales, feed)
@@ -152,6 +163,8 @@ class Block(nn.Module):
             y, box["state"] = mixer_call(h)
             return y
 
+        if self.parallel:
+            return self._parallel(x, mix), tuple(box.get("state", ()))
         if self.norm1 is not None:
             x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales, feed)
         if self.mlp is not None:

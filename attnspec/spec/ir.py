@@ -77,6 +77,11 @@ class Block(Node):
     its own on each sub-layer's output (Gemma 2 and 3); `output`: x + norm(f(x)), the sub-layer's output
     normalised before the residual (OLMo 2); `normed_residual`: norm(x) + f(norm(x)), the skip carrying
     the normalised input (MiniMax)."""
+    parallel: Literal["none", "shared_norm", "own_norms"] = "none"
+    """The mixer and the MLP side by side on the block's input rather than one after the other:
+    x + mixer(norm(x)) + mlp(norm(x)) with one norm (`shared_norm`: GPT-J, Phi, Cohere, Falcon's
+    `parallel_attn`), x + mixer(norm(x)) + mlp(norm2(x)) with each its own (`own_norms`: GPT-NeoX's
+    `use_parallel_residual`). Needs `pre` placement and both residuals, unscaled."""
     residual: bool | Residuals = True
     """Skip connections around the mixer and the MLP: `true`, `false` (the rank-collapse study's pure
     attention network), or each sub-layer's own: `{mixer: false, mlp: true}`."""

@@ -112,6 +112,14 @@ def _block_rules(spec: Spec, block: Block, path: Path, width: int | None = None)
     yield from _mixer_rules(spec, mixer, at, width or spec.d_model)
     if mixer.is_identity and block.mlp.is_identity:
         yield at, "a block with neither a mixer nor an MLP computes nothing: give it one, or remove the block"
+    if block.parallel != "none":
+        if mixer.is_identity or block.mlp.is_identity:
+            yield path + ("parallel",), "a parallel block runs its mixer and its MLP side by side: it needs both"
+        elif block.norm_placement != "pre" or block.residuals() != (True, True) or block.scales() != ((1.0, 1.0),) * 2:
+            yield path + ("parallel",), ("a parallel block is x + mixer(norm(x)) + mlp(norm(x)): `pre` placement, "
+                                         "both residuals and no skip or residual scales")
+        elif block.shared is not None:
+            yield path + ("parallel",), "a block calling a shared block runs its mixer and MLP one after the other"
     for below, message in block.mlp.problems():
         yield path + ("mlp",) + below, message
 

@@ -941,6 +941,20 @@ def test_openai_gpt_computes_transformers_logits_decodes_alike_and_exports_as_it
         "post", "none", {"gelu": "gelu_tanh", "relu": "relu"}[afn])
 
 
+@pytest.mark.parametrize("parallel", [True, False])
+def test_gpt_neox_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, parallel):
+    """GPT-NeoX (Pythia): per-head packed q/k/v, RoPE on a quarter of each head, biased LayerNorms of their own
+    eps, attention and MLP side by side on their own norms (use_parallel_residual) or one after the other."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(**{**SMALL, "num_key_value_heads": None}, use_parallel_residual=parallel,
+                           layer_norm_eps=0.01, rope_parameters={"rope_type": "default", "rope_theta": 100.0,
+                                                                 "partial_rotary_factor": 0.25})
+    spec = _holds_to(_perturbed(lambda: GPTNeoXForCausalLM(config)), tmp_path / "checkpoint", "gpt_neox")
+    block = spec_blocks(spec)[0]
+    assert (block.parallel, block.mixer.position.rotary_fraction) == ("own_norms" if parallel else "none", 0.25)
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

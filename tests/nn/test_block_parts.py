@@ -180,3 +180,29 @@ def test_lightning_attention_s_parts_refuse_what_they_cannot_be():
                             ("blocks[*].mixer={kind: mamba, norm_span: full}", "norm_span")):
         with pytest.raises(SpecError, match=words):
             _model(override)
+
+
+@pytest.mark.parametrize("parallel", ["shared_norm", "own_norms"])
+def test_a_parallel_block_adds_its_mixer_and_mlp_of_the_same_input_and_decodes(parallel):
+    """GPT-J's and Phi's block (one norm feeding both) and GPT-NeoX's (each its own): x + f(n(x)) + g(n'(x)),
+    written out here from the block's own modules, and through decoding."""
+    model = _model(f"blocks[*].parallel={parallel}")
+    plain = _model()
+    x = model.embed(TOKENS)
+    with torch.no_grad():
+        for block in model.blocks:
+            h = block.norm1(x)
+            x = x + block.mixer(h) + block.mlp(h if parallel == "shared_norm" else block.norm2(x))
+        assert torch.allclose(model(TOKENS), model.head(model.final_norm(x)), rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(model(TOKENS), plain(TOKENS), atol=1e-3)  # not the sequential block
+        _decodes_as_it_computes(model)
+    norms = {name for name, _ in model.named_parameters() if name.startswith("blocks.0.norm")}
+    assert norms == {"blocks.0.norm1.weight"} | ({"blocks.0.norm2.weight"} if parallel == "own_norms" else set())
+
+
+@pytest.mark.parametrize("override, where", [
+    ("blocks[0].norm_placement=post", "parallel"), ("blocks[0].residual=false", "parallel"),
+    ("blocks[0].residual_scale=0.5", "parallel"), ("blocks[0].mlp={kind: none}", "parallel")])
+def test_a_parallel_block_refuses_what_it_cannot_be(override, where):
+    with pytest.raises(SpecError, match=where):
+        _model("blocks[0].parallel=shared_norm", override)

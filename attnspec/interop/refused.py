@@ -63,7 +63,6 @@ LACKS: dict[str, tuple[str, str]] = {
                            "RoPE, `rotary_dim`)"),
     "codegen": ("model_type", "attention and the MLP in parallel on one LayerNorm's output, q/k/v packed per "
                               "model-parallel shard"),
-    "phi": ("model_type", "attention and the MLP in parallel on one LayerNorm's output"),
     "cohere": ("model_type", "attention and the MLP in parallel on one bias-free LayerNorm's output"),
     "diffllama": ("model_type", "differential attention (the difference of two softmax maps, weighted by a learned "
                                 "lambda)"),

@@ -205,7 +205,7 @@ class Model(nn.Module):
         self.head_kind = head.kind
         self.pooling = getattr(head, "pooling", None)
         if head.kind == "lm":
-            self.head = None if head.tied else nn.Linear(d, spec.input.vocab_size, bias=False)
+            self.head = None if head.tied else nn.Linear(d, spec.input.vocab_size, bias=head.bias)
         elif head.kind == "classifier":
             self.head = nn.Linear(d, head.classes)
         else:

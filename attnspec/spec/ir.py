@@ -206,6 +206,8 @@ class LmHead(Node):
     softcap: Annotated[float, Field(gt=0, le=1e4)] | None = None
     """Cap the logits smoothly, cap * tanh(logits / cap), after `scale` (Gemma 2's
     `final_logit_softcapping`); unset: no cap."""
+    bias: bool = False
+    """A bias on the logits, before `scale` (an untied head's: Phi, GPT-J)."""
 
     def default_scale(self, d_model: int, version: int = 2) -> float:
         """The scale an unset ``scale`` resolves to (always 1 in a version-1 spec)."""

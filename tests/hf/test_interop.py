@@ -955,6 +955,23 @@ def test_gpt_neox_computes_transformers_logits_decodes_alike_and_exports_as_itse
     assert (block.parallel, block.mixer.position.rotary_fraction) == ("own_norms" if parallel else "none", 0.25)
 
 
+def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Phi (1, 1.5, 2): GQA attention with partial RoPE and a plain MLP side by side on one LayerNorm, a head
+    with a bias; LayerNorms on q and k, and a tied head, are refused by their fields."""
+    from transformers import PhiConfig, PhiForCausalLM
+
+    config = PhiConfig(**SMALL, layer_norm_eps=0.01, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: PhiForCausalLM(config)), tmp_path / "checkpoint", "phi")
+    block = spec_blocks(spec)[0]
+    assert (block.parallel, block.mixer.kv_heads, block.mixer.position.rotary_fraction, spec.head.bias) == (
+        "shared_norm", 2, 0.5, True)
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    for field in ("qk_layernorm", "tie_word_embeddings"):
+        (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, field: True}))
+        with pytest.raises(InteropError, match=field):
+            spec_from_checkpoint(tmp_path / "checkpoint")
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

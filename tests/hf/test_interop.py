@@ -955,6 +955,19 @@ def test_gpt_neox_computes_transformers_logits_decodes_alike_and_exports_as_itse
     assert (block.parallel, block.mixer.position.rotary_fraction) == ("own_norms" if parallel else "none", 0.25)
 
 
+@pytest.mark.parametrize("rotary_dim", [4, 8])
+def test_gptj_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, rotary_dim):
+    """GPT-J: bias-free attention with RoPE on interleaved pairs of the first rotary_dim channels (or all), side
+    by side with a plain MLP on one LayerNorm, a head with a bias."""
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    config = GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, n_inner=48,
+                        rotary_dim=rotary_dim, layer_norm_epsilon=0.01)
+    spec = _holds_to(_perturbed(lambda: GPTJForCausalLM(config)), tmp_path / "checkpoint", "gptj")
+    position = spec_blocks(spec)[0].mixer.position
+    assert (position.interleaved, position.rotary_width(8), spec.head.bias) == (True, rotary_dim, True)
+
+
 def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """Phi (1, 1.5, 2): GQA attention with partial RoPE and a plain MLP side by side on one LayerNorm, a head
     with a bias; LayerNorms on q and k, and a tied head, are refused by their fields."""

@@ -59,8 +59,6 @@ LACKS: dict[str, tuple[str, str]] = {
                               "clamped SwiGLU experts with biases"),
     "falcon": ("parallel_attn", "attention and the MLP in parallel on one LayerNorm's output"),
     "gpt_neox_japanese": ("model_type", "attention and the MLP in parallel, with a bias added after the residual"),
-    "codegen": ("model_type", "attention and the MLP in parallel on one LayerNorm's output, q/k/v packed per "
-                              "model-parallel shard"),
     "cohere": ("model_type", "attention and the MLP in parallel on one bias-free LayerNorm's output"),
     "diffllama": ("model_type", "differential attention (the difference of two softmax maps, weighted by a learned "
                                 "lambda)"),

@@ -595,7 +595,8 @@ def _holds_to(reference, directory, model_type: str, modes=("chunk",), generate:
     assert kind == model_type
     # a spec holds no special token ids: the export leaves them to the class's defaults, which for some
     # types (SmolLM3's padding id 128004) lie outside these tiny vocabularies
-    loaded = AutoModelForCausalLM.from_pretrained(exported, pad_token_id=reference.config.pad_token_id).eval()
+    pad = {"pad_token_id": reference.config.pad_token_id} if hasattr(reference.config, "pad_token_id") else {}
+    loaded = AutoModelForCausalLM.from_pretrained(exported, **pad).eval()
     assert type(loaded) is type(reference)
     with torch.no_grad():
         assert _relative(loaded(tokens).logits, expected) < BOUND
@@ -955,15 +956,18 @@ def test_gpt_neox_computes_transformers_logits_decodes_alike_and_exports_as_itse
     assert (block.parallel, block.mixer.position.rotary_fraction) == ("own_norms" if parallel else "none", 0.25)
 
 
-@pytest.mark.parametrize("rotary_dim", [4, 8])
-def test_gptj_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, rotary_dim):
+@pytest.mark.parametrize("model_type, rotary_dim", [("gptj", 4), ("gptj", 8), ("codegen", 4)])
+def test_gptj_and_codegen_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type,
+                                                                                          rotary_dim):
     """GPT-J: bias-free attention with RoPE on interleaved pairs of the first rotary_dim channels (or all), side
-    by side with a plain MLP on one LayerNorm, a head with a bias."""
-    from transformers import GPTJConfig, GPTJForCausalLM
+    by side with a plain MLP on one LayerNorm, a head with a bias; CodeGen: its q/k/v fused and packed by shard."""
+    import transformers
 
-    config = GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, n_inner=48,
-                        rotary_dim=rotary_dim, layer_norm_epsilon=0.01)
-    spec = _holds_to(_perturbed(lambda: GPTJForCausalLM(config)), tmp_path / "checkpoint", "gptj")
+    name = {"gptj": "GPTJ", "codegen": "CodeGen"}[model_type]
+    config = getattr(transformers, f"{name}Config")(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                                    n_inner=48, rotary_dim=rotary_dim, layer_norm_epsilon=0.01)
+    model = getattr(transformers, f"{name}ForCausalLM")
+    spec = _holds_to(_perturbed(lambda: model(config)), tmp_path / "checkpoint", model_type)
     position = spec_blocks(spec)[0].mixer.position
     assert (position.interleaved, position.rotary_width(8), spec.head.bias) == (True, rotary_dim, True)
 

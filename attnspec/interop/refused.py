@@ -59,7 +59,6 @@ LACKS: dict[str, tuple[str, str]] = {
                               "clamped SwiGLU experts with biases"),
     "falcon": ("parallel_attn", "attention and the MLP in parallel on one LayerNorm's output"),
     "gpt_neox_japanese": ("model_type", "attention and the MLP in parallel, with a bias added after the residual"),
-    "cohere": ("model_type", "attention and the MLP in parallel on one bias-free LayerNorm's output"),
     "diffllama": ("model_type", "differential attention (the difference of two softmax maps, weighted by a learned "
                                 "lambda)"),
     "jetmoe": ("model_type", "a mixture of attention heads (experts over attention projections)"),

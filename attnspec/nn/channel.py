@@ -17,10 +17,10 @@ from attnspec.nn.registry import register
 
 @register("norm", "layernorm")
 class LayerNorm(nn.LayerNorm):
-    """LayerNorm over the last dimension, with weight and bias."""
+    """LayerNorm over the last dimension, with weight and (unless ``bias: false``) bias."""
 
     def __init__(self, node, *, dim: int, **_):
-        super().__init__(dim, eps=node.eps)
+        super().__init__(dim, eps=node.eps, bias=node.bias)
 
 
 @register("norm", "rmsnorm")

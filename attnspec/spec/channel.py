@@ -22,6 +22,8 @@ class LayerNormNode(NormComponent):
 
     kind: Literal["layernorm"]
     eps: Annotated[float, Field(gt=0, le=1)] = 1e-5
+    bias: bool = True
+    """false: no bias, the weight alone (Cohere's, OLMo's)."""
 
 
 class RmsNormNode(NormComponent):

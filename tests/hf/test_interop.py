@@ -972,6 +972,21 @@ def test_gptj_and_codegen_compute_transformers_logits_decode_alike_and_export_as
     assert (position.interleaved, position.rotary_width(8), spec.head.bias) == (True, rotary_dim, True)
 
 
+def test_cohere_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Command R: attention with interleaved RoPE and a GLU side by side on one bias-free LayerNorm, the logits
+    scaled by logit_scale from a tied head; LayerNorms of q and k are refused by their field."""
+    from transformers import CohereConfig, CohereForCausalLM
+
+    config = CohereConfig(**SMALL, layer_norm_eps=0.01, logit_scale=0.5, attention_bias=True)
+    spec = _holds_to(_perturbed(lambda: CohereForCausalLM(config)), tmp_path / "checkpoint", "cohere")
+    block = spec_blocks(spec)[0]
+    assert (block.parallel, block.norm.bias, spec.head.scale, spec.head.tied) == ("shared_norm", False, 0.5, True)
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "use_qk_norm": True}))
+    with pytest.raises(InteropError, match="use_qk_norm"):
+        spec_from_checkpoint(tmp_path / "checkpoint")
+
+
 def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """Phi (1, 1.5, 2): GQA attention with partial RoPE and a plain MLP side by side on one LayerNorm, a head
     with a bias; LayerNorms on q and k, and a tied head, are refused by their fields."""

@@ -1,0 +1,56 @@
+"""transformers' ``cohere`` model type (Cohere Command R) as attnspec specs, and back (what a family states:
+:mod:`attnspec.interop.architecture`)."""
+
+from __future__ import annotations
+
+from attnspec.interop.architecture import Link, Row, common_fields, compress_layers, expanded_blocks, head_node
+from attnspec.interop.config import Config, NotExpressible
+from attnspec.interop.families.llama import LlamaFamily
+
+
+class Cohere(LlamaFamily):
+    """Command R: Llama's attention (RoPE on interleaved pairs) and GLU MLP side by side on one bias-free
+    LayerNorm's output (``parallel: shared_norm``, ``layernorm`` with ``bias: false``), the logits times
+    ``logit_scale`` (``head.scale``) from a head tied by default."""
+
+    ALIASES: dict[str, str] = {}
+    model_types = ("cohere",)
+    causal_lm = {"cohere": "CohereForCausalLM"}
+    export_order = None
+
+    rows = (
+        Row(("cohere",),
+            "llama's attention (interleaved RoPE) and GLU MLP side by side on one bias-free LayerNorm "
+            "(`parallel: shared_norm`), `logit_scale` as `head.scale`",
+            "LayerNorms of q and k per head (`use_qk_norm`); as llama"),
+    )
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        if config.get("use_qk_norm", bool, False):
+            raise config.refuse("use_qk_norm", "LayerNorms of each head's q and k with a weight per head: attnspec's "
+                                               "QK-norm is an RMSNorm shared by the heads")
+        blocks, _ = self.layer_blocks(config, "llama")
+        norm = {"kind": "layernorm", "eps": config.number("layer_norm_eps", 1e-5, positive=True), "bias": False}
+        mixer = blocks[0]["mixer"]
+        mixer = {**mixer, "position": {**mixer["position"], "interleaved": True}}
+        blocks = [{**block, "mixer": mixer, "norm": norm, "parallel": "shared_norm"} for block in blocks]
+        head = {**head_node(config, True), "scale": config.number("logit_scale", 0.0625, positive=True)}
+        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": norm, "head": head}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        first = blocks[0]
+        if any(b.parallel != "shared_norm" or b.norm != first.norm for b in blocks) or spec.final_norm != first.norm \
+                or first.norm.kind != "layernorm" or first.norm.bias \
+                or not getattr(first.mixer.position, "interleaved", False):
+            raise NotExpressible("cohere is parallel blocks on one bias-free LayerNorm with interleaved RoPE")
+        config = super().config(spec, "llama")
+        for field in ("rms_norm_eps", "mlp_bias"):
+            config.pop(field, None)
+        return {**config, "layer_norm_eps": first.norm.eps, "logit_scale": spec.head.scale, "use_qk_norm": False}
+
+    def links(self, spec) -> list[Link]:  # one norm a layer: no post_attention_layernorm
+        return [link for link in super().links(spec) if ".post_attention_layernorm." not in link.theirs]
+
+
+ARCHITECTURES = (Cohere(),)

@@ -987,6 +987,19 @@ def test_cohere_computes_transformers_logits_decodes_alike_and_exports_as_itself
         spec_from_checkpoint(tmp_path / "checkpoint")
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_stablelm_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, parallel):
+    """StableLM: q/k/v biases, RoPE on a quarter of each head (its default), GQA, biased LayerNorms, with
+    attention and MLP one after the other or side by side on one norm."""
+    from transformers import StableLmConfig, StableLmForCausalLM
+
+    config = StableLmConfig(**SMALL, layer_norm_eps=0.01, use_qkv_bias=True, use_parallel_residual=parallel)
+    spec = _holds_to(_perturbed(lambda: StableLmForCausalLM(config)), tmp_path / "checkpoint", "stablelm")
+    block = spec_blocks(spec)[0]
+    assert (block.parallel, block.mixer.position.rotary_fraction, block.mixer.qkv_bias, block.mixer.out_bias) == (
+        "shared_norm" if parallel else "none", 0.25, True, False)
+
+
 def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """Phi (1, 1.5, 2): GQA attention with partial RoPE and a plain MLP side by side on one LayerNorm, a head
     with a bias; LayerNorms on q and k, and a tied head, are refused by their fields."""

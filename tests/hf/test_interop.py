@@ -1000,6 +1000,17 @@ def test_stablelm_computes_transformers_logits_decodes_alike_and_exports_as_itse
         "shared_norm" if parallel else "none", 0.25, True, False)
 
 
+def test_nemotron_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Nemotron: partial RoPE (half, its default), GQA, every bias, a squared-ReLU plain MLP under LayerNorms
+    whose stored weight is the weight minus 1."""
+    from transformers import NemotronConfig, NemotronForCausalLM
+
+    config = NemotronConfig(**SMALL, norm_eps=0.01, attention_bias=True, mlp_bias=True)
+    spec = _holds_to(_perturbed(lambda: NemotronForCausalLM(config)), tmp_path / "checkpoint", "nemotron")
+    block = spec_blocks(spec)[0]
+    assert (block.mixer.position.rotary_fraction, block.mlp.activation, block.norm.kind) == (0.5, "relu2", "layernorm")
+
+
 def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """Phi (1, 1.5, 2): GQA attention with partial RoPE and a plain MLP side by side on one LayerNorm, a head
     with a bias; LayerNorms on q and k, and a tied head, are refused by their fields."""

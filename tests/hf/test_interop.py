@@ -1011,6 +1011,25 @@ def test_nemotron_computes_transformers_logits_decodes_alike_and_exports_as_itse
     assert (block.mixer.position.rotary_fraction, block.mlp.activation, block.norm.kind) == (0.5, "relu2", "layernorm")
 
 
+def test_dots1_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """dots.llm1: Qwen3's attention (QK-norm, GQA, a windowed layer) with a dense first layer, then DeepSeek-V3's
+    experts (sigmoid with a correction bias, two groups, renormalised, scaled) beside a shared expert."""
+    from transformers import Dots1Config, Dots1ForCausalLM
+
+    config = Dots1Config(**{**SMALL, "num_hidden_layers": 3}, moe_intermediate_size=16, n_routed_experts=4,
+                         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                         norm_topk_prob=True, routed_scaling_factor=2.0, sliding_window=6,
+                         layer_types=["full_attention", "sliding_attention", "full_attention"], pad_token_id=0)
+    reference = _perturbed(lambda: Dots1ForCausalLM(config))
+    with torch.no_grad():  # a correction bias large enough to change the choice
+        for layer in reference.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "dots1")
+    blocks = spec_blocks(spec)
+    assert [b.mlp.kind for b in blocks] == ["glu", "moe", "moe"]
+    assert [getattr(b.mixer, "window", None) for b in blocks] == [None, 6, None]
+
+
 def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """Phi (1, 1.5, 2): GQA attention with partial RoPE and a plain MLP side by side on one LayerNorm, a head
     with a bias; LayerNorms on q and k, and a tied head, are refused by their fields."""

@@ -67,10 +67,7 @@ class DeepseekV3(Architecture):
             config["intermediate_size"] = mlp.hidden
         moe = blocks[dense].mlp if dense < len(blocks) else None
         if moe is not None:
-            config.update({"n_routed_experts": moe.experts, "num_experts_per_tok": moe.top_k,
-                           "moe_intermediate_size": moe.hidden, "norm_topk_prob": moe.normalize,
-                           "routed_scaling_factor": moe.routed_scale, "n_group": moe.groups,
-                           "topk_group": moe.top_groups or moe.groups, "n_shared_experts": moe.shared})
+            config.update(experts_config(moe))
         config["hidden_act"] = ACTIVATION_NAMES[(mlp or moe).activation]
         return config
 
@@ -92,6 +89,13 @@ class DeepseekV3(Architecture):
             else:
                 links += glu_links(f"{theirs}mlp.", f"{ours}mlp.", False)
         return links
+
+
+def experts_config(moe) -> dict:
+    """An ``moe`` node's fields as DeepSeek's config states them (the inverse of :meth:`DeepseekV3.experts`)."""
+    return {"n_routed_experts": moe.experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.hidden,
+            "norm_topk_prob": moe.normalize, "routed_scaling_factor": moe.routed_scale, "n_group": moe.groups,
+            "topk_group": moe.top_groups or moe.groups, "n_shared_experts": moe.shared}
 
 
 def shared_experts(config: Config) -> dict:

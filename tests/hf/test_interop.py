@@ -1030,6 +1030,25 @@ def test_dots1_computes_transformers_logits_decodes_alike_and_exports_as_itself(
     assert [getattr(b.mixer, "window", None) for b in blocks] == [None, 6, None]
 
 
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_glm4_moe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, qk_norm):
+    """GLM-4.5: q/k/v biases, QK-norm or not, RoPE on half of each head, a dense first layer, then DeepSeek-V3's
+    experts (sigmoid with a correction bias, renormalised, scaled) beside a shared expert."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    config = Glm4MoeConfig(**{**SMALL, "num_hidden_layers": 3}, head_dim=8, moe_intermediate_size=16,
+                           n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                           routed_scaling_factor=2.0, attention_bias=True, use_qk_norm=qk_norm, pad_token_id=0)
+    reference = _perturbed(lambda: Glm4MoeForCausalLM(config))
+    with torch.no_grad():  # a correction bias large enough to change the choice
+        for layer in reference.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "glm4_moe")
+    mixer = spec_blocks(spec)[0].mixer
+    assert (mixer.qk_norm, mixer.position.rotary_fraction, mixer.out_bias) == ("rmsnorm" if qk_norm else "none", 0.5,
+                                                                              False)
+
+
 def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """Phi (1, 1.5, 2): GQA attention with partial RoPE and a plain MLP side by side on one LayerNorm, a head
     with a bias; LayerNorms on q and k, and a tied head, are refused by their fields."""

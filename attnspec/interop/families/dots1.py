@@ -28,32 +28,44 @@ class Dots1(LlamaFamily):
             "as qwen3 and deepseek_v3"),
     )
 
+    DENSE_LAYERS = 0
+    """``first_k_dense_replace``'s default (the config class's)."""
+    RENORMALISE = False
+    """``norm_topk_prob``'s default: Dots1Config's router does not renormalise unless asked (DeepSeek-V3's does)."""
+
     def spec(self, config: Config, model_type: str) -> dict:
+        blocks, eps = self.attention_blocks(config)
+        moe = DeepseekV3.experts(Config({"norm_topk_prob": self.RENORMALISE, **config.data}, config.source))
+        dense = config.get("first_k_dense_replace", int, self.DENSE_LAYERS)
+        return self.assembled(config, [{**block, "mlp": block["mlp"] if i < dense else moe}
+                                       for i, block in enumerate(blocks)], eps)
+
+    def attention_blocks(self, config: Config) -> tuple[list[dict], float]:
+        """Each layer's block with its attention and a dense MLP (:meth:`LlamaFamily.layer_blocks`), and the eps."""
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         types = config.attention_layer_types(layers, ["full_attention"] * layers)
         window = config.count("sliding_window", None)
         if window is None and "sliding_attention" in types:
             raise config.refuse("sliding_window", "layer_types names sliding layers but no window is set",
                                 [i for i, t in enumerate(types) if t == "sliding_attention"])
-        windows = [window if t == "sliding_attention" else None for t in types]
-        blocks, eps = self.layer_blocks(config, "qwen3", windows)
-        # Dots1Config's router does not renormalise unless asked (DeepSeek-V3's does)
-        moe = DeepseekV3.experts(Config({"norm_topk_prob": False, **config.data}, config.source))
-        dense = config.get("first_k_dense_replace", int, 0)
-        return self.assembled(config, [{**block, "mlp": block["mlp"] if i < dense else moe}
-                                       for i, block in enumerate(blocks)], eps)
+        return self.layer_blocks(config, "qwen3", [window if t == "sliding_attention" else None for t in types])
+
+    def attention_config(self, spec) -> dict:
+        """The config fields of the attention and the dense MLP (the inverse of :meth:`attention_blocks`)."""
+        config = super().config(spec, "qwen3")
+        config.pop("use_sliding_window")
+        return config
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
         dense = next((i for i, b in enumerate(blocks) if b.mlp.kind == "moe"), len(blocks))
         if any(b.mlp.kind != "moe" for b in blocks[dense:]) or any(b.mlp.kind != "glu" or b.mlp.bias
                                                                    for b in blocks[:dense]):
-            raise NotExpressible("dots1 has dense MLPs in its first layers and experts after them")
+            raise NotExpressible(f"{model_type} has dense MLPs in its first layers and experts after them")
         moe = blocks[dense].mlp if dense < len(blocks) else None
         if moe is not None and (moe.scoring != "sigmoid" or not moe.score_bias):
-            raise NotExpressible("dots1's experts are sigmoid-scored with a correction bias")
-        config = super().config(spec, "qwen3")
-        config.pop("use_sliding_window")
+            raise NotExpressible(f"{model_type}'s experts are sigmoid-scored with a correction bias")
+        config = self.attention_config(spec)
         if dense:
             config["intermediate_size"] = blocks[0].mlp.hidden
         return {**config, "first_k_dense_replace": dense, **(experts_config(moe) if moe is not None else {})}

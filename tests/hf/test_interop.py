@@ -1049,6 +1049,19 @@ def test_glm4_moe_computes_transformers_logits_decodes_alike_and_exports_as_itse
                                                                               False)
 
 
+def test_flex_olmo_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """FlexOlmo: OLMo 2's placement and whole-projection QK-norm with top-2 of 4 softmax-routed experts,
+    renormalised, in every layer."""
+    from transformers import FlexOlmoConfig, FlexOlmoForCausalLM
+
+    config = FlexOlmoConfig(**SMALL, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, attention_bias=True,
+                            pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: FlexOlmoForCausalLM(config)), tmp_path / "checkpoint", "flex_olmo")
+    block = spec_blocks(spec)[0]
+    assert (block.norm_placement, block.mixer.qk_norm, block.mlp.kind, block.mlp.normalize) == (
+        "output", "rmsnorm_full", "moe", True)
+
+
 def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """Phi (1, 1.5, 2): GQA attention with partial RoPE and a plain MLP side by side on one LayerNorm, a head
     with a bias; LayerNorms on q and k, and a tied head, are refused by their fields."""

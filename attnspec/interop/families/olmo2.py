@@ -42,7 +42,7 @@ class Olmo2(Architecture):
             default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
             types = config.attention_layer_types(layers, default)
             window = config.count("sliding_window", 4096)
-        mlp = glu_node(config)
+        mlp = self.mlp_node(config)
         blocks = []
         for layer_type in types:
             mixer: dict[str, Any] = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
@@ -70,7 +70,7 @@ class Olmo2(Architecture):
         first, mlp = mixers[0], blocks[0].mlp
         types = ["full_attention" if w is None else "sliding_attention" for w in windows]
         rope = {t: rope_config(m.position) for t, m in zip(types, mixers)}
-        config = {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden, "num_hidden_layers": len(blocks),
+        config = {"hidden_size": spec.d_model, **self.mlp_config(blocks), "num_hidden_layers": len(blocks),
                   "num_attention_heads": first.heads, "num_key_value_heads": first.kv_heads or first.heads,
                   "hidden_act": ACTIVATION_NAMES[mlp.activation], "rms_norm_eps": first.norm_eps,
                   "attention_bias": first.qkv_bias}
@@ -90,8 +90,22 @@ class Olmo2(Architecture):
                       rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k"),
                       rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm1.weight"),
                       rename(f"{theirs}post_feedforward_layernorm.weight", f"{ours}norm2.weight")]
-            links += glu_links(f"{theirs}mlp.", f"{ours}mlp.", False)
+            links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
         return links
+
+    def mlp_node(self, config: Config) -> dict:
+        """Every layer's MLP (a SiLU GLU; a member with experts gives its own)."""
+        return glu_node(config)
+
+    def mlp_config(self, blocks) -> dict:
+        """The config fields of the blocks' MLP (the inverse of :meth:`mlp_node`)."""
+        mlp = blocks[0].mlp
+        if any(b.mlp != mlp or b.mlp.kind != "glu" or b.mlp.bias for b in blocks):
+            raise NotExpressible("OLMo 2's layers have one bias-free GLU")
+        return {"intermediate_size": mlp.hidden}
+
+    def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:
+        return glu_links(theirs, ours, False)
 
 
 ARCHITECTURES = (Olmo2(),)

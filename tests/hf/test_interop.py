@@ -1030,6 +1030,22 @@ def test_dots1_computes_transformers_logits_decodes_alike_and_exports_as_itself(
     assert [getattr(b.mixer, "window", None) for b in blocks] == [None, 6, None]
 
 
+def test_solar_open_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Solar Open: q/k/v biases without the output's, DeepSeek-V3's experts (sigmoid with a correction bias,
+    renormalised, scaled) beside a shared expert in every layer."""
+    from transformers import SolarOpenConfig, SolarOpenForCausalLM
+
+    config = SolarOpenConfig(**{k: v for k, v in SMALL.items() if k != "intermediate_size"}, head_dim=8,
+                             moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                             routed_scaling_factor=2.0, attention_bias=True, pad_token_id=0)
+    reference = _perturbed(lambda: SolarOpenForCausalLM(config))
+    with torch.no_grad():  # a correction bias large enough to change the choice
+        for layer in reference.model.layers:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "solar_open")
+    assert [block.mlp.kind for block in spec_blocks(spec)] == ["moe", "moe"]
+
+
 @pytest.mark.parametrize("qk_norm", [True, False])
 def test_glm4_moe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, qk_norm):
     """GLM-4.5: q/k/v biases, QK-norm or not, RoPE on half of each head, a dense first layer, then DeepSeek-V3's

@@ -55,9 +55,17 @@ LACKS: dict[str, tuple[str, str]] = {
                            "token), which is no attnspec mixer yet"),
     "gemma2": ("attn_logit_softcapping", "a tanh soft-cap on the attention logits, which attnspec's softmax "
                                          "attention lacks"),
+    "vaultgemma": ("attn_logit_softcapping", "a tanh soft-cap on the attention logits (Gemma 2's), which attnspec's "
+                                             "softmax attention lacks"),
+    "granite_swa": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator)"),
+    "granitemoe_swa": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator)"),
+    "hunyuan_v1_dense": ("model_type", "an RMSNorm of q and k applied after RoPE (attnspec's QK-norm comes before "
+                                       "it, and a per-channel weight does not commute with the rotation)"),
+    "hunyuan_v1_moe": ("model_type", "an RMSNorm of q and k applied after RoPE (attnspec's QK-norm comes before "
+                                     "it, and a per-channel weight does not commute with the rotation)"),
+    "persimmon": ("qk_layernorm", "LayerNorms with biases on each head's q and k (attnspec's QK-norm is an RMSNorm)"),
     "gpt_oss": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator) and "
                               "clamped SwiGLU experts with biases"),
-    "falcon": ("parallel_attn", "attention and the MLP in parallel on one LayerNorm's output"),
     "gpt_neox_japanese": ("model_type", "attention and the MLP in parallel, with a bias added after the residual"),
     "diffllama": ("model_type", "differential attention (the difference of two softmax maps, weighted by a learned "
                                 "lambda)"),

@@ -1095,6 +1095,22 @@ def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tm
             spec_from_checkpoint(tmp_path / "checkpoint")
 
 
+@pytest.mark.parametrize("window", [6, None])
+def test_exaone4_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, window):
+    """EXAONE 4.0: OLMo 2's placement, QK-norm per head; windowed RoPE layers (a window shorter than the prompt)
+    and a global layer without positions by its pattern, or RoPE everywhere without windows."""
+    from transformers import Exaone4Config, Exaone4ForCausalLM
+
+    # (without a window, transformers' config class needs the layer types given: its default divides by 0)
+    types = {} if window else {"layer_types": ["full_attention"] * 3}
+    config = Exaone4Config(**{**SMALL, "num_hidden_layers": 3}, head_dim=12, sliding_window=window,
+                           sliding_window_pattern=3 if window else None, pad_token_id=0, **types)
+    spec = _holds_to(_perturbed(lambda: Exaone4ForCausalLM(config)), tmp_path / "checkpoint", "exaone4")
+    mixers = [block.mixer for block in spec_blocks(spec)]
+    assert [getattr(m, "window", None) for m in mixers] == ([6, 6, None] if window else [None] * 3)
+    assert [m.position.kind for m in mixers] == (["rope", "rope", "none"] if window else ["rope"] * 3)
+
+
 @pytest.mark.parametrize("model_type", ["olmo2", "olmo3"])
 def test_olmo2_and_olmo3_compute_transformers_logits_decode_alike_and_export_as_themselves(tmp_path, model_type):
     """OLMo 2's placement (x + norm(f(x))) with QK-norm over whole projections, GQA and biases; OLMo 3's

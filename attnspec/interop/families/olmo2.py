@@ -36,18 +36,13 @@ class Olmo2(Architecture):
         heads, kv_heads, head_dim = config.attention_heads()
         eps = config.number("rms_norm_eps", 1e-6)
         bias = config.get("attention_bias", bool, False)
-        if model_type == "olmo2":
-            types, window = ["full_attention"] * layers, None
-        else:
-            default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
-            types = config.attention_layer_types(layers, default)
-            window = config.count("sliding_window", 4096)
+        types, window = self.layer_types(config, model_type, layers)
         mlp = self.mlp_node(config)
         blocks = []
         for layer_type in types:
             mixer: dict[str, Any] = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
-                                     "qk_norm": "rmsnorm_full", "norm_eps": eps, "qkv_bias": bias, "out_bias": bias,
-                                     "position": config.rope(head_dim, layer_type=layer_type)}
+                                     "qk_norm": self.QK_NORM, "norm_eps": eps, "qkv_bias": bias, "out_bias": bias,
+                                     "position": self.position(config, head_dim, layer_type, window)}
             if kv_heads != heads:
                 mixer["kv_heads"] = kv_heads
             if layer_type == "sliding_attention":
@@ -56,12 +51,33 @@ class Olmo2(Architecture):
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, False)}
 
+    QK_NORM = "rmsnorm_full"
+    """OLMo's QK-norm: over the whole q and k projections."""
+
+    def layer_types(self, config: Config, model_type: str, layers: int) -> tuple[list[str], int | None]:
+        """Each layer's type (``full_attention`` or ``sliding_attention``) and the sliding window."""
+        if model_type == "olmo2":
+            return ["full_attention"] * layers, None
+        default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
+        return config.attention_layer_types(layers, default), config.count("sliding_window", 4096)
+
+    def position(self, config: Config, head_dim: int, layer_type: str, window: int | None) -> dict:
+        """A layer's position scheme: RoPE with its layer type's parameters."""
+        return config.rope(head_dim, layer_type=layer_type)
+
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
         mixers = [block.mixer for block in blocks]
-        if any(m.kind != "softmax" or m.position is None or m.position.kind != "rope" or m.qk_norm != "rmsnorm_full"
-               for m in mixers) or any(block.norm_placement != "output" for block in blocks):
-            raise NotExpressible(f"{model_type} is QK-normed softmax attention with RoPE in OLMo 2's placement")
+        if any(m.kind != "softmax" or m.qk_norm != self.QK_NORM for m in mixers) \
+                or any(block.norm_placement != "output" for block in blocks):
+            raise NotExpressible(f"{model_type} is QK-normed softmax attention in OLMo 2's placement")
+        return self.attention_config(spec, model_type, blocks)
+
+    def attention_config(self, spec, model_type: str, blocks) -> dict:
+        """The config of OLMo 2's and 3's attention (windows, RoPE per layer type) and MLP."""
+        mixers = [block.mixer for block in blocks]
+        if any(m.position is None or m.position.kind != "rope" for m in mixers):
+            raise NotExpressible(f"{model_type} has RoPE in every layer")
         windows = [getattr(m, "window", None) for m in mixers]
         if model_type == "olmo2" and any(windows):
             raise NotExpressible("olmo2 has no sliding windows")

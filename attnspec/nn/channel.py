@@ -17,10 +17,11 @@ from attnspec.nn.registry import register
 
 @register("norm", "layernorm")
 class LayerNorm(nn.LayerNorm):
-    """LayerNorm over the last dimension, with weight and (unless ``bias: false``) bias."""
+    """LayerNorm over the last dimension, with weight and (unless ``bias: false``) bias, or neither
+    (``affine: false``)."""
 
     def __init__(self, node, *, dim: int, **_):
-        super().__init__(dim, eps=node.eps, bias=node.bias)
+        super().__init__(dim, eps=node.eps, elementwise_affine=node.affine, bias=node.bias)
 
 
 @register("norm", "rmsnorm")

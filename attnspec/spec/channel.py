@@ -23,7 +23,9 @@ class LayerNormNode(NormComponent):
     kind: Literal["layernorm"]
     eps: Annotated[float, Field(gt=0, le=1)] = 1e-5
     bias: bool = True
-    """false: no bias, the weight alone (Cohere's, OLMo's)."""
+    """false: no bias, the weight alone (Cohere's)."""
+    affine: bool = True
+    """false: neither weight nor bias, the normalisation alone (OLMo 1's)."""
 
 
 class RmsNormNode(NormComponent):

@@ -1095,6 +1095,20 @@ def test_phi_computes_transformers_logits_decodes_alike_and_exports_as_itself(tm
             spec_from_checkpoint(tmp_path / "checkpoint")
 
 
+def test_olmo_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """OLMo 1: Llama's layers with every bias under LayerNorms without weights or biases; clip_qkv is refused."""
+    from transformers import OlmoConfig, OlmoForCausalLM
+
+    config = OlmoConfig(**SMALL, attention_bias=True, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: OlmoForCausalLM(config)), tmp_path / "checkpoint", "olmo")
+    assert (spec.final_norm.kind, spec.final_norm.affine, spec_blocks(spec)[0].mixer.out_bias) == ("layernorm", False,
+                                                                                                 True)
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "clip_qkv": 8.0}))
+    with pytest.raises(InteropError, match="clip_qkv"):
+        spec_from_checkpoint(tmp_path / "checkpoint")
+
+
 @pytest.mark.parametrize("window", [6, None])
 def test_exaone4_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, window):
     """EXAONE 4.0: OLMo 2's placement, QK-norm per head; windowed RoPE layers (a window shorter than the prompt)

@@ -63,6 +63,10 @@ LACKS: dict[str, tuple[str, str]] = {
                                        "it, and a per-channel weight does not commute with the rotation)"),
     "hunyuan_v1_moe": ("model_type", "an RMSNorm of q and k applied after RoPE (attnspec's QK-norm comes before "
                                      "it, and a per-channel weight does not commute with the rotation)"),
+    "phimoe": ("model_type", "the SparseMixer router (experts chosen and weighted by masked softmaxes, not top-k of "
+                             "one softmax)"),
+    "nanochat": ("model_type", "RoPE turning each pair the other way (its rotate_half is [x2, -x1]) and QK-norm "
+                               "after it"),
     "persimmon": ("qk_layernorm", "LayerNorms with biases on each head's q and k (attnspec's QK-norm is an RMSNorm)"),
     "gpt_oss": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator) and "
                               "clamped SwiGLU experts with biases"),

@@ -828,6 +828,22 @@ def test_ernie4_5_computes_transformers_logits_decodes_alike_and_exports_as_itse
     assert (block.mixer.position.interleaved, block.mixer.out_bias, block.mlp.bias) == (True, bias, bias)
 
 
+def test_ernie4_5_moe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """ERNIE 4.5 MoE: a dense first layer, then every second layer from the second with experts chosen by softmax
+    scores plus a correction bias (large enough to change the choice), renormalised, beside a shared expert."""
+    from transformers import Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM
+
+    config = Ernie4_5_MoeConfig(**{**SMALL, "num_hidden_layers": 4}, head_dim=8, moe_intermediate_size=16,
+                                moe_num_experts=4, moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=1,
+                                moe_layer_interval=2, tie_word_embeddings=False)
+    reference = _perturbed(lambda: Ernie4_5_MoeForCausalLM(config))
+    with torch.no_grad():
+        for layer in (reference.model.layers[1], reference.model.layers[3]):
+            layer.mlp.gate.moe_statics.e_score_correction_bias.copy_(torch.randn(1, 4))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "ernie4_5_moe")
+    assert [block.mlp.kind for block in spec_blocks(spec)] == ["glu", "moe", "glu", "moe"]
+
+
 @pytest.mark.parametrize("window", [None, 6])
 def test_phi3_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, window):
     """Phi-3's packed q/k/v and gate/up, partial RoPE (half the head), GQA, with and without its window."""

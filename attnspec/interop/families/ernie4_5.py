@@ -25,22 +25,30 @@ class Ernie4_5(LlamaFamily):
     )
 
     def spec(self, config: Config, model_type: str) -> dict:
+        return self.assembled(config, *self.ernie_blocks(config))
+
+    def ernie_blocks(self, config: Config) -> tuple[list[dict], float]:
+        """Each layer's block (its dense MLP) and the norms' eps."""
         blocks, eps = self.layer_blocks(config, "llama")
         bias = config.get("use_bias", bool, False)
         mixer = blocks[0]["mixer"]
         mixer = {**mixer, "qkv_bias": bias, "out_bias": bias, "position": {**mixer["position"], "interleaved": True}}
         mlp = {**blocks[0]["mlp"], "bias": bias}
-        return self.assembled(config, [{**block, "mixer": mixer, "mlp": mlp} for block in blocks], eps)
+        return [{**block, "mixer": mixer, "mlp": mlp} for block in blocks], eps
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
         bias = blocks[0].mixer.qkv_bias
+        dense = [block.mlp for block in blocks if block.mlp.kind != "moe"]
         if any(not getattr(block.mixer.position, "interleaved", False) or block.mixer.qkv_bias != bias
-               or block.mixer.out_bias != bias or getattr(block.mlp, "bias", None) != bias for block in blocks):
-            raise NotExpressible("ernie4_5 has interleaved RoPE and one bias setting for every projection")
-        config = super().config(spec, "llama")
+               or block.mixer.out_bias != bias for block in blocks) \
+                or any(mlp.kind != "glu" or mlp.bias != bias or mlp != dense[0] for mlp in dense):
+            raise NotExpressible(f"{model_type} has interleaved RoPE and one bias setting for every projection")
+        config = LlamaFamily.config(self, spec, "llama")
         for field in ("attention_bias", "mlp_bias"):
             config.pop(field, None)
+        if dense:
+            config["intermediate_size"] = dense[0].hidden
         return {**config, "use_bias": bias}
 
 

@@ -958,6 +958,25 @@ def test_openai_gpt_computes_transformers_logits_decodes_alike_and_exports_as_it
         "post", "none", {"gelu": "gelu_tanh", "relu": "relu"}[afn])
 
 
+@pytest.mark.parametrize("scale", [None, 0.2])
+def test_mpt_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, scale):
+    """MPT: ALiBi attention without biases (its own softmax scale, or head_dim^-1/2), an exact-GeLU MLP 4 times
+    as wide, LayerNorms without biases; attention parts attnspec lacks are refused by their fields."""
+    from transformers import MptConfig, MptForCausalLM
+
+    config = MptConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, layer_norm_epsilon=0.01,
+                       attn_config={"softmax_scale": scale})
+    spec = _holds_to(_perturbed(lambda: MptForCausalLM(config)), tmp_path / "checkpoint", "mpt")
+    block = spec_blocks(spec)[0]
+    assert (block.mixer.position.kind, block.mlp.hidden, block.norm.bias) == ("alibi", 128, False)
+    assert block.mixer.scale in (scale, None if scale else 8 ** -0.5)  # transformers writes the default it took
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    for attention in ({"clip_qkv": 8.0}, {"qk_ln": True}, {"alibi_bias_max": 16}):
+        (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "attn_config": attention}))
+        with pytest.raises(InteropError, match=next(iter(attention))):
+            spec_from_checkpoint(tmp_path / "checkpoint")
+
+
 @pytest.mark.parametrize("parallel", [True, False])
 def test_gpt_neox_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, parallel):
     """GPT-NeoX (Pythia): per-head packed q/k/v, RoPE on a quarter of each head, biased LayerNorms of their own

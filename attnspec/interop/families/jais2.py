@@ -25,9 +25,12 @@ class Jais2(Starcoder2):
             "as llama"),
     )
 
+    EPS_FIELD = "layer_norm_eps"
+    """The config field of the LayerNorms' eps."""
+
     def spec(self, config: Config, model_type: str) -> dict:
         blocks, _ = self.layer_blocks(config, "llama")
-        norm = {"kind": "layernorm", "eps": config.number("layer_norm_eps", 1e-5, positive=True)}
+        norm = {"kind": "layernorm", "eps": config.number(self.EPS_FIELD, 1e-5, positive=True)}
         mlp = {**blocks[0]["mlp"], "kind": "mlp", "activation": config.activation(default="relu2")}
         blocks = [{**block, "mlp": mlp, "norm": norm} for block in blocks]
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": norm,
@@ -39,10 +42,11 @@ class Jais2(Starcoder2):
         if any(b.norm.kind != "layernorm" or b.mlp.kind != "mlp" or b.mixer.qkv_bias != b.mixer.out_bias
                or getattr(b.mixer, "window", None) is not None for b in blocks) \
                 or spec.final_norm.kind != "layernorm":
-            raise NotExpressible("jais2 is LayerNormed attention (biases alike) and a plain MLP, without windows")
+            raise NotExpressible(f"{model_type} is LayerNormed attention (biases alike) and a plain MLP, without "
+                                 "windows")
         config = LlamaFamily.config(self, spec, "llama")
         config.pop("rms_norm_eps")
-        return {**config, "layer_norm_eps": first.norm.eps}
+        return {**config, self.EPS_FIELD: first.norm.eps}
 
     def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:
         return plain_mlp_links(theirs, ours, mlp.bias)

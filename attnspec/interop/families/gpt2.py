@@ -26,6 +26,12 @@ class Gpt2(Architecture):
               "activation_function": "hidden_act", "layer_norm_epsilon": "norm_eps"}
     config_fields = {"gpt2": FIELDS, "gpt-sw3": FIELDS}
     """GPT2Config's own names (its ``attribute_map`` read forwards) -> the names the reader asks for."""
+    SCALED_BY_LAYER = True
+    """The type has ``scale_attn_by_inverse_layer_idx``."""
+    PLACEMENT = "pre"
+    """Where the blocks' LayerNorms are (``pre``: and a final one; ``post``: none after the last block)."""
+    TRANSPOSED = True
+    """The projections are ``Conv1D``s, their weights stored transposed."""
 
     rows = (
         Row(("gpt2", "gpt-sw3"),
@@ -65,39 +71,35 @@ class Gpt2(Architecture):
         if spec.position.kind != "learned" or spec.final_norm.kind != final or first.mixer.kind != "softmax" \
                 or any(b.mixer.model_copy(update={"scale": None}) != unscaled or (b.mlp, b.norm) != (first.mlp, first.norm)
                        or b.norm_placement != self.PLACEMENT for b in blocks):
-            raise NotExpressible("gpt2 is learned positions and alike blocks")
+            raise NotExpressible(f"{model_type} is learned positions and alike blocks")
         mixer = first.mixer
         kv_fields = self.kv_fields(mixer)
         if getattr(mixer, "window", None) is not None \
                 or not (mixer.qkv_bias and mixer.out_bias) or mixer.qk_norm != "none" or mixer.d_qk != mixer.d_v \
                 or mixer.heads * mixer.d_qk != spec.d_model or getattr(mixer.position, "kind", "none") != "none" \
                 or first.mlp.kind != "mlp" or not first.mlp.bias or first.norm.kind != "layernorm":
-            raise NotExpressible("gpt2's blocks are biased attention of heads x head_dim = n_embd and a biased plain "
-                                 "MLP under LayerNorms")
+            raise NotExpressible(f"{model_type}'s blocks are biased attention of heads x head_dim = n_embd and a "
+                                 "biased plain MLP under LayerNorms")
         scales = [mixer.d_qk ** -0.5 if b.mixer.scale is None else b.mixer.scale for b in blocks]
         by_layer = len(blocks) > 1 and scales[1] != scales[0]
         if by_layer and not self.SCALED_BY_LAYER \
                 or any(scale != scales[0] / (index + 1 if by_layer else 1) for index, scale in enumerate(scales)) \
                 or scales[0] not in (mixer.d_qk ** -0.5, 1.0):
-            raise NotExpressible("gpt2's softmax scale is head_dim^-1/2 or 1, divided by the layer's number or not")
+            raise NotExpressible(f"{model_type}'s softmax scale is head_dim^-1/2 or 1 (divided by the layer's "
+                                 "number with scale_attn_by_inverse_layer_idx)")
         return {"vocab_size": spec.input.vocab_size, "n_positions": spec.max_len, "n_embd": spec.d_model,
                 "n_layer": len(blocks), "n_head": mixer.heads, "n_inner": first.mlp.hidden,
                 **self.activation_fields(first.mlp.activation), "layer_norm_epsilon": first.norm.eps,
                 "scale_attn_weights": scales[0] != 1.0, "tie_word_embeddings": spec.head.tied, **kv_fields,
                 **({"scale_attn_by_inverse_layer_idx": by_layer} if self.SCALED_BY_LAYER else {})}
 
-    SCALED_BY_LAYER = True
-    """The type has ``scale_attn_by_inverse_layer_idx``."""
-    PLACEMENT = "pre"
-    """Where the blocks' LayerNorms are (``pre``: and a final one; ``post``: none after the last block)."""
-
     def activation(self, config: Config) -> str:
+        """The MLP's activation (``activation_function``, GPT-2's gelu_new by default)."""
         return config.activation(allowed=("gelu", "gelu_tanh", "relu", "relu2", "silu"), default="gelu_new")
 
     def activation_fields(self, activation: str) -> dict:
+        """The config field stating the MLP's activation (the inverse of :meth:`activation`)."""
         return {"activation_function": ACTIVATION_NAMES[activation]}
-    TRANSPOSED = True
-    """The projections are ``Conv1D``s, their weights stored transposed."""
 
     def scaled_by_layer(self, config: Config) -> bool:
         return config.get("scale_attn_by_inverse_layer_idx", bool, False)

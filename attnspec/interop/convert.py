@@ -25,7 +25,7 @@ import torch
 from attnspec.compiler.manifest import sha256
 from attnspec.compiler.outdir import OutputKind, Scratch, check_output
 from attnspec.errors import AttnSpecError, InteropError, SpecError, shorten
-from attnspec.interop.config import Config, NotExpressible
+from attnspec.interop.config import NotExpressible
 from attnspec.interop.refused import refusal
 from attnspec.interop.registry import architectures, export_order, wrappers
 from attnspec.interop.checkpoint import CONFIG, WEIGHTS, ShardReader, read_config, weight_files, write_checkpoint

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Link, Row, block_prefix, expanded_blocks, rename
+from attnspec.interop.architecture import Link, Row, block_prefix, expanded_blocks
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.gpt2 import Gpt2
 from attnspec.interop.families.gptj import GptJ

@@ -1033,6 +1033,10 @@ def test_stablelm_computes_transformers_logits_decodes_alike_and_exports_as_itse
     block = spec_blocks(spec)[0]
     assert (block.parallel, block.mixer.position.rotary_fraction, block.mixer.qkv_bias, block.mixer.out_bias) == (
         "shared_norm" if parallel else "none", 0.25, True, False)
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    del fields["rope_parameters"]["partial_rotary_factor"]  # unstated: its config class's default, a quarter
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps(fields))
+    assert spec_from_checkpoint(tmp_path / "checkpoint")[1] == spec
 
 
 def test_nemotron_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):

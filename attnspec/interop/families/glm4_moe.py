@@ -18,6 +18,7 @@ class Glm4Moe(Dots1):
     causal_lm = {"glm4_moe": "Glm4MoeForCausalLM"}
     DENSE_LAYERS = 1
     RENORMALISE = True
+    ROTARY_FRACTION = 0.5
 
     rows = (
         Row(("glm4_moe",),
@@ -27,10 +28,6 @@ class Glm4Moe(Dots1):
     )
 
     def attention_blocks(self, config: Config) -> tuple[list[dict], float]:
-        fields = dict(config.data)
-        if fields.get("rope_parameters") is None and fields.get("partial_rotary_factor") is None:
-            fields["partial_rotary_factor"] = 0.5  # Glm4MoeConfig's default
-        config = Config(fields, config.source)
         blocks, eps = self.layer_blocks(config, "llama")
         mixer = {**blocks[0]["mixer"], "out_bias": False}
         if config.get("use_qk_norm", bool, False):
@@ -43,7 +40,6 @@ class Glm4Moe(Dots1):
             raise NotExpressible("glm4_moe's output projection has no bias and its QK-norm is per head")
         config = LlamaFamily.config(self, spec, "llama")
         config.pop("mlp_bias", None)
-        config["rope_parameters"]["partial_rotary_factor"] = mixer.position.rotary_fraction
         return {**config, "attention_bias": mixer.qkv_bias, "use_qk_norm": mixer.qk_norm == "rmsnorm"}
 
 

@@ -83,7 +83,7 @@ class LlamaFamily(Architecture):
             mixer["kv_heads"] = kv_heads
         if model_type == "qwen3":
             mixer["qk_norm"] = "rmsnorm"
-        mixer["position"] = config.rope(head_dim)
+        mixer["position"] = config.rope(head_dim, self.ROTARY_FRACTION)
         windows = self._windows(config, model_type, layers) if windows is None else windows
         mlp = glu_node(config, bias=config.get("mlp_bias", bool, False) if model_type == "llama" else False)
         return [{"mixer": mixer if window is None else {**mixer, "window": window}, "mlp": mlp,
@@ -149,14 +149,18 @@ class LlamaFamily(Architecture):
             links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
         return links
 
-    @staticmethod
-    def shared_fields(spec, mixer) -> dict:
+    ROTARY_FRACTION = 1.0
+    """The rotated fraction of each head where a config states no ``partial_rotary_factor`` (its config
+    class's default: a quarter for StableLM, half for Nemotron and GLM-4.5)."""
+
+    def shared_fields(self, spec, mixer) -> dict:
         """The config fields every Llama-shaped type writes alike: widths and counts, the first block's MLP
-        activation, and ``mixer``'s heads, norm eps and RoPE (with its partial fraction)."""
+        activation, and ``mixer``'s heads, norm eps and RoPE (with its partial fraction where it is not the
+        type's default)."""
         blocks = expanded_blocks(spec)
         mlp = blocks[0].mlp
         rope = rope_config(mixer.position)
-        if mixer.position.rotary_fraction != 1.0:
+        if mixer.position.rotary_fraction != self.ROTARY_FRACTION:
             rope["partial_rotary_factor"] = mixer.position.rotary_fraction
         return {"hidden_size": spec.d_model, "intermediate_size": mlp.hidden or mlp.expansion * spec.d_model,
                 "num_hidden_layers": len(blocks), "num_attention_heads": mixer.heads,

@@ -4,7 +4,6 @@ states: :mod:`attnspec.interop.architecture`)."""
 from __future__ import annotations
 
 from attnspec.interop.architecture import Link, Row, rename
-from attnspec.interop.config import Config
 from attnspec.interop.families.jais2 import Jais2
 
 
@@ -16,6 +15,7 @@ class Nemotron(Jais2):
     model_types = ("nemotron",)
     causal_lm = {"nemotron": "NemotronForCausalLM"}
     EPS_FIELD = "norm_eps"
+    ROTARY_FRACTION = 0.5
 
     rows = (
         Row(("nemotron",),
@@ -23,11 +23,6 @@ class Nemotron(Jais2):
             "LayerNorms whose checkpoint weight is the weight minus 1",
             "as llama"),
     )
-
-    def spec(self, config: Config, model_type: str) -> dict:
-        if config.data.get("rope_parameters") is None and config.data.get("partial_rotary_factor") is None:
-            config = Config({**config.data, "partial_rotary_factor": 0.5}, config.source)  # NemotronConfig's default
-        return super().spec(config, model_type)
 
     def links(self, spec) -> list[Link]:
         return [rename(link.theirs, link.ours[0], offset=1.0)

@@ -18,6 +18,7 @@ class StableLm(LlamaFamily):
     model_types = ("stablelm",)
     causal_lm = {"stablelm": "StableLmForCausalLM"}
     export_order = None
+    ROTARY_FRACTION = 0.25
 
     rows = (
         Row(("stablelm",),
@@ -30,10 +31,6 @@ class StableLm(LlamaFamily):
         if config.get("qk_layernorm", bool, False):
             raise config.refuse("qk_layernorm", "a LayerNorm of each head's q and k, each head its own: attnspec's "
                                                 "QK-norm is an RMSNorm shared by the heads")
-        fields = dict(config.data)
-        if fields.get("rope_parameters") is None and fields.get("partial_rotary_factor") is None:
-            fields["partial_rotary_factor"] = 0.25  # StableLmConfig's default
-        config = Config(fields, config.source)
         blocks, _ = self.layer_blocks(config, "llama")
         mixer = blocks[0]["mixer"]
         if mixer["heads"] * mixer["d_v"] != config.count("hidden_size"):

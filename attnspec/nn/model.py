@@ -364,6 +364,7 @@ class Model(nn.Module):
         allocated or read. Windows and recurrent states have their one size. Raises ShapeError, before
         allocating, where it would exceed ``MAX_DECODE_STATE_BYTES``."""
         self.check_decode_state(batch)
+        self.state_layout()  # counted here, eagerly: a compiled step would otherwise count it once and recompile
         return self._init_state(batch, self.embed.weight.device, self._checked_capacity(capacity, 0))
 
     @property

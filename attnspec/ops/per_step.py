@@ -28,7 +28,12 @@ _STEP: ContextVar[dict | None] = ContextVar("attnspec_step_values", default=None
 
 @contextlib.contextmanager
 def one_step() -> Iterator[None]:
-    """The scope of one decoding step: :func:`shared` values live until it closes."""
+    """The scope of one decoding step: :func:`shared` values live until it closes. Under
+    ``torch.compile`` it is no scope (Dynamo cannot trace a ContextVar; :func:`shared` computes afresh
+    there, and the compiler removes the repeats itself)."""
+    if torch.compiler.is_dynamo_compiling():
+        yield
+        return
     token = _STEP.set({})
     try:
         yield

@@ -474,3 +474,22 @@ def test_a_state_sized_to_the_generation_decodes_exactly_and_refuses_past_its_ca
                 mixer.prefill(torch.zeros(2, 17, mixer.d_in, dtype=torch.float64), capacity=10)
         with pytest.raises(ShapeError, match=r"capacity must be an integer of at least the prompt's length \(17\)"):
             model.prefill(tokens[:, :17], capacity=16)
+
+
+@pytest.mark.parametrize("name", ["hybrid", "qwen3-next-style"])
+def test_a_compiled_step_equals_the_eager_step_without_recompiling(name):
+    """``torch.compile(model.step, fullgraph=True)`` (how a GPU decoding loop runs it: benchmarks/gpu.py)
+    traces the whole step, per-step sharing included, once for every position, and equals eager.
+    (float32: the compiler's fused reductions reorder sums, so equal within 1e-5 of the logits' scale.)"""
+    path = SPECS_BY_NAME[name]
+    torch.manual_seed(0)
+    model = attnspec.build(path, *small_overrides(path), "max_len=64").eval()
+    tokens = torch.randint(0, model.spec.input.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()  # another model's compiled step is the same code: it would read as a recompile
+    compiled = torch.compile(model.step, fullgraph=True)
+    eager_state, compiled_state = model.init_state(2), model.init_state(2)
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        for t in range(tokens.shape[1]):
+            expected, *eager_state = model.step(tokens[:, t], *eager_state)
+            logits, *compiled_state = compiled(tokens[:, t], *compiled_state)
+            assert (logits - expected).abs().max() <= 1e-5 * expected.abs().max()

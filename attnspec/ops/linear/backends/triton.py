@@ -16,7 +16,8 @@ Four kernels, each one program per (value block, batch*head) or (chunk, batch*he
 
 States, decays and scores are float32 whatever the input dtype (bfloat16, float16 or float32);
 half-precision operands enter the matrix products in their own dtype with float32 accumulation
-(as flash-linear-attention does), float32 operands as exact IEEE products. The within-chunk sums
+(as flash-linear-attention does), except the float32 states, which enter as TF32 (:func:`_state_dot`);
+float32 operands as exact IEEE products. The within-chunk sums
 ``G`` and ``T`` come in as float64 and every difference ``G_i - G_j`` is taken in float64 before it
 is narrowed, so strong decays (``G`` down to ``BT * LOG_ZERO``) lose no digits, the way the graph
 path's float64 segment sums do. Gradients of ``G``/``T`` leave as per-position values; the caller's
@@ -157,6 +158,17 @@ if triton is not None:
         return tl.dot(a.to(DT), b.to(DT))
 
     @triton.jit
+    def _state_dot(a, b, DT: tl.constexpr):
+        """A product with a float32 state (or its gradient) as one operand: exact IEEE products for float32
+        inputs, TF32 tensor-core products for half precision. The state is never narrowed to bfloat16 or
+        float16: on an H100 with Triton 3.6 that product (a state tile converted in registers) gave
+        outputs 70% off, growing chunk by chunk, and illegal memory accesses; TF32 keeps 10 mantissa bits
+        (fp16's, above bf16's 7) and float32's range."""
+        if DT == tl.float32:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
+
+    @triton.jit
     def _load_tile(base, row0, rows_total, row_stride, col0, cols_total, BR: tl.constexpr, BC: tl.constexpr):
         """Rows row0.. (BR) and columns col0.. (BC) of a (rows_total, cols_total) matrix with unit column
         stride, zero outside it. (Plain pointers: block pointers are gone from recent Triton.)"""
@@ -289,9 +301,9 @@ if triton is not None:
             h_im = tl.load(states_im + at, mask=kv_mask, other=0.0)
             q_re = b_q * (from_start * tl.cos(t))[:, None]
             q_im = b_q * (from_start * tl.sin(t))[:, None]
-            b_o += _dot(q_re, h_re, DT) - _dot(q_im, h_im, DT)
+            b_o += _state_dot(q_re, h_re, DT) - _state_dot(q_im, h_im, DT)
         else:
-            b_o += _dot(b_q * from_start[:, None], h_re, DT)
+            b_o += _state_dot(b_q * from_start[:, None], h_re, DT)
         _store_tile(out + i_bh * L * V, b_o * scale, c * BT, L, V, i_v * BV, V, BT, BV)
 
     @triton.jit
@@ -380,9 +392,9 @@ if triton is not None:
             h_re = tl.load(states_re + at, mask=kv_mask, other=0.0)
             dh_re = tl.load(dstates_re + at, mask=kv_mask, other=0.0)
             d_scores += _dot(b_do, tl.trans(b_v), DT)
-            read_re += _dot(b_do, tl.trans(h_re), DT)
-            write_re += _dot(b_v, tl.trans(dh_re), DT)
-            b_dv = _dot(tl.trans(scores), b_do, DT) + _dot(b_k * end_cos[:, None], dh_re, DT)
+            read_re += _state_dot(b_do, tl.trans(h_re), DT)
+            write_re += _state_dot(b_v, tl.trans(dh_re), DT)
+            b_dv = _dot(tl.trans(scores), b_do, DT) + _state_dot(b_k * end_cos[:, None], dh_re, DT)
             if HAS_DECAY:  # the leaving state: the next chunk's entering one, or the final state
                 if c == n_chunks - 1:
                     after_re = tl.load(final_re + i_bh * K * V + kv_at, mask=kv_mask, other=0.0)
@@ -392,9 +404,9 @@ if triton is not None:
             if IS_COMPLEX:
                 h_im = tl.load(states_im + at, mask=kv_mask, other=0.0)
                 dh_im = tl.load(dstates_im + at, mask=kv_mask, other=0.0)
-                read_im += _dot(b_do, tl.trans(h_im), DT)
-                write_im += _dot(b_v, tl.trans(dh_im), DT)
-                b_dv += _dot(b_k * end_sin[:, None], dh_im, DT)
+                read_im += _state_dot(b_do, tl.trans(h_im), DT)
+                write_im += _state_dot(b_v, tl.trans(dh_im), DT)
+                b_dv += _state_dot(b_k * end_sin[:, None], dh_im, DT)
                 if c == n_chunks - 1:
                     after_im = tl.load(final_im + i_bh * K * V + kv_at, mask=kv_mask, other=0.0)
                 else:

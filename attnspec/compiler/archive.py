@@ -21,6 +21,7 @@ AOTInductor packages are native code by design and are never loaded here.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -265,6 +266,57 @@ def _tokens(text: object, token: re.Pattern, allowed) -> list[str] | None:
     return tokens if depth == 0 else None
 
 
+@contextlib.contextmanager
+def _memoized_deserialization():
+    """``torch.export.load`` with two of its repeated computations memoized, the program unchanged.
+
+    torch's deserializer parses every symbolic size string of every node with ``sympy.sympify`` (a
+    toy hybrid's prefill holds 9,000, nearly all repeats of a few dozen) and asks ``typing`` for a
+    schema class's type hints once per serialized object (15,000 times); the two were 60% of loading a
+    program (4.8 s of a toy hybrid's prefill.pt2, 2.1 s memoized). Within one load, a string parsed
+    again with the same hint registers nothing new in the shape environment (its symbols are cached
+    by name, their hints and ranges set once), and a dataclass's hints never change, so both are
+    kept for the duration of the load. Where torch's internals are not as expected (another
+    version), the load runs as torch wrote it. tests/compiler/test_trust.py holds the result equal
+    to the plain load's."""
+    try:
+        from torch._export.serde import serialize
+        deserializer = serialize.GraphModuleDeserializer
+        parse = deserializer._parse_sym_expr
+        typing_module = serialize.typing
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    def memoized_parse(self, expr_str, hint=None):
+        if not isinstance(expr_str, str):
+            return parse(self, expr_str, hint)
+        memo = self.__dict__.setdefault("_attnspec_parsed", {})
+        key = (expr_str, type(hint), hint)
+        if key not in memo:
+            memo[key] = parse(self, expr_str, hint)
+        return memo[key]
+
+    hints: dict = {}
+
+    class _Typing:  # the typing module, its get_type_hints memoized per (class, namespace)
+        def __getattr__(self, name):
+            return getattr(typing_module, name)
+
+        @staticmethod
+        def get_type_hints(cls, globalns=None, *args, **kwargs):
+            key = (cls, id(globalns), args, tuple(sorted(kwargs.items())))
+            if key not in hints:
+                hints[key] = typing_module.get_type_hints(cls, globalns, *args, **kwargs)
+            return hints[key]
+
+    deserializer._parse_sym_expr, serialize.typing = memoized_parse, _Typing()
+    try:
+        yield
+    finally:
+        deserializer._parse_sym_expr, serialize.typing = parse, typing_module
+
+
 def load_program(path: Path | str):
     """``torch.export.load(path)`` for an archive that passes :func:`check_archive`; any failure is a BuildError.
 
@@ -276,7 +328,8 @@ def load_program(path: Path | str):
     path = Path(path)
     check_archive(path)
     try:
-        return torch.export.load(str(path))
+        with _memoized_deserialization():
+            return torch.export.load(str(path))
     except Exception as error:  # noqa: BLE001 - a damaged program must not crash the caller
         raise BuildError(f"{path} could not be loaded ({type(error).__name__}: {shorten(str(error), 160)}); "
                          "rebuild the directory") from None

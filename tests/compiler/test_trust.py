@@ -447,3 +447,26 @@ def test_package_source_never_unpickles():
                 assert "weights_only=True" in line, (path, line)
         assert not re.search(r"^\s*(import pickle|from pickle|import dill|import cloudpickle)", text, re.M), path
         assert not re.search(r"yaml\.(load|unsafe_load|full_load)\(|yaml\.(Unsafe|Full)?Loader\b", text), path
+
+
+def test_a_checked_load_gives_the_program_a_plain_load_gives(base):
+    """load_program memoizes two of torch's repeated computations while it deserializes (archive.py):
+    the program is the one ``torch.export.load`` gives (graph, signature, ranges, outputs), and torch's
+    own functions are back in place afterwards."""
+    from torch._export.serde import serialize
+
+    from attnspec.compiler.archive import load_program
+
+    parse, typing_module = serialize.GraphModuleDeserializer._parse_sym_expr, serialize.typing
+    model = attnspec.load(base)
+    tokens = torch.randint(0, model.spec.input.vocab_size, (2, 23), generator=torch.Generator().manual_seed(0))
+    for name in ("model.pt2", "prefill.pt2", "step.pt2"):
+        ours, plain = load_program(base / name), torch.export.load(str(base / name))
+        assert ours.graph_module.code == plain.graph_module.code, name
+        assert str(ours.graph_signature) == str(plain.graph_signature), name
+        assert ours.range_constraints == plain.range_constraints, name
+    inputs = (tokens,)
+    with torch.no_grad():
+        assert torch.equal(load_program(base / "model.pt2").module()(*inputs),
+                           torch.export.load(str(base / "model.pt2")).module()(*inputs))
+    assert serialize.GraphModuleDeserializer._parse_sym_expr is parse and serialize.typing is typing_module

@@ -156,7 +156,18 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
 
                 calibration = calibrate_spec(spec, regime="inference", batch=1, length=spec.max_len)
             plan = plan_spec(spec, for_build=True, calibration=calibration, device=device.type)
-        with Scratch(output) as scratch:  # nothing is written before this point
+        # A structure whose check passed before on this machine (the same spec but for its name and
+        # seed, the same modes and versions) compiles to the same graphs: its check is reused. Otherwise
+        # the check's process starts now, needing nothing this build writes, and runs beside all of it.
+        key = check_key(spec_to_data(spec, minimal=False), plan.full_modes, device.type) if compile_check else None
+        reused = passed_before(key) if key is not None else None
+        with contextlib.ExitStack() as stack:  # the check's process ends with the build, however it ends
+            background = None
+            if key and reused is None:
+                background = stack.enter_context(BackgroundCheck(spec, plan.full_modes, device))
+            scratch = stack.enter_context(Scratch(output))  # nothing is written before this point
+            if background is not None:
+                stage.started("compile")
             with stage("lower", seconds):
                 fit, streamed = None, callable(weights)
                 if streamed:  # the weights file is the model's own, written once where the build keeps it
@@ -181,31 +192,23 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                                          f"vocabulary {getattr(spec.input, 'vocab_size', 0):,} must hold them")
                     tokenizer_identity = save_tokenizer(tokenizer, scratch.path)
                 model.to(device)
-            # A structure whose check passed before on this machine (the same spec but for its name and
-            # seed, the same modes and versions) compiles to the same graphs: its check is reused.
-            key = check_key(spec_to_data(spec, minimal=False), plan.full_modes, device.type) if compile_check else None
-            reused = passed_before(key) if key is not None else None
-            background = BackgroundCheck(scratch.path, plan.full_modes, device) if key and reused is None else None
-            with background or contextlib.nullcontext():
-                if background is not None:
-                    stage.started("compile")
-                with stage("verify", seconds):
-                    problem = non_finite_problem(model)
-                    if problem is not None:
-                        raise BuildError(problem)
-                    verification = verify_model(model)
-                    if not verification.ok:
-                        worst = max(verification.rows, key=lambda row: row.rel_diff)
-                        raise BuildError(f"mode verification failed: {worst.layer} in {worst.mode} differs by "
-                                         f"{worst.rel_diff:.2e} (tolerance {worst.tolerance:.0e})")
-                with stage("export", seconds):
-                    exported, programs = _export(model, scratch.path, aot, programs)
-                compiled = None if reused is None else {**reused, "reused": True}
-                if background is not None:
-                    compiled, seconds["compile"] = background.result()
-                    seconds["compile"] = round(seconds["compile"], 3)
-                    stage.finished("compile", seconds["compile"])
-                    remember_pass(key, compiled)
+            with stage("verify", seconds):
+                problem = non_finite_problem(model)
+                if problem is not None:
+                    raise BuildError(problem)
+                verification = verify_model(model)
+                if not verification.ok:
+                    worst = max(verification.rows, key=lambda row: row.rel_diff)
+                    raise BuildError(f"mode verification failed: {worst.layer} in {worst.mode} differs by "
+                                     f"{worst.rel_diff:.2e} (tolerance {worst.tolerance:.0e})")
+            with stage("export", seconds):
+                exported, programs = _export(model, scratch.path, aot, programs)
+            compiled = None if reused is None else {**reused, "reused": True}
+            if background is not None:
+                compiled, seconds["compile"] = background.result()
+                seconds["compile"] = round(seconds["compile"], 3)
+                stage.finished("compile", seconds["compile"])
+                remember_pass(key, compiled)
             with stage("measure", seconds):  # after the compile check: its process would slow these
                 _measure_speeds(model, programs, exported)
             manifest = _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds,

@@ -145,19 +145,35 @@ def check_model(model: nn.Module) -> dict:
 
 
 class BackgroundCheck:
-    """:func:`check_model` on a build's model in a child process, while the build goes on.
+    """:func:`check_model` on a build's structure in a child process, while the build goes on.
 
-    The child rebuilds the model from the scratch directory's ``spec.yaml`` and
-    ``model.safetensors`` (written before it starts) with the plan's modes, so the build's export
-    overlaps the compile check (most of a build's time on a small CPU) and the compiler's state
-    never leaks into the exporting process. ``result()`` waits; leaving the ``with`` block early
-    kills the child. Its output goes to a temporary file outside the build directory.
+    The child builds one copy of each of the spec's blocks (every ``repeat`` group at one copy:
+    :func:`attnspec.spec.walk.one_copy_each`) from the spec's seed, in its dtype, with the plan's modes
+    of those blocks: regional compilation gives identical blocks one graph, so a model of 30 identical
+    blocks checks the same code as one of 1, and the child holds no copy of the build's weights (a 7B
+    import would otherwise hold two). It needs nothing the build writes, so it starts before the weights
+    are converted and overlaps the whole build (most of a build's time on a small CPU is this check),
+    and the compiler's state never leaks into the building process. ``result()`` waits; leaving the
+    ``with`` block early kills the child. Its spec and output live in a temporary folder outside the
+    build directory.
     """
 
-    def __init__(self, directory: Path, modes: list[str], device: torch.device | str = "cpu"):
+    def __init__(self, spec, modes: list[str], device: torch.device | str = "cpu"):
+        from attnspec.errors import SpecError
+        from attnspec.spec.emit import spec_to_data, to_yaml
+        from attnspec.spec.validate import validate_data
+        from attnspec.spec.walk import first_copies, one_copy_each
+
+        try:  # a spec whose rules need its depth (none today) is checked whole
+            shallow = validate_data(one_copy_each(spec_to_data(spec, minimal=False)))
+            modes = [mode for mode, first in zip(modes, first_copies(spec), strict=True) if first]
+        except SpecError:
+            shallow = spec
+        self.folder = tempfile.TemporaryDirectory(prefix="attnspec-compile-check-")
+        (Path(self.folder.name) / "spec.yaml").write_text(to_yaml(shallow, minimal=False))
         self.log = tempfile.TemporaryFile()
         self.start = time.perf_counter()
-        self.process = start_python("attnspec.compiler.compile", str(directory), json.dumps(modes), str(device),
+        self.process = start_python("attnspec.compiler.compile", self.folder.name, json.dumps(modes), str(device),
                                     stdout=self.log, stderr=subprocess.STDOUT)
 
     def __enter__(self) -> "BackgroundCheck":
@@ -168,6 +184,7 @@ class BackgroundCheck:
             self.process.kill()
             self.process.wait()
         self.log.close()
+        self.folder.cleanup()
 
     def result(self) -> tuple[dict, float]:
         """The check's report and its wall-clock seconds. Raises BuildError with the child's message."""
@@ -188,21 +205,19 @@ class BackgroundCheck:
         raise BuildError(f"the compile check's process failed (exit {code}):\n{tail}")
 
 
-def _check_directory(directory: Path, modes: list[str], device: str) -> dict:
-    from attnspec.compiler.load import load_weights
+def _check_spec(directory: Path, modes: list[str], device: str) -> dict:
+    """The child's check: the model of ``directory/spec.yaml`` from its seed, with ``modes``."""
     from attnspec.nn.model import build_model_from_spec
     from attnspec.spec import load_spec
 
-    spec = load_spec(directory / "spec.yaml", ())
-    model = build_model_from_spec(spec, empty=True)
+    model = build_model_from_spec(load_spec(directory / "spec.yaml", ()))
     model.set_modes(modes)
-    load_weights(model, directory / "model.safetensors")
     return check_model(model.to(device).eval())
 
 
 if __name__ == "__main__":  # the child of BackgroundCheck: prints one JSON line, the report or the error
     try:
-        print(json.dumps(_check_directory(Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3])))
+        print(json.dumps(_check_spec(Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3])))
     except BuildError as error:
         print(json.dumps({"error": str(error)}))
         sys.exit(3)

@@ -55,3 +55,37 @@ def block_label(path: tuple[Any, ...], copies: dict[int, int]) -> str:
             text += f"#{copies[depth + 1]}"
     return text
 
+
+
+def first_copies(spec: Any) -> list[bool]:
+    """For each block in execution order, whether it lies in the first copy of every ``repeat`` group
+    around it: the blocks that :func:`one_copy_each` keeps, in the same order."""
+    flags: list[bool] = []
+
+    def walk(items: list, first: bool) -> None:
+        for item in items:
+            if hasattr(item, "repeat") and hasattr(item, "layers"):
+                for index in range(item.repeat):
+                    walk(item.layers, first and index == 0)
+            else:
+                flags.append(first)
+
+    walk(spec.layers, True)
+    return flags
+
+
+def one_copy_each(data: dict) -> dict:
+    """Spec data with every ``repeat`` group at one copy: each distinct block once, in order (what a
+    check of the blocks' code needs of a deep model; :func:`first_copies` says which blocks remain)."""
+
+    def shallow(value: Any) -> Any:
+        if isinstance(value, dict):
+            copy = {key: shallow(item) for key, item in value.items()}
+            if "repeat" in copy and "layers" in copy:
+                copy["repeat"] = 1
+            return copy
+        if isinstance(value, list):
+            return [shallow(item) for item in value]
+        return value
+
+    return {**data, "layers": shallow(data["layers"])}

@@ -152,6 +152,27 @@ def test_a_structure_checked_before_reuses_its_compile_check(tmp_path, monkeypat
         build_directory(SPECS[0].parent / "linear-elu.yaml", tmp_path / "c", overrides=[*small, "d_model=24"])
 
 
+def test_the_compile_check_builds_one_copy_of_each_block_from_the_seed(tmp_path, monkeypatch):
+    """The check's process needs nothing the build writes and holds none of its weights: it builds each
+    distinct block once (every repeat group at one copy: regional compilation gives identical blocks
+    one graph) with the plan's modes of those blocks, from the spec's seed, and its check passes."""
+    from attnspec.compiler.compile import BackgroundCheck
+    from attnspec.spec import load_spec
+    from attnspec.spec.walk import iter_blocks
+
+    monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    spec = load_spec(SPECS[0].parent / "linear-elu.yaml", ["d_model=16", "layers[0].repeat=5", "max_len=64",
+                                                          "input.vocab_size=32"])
+    modes = ["chunk", "recurrent", "recurrent", "recurrent", "recurrent"]  # the first copy's is the one kept
+    with BackgroundCheck(spec, modes) as check:
+        child_spec = load_spec(Path(check.folder.name) / "spec.yaml")
+        assert len(iter_blocks(child_spec, expand=True)) == 1
+        assert json.loads(check.process.args[-2]) == ["chunk"]
+        report, _ = check.result()
+    assert report["graphs"] == 1 and report["lengths"] == [45]
+    assert not Path(check.folder.name).exists()
+
+
 def test_the_compile_check_process_imports_nothing_from_the_working_directory(tmp_path, monkeypatch):
     """The check's child runs ``python -m attnspec.compiler.compile``; an ``attnspec`` folder in the
     working directory (a received directory, say) must not be what it imports."""

@@ -168,3 +168,19 @@ def test_blocks_n_in_a_group_whose_repeat_is_not_a_count_is_a_located_error():
             "layers": [{"repeat": "three", "layers": [{"mixer": {"kind": "softmax", "heads": 2}}]}]}
     with pytest.raises(SpecError, match="repeat"):
         load_spec(data, ["blocks[0].mixer.heads=4"])
+
+
+def test_one_copy_of_each_group_keeps_every_distinct_block_in_order():
+    """What the compile check builds of a deep model: hybrid is 2 x (3 x gateloop, softmax), so one copy
+    of each group is (gateloop, softmax), the blocks first_copies marks. An override of blocks[5] writes
+    the second copy out of its group (four groups of one copy): all four stay."""
+    from attnspec.spec.emit import spec_to_data
+    from attnspec.spec.validate import validate_data
+    from attnspec.spec.walk import first_copies, one_copy_each
+
+    for overrides, kept in (((), [0, 3]), (("blocks[5].mixer.heads=2",), [0, 3, 4, 5, 6, 7])):
+        spec = load_spec(SPECS / "hybrid.yaml", list(overrides))
+        assert [i for i, first in enumerate(first_copies(spec)) if first] == kept
+        shallow = validate_data(one_copy_each(spec_to_data(spec, minimal=False)))
+        blocks = [block for _, block in iter_blocks(spec, expand=True)]
+        assert [block for _, block in iter_blocks(shallow, expand=True)] == [blocks[i] for i in kept]

@@ -328,6 +328,32 @@ def import_hf(
         out.print(escape(result.import_check.summary()))
 
 
+@app.command("export")
+def export_programs(
+    directory: Path = typer.Argument(..., help="A build directory (import-hf's writes no programs)."),
+    programs: str = programs_option("all"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write a new build directory there instead "
+                                          "of replacing DIRECTORY (with --force, replace that build directory)."),
+    aot: bool = typer.Option(False, "--aot", help="Also write AOTInductor packages (minutes more on 2 cores)."),
+    no_compile: bool = NoCompileOption,
+    force: bool = ForceOption,
+) -> None:
+    """Write a build directory's exported programs (model.pt2, prefill.pt2, step.pt2).
+
+    The directory is checked as `attnspec.load` checks it and built again from its spec and exact
+    weights with the programs asked for; it is replaced whole once the new one is complete (a
+    failure leaves it as it was). Each program holds its own copy of the weights, which is why
+    import-hf writes none by default.
+    """
+    from attnspec.compiler.build import check_programs, export_directory
+
+    wanted = check_programs(programs.split(","))
+    with stage_progress() as on_stage:
+        result = export_directory(directory, wanted, output, aot=aot, compile_check=not no_compile, force=force,
+                                  on_stage=on_stage)
+    print_build_summary(result.directory, result.manifest)
+
+
 @app.command("export-hf", cls=_NamesTypes)
 def export_hf(
     directory: Path = typer.Argument(..., help="A build directory, or a training run directory (its latest "

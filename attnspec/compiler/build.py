@@ -24,7 +24,7 @@ from attnspec.compiler.compile_cache import check_key, passed_before, remember_p
 from attnspec.compiler.export import export_model, export_prefill, export_step, state_signature
 from attnspec.compiler.speed import SPEED_BATCH, decode_speed, sequence_speed, speed_length, speed_steps
 from attnspec.compiler.tracing import example_input
-from attnspec.compiler.load import load_weights, tokenizer_of
+from attnspec.compiler.load import check_plugins, load_weights, tokenizer_of
 from attnspec.compiler.device import device_calibration, resolve_device
 from attnspec.compiler.lower import lower
 from attnspec.compiler.sizes import check_model_size
@@ -218,6 +218,30 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             (scratch.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             scratch.publish(force)
     return BuildResult(output, manifest, seconds)
+
+
+def export_directory(directory: Path | str, programs: Iterable[str] = PROGRAMS, output: Path | str | None = None, *,
+                     aot: bool = False, compile_check: bool = True, force: bool = False,
+                     on_stage: StageCallback | None = None) -> BuildResult:
+    """``attnspec export``: a build directory with the exported programs it lacks (an import writes none).
+
+    The directory is read as :func:`attnspec.compiler.load.load_model` reads it (its files checked against
+    its manifest) and built again from its resolved spec and exact weights (strictly: every tensor,
+    name, shape and dtype), its tokenizer carried, with ``programs`` (and ``aot`` packages). Into
+    ``output`` (a new build directory, or a build directory with ``force``), else in place: the
+    directory is replaced as a whole once the new one is complete, so a failure leaves it as it was.
+    Its compile check is reused where the same structure passed on this machine before.
+    """
+    from attnspec.compiler.load import read_manifest
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)  # every file checked against the manifest before anything is read
+    check_plugins(directory, manifest.spec.get("plugins"))
+    in_place = output is None or Path(output).resolve() == directory.resolve()
+    return build_directory(manifest.spec, directory if in_place else Path(output), compile_check=compile_check,
+                           force=force or in_place, weights=directory / "model.safetensors", strict_weights=True,
+                           calibrate=False, device=manifest.device, on_stage=on_stage,
+                           tokenizer=tokenizer_of(directory), programs=programs, aot=aot)
 
 
 def _from_run(directory: Path, weights) -> tuple[dict, Path]:

@@ -97,11 +97,6 @@ class _Runner:
         self.directory, self.manifest, self.programs, self.state = directory, manifest, programs, state
         # the exported programs run on the device they were built for; the rebuilt model on the CPU
         self.device = torch.device("cpu")
-        absent = [name for name in ("model.pt2", "step.pt2") if name not in manifest.files]
-        if programs and absent:
-            raise BuildError(f"{directory} holds no {' or '.join(absent)}: it was built without those programs "
-                             "(import-hf writes none unless asked). Rebuild it with `--programs all`, or run it "
-                             "without --programs (the model rebuilt from its weights)")
         if programs and manifest.device != "cpu":
             from attnspec.compiler.device import resolve_device
 
@@ -118,15 +113,25 @@ class _Runner:
 
             self.model = load_model(directory, manifest)
 
+    def _program(self, name: str):
+        """The exported program ``name`` of the directory, its module; refused by name where it was not written
+        (the prompt's output needs model.pt2, generating step.pt2 too)."""
+        if name not in self.manifest.files:
+            raise BuildError(f"{self.directory} holds no {name}: it was built without it (import-hf writes no "
+                             f"programs unless asked). Write it with `attnspec export {self.directory} --programs "
+                             f"{name.removesuffix('.pt2')}`, or run without --programs (the model rebuilt from "
+                             "its weights)")
+        return load_program(self.directory / name).module()
+
     def sequence(self, prompt: list[int]) -> torch.Tensor:
         """The output on the prompt: (1, L, ...) per position, or (1, classes)."""
         inputs = prompt if len(prompt) > 1 or self.model is not None else prompt + [0]
         with torch.no_grad():
             if self.model is not None:
                 return self.model(torch.tensor([inputs]))
-            program = load_program(self.directory / "model.pt2")
+            program = self._program("model.pt2")
             try:
-                return program.module()(torch.tensor([inputs], device=self.device)).cpu()
+                return program(torch.tensor([inputs], device=self.device)).cpu()
             except Exception as error:  # noqa: BLE001 - a program that fails on valid input is a damaged build
                 raise BuildError(f"{self.directory}/model.pt2 failed on the tokens ({type(error).__name__}: "
                                  f"{shorten(str(error), 160)}); rebuild the directory") from None
@@ -146,10 +151,10 @@ class _Runner:
             return [torch.zeros(batch, *(capacity if index == axis else n for index, n in enumerate(shape)),
                                 dtype=getattr(torch, dtype), device=self.device) for shape, dtype, axis in self.state]
 
-        step = load_program(self.directory / "step.pt2").module()
+        step = self._program("step.pt2")
         prefill, name = None, "step.pt2"
         if "prefill.pt2" in self.manifest.files:  # builds before prefill programs step through the prompt
-            program, name = load_program(self.directory / "prefill.pt2").module(), "prefill.pt2 and step.pt2"
+            program, name = self._program("prefill.pt2"), "prefill.pt2 and step.pt2"
             prefill = program  # builds before it return a state of max_len positions
             if self.manifest.export.prefill is not None and self.manifest.export.prefill.takes_state:
                 prefill = lambda tokens: program(tokens, *state(tokens.shape[0]))  # noqa: E731

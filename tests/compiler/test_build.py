@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import attnspec
+from attnspec.compiler.archive import load_program
 from attnspec.compiler.build import build_directory
 from attnspec.compiler.tracing import example_input
 from attnspec.errors import BuildError, SpecError
@@ -41,7 +42,7 @@ def test_reloaded_model_equals_the_built_one(built_specs):
         model = attnspec.load(directory)
         spec_again = attnspec.load_spec(directory / "spec.yaml")
         assert spec_again == model.spec
-        program = torch.export.load(str(directory / "model.pt2"))
+        program = load_program(directory / "model.pt2")
         inputs = example_input(model, 2, 45)
         with torch.no_grad():
             assert torch.allclose(program.module()(inputs), model(inputs), atol=1e-5, rtol=1e-5)
@@ -52,8 +53,6 @@ def test_exported_programs_run_without_attnspec_at_unseen_lengths(built_specs, t
     within a chunk and one across several, and call none of attnspec's operators; a process without
     attnspec runs the hybrid's (softmax and linear attention) with plain ``torch.export.load`` (the same
     loading code for every program, seconds for each: the operator check above stands for the rest)."""
-    from attnspec.compiler.archive import load_program
-
     plain_cases = []
     for name, result in built_specs.items():
         model = attnspec.load(result.directory)
@@ -102,7 +101,7 @@ def test_generation_with_the_state_cache_equals_greedy_full_model(built_specs):
                              "--tokens", "3 1 4 1 5", "--generate", "12"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     generated = [int(t) for t in result.stdout.split("generated:")[1].split()]
-    program = torch.export.load(str(directory / "model.pt2")).module()
+    program = load_program(directory / "model.pt2").module()
     sequence = [3, 1, 4, 1, 5]
     with torch.no_grad():
         for _ in range(12):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import attnspec
+from attnspec.compiler.archive import load_program
 from attnspec.compiler.build import build_directory
 from attnspec.compiler.compile import check_compiled
 from attnspec.compiler.tracing import example_input
@@ -133,10 +134,52 @@ def test_the_released_models_parts_compile_export_and_decode_from_the_step_progr
 
     result = build_directory(FAMILIES, tmp_path / "families")
     assert result.manifest["has_step"] and result.manifest["compile"]["max_abs_diff"] < 1e-4
-    program = torch.export.load(str(result.directory / "model.pt2")).module()
+    program = load_program(result.directory / "model.pt2").module()
     model = attnspec.load(result.directory)
     tokens = torch.randint(0, 64, (3, 37), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.allclose(program(tokens), model(tokens), atol=1e-4, rtol=1e-4)
     eager = run_directory(result.directory, "3 1 4 1 5", 6)
     assert eager == run_directory(result.directory, "3 1 4 1 5", 6, programs=True)
+
+
+def test_attnspec_export_writes_the_programs_a_directory_lacks(tmp_path):
+    """An import writes no programs; ``attnspec export DIR --programs ...`` adds them from the directory's
+    checked spec and exact weights (in place, or into -o), and they decode as the eager model does. A
+    directory whose files do not match its manifest is refused (exit 2) and left as it was."""
+    import shutil
+    import subprocess
+    import sys
+
+    from attnspec.compiler.manifest import sha256
+    from attnspec.compiler.runner import run_directory
+
+    plain = build_directory(SPECS[0].parent / "softmax-transformer.yaml", tmp_path / "plain", compile_check=False,
+                            programs=(), overrides=["d_model=16", "layers[0].repeat=1", "max_len=64"])
+    assert not list(plain.directory.glob("*.pt2"))
+    weights = sha256(plain.directory / "model.safetensors")
+    shutil.copytree(plain.directory, tmp_path / "kept")
+
+    def export(*args):
+        return subprocess.run([sys.executable, "-c", "from attnspec.cli import main; main()", "export", *args,
+                               "--no-compile"], capture_output=True, text=True, timeout=600)
+
+    done = export(str(plain.directory))  # every program, by default
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in plain.directory.glob("*.pt2")) == ["model.pt2", "prefill.pt2", "step.pt2"]
+    assert sha256(plain.directory / "model.safetensors") == weights  # the same weights, once
+    eager = run_directory(plain.directory, "3 1 4 1 5", 6)
+    assert run_directory(plain.directory, "3 1 4 1 5", 6, programs=True) == eager
+
+    done = export(str(tmp_path / "kept"), "-o", str(tmp_path / "with-model"), "--programs", "model")
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in (tmp_path / "with-model").glob("*.pt2")] == ["model.pt2"]
+    assert not list((tmp_path / "kept").glob("*.pt2"))  # -o leaves the source alone
+
+    with open(tmp_path / "kept" / "model.safetensors", "r+b") as handle:  # tampered: refused, untouched
+        handle.seek(200)
+        handle.write(b"\x00\x01\x02")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "kept").iterdir()}
+    done = export(str(tmp_path / "kept"), "--programs", "step")
+    assert done.returncode == 2 and "sha256" in done.stderr and "Traceback" not in done.stderr
+    assert {p.name: p.read_bytes() for p in (tmp_path / "kept").iterdir()} == before

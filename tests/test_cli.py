@@ -204,3 +204,14 @@ def test_a_sweep_s_workers_and_threads_are_bounded():
         with pytest.raises(AttnSpecError, match="--workers|--threads"):
             sizing(4, workers, threads)
     assert sizing(4, 2, 1) == (2, 1)
+
+
+def test_a_build_summary_shows_a_run_of_alike_blocks_as_one_row():
+    from attnspec.cli.display import runs_of_alike_blocks
+
+    rows = [(f"blocks[{i}] (layers[0]#{i}.layers[0])", "delta: chunk" if i == 3 else "softmax: quadratic")
+            for i in range(31)]
+    assert runs_of_alike_blocks(rows) == [("blocks[0-2] x3", "softmax: quadratic"),
+                                          ("blocks[3] (layers[0]#3.layers[0])", "delta: chunk"),
+                                          ("blocks[4-30] x27", "softmax: quadratic")]
+    assert runs_of_alike_blocks(rows[:1]) == rows[:1]

@@ -92,16 +92,37 @@ def stage_progress():
         yield on_stage
 
 
+def runs_of_alike_blocks(rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Consecutive blocks whose rows say the same, as one row: ``("blocks[0] (layers[0]#0)", text)`` ...
+    ``("blocks[29] (layers[0]#29)", text)`` become ``("blocks[0-29] x30", text)`` (a 30-block import is
+    one line, not thirty); a block unlike its neighbours keeps its own label."""
+    runs: list[list] = []
+    for label, text in rows:
+        if runs and runs[-1][1] == text:
+            runs[-1][2].append(label)
+        else:
+            runs.append([label, text, [label]])
+    grouped = []
+    for label, text, labels in runs:
+        if len(labels) > 1:
+            first, last = (name.split("]")[0].removeprefix("blocks[") for name in (labels[0], labels[-1]))
+            label = f"blocks[{first}-{last}] x{len(labels)}"
+        grouped.append((label, text))
+    return grouped
+
+
 def print_build_summary(directory: Path, manifest: dict) -> None:
     """The table of what a build produced, and what to run next."""
     table = Table(title=escape(f"built {manifest['name']} -> {directory}"))
     table.add_column("item")
     table.add_column("value")
     table.add_row("parameters", f"{manifest['parameters']:,}")
-    for layer in manifest["plan"]["layers"]:
-        table.add_row(escape(layer["path"]), escape(f"{layer['mixer']}: {layer['full_mode']} · {layer['backend']}"
-                      + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")
-                      + (f" ({layer['decode_cache']:,} positions)" if layer.get("decode_cache") else "")))
+    rows = [(layer["path"], f"{layer['mixer']}: {layer['full_mode']} · {layer['backend']}"
+             + (f" / decode {layer['decode_mode']}" if layer["decode_mode"] else "")
+             + (f" ({layer['decode_cache']:,} positions)" if layer.get("decode_cache") else ""))
+            for layer in manifest["plan"]["layers"]]
+    for label, text in runs_of_alike_blocks(rows):
+        table.add_row(escape(label), escape(text))
     fit = manifest.get("weights")
     if fit is not None:
         table.add_row("weights", escape(weights_text(fit)))

@@ -53,10 +53,6 @@ DECODERS_OF_ENCODER_DECODERS = frozenset({"bart", "bigbird_pegasus", "blenderbot
 LACKS: dict[str, tuple[str, str]] = {
     "rwkv": ("model_type", "RWKV's WKV time mixing (token shift, a per-channel decay with a bonus for the current "
                            "token), which is no attnspec mixer yet"),
-    "gemma2": ("attn_logit_softcapping", "a tanh soft-cap on the attention logits, which attnspec's softmax "
-                                         "attention lacks"),
-    "vaultgemma": ("attn_logit_softcapping", "a tanh soft-cap on the attention logits (Gemma 2's), which attnspec's "
-                                             "softmax attention lacks"),
     "granite_swa": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator)"),
     "granitemoe_swa": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator)"),
     "hunyuan_v1_dense": ("model_type", "an RMSNorm of q and k applied after RoPE (attnspec's QK-norm comes before "

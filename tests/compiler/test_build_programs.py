@@ -115,7 +115,7 @@ FAMILIES = {
             {"kind": "linear", "heads": 4, "d_qk": 4, "d_v": 8, "qk_groups": 2, "feature_map": "identity",
              "normalize": False, "transition": {"kind": "mamba", "scale_input": True}, "skip": True,
              "group_norm": True, "norm_span": "group", "output_gate": "swish"},
-            {"kind": "softmax", "heads": 2, "window": 8,
+            {"kind": "softmax", "heads": 2, "window": 8, "softcap": 2.0,
              "position": {"kind": "rope", "scaling": "dynamic", "factor": 2.0, "original_max_len": 16}}]},
          "mlp": "none", "norm": "rmsnorm"}],
     "final_norm": "rmsnorm"}

@@ -1325,6 +1325,26 @@ def test_gemma3_text_computes_transformers_logits_and_decodes_alike(tmp_path):
     assert local.norm_placement == "sandwich" and spec.head.softcap == 5.0 and spec.input.scale == 32 ** 0.5
 
 
+@pytest.mark.parametrize("model_type", ["gemma2", "vaultgemma"])
+def test_gemma2_and_vaultgemma_cap_attention_logits_as_transformers_does(tmp_path, model_type):
+    """Gemma 2: every attention's logits soft-capped (a cap of 0.5 bends nearly every score of these
+    perturbed weights, so a missing or misplaced cap shows), windows on alternate layers, sandwich norms
+    without QK-norm, a capped tied head; VaultGemma the same with pre-norms only."""
+    import transformers
+
+    name = {"gemma2": "Gemma2", "vaultgemma": "VaultGemma"}[model_type]
+    config = getattr(transformers, f"{name}Config")(**{**SMALL, "num_hidden_layers": 3}, head_dim=12, sliding_window=6,
+                                                  query_pre_attn_scalar=20, final_logit_softcapping=5.0,
+                                                  attn_logit_softcapping=0.5)
+    spec = _holds_to(_perturbed(lambda: getattr(transformers, f"{name}ForCausalLM")(config)),
+                     tmp_path / "checkpoint", model_type)
+    blocks = spec_blocks(spec)
+    assert [block.mixer.window for block in blocks] == [6, None, 6]
+    assert {block.mixer.softcap for block in blocks} == {0.5} and spec.head.softcap == 5.0
+    assert {block.mixer.qk_norm for block in blocks} == {"none"}
+    assert {block.norm_placement for block in blocks} == {"sandwich" if model_type == "gemma2" else "pre"}
+
+
 @pytest.mark.parametrize("value", [0, -4])
 def test_a_softmax_scalar_attnspec_takes_a_root_of_must_be_positive(tmp_path, value):
     """``query_pre_attn_scalar: 0`` was a ZeroDivisionError (exit 70) in import-hf."""

@@ -31,11 +31,12 @@ def _inputs(L: int, kv_heads: int, decay: bool, seed: int = 0):
 @pytest.mark.parametrize("window", [None, 1, 7, 100])
 @pytest.mark.parametrize("kv_heads", [1, 2, H])
 @pytest.mark.parametrize("decay", [False, True])
-def test_window_and_grouped_keys_match_the_reference_with_gradients(window, kv_heads, decay):
+@pytest.mark.parametrize("softcap", [None, 1.5])  # scores here reach ~4: a cap of 1.5 bends most of them
+def test_window_and_grouped_keys_match_the_reference_with_gradients(window, kv_heads, decay, softcap):
     q, k, v, log_a = _inputs(63, kv_heads, decay)
     leaves = [t.requires_grad_() for t in (q, k, v) + ((log_a,) if decay else ())]
-    out = softmax_attention(q, k, v, log_a, window=window)
-    expected = softmax_reference(q, k, v, log_a, window=window)
+    out = softmax_attention(q, k, v, log_a, window=window, softcap=softcap)
+    expected = softmax_reference(q, k, v, log_a, window=window, softcap=softcap)
     assert (out - expected).abs().max() < 1e-12
     probe = torch.randn_like(out)
     grads = torch.autograd.grad((out * probe).sum(), leaves)
@@ -47,17 +48,18 @@ def test_window_and_grouped_keys_match_the_reference_with_gradients(window, kv_h
 @pytest.mark.parametrize("window", [None, 1, 7, 100])
 @pytest.mark.parametrize("kv_heads", [1, 2, H])
 @pytest.mark.parametrize("decay", [False, True])
-def test_the_cache_step_equals_the_full_pass_at_every_position(window, kv_heads, decay):
+@pytest.mark.parametrize("softcap", [None, 1.5])
+def test_the_cache_step_equals_the_full_pass_at_every_position(window, kv_heads, decay, softcap):
     L = 45
     q, k, v, log_a = _inputs(L, kv_heads, decay, seed=1)
-    full = softmax_attention(q, k, v, log_a, window=window)
+    full = softmax_attention(q, k, v, log_a, window=window, softcap=softcap)
     capacity = window if window is not None else 64  # a full cache: max_len >= L
     cache = empty_cache(B, H, kv_heads, kv_heads, capacity, DK, DV, torch.float64)
     cache = tuple(torch.full_like(t, float("nan")) for t in cache)  # unwritten slots must never leak
     for t in range(L):
         position = torch.full((B,), t, dtype=torch.long)
         o, cache = softmax_step(q[:, :, t], k[:, :, t], v[:, :, t], cache, position,
-                                log_a=None if log_a is None else log_a[:, :, t])
+                                log_a=None if log_a is None else log_a[:, :, t], softcap=softcap)
         assert torch.isfinite(o).all()
         assert (o - full[:, :, t]).abs().max() < 1e-12, t
     assert all(t.shape[2] == capacity for t in cache)  # constant memory: the ring never grows
@@ -181,3 +183,19 @@ def test_bad_windows_and_head_counts_are_shape_errors():
     cache = empty_cache(B, H, 2, 2, 4, DK, DV, torch.float64)
     with pytest.raises(ShapeError, match="must fit the cache"):
         softmax_step(q[:, :, 0], k[:, :1, 0], v[:, :, 0], cache, torch.zeros(B, dtype=torch.long))
+
+
+def test_capped_scores_without_a_mask_and_in_half_precision_match_the_reference():
+    """Non-causal capped attention against the float64 reference; in bfloat16 (inputs rounded first, scores and
+    softmax in float32, the output rounded once) within 4 units of bfloat16's last place of the largest output."""
+    q, k, v, _ = _inputs(37, 2, False, seed=3)
+    expected = softmax_reference(q, k, v, causal=False, softcap=1.5)
+    assert (softmax_attention(q, k, v, causal=False, softcap=1.5) - expected).abs().max() < 1e-12
+    half = [t.to(torch.bfloat16) for t in (q, k, v)]
+    rounded = softmax_reference(*(t.double() for t in half), causal=False, softcap=1.5)
+    got = softmax_attention(*half, causal=False, softcap=1.5)
+    assert got.dtype == torch.bfloat16
+    assert (got.double() - rounded).abs().max() <= 4 * 2 ** -8 * rounded.abs().max()
+    for bad in (0.0, -1.0, float("inf"), True):
+        with pytest.raises(ShapeError, match="softcap"):
+            softmax_attention(q, k, v, softcap=bad)

@@ -6,7 +6,7 @@ reads another family's fields:
   short convolutions, and the output stages (D skip, per-head norm, output gate, output projection);
 - :class:`KeyValueCache`: softmax attention over the keys and values, and decoding through a
   key/value cache of ``cache_capacity`` positions (a ring buffer for a ``window``): the family sets
-  ``self.window``;
+  ``self.window`` and ``self.softcap``;
 - :class:`PrefixRerun`: decoding by keeping the inputs so far and rerunning the mixer over them
   (a family whose exact form needs every earlier key, as Scatterbrain's sparse support).
 
@@ -182,7 +182,8 @@ class ProjectedMixer(Mixer):
 
 class KeyValueCache:
     """Softmax attention and decoding through a key/value cache, for a :class:`ProjectedMixer` family
-    that sets ``self.window`` (None, or a sliding window served by a ring buffer)."""
+    that sets ``self.window`` (None, or a sliding window served by a ring buffer) and ``self.softcap`` (None, or
+    a tanh soft-cap on the scores)."""
 
     def _softmax_attention(self, x: Tensor, documents: Documents | None = None) -> tuple[Tensor, Tensor]:
         """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window: x (B, L, d)
@@ -192,7 +193,7 @@ class KeyValueCache:
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
-                              mask=None if documents is None else same_document(documents.ids))
+                              mask=None if documents is None else same_document(documents.ids), softcap=self.softcap)
         return o, v
 
     # -- decoding through a key/value cache (softmax attention and the exp kernel)
@@ -217,7 +218,8 @@ class KeyValueCache:
         q, k, v, conv_state = self._project(x, expand=False)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
-        o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window)
+        o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
+                              softcap=self.softcap)
         C = self._cache_positions(capacity)
         if self.window is None:
             check_prompt_fits(x.shape[1], C)
@@ -243,7 +245,8 @@ class KeyValueCache:
         v = v if v.dtype == state[1].dtype else full_precision(v)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[:, :, 0, 0]
-        o, cache = softmax_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state[:3], position, log_a=log_a, scale=self.scale)
+        o, cache = softmax_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state[:3], position, log_a=log_a, scale=self.scale,
+                                softcap=self.softcap)
         if self.output_stages:
             o = full_precision(o)
         y = self._output(o.unsqueeze(2), x, v)

@@ -1,5 +1,5 @@
 """Softmax attention, causal or not, with an optional additive log-decay bias (GateLoop sec. 3.4), a
-sliding window and grouped keys/values (GQA)."""
+sliding window, grouped keys/values (GQA) and a soft-cap on the scores (Gemma 2)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ def softmax_attention(
     scale: float | None = None,
     window: int | None = None,
     mask: Tensor | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """``softmax(scale * q k^T + bias) v`` with a causal mask, an optional log-decay bias and window.
 
@@ -52,6 +53,9 @@ def softmax_attention(
         mask: ``(B, 1, L, L)`` bool or None: pair (i, j) is attended only where True, on top of the
             causal mask and the window (packed documents: :func:`attnspec.ops.documents.same_document`).
             Each row must keep its diagonal (a query that sees no key has no softmax).
+        softcap: a tanh soft-cap on the scores (Gemma 2): each scaled score s becomes ``softcap *
+            tanh(s / softcap)`` before the masks and the bias. The scores are then explicit (SDPA has no
+            cap): computed, capped and normalised in float32 for half-precision inputs (float64 stays).
 
     Returns:
         ``(B, H, L, Dv)``. Differentiable on CPU (PyTorch's SDPA math/flash kernels).
@@ -71,6 +75,9 @@ def softmax_attention(
             or q.shape[1] % k.shape[1] or q.shape[1] % v.shape[1]):
         raise ShapeError(f"q must be (B, H, L, Dk), k (B, H_kv, L, Dk) and v (B, H_kv, L, Dv) with H_kv dividing H; "
                          f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if softcap is not None and not tracing and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                                or not math.isfinite(softcap) or softcap <= 0):
+        raise ShapeError(f"softcap must be a positive finite number, got {softcap!r}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1 or not causal):
         raise ShapeError(f"window must be a positive int with causal=True, got {window!r} (causal={causal})")
     if k.shape[1] != q.shape[1]:  # each key/value head serves H / H_kv consecutive query heads
@@ -81,6 +88,7 @@ def softmax_attention(
                              or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (q.shape[2],) * 2):
         raise ShapeError(f"mask must be bool (B, 1, L, L) = ({q.shape[0]}, 1, {q.shape[2]}, {q.shape[2]}), got "
                          f"{mask.dtype} {tuple(mask.shape)}")
+    bias = None
     if log_a is not None:
         if not causal:
             raise ShapeError("log_a needs causal=True: a decay orders positions")
@@ -88,20 +96,46 @@ def softmax_attention(
             raise ShapeError(f"log_a for softmax attention must be real with shape (B, H, L) = "
                              f"{tuple(q.shape[:3])}, got {tuple(log_a.shape)} {log_a.dtype}")
         bias = decay_bias(log_a.to(accumulation_dtype(q.dtype))).to(q.dtype)
+    if softcap is not None:
+        return capped_attention(q, k, v, scale if scale is not None else q.shape[-1] ** -0.5, softcap,
+                                _pairs(q.shape[2], causal, window, mask, q.device), bias)
+    if bias is not None:
         if window is not None:
             bias = bias.masked_fill(~window_mask(q.shape[2], window, q.device), float("-inf"))
         if mask is not None:
             bias = bias.masked_fill(~mask, float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
     if mask is not None:
-        L = q.shape[2]
-        pairs = window_mask(L, window, q.device) if window is not None else \
-            torch.ones(L, L, dtype=torch.bool, device=q.device).tril() if causal else None
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask if pairs is None else mask & pairs, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_pairs(q.shape[2], causal, window, mask, q.device),
+                                              scale=scale)
     if window is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[2], window, q.device),
                                               scale=scale)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def _pairs(L: int, causal: bool, window: int | None, mask: Tensor | None, device) -> Tensor | None:
+    """The pairs (i, j) attended, bool broadcasting to (B, 1, L, L): the window's or the causal triangle,
+    and ``mask``; None where every pair is."""
+    pairs = window_mask(L, window, device) if window is not None else \
+        torch.ones(L, L, dtype=torch.bool, device=device).tril() if causal else None
+    return mask if pairs is None else pairs if mask is None else mask & pairs
+
+
+def capped_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, softcap: float, allowed: Tensor | None,
+                     bias: Tensor | None) -> Tensor:
+    """Softmax attention with soft-capped scores, written out: ``softmax(cap(scale q k^T) + bias) v`` over the
+    pairs ``allowed``. q, k: ``(B, H, L, Dk)`` (heads already shared out); v: ``(B, H, L, Dv)``;
+    allowed: bool broadcasting to ``(B, H, L, L)`` or None; bias: additive, the same, or None. Scores,
+    weights and the sum in float32 for half precision (float64 stays). Returns ``(B, H, L, Dv)`` in q's dtype."""
+    wide = accumulation_dtype(q.dtype)
+    scores = scale * (q.to(wide) @ k.to(wide).transpose(-1, -2))
+    scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias.to(wide)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v.to(wide)).to(q.dtype)
 
 
 def window_mask(L: int, window: int, device) -> Tensor:

@@ -76,7 +76,7 @@ def read_lengths(capacity: int) -> list[int]:
 
 
 def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor, *, log_a: Tensor | None = None,
-                 scale: float | None = None) -> tuple[Tensor, Cache]:
+                 scale: float | None = None, softcap: float | None = None) -> tuple[Tensor, Cache]:
     """Attend from one new position over the cache, after writing its key and value into it in place.
 
     Args:
@@ -89,6 +89,7 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
         position: ``(B,)`` int64, the absolute position of this token (0 for the first).
         log_a: ``(B, H)`` real log-decay of this position, or None (no decay).
         scale: score multiplier, default ``Dk ** -0.5``.
+        softcap: a tanh soft-cap on the scaled scores (:func:`attnspec.ops.softmax.softmax_attention`'s).
 
     Returns:
         ``o`` ``(B, H, Dv)`` and the cache (the same tensors, with this position written).
@@ -115,7 +116,7 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
     if log_a is not None:
         bias.add_(log_a.unsqueeze(-1).to(bias.dtype))  # one more decay between every written slot and now
         bias.transpose(1, 2).index_put_(slots.targets, torch.zeros((), dtype=bias.dtype, device=bias.device))
-    read = _Read(Dk ** -0.5 if scale is None else scale, (H, k_heads, v_heads))
+    read = _Read(Dk ** -0.5 if scale is None else scale, (H, k_heads, v_heads), softcap)
     q, read_bias = _as(q, keys.dtype), None if log_a is None else bias
     if slots.filled is not None:  # torch.compile cannot take a length from the data (capture_scalar_outputs)
         o = _read_bucketed(q, keys, values, read_bias, slots.filled, read, read_lengths(capacity))
@@ -206,6 +207,7 @@ class _Read(NamedTuple):
 
     scale: float
     heads: tuple[int, int, int]
+    softcap: float | None = None
 
     def prefix(self, q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, valid: Tensor | None, n,
                by_value: bool = False) -> Tensor:
@@ -219,7 +221,8 @@ class _Read(NamedTuple):
             if isinstance(size, torch.SymInt):  # pins a traced read's head counts (a plain size is known already)
                 torch._check(size == expected)
         keys, values, bias = keys[:, :, :n], values[:, :, :n], None if bias is None else bias[:, :, :n]
-        if k_heads == v_heads and not by_value:  # one fused call, a key head's H / H_k query heads its "positions"
+        if k_heads == v_heads and not by_value and self.softcap is None:  # one fused call, a key head's H / H_k
+            # query heads its "positions"
             mask = None if bias is None else bias.reshape(-1, k_heads, H // k_heads, n)
             if valid is not None:
                 valid = valid.view(-1, 1, 1, n)
@@ -230,6 +233,8 @@ class _Read(NamedTuple):
         # scores per key head, weights per value head (their heads may group differently)
         scores = self.scale * torch.einsum("bgjd,bgcd->bgjc", q.reshape(-1, k_heads, H // k_heads, q.shape[-1]),
                                            keys).reshape(-1, H, n)
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
         if bias is not None:
             scores = scores + bias
         if valid is not None:

@@ -8,7 +8,7 @@ from torch import Tensor
 
 
 def softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None = None, *, causal: bool = True,
-                      scale: float | None = None, window: int | None = None) -> Tensor:
+                      scale: float | None = None, window: int | None = None, softcap: float | None = None) -> Tensor:
     """``softmax(scale q kᵀ + bias) v`` with ``bias[i, j] = sum_{s=j+1..i} log_a[s]`` (by loops) for j <= i.
 
     Args:
@@ -17,6 +17,7 @@ def softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None = No
         causal: mask j > i (implied by ``log_a``).
         scale: default ``Dk ** -0.5``.
         window: also mask j <= i - window.
+        softcap: each scaled score s becomes ``softcap * tanh(s / softcap)`` before the masks and bias.
 
     Returns:
         ``(B, H, L, Dv)``.
@@ -26,6 +27,8 @@ def softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None = No
     v = torch.stack([v[:, h * v.shape[1] // H] for h in range(H)], 1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = scale * q @ k.transpose(-1, -2)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if window is not None:
         for i in range(L):
             scores[:, :, i, : max(0, i - window + 1)] = float("-inf")

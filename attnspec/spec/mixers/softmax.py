@@ -1,4 +1,5 @@
-"""Softmax attention's IR: GQA, QK-norm, positions, a decay as log-bias, a window, an output gate."""
+"""Softmax attention's IR: GQA, QK-norm, positions, a decay as log-bias, a window, a logit soft-cap, an output
+gate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pydantic import Field
 
 from attnspec.spec import limits
 from attnspec.spec.family import Cost, softmax_cost
-from attnspec.spec.nodes import Count
+from attnspec.spec.nodes import Count, PositiveFloat
 from attnspec.spec.transitions import NoTransition, Transition
 from attnspec.spec.mixers.base import MixerComponent, _softmax_decay_problems
 
@@ -23,6 +24,9 @@ class SoftmaxMixer(MixerComponent):
     window: Count(limits.MAX_LEN) | None = None
     """Sliding window: each position attends to the `window` most recent positions, itself included
     (causal only). Decoding keeps a ring buffer of that many keys and values: constant memory."""
+    softcap: PositiveFloat | None = None
+    """A tanh soft-cap on the attention logits (Gemma 2): each scaled score s becomes
+    `softcap * tanh(s / softcap)` before the mask, the decay bias and the softmax."""
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
         return {"quadratic": softmax_cost(L, self.heads, self.d_qk, self.d_v)}
@@ -59,6 +63,8 @@ class SoftmaxMixer(MixerComponent):
 
     def describe(self) -> str:
         parts = [f"window {self.window}"] if self.window is not None else []
+        if self.softcap is not None:
+            parts.append(f"logits capped at {self.softcap:g}")
         if self.kv_heads is not None:
             parts.append(f"{self.kv_heads} kv heads")
         if not self.transition.is_identity:

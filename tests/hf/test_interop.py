@@ -1022,6 +1022,20 @@ def test_cohere_computes_transformers_logits_decodes_alike_and_exports_as_itself
         spec_from_checkpoint(tmp_path / "checkpoint")
 
 
+def test_cohere2_windows_its_rope_layers_and_leaves_its_global_layers_without_positions(tmp_path):
+    """Command R7B: Command R's parallel blocks, windowed layers (window 5, shorter than the prompts) with
+    interleaved RoPE and global layers without positions, by layer_types; a global layer first."""
+    from transformers import Cohere2Config, Cohere2ForCausalLM
+
+    config = Cohere2Config(**{**SMALL, "num_hidden_layers": 3}, layer_norm_eps=0.01, logit_scale=0.5,
+                           sliding_window=5, layer_types=["full_attention", "sliding_attention", "sliding_attention"])
+    spec = _holds_to(_perturbed(lambda: Cohere2ForCausalLM(config)), tmp_path / "checkpoint", "cohere2")
+    blocks = spec_blocks(spec)
+    assert [block.mixer.window for block in blocks] == [None, 5, 5]
+    assert [block.mixer.position.kind for block in blocks] == ["none", "rope", "rope"]
+    assert {block.parallel for block in blocks} == {"shared_norm"} and blocks[1].mixer.position.interleaved
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_stablelm_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, parallel):
     """StableLM: q/k/v biases, RoPE on a quarter of each head (its default), GQA, biased LayerNorms, with

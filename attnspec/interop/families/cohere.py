@@ -35,7 +35,12 @@ class Cohere(LlamaFamily):
         mixer = {**mixer, "position": {**mixer["position"], "interleaved": True}}
         blocks = [{**block, "mixer": mixer, "norm": norm, "parallel": "shared_norm"} for block in blocks]
         head = {**head_node(config, True), "scale": config.number("logit_scale", 0.0625, positive=True)}
-        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": norm, "head": head}
+        return {**common_fields(config), "layers": compress_layers(self.per_layer(config, blocks)),
+                "final_norm": norm, "head": head}
+
+    def per_layer(self, config: Config, blocks: list[dict]) -> list[dict]:
+        """The blocks as each layer has them (Command R's are all alike)."""
+        return blocks
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
@@ -53,4 +58,48 @@ class Cohere(LlamaFamily):
         return [link for link in super().links(spec) if ".post_attention_layernorm." not in link.theirs]
 
 
-ARCHITECTURES = (Cohere(),)
+class Cohere2(Cohere):
+    """Command R7B (``cohere2``): Command R's parallel blocks, each layer windowed with RoPE or global without
+    positions (NoPE) by ``layer_types`` (three windowed to one global by default)."""
+
+    model_types = ("cohere2",)
+    causal_lm = {"cohere2": "Cohere2ForCausalLM"}
+    rows = (
+        Row(("cohere2",),
+            "cohere's parallel blocks, windowed layers with interleaved RoPE and global ones without positions, by "
+            "`layer_types` (`sliding_window_pattern`, 4 by default)",
+            "as cohere"),
+    )
+
+    def per_layer(self, config: Config, blocks: list[dict]) -> list[dict]:
+        window = config.count("sliding_window", 4096)
+        pattern = config.count("sliding_window_pattern", 4)
+        types = config.attention_layer_types(len(blocks), ["sliding_attention" if (i + 1) % pattern
+                                                           else "full_attention" for i in range(len(blocks))])
+        layers = []
+        for block, layer_type in zip(blocks, types):
+            mixer = dict(block["mixer"])
+            if layer_type == "sliding_attention":
+                mixer["window"] = window
+            else:
+                mixer["position"] = {"kind": "none"}
+            layers.append({**block, "mixer": mixer})
+        return layers
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        windows = [block.mixer.window for block in blocks]
+        window = next((w for w in windows if w is not None), None)
+        rotary = [block.mixer.position is not None and block.mixer.position.kind == "rope" for block in blocks]
+        if window is None or any(w not in (None, window) for w in windows) \
+                or rotary != [w is not None for w in windows]:
+            raise NotExpressible("cohere2 has one window, with RoPE on its windowed layers and none on the others")
+        rope_block = blocks[rotary.index(True)]
+        shaped = spec.model_copy(update={"layers": [rope_block.model_copy(update={
+            "mixer": rope_block.mixer.model_copy(update={"window": None})})] * len(blocks)})
+        config = super().config(shaped, "cohere")
+        return {**config, "sliding_window": window,
+                "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows]}
+
+
+ARCHITECTURES = (Cohere(), Cohere2())

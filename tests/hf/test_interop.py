@@ -1022,6 +1022,20 @@ def test_cohere_computes_transformers_logits_decodes_alike_and_exports_as_itself
         spec_from_checkpoint(tmp_path / "checkpoint")
 
 
+def test_gpt_neo_alternates_global_and_local_attention_of_unscaled_scores(tmp_path):
+    """GPT-Neo: learned positions, unscaled scores, bias-free q/k/v with a biased output, local layers with a
+    window (4, shorter than the prompts) by attention_types, a biased MLP under LayerNorms, a tied head."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    config = GPTNeoConfig(vocab_size=VOCAB, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=48,
+                          max_position_embeddings=64, window_size=4, layer_norm_epsilon=0.01,
+                          attention_types=[[["global", "local", "local"], 1]])
+    spec = _holds_to(_perturbed(lambda: GPTNeoForCausalLM(config)), tmp_path / "checkpoint", "gpt_neo")
+    blocks = spec_blocks(spec)
+    assert [block.mixer.window for block in blocks] == [None, 4, 4] and {b.mixer.scale for b in blocks} == {1.0}
+    assert spec.position.kind == "learned" and spec.head.tied
+
+
 def test_cohere2_windows_its_rope_layers_and_leaves_its_global_layers_without_positions(tmp_path):
     """Command R7B: Command R's parallel blocks, windowed layers (window 5, shorter than the prompts) with
     interleaved RoPE and global layers without positions, by layer_types; a global layer first."""

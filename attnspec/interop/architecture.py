@@ -73,7 +73,8 @@ class Link:
     slope), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)), its rows in
     ``stack`` slices along a leading axis (fused experts: (experts, rows, columns)), or the whole viewed
     as ``view``; a 2-D whole ``transpose``-d (GPT-2's ``Conv1D`` stores (in, out), a linear map's
-    transpose).
+    transpose); after ``lead`` rows that no attnspec tensor holds (OPT's position table starts at row 2:
+    they are dropped on import and written as zeros on export, which nothing reads).
     """
 
     theirs: str
@@ -85,12 +86,13 @@ class Link:
     view: tuple[int, ...] | None = None
     log: bool = False
     transpose: bool = False
+    lead: int = 0
 
     @property
     def plain(self) -> bool:
         """One attnspec tensor that is the transformers tensor itself (a rename)."""
         return (len(self.ours) == 1 and self.groups == 1 and self.offset == 0.0 and not self.conv and self.stack == 1
-                and self.view is None and not self.log and not self.transpose)
+                and self.view is None and not self.log and not self.transpose and not self.lead)
 
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
@@ -106,6 +108,8 @@ class Link:
             joined = joined.reshape(self.stack, -1, *joined.shape[1:])
         if self.transpose:
             return joined.t()
+        if self.lead:
+            joined = torch.cat([joined.new_zeros(self.lead, *joined.shape[1:]), joined])
         return joined.unsqueeze(1) if self.conv else joined
 
     def split(self, tensor: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
@@ -114,6 +118,7 @@ class Link:
 
         if self.transpose:
             tensor = tensor.t()
+        tensor = tensor[self.lead:]
         if self.view is not None:
             tensor = tensor.reshape(sum(shape[0] for shape in shapes), *shapes[0][1:])
         if self.stack > 1:

@@ -1036,6 +1036,25 @@ def test_gpt_neo_alternates_global_and_local_attention_of_unscaled_scores(tmp_pa
     assert spec.position.kind == "learned" and spec.head.tied
 
 
+@pytest.mark.parametrize("before", [True, False])
+def test_opt_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, before):
+    """OPT: a learned position table after two unused rows, biased attention and a ReLU MLP under
+    LayerNorms before each sub-layer with a final one, or after each residual sum without (OPT-350M's
+    placement); projections around the layers (word_embed_proj_dim) are refused by their field."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    config = OPTConfig(vocab_size=VOCAB, hidden_size=32, ffn_dim=48, num_hidden_layers=2, num_attention_heads=4,
+                       max_position_embeddings=64, word_embed_proj_dim=32, do_layer_norm_before=before,
+                       pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: OPTForCausalLM(config)), tmp_path / "checkpoint", "opt")
+    block = spec_blocks(spec)[0]
+    assert (block.norm_placement, spec.final_norm.kind) == (("pre", "layernorm") if before else ("post", "none"))
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "word_embed_proj_dim": 16}))
+    with pytest.raises(InteropError, match="word_embed_proj_dim"):
+        spec_from_checkpoint(tmp_path / "checkpoint")
+
+
 def test_cohere2_windows_its_rope_layers_and_leaves_its_global_layers_without_positions(tmp_path):
     """Command R7B: Command R's parallel blocks, windowed layers (window 5, shorter than the prompts) with
     interleaved RoPE and global layers without positions, by layer_types; a global layer first."""

@@ -1055,6 +1055,20 @@ def test_opt_computes_transformers_logits_decodes_alike_and_exports_as_itself(tm
         spec_from_checkpoint(tmp_path / "checkpoint")
 
 
+@pytest.mark.parametrize("scaled", [True, False])
+def test_biogpt_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, scaled):
+    """BioGPT: OPT's pre-norm layers and offset position table, GeLU, embeddings times sqrt(d) with
+    scale_embedding, its tied head named output_projection."""
+    from transformers import BioGptConfig, BioGptForCausalLM
+
+    config = BioGptConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                          num_attention_heads=4, max_position_embeddings=64, layer_norm_eps=0.01, scale_embedding=scaled,
+                          pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: BioGptForCausalLM(config)), tmp_path / "checkpoint", "biogpt")
+    assert spec.input.scale == (32 ** 0.5 if scaled else 1.0)
+    assert spec_blocks(spec)[0].norm.eps == 1e-5  # transformers' BioGPT never reads layer_norm_eps (0.01 here)
+
+
 def test_cohere2_windows_its_rope_layers_and_leaves_its_global_layers_without_positions(tmp_path):
     """Command R7B: Command R's parallel blocks, windowed layers (window 5, shorter than the prompts) with
     interleaved RoPE and global layers without positions, by layer_types; a global layer first."""

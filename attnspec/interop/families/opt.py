@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from attnspec.interop.architecture import (Architecture, Link, Row, block_prefix, common_fields, compress_layers,
                                            expanded_blocks, head_node, rename)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
@@ -29,6 +31,13 @@ class Opt(Architecture):
             "LayerNorms without weights, `_remove_final_layer_norm`, `enable_bias: false`"),
     )
 
+    PREFIX = "model.decoder."
+    """Where the decoder's tensors are stored."""
+    FINAL_NORM, HEAD = "final_layer_norm", "lm_head"
+    """The final LayerNorm's and the untied head's names."""
+    FFN, ACTIVATION = ("ffn_dim", "relu"), "activation_function"
+    """The MLP width's field (and the activation's default), the activation's field."""
+
     def spec(self, config: Config, model_type: str) -> dict:
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         width, heads = config.count("hidden_size"), config.count("num_attention_heads")
@@ -42,15 +51,33 @@ class Opt(Architecture):
             if config.get(field, bool, wanted) != wanted:
                 raise config.refuse(field, f"only {field}: {str(wanted).lower()} imports")
         before = config.get("do_layer_norm_before", bool, True)
-        norm = {"kind": "layernorm", "eps": 1e-5}
-        mlp = {"kind": "mlp", "hidden": config.count("ffn_dim"), "bias": True,
-               "activation": config.activation("activation_function", ("gelu", "gelu_tanh", "relu", "relu2", "silu"),
-                                               default="relu")}
+        norm = {"kind": "layernorm", "eps": self.eps(config)}
+        mlp = {"kind": "mlp", "hidden": config.count(self.FFN[0]), "bias": True,
+               "activation": config.activation(self.ACTIVATION, ("gelu", "gelu_tanh", "relu", "relu2", "silu"),
+                                               default=self.FFN[1])}
         block = {"mixer": {"kind": "softmax", "heads": heads, "d_qk": width // heads, "d_v": width // heads,
                            "qkv_bias": True, "out_bias": True},
                  "mlp": mlp, "norm": norm, **({} if before else {"norm_placement": "post"})}
-        return {**common_fields(config), "position": {"kind": "learned"}, "layers": compress_layers([block] * layers),
+        common = common_fields(config)
+        common["input"].update(self.input_scale(config, width))
+        return {**common, "position": {"kind": "learned"}, "layers": compress_layers([block] * layers),
                 "final_norm": norm if before else {"kind": "none"}, "head": head_node(config, True)}
+
+    def eps(self, config: Config) -> float:
+        """The LayerNorms' epsilon: OPT's are torch's default (its config has no field)."""
+        return 1e-5
+
+    def input_scale(self, config: Config, width: int) -> dict:
+        """The embeddings' multiplier (none in OPT)."""
+        return {}
+
+    def type_fields(self, spec, first) -> dict:
+        """The config fields :meth:`config` writes beyond the shared ones (the inverse of the hooks above)."""
+        if spec.input.scale != 1.0:
+            raise NotExpressible("opt does not scale its embeddings")
+        return {"word_embed_proj_dim": spec.d_model, "ffn_dim": first.mlp.hidden,
+                "activation_function": ACTIVATION_NAMES[first.mlp.activation],
+                "do_layer_norm_before": first.norm_placement == "pre"}
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
@@ -64,25 +91,22 @@ class Opt(Architecture):
                 or not (mixer.qkv_bias and mixer.out_bias) or mixer.kv_heads not in (None, mixer.heads) \
                 or mixer.qk_norm != "none" or mixer.d_qk != mixer.d_v or mixer.heads * mixer.d_qk != spec.d_model \
                 or getattr(mixer.position, "kind", "none") != "none" or first.mlp.kind != "mlp" or not first.mlp.bias \
-                or first.norm.kind != "layernorm" or first.norm.eps != 1e-5 or not first.norm.bias \
-                or (before and spec.final_norm != first.norm):
-            raise NotExpressible("opt is learned positions and alike blocks of biased attention and a biased MLP "
-                                 "under LayerNorms (eps 1e-5) before each sub-layer or after each residual sum")
+                or first.norm.kind != "layernorm" or not first.norm.bias or (before and spec.final_norm != first.norm):
+            raise NotExpressible(f"{model_type} is learned positions and alike blocks of biased attention and a "
+                                 "biased MLP under LayerNorms before each sub-layer or after each residual sum")
         return {"vocab_size": spec.input.vocab_size, "max_position_embeddings": spec.max_len,
-                "hidden_size": spec.d_model, "word_embed_proj_dim": spec.d_model, "num_hidden_layers": len(blocks),
-                "num_attention_heads": mixer.heads, "ffn_dim": first.mlp.hidden,
-                "activation_function": ACTIVATION_NAMES[first.mlp.activation], "do_layer_norm_before": before,
-                "tie_word_embeddings": spec.head.tied}
+                "hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "num_attention_heads": mixer.heads,
+                "tie_word_embeddings": spec.head.tied, **self.type_fields(spec, first)}
 
     def links(self, spec) -> list[Link]:
-        links = [rename("model.decoder.embed_tokens.weight", "embed.weight"),
-                 Link("model.decoder.embed_positions.weight", ("position.table",), lead=POSITION_OFFSET)]
+        links = [rename(f"{self.PREFIX}embed_tokens.weight", "embed.weight"),
+                 Link(f"{self.PREFIX}embed_positions.weight", ("position.table",), lead=POSITION_OFFSET)]
         if spec.final_norm.kind == "layernorm":
-            links += [rename(f"model.decoder.final_layer_norm.{p}", f"final_norm.{p}") for p in ("weight", "bias")]
+            links += [rename(f"{self.PREFIX}{self.FINAL_NORM}.{p}", f"final_norm.{p}") for p in ("weight", "bias")]
         if not spec.head.tied:
-            links.append(rename("lm_head.weight", "head.weight"))
+            links.append(rename(f"{self.HEAD}.weight", "head.weight"))
         for index in range(len(expanded_blocks(spec))):
-            theirs, ours = f"model.decoder.layers.{index}.", block_prefix(index)
+            theirs, ours = f"{self.PREFIX}layers.{index}.", block_prefix(index)
             links += [rename(f"{theirs}self_attn.{n}_proj.{p}", f"{ours}mixer.{n}_proj.{p}")
                       for n in ("q", "k", "v", "out") for p in ("weight", "bias")]
             links += [rename(f"{theirs}{their}.{p}", f"{ours}mlp.{our}.{p}")
@@ -93,4 +117,34 @@ class Opt(Architecture):
         return links
 
 
-ARCHITECTURES = (Opt(),)
+class BioGpt(Opt):
+    """BioGPT: OPT's layers (pre-norm), its position table after two unused rows, embeddings times
+    sqrt(hidden_size) with ``scale_embedding``, GeLU; its LayerNorms take torch's epsilon (the config's
+    ``layer_norm_eps`` is never read by the model); the tied head is ``output_projection``."""
+
+    model_types = ("biogpt",)
+    causal_lm = {"biogpt": "BioGptForCausalLM"}
+    rows = (
+        Row(("biogpt",),
+            "opt's pre-norm layers and position table, embeddings times sqrt(d) with `scale_embedding`, "
+            "`hidden_act` (`layer_norm_eps` is unread, as in transformers)",
+            "as opt"),
+    )
+    PREFIX = "biogpt."
+    FINAL_NORM, HEAD = "layer_norm", "output_projection"
+    FFN, ACTIVATION = ("intermediate_size", "gelu"), "hidden_act"
+
+    def eps(self, config: Config) -> float:  # its LayerNorms are built without it: torch's default, as OPT's
+        return 1e-5
+
+    def input_scale(self, config: Config, width: int) -> dict:
+        return {"scale": math.sqrt(width)} if config.get("scale_embedding", bool, True) else {}
+
+    def type_fields(self, spec, first) -> dict:
+        if first.norm_placement != "pre" or spec.input.scale not in (1.0, math.sqrt(spec.d_model)):
+            raise NotExpressible("biogpt's LayerNorms come before each sub-layer, its embeddings times 1 or sqrt(d)")
+        return {"intermediate_size": first.mlp.hidden, "hidden_act": ACTIVATION_NAMES[first.mlp.activation],
+                "scale_embedding": spec.input.scale != 1.0}
+
+
+ARCHITECTURES = (Opt(), BioGpt())

@@ -239,12 +239,13 @@ class Model(nn.Module):
         bounded = self.spec.position.bounded or any(block.decode_limit is not None for block in self.blocks)
         return self.spec.max_len if bounded else None
 
-    def generate(self, tokens: Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
+    def generate(self, tokens: Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos: int | None = None,
                  attention_mask: Tensor | None = None) -> Tensor:
         """Continue the prompts ``tokens`` (B, T) int64 by up to ``max_new_tokens`` tokens: :meth:`prefill`
-        over the prompts, then one decoding step per token; greedy at ``temperature=0``, else sampled
-        (``top_k``, ``top_p``) from a generator seeded with ``seed`` if given; rows stop at ``eos`` (and
+        over the prompts, then one decoding step per token; greedy by default (``temperature=0``, as
+        transformers' ``generate`` and ``attnspec run``), sampled at a positive ``temperature`` (with ``top_k``,
+        ``top_p``) from a generator seeded with ``seed`` if given; rows stop at ``eos`` (and
         repeat it). Prompts of different lengths are left-padded, with ``attention_mask`` (B, T) 0 on the
         padding as transformers' ``generate`` takes them; each row continues as it would alone
         (:func:`attnspec.nn.generate.decode`).

@@ -493,3 +493,17 @@ def test_a_compiled_step_equals_the_eager_step_without_recompiling(name):
             expected, *eager_state = model.step(tokens[:, t], *eager_state)
             logits, *compiled_state = compiled(tokens[:, t], *compiled_state)
             assert (logits - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_generate_is_greedy_unless_a_temperature_asks_for_sampling():
+    """transformers' convention: ``generate(prompt, n)`` is greedy (the same tokens as temperature 0, with no
+    seed); a positive temperature samples (other draws than greedy here, and reproducible by seed)."""
+    path = SPECS_BY_NAME["softmax-transformer"]
+    model = attnspec.build(path, *_small(path)).eval()
+    prompt = torch.randint(0, model.spec.input.vocab_size, (2, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        default = model.generate(prompt, 12)
+        assert torch.equal(default, model.generate(prompt, 12, temperature=0.0))
+        sampled = model.generate(prompt, 12, temperature=5.0, seed=3)
+        assert torch.equal(sampled, model.generate(prompt, 12, temperature=5.0, seed=3))
+    assert not torch.equal(sampled, default)

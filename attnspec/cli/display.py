@@ -27,13 +27,15 @@ def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, cal
     """The plan of ``spec`` at ``length``: per block (``mixers``; ``sizes`` from
     :func:`~attnspec.compiler.sizes.layer_sizes`; ``calls``: the shared block each calls, or None) its parts,
     parameters and decoding state, and per regime of ``plans`` (``[(regime, Plan)]``, inference first) the mode and kernel chosen, every valid
-    mode's measured and estimated time, and why; then its one-token decoding."""
+    mode's measured and estimated time, and why; then its one-token decoding. Consecutive blocks whose rows
+    all say the same are one entry (``blocks[0-26] x27``)."""
     from attnspec.compiler.plan import decoding_text, regime_modes
 
     table = Table(title=escape(f"{spec.name}: plan at L = {length}"))
     for column in ("layer", "mixer: parts, size", "regime", "mode · kernel", "valid modes: measured / estimated",
                    "why"):
         table.add_column(column)
+    blocks = []  # (label, the block's rows without their label), then alike neighbours as one
     for index, mixer in enumerate(mixers):
         call = (calls or [None] * len(mixers))[index]
         block = "\n".join([mixer.describe(), *(f"  {name}: {what}" for name, what in mixer.parts()),
@@ -42,6 +44,7 @@ def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, cal
                                f" ({sizes[index].active_parameters:,} active per token)"
                                if sizes[index].active_parameters != sizes[index].parameters else ""),
                            f"decoding state {byte_size(sizes[index].decode_state_bytes)} per sequence"])
+        rows = []
         for regime, plan in plans:
             entry = plan.layers[index]
             times = []
@@ -55,11 +58,14 @@ def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, cal
             if entry.export_backend != entry.backend and regime == "inference":
                 chosen += f"\n(exported: {entry.export_backend})"
             first = regime == "inference"
-            table.add_row(escape(entry.path) if first else "", escape(block) if first else "",
-                          f"{regime} B{plan.batch}", escape(chosen), escape("\n".join(times)), escape(entry.reason))
+            rows.append((block if first else "", f"{regime} B{plan.batch}", chosen, "\n".join(times), entry.reason))
         decode = plans[0][1].layers[index]
         held, why = decoding_text(decode)
-        table.add_row("", "", "decoding", f"{decode.decode_mode} · graph" if decode.decode_mode else "-", held, why)
+        rows.append(("", "decoding", f"{decode.decode_mode} · graph" if decode.decode_mode else "-", held, why))
+        blocks.append((plans[0][1].layers[index].path, tuple(rows)))
+    for label, rows in runs_of_alike_blocks(blocks):
+        for number, row in enumerate(rows):
+            table.add_row(escape(label) if number == 0 else "", *(escape(cell) for cell in row))
     return table
 
 
@@ -92,10 +98,11 @@ def stage_progress():
         yield on_stage
 
 
-def runs_of_alike_blocks(rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def runs_of_alike_blocks(rows: list[tuple[str, object]]) -> list[tuple[str, object]]:
     """Consecutive blocks whose rows say the same, as one row: ``("blocks[0] (layers[0]#0)", text)`` ...
     ``("blocks[29] (layers[0]#29)", text)`` become ``("blocks[0-29] x30", text)`` (a 30-block import is
-    one line, not thirty); a block unlike its neighbours keeps its own label."""
+    one line, not thirty); a block unlike its neighbours keeps its own label. ``text``: anything
+    comparable (the build summary's cell, explain's rows)."""
     runs: list[list] = []
     for label, text in rows:
         if runs and runs[-1][1] == text:

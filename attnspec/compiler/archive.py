@@ -25,6 +25,7 @@ import contextlib
 import io
 import json
 import re
+import threading
 import zipfile
 from pathlib import Path
 
@@ -271,50 +272,53 @@ def _memoized_deserialization():
     """``torch.export.load`` with two of its repeated computations memoized, the program unchanged.
 
     torch's deserializer parses every symbolic size string of every node with ``sympy.sympify`` (a
-    toy hybrid's prefill holds 9,000, nearly all repeats of a few dozen) and asks ``typing`` for a
-    schema class's type hints once per serialized object (15,000 times); the two were 60% of loading a
-    program (4.8 s of a toy hybrid's prefill.pt2, 2.1 s memoized). Within one load, a string parsed
-    again with the same hint registers nothing new in the shape environment (its symbols are cached
+    toy hybrid's three programs hold 9,000, nearly all repeats) and asks ``typing`` for a schema
+    class's type hints once per serialized object (15,000 times for its prefill.pt2); memoized, that
+    program loads in 2.1 s rather than 4.8 s. Within one load, a string parsed again with the same hint registers nothing new in the shape environment (its symbols are cached
     by name, their hints and ranges set once), and a dataclass's hints never change, so both are
     kept for the duration of the load. Where torch's internals are not as expected (another
     version), the load runs as torch wrote it. tests/compiler/test_trust.py holds the result equal
     to the plain load's."""
-    try:
-        from torch._export.serde import serialize
-        deserializer = serialize.GraphModuleDeserializer
-        parse = deserializer._parse_sym_expr
-        typing_module = serialize.typing
-    except (ImportError, AttributeError):
-        yield
-        return
+    with _PATCHING:  # one load at a time patches torch, so a thread never takes another's patch for torch's
+        try:
+            from torch._export.serde import serialize
+            deserializer = serialize.GraphModuleDeserializer
+            parse = deserializer._parse_sym_expr
+            typing_module = serialize.typing
+        except (ImportError, AttributeError):
+            yield
+            return
 
-    def memoized_parse(self, expr_str, hint=None):
-        if not isinstance(expr_str, str):
-            return parse(self, expr_str, hint)
-        memo = self.__dict__.setdefault("_attnspec_parsed", {})
-        key = (expr_str, type(hint), hint)
-        if key not in memo:
-            memo[key] = parse(self, expr_str, hint)
-        return memo[key]
+        def memoized_parse(self, expr_str, hint=None):
+            if not isinstance(expr_str, str):
+                return parse(self, expr_str, hint)
+            memo = self.__dict__.setdefault("_attnspec_parsed", {})
+            key = (expr_str, type(hint), hint)
+            if key not in memo:
+                memo[key] = parse(self, expr_str, hint)
+            return memo[key]
 
-    hints: dict = {}
+        hints: dict = {}
 
-    class _Typing:  # the typing module, its get_type_hints memoized per (class, namespace)
-        def __getattr__(self, name):
-            return getattr(typing_module, name)
+        class _Typing:  # the typing module, its get_type_hints memoized per (class, namespace)
+            def __getattr__(self, name):
+                return getattr(typing_module, name)
 
-        @staticmethod
-        def get_type_hints(cls, globalns=None, *args, **kwargs):
-            key = (cls, id(globalns), args, tuple(sorted(kwargs.items())))
-            if key not in hints:
-                hints[key] = typing_module.get_type_hints(cls, globalns, *args, **kwargs)
-            return hints[key]
+            @staticmethod
+            def get_type_hints(cls, globalns=None, *args, **kwargs):
+                key = (cls, id(globalns), args, tuple(sorted(kwargs.items())))
+                if key not in hints:
+                    hints[key] = typing_module.get_type_hints(cls, globalns, *args, **kwargs)
+                return hints[key]
 
-    deserializer._parse_sym_expr, serialize.typing = memoized_parse, _Typing()
-    try:
-        yield
-    finally:
-        deserializer._parse_sym_expr, serialize.typing = parse, typing_module
+        deserializer._parse_sym_expr, serialize.typing = memoized_parse, _Typing()
+        try:
+            yield
+        finally:
+            deserializer._parse_sym_expr, serialize.typing = parse, typing_module
+
+
+_PATCHING = threading.RLock()
 
 
 def load_program(path: Path | str):

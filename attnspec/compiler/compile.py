@@ -4,7 +4,8 @@
 recompile budget (``isolate_recompiles`` where torch has it, otherwise a dynamo reset), and
 hitting the recompile limit is an error rather than a silent fall-back to eager. Checks compile
 regionally (one compiled graph per distinct block structure); a build runs its check in a child
-process beside the export (:class:`BackgroundCheck`), and remembers a passed one
+process beside the whole build, on one copy of each block from the spec's seed (:class:`BackgroundCheck`),
+and remembers a passed one
 (:mod:`attnspec.compiler.compile_cache`).
 """
 

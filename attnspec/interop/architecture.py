@@ -107,18 +107,20 @@ class Link:
         if self.stack > 1:
             joined = joined.reshape(self.stack, -1, *joined.shape[1:])
         if self.transpose:
-            return joined.t()
-        if self.lead:
+            joined = joined.t()
+        elif self.conv:
+            joined = joined.unsqueeze(1)
+        if self.lead:  # rows of theirs that no attnspec tensor holds
             joined = torch.cat([joined.new_zeros(self.lead, *joined.shape[1:]), joined])
-        return joined.unsqueeze(1) if self.conv else joined
+        return joined
 
     def split(self, tensor: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
         """transformers -> attnspec, into tensors of ``shapes``."""
         import torch
 
+        tensor = tensor[self.lead:]
         if self.transpose:
             tensor = tensor.t()
-        tensor = tensor[self.lead:]
         if self.view is not None:
             tensor = tensor.reshape(sum(shape[0] for shape in shapes), *shapes[0][1:])
         if self.stack > 1:

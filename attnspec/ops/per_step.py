@@ -29,8 +29,8 @@ _STEP: ContextVar[dict | None] = ContextVar("attnspec_step_values", default=None
 @contextlib.contextmanager
 def one_step() -> Iterator[None]:
     """The scope of one decoding step: :func:`shared` values live until it closes. Under
-    ``torch.compile`` it is no scope (Dynamo cannot trace a ContextVar; :func:`shared` computes afresh
-    there, and the compiler removes the repeats itself)."""
+    ``torch.compile`` it is no scope (Dynamo cannot trace a ContextVar): :func:`shared` computes afresh
+    there, each layer's copy in the traced graph."""
     if torch.compiler.is_dynamo_compiling():
         yield
         return

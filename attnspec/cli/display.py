@@ -98,6 +98,15 @@ def stage_progress():
         yield on_stage
 
 
+def compile_check_text(report: dict) -> str:
+    """A compile check's report in words: its level, graphs and difference from eager (a manifest written
+    before 2026-11-28 has neither the level, then always Inductor, nor the relative difference)."""
+    how = "traced by Dynamo + AOTAutograd, without Inductor" if report.get("backend") == "aot_eager" else "Inductor"
+    relative = report.get("max_rel_diff")
+    difference = f"max diff {report['max_abs_diff']:.1e}" + ("" if relative is None else f" = {relative:.1e} relative")
+    return f"{how}; {report.get('graphs', '?')} block graph(s); {difference}"
+
+
 def runs_of_alike_blocks(rows: list[tuple[str, object]]) -> list[tuple[str, object]]:
     """Consecutive blocks whose rows say the same, as one row: ``("blocks[0] (layers[0]#0)", text)`` ...
     ``("blocks[29] (layers[0]#29)", text)`` become ``("blocks[0-29] x30", text)`` (a 30-block import is
@@ -139,8 +148,7 @@ def print_build_summary(directory: Path, manifest: dict) -> None:
     compiled = manifest["compile"]
     if compiled is not None:
         table.add_row("compile check", ("reused: a build of the same structure passed on this machine" if
-                                        compiled.get("reused") else "ok") +
-                      f" ({compiled.get('graphs', '?')} block graph(s), max diff {compiled['max_abs_diff']:.1e})")
+                                        compiled.get("reused") else "ok") + f" ({compile_check_text(compiled)})")
     export = manifest["export"]
     for name, info in manifest["files"].items():
         table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB" + artifact_speed(export.get(name)))

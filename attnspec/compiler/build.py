@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from attnspec.io import VERSION, save_tensors
-from attnspec.compiler.compile import BackgroundCheck
+from attnspec.compiler.compile import CHECK_BACKENDS, BackgroundCheck
 from attnspec.compiler.compile_cache import check_key, passed_before, remember_pass
 from attnspec.compiler.export import export_model, export_prefill, export_step, state_signature
 from attnspec.compiler.speed import SPEED_BATCH, decode_speed, sequence_speed, speed_length, speed_steps
@@ -77,7 +77,7 @@ StageCallback = Callable[[str, "float | None"], None]
 
 
 def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrides=(), aot: bool = False,
-                    compile_check: bool = True, force: bool = False, weights: Path | str | dict | None = None,
+                    compile_check: bool | str = True, force: bool = False, weights: Path | str | dict | None = None,
                     strict_weights: bool = False, calibrate: bool = True, device=None,
                     on_stage: StageCallback | None = None, tokenizer=None,
                     programs: Iterable[str] = PROGRAMS) -> BuildResult:
@@ -95,8 +95,11 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             alone. ``attnspec build`` writes all three; ``import-hf`` none unless asked (``--programs``).
         aot: also write AOTInductor packages ``model.aoti.pt2`` (and ``step.aoti.pt2``): compiled native
             programs, minutes of C++ compilation on a small CPU, so not built by default.
-        compile_check: compile with ``torch.compile`` and compare with eager (``--no-compile`` skips it);
-            a check that passed on this machine for the same structure is reused (manifest ``compile.reused``).
+        compile_check: compile with ``torch.compile`` and compare with eager: True or ``"inductor"``, with
+            Inductor's generated code; ``"trace"``, Dynamo and AOTAutograd's graph without Inductor's code
+            generation (an import's default: :data:`~attnspec.compiler.compile.CHECK_BACKENDS`); False skips
+            it (``--no-compile``). A check that passed on this machine for the same structure at that level
+            or deeper is reused (manifest ``compile.reused``).
         force: replace an existing build directory (never any other directory).
         weights: a safetensors file (or name -> tensor dict) of trained weights for the spec's model,
             instead of the spec's random initialisation: every tensor whose name and shape fit is
@@ -159,12 +162,16 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
         # A structure whose check passed before on this machine (the same spec but for its name and
         # seed, the same modes and versions) compiles to the same graphs: its check is reused. Otherwise
         # the check's process starts now, needing nothing this build writes, and runs beside all of it.
-        key = check_key(spec_to_data(spec, minimal=False), plan.full_modes, device.type) if compile_check else None
-        reused = passed_before(key) if key is not None else None
+        level = "inductor" if compile_check is True else compile_check
+        if level not in (False, *CHECK_BACKENDS):
+            raise ValueError(f"compile_check={compile_check!r}: True, False or one of {sorted(CHECK_BACKENDS)}")
+        deep_enough = [] if not level else ["inductor"] if level == "inductor" else [level, "inductor"]
+        keys = [check_key(spec_to_data(spec, minimal=False), plan.full_modes, device.type, each) for each in deep_enough]
+        reused = next(filter(None, map(passed_before, keys)), None)
         with contextlib.ExitStack() as stack:  # the check's process ends with the build, however it ends
             background = None
-            if key and reused is None:
-                background = stack.enter_context(BackgroundCheck(spec, plan.full_modes, device))
+            if keys and reused is None:
+                background = stack.enter_context(BackgroundCheck(spec, plan.full_modes, device, level))
             scratch = stack.enter_context(Scratch(output))  # nothing is written before this point
             if background is not None:
                 stage.started("compile")
@@ -208,7 +215,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                 compiled, seconds["compile"] = background.result()
                 seconds["compile"] = round(seconds["compile"], 3)
                 stage.finished("compile", seconds["compile"])
-                remember_pass(key, compiled)
+                remember_pass(keys[0], compiled)
             with stage("measure", seconds):  # after the compile check: its process would slow these
                 _measure_speeds(model, programs, exported)
             manifest = _manifest(spec, plan, model, parameters, verification, compiled, exported, seconds,

@@ -1,6 +1,10 @@
 """Compiling with ``torch.compile(fullgraph=True)``, and the build's compile check.
 
-``fullgraph=True`` turns any graph break into an error. Each model is compiled with its own
+``fullgraph=True`` turns any graph break into an error. The check runs at one of two levels
+(:data:`CHECK_BACKENDS`): ``inductor``, what ``build`` and ``export`` run, generates and runs Inductor's
+code; ``trace``, an import's default, traces with Dynamo and AOTAutograd (the graph Inductor would be
+given: graph breaks, guards and decompositions are all there) and runs that graph, without Inductor's
+code generation, which costs 15-30 s of C++ compilation on a 2-core CPU whatever the model's size. Each model is compiled with its own
 recompile budget (``isolate_recompiles`` where torch has it, otherwise a dynamo reset), and
 hitting the recompile limit is an error rather than a silent fall-back to eager. Checks compile
 regionally (one compiled graph per distinct block structure); a build runs its check in a child
@@ -63,8 +67,9 @@ class _RegionalBlock(nn.Module):
 
 
 @contextlib.contextmanager
-def regionally_compiled(model: nn.Module, dynamic: bool = True) -> Iterator[nn.Module]:
-    """``model`` with every block run through one ``torch.compile(fullgraph=True, dynamic=dynamic)`` function.
+def regionally_compiled(model: nn.Module, dynamic: bool = True, backend: str = "inductor") -> Iterator[nn.Module]:
+    """``model`` with every block run through one ``torch.compile(fullgraph=True, dynamic=dynamic)`` function
+    (``backend``: torch's name of the compiler, ``inductor`` or ``aot_eager``).
 
     Regional compilation: blocks of the same structure share one compiled graph (the parameters are
     graph inputs), so a model of N identical blocks compiles one block rather than N, and the
@@ -72,7 +77,8 @@ def regionally_compiled(model: nn.Module, dynamic: bool = True) -> Iterator[nn.M
     embedding and head around the blocks run eagerly. The model's own blocks are restored on exit.
     """
     blocks = model.blocks
-    compiled = torch.compile(_run_block, fullgraph=True, dynamic=dynamic, **_compile_options(len(blocks) + 1))
+    compiled = torch.compile(_run_block, fullgraph=True, dynamic=dynamic, backend=backend,
+                             **_compile_options(len(blocks) + 1))
     model.blocks = nn.ModuleList(_RegionalBlock(block, compiled) for block in blocks)
     try:
         yield model
@@ -81,22 +87,23 @@ def regionally_compiled(model: nn.Module, dynamic: bool = True) -> Iterator[nn.M
 
 
 def check_compiled(model: nn.Module, example_inputs: list[torch.Tensor], atol: float, rtol: float,
-                   dynamic: bool = True) -> dict:
+                   dynamic: bool = True, backend: str = "inductor") -> dict:
     """Compile ``model``'s blocks (:func:`regionally_compiled`), warm up on the first input, then run
     the others with recompiles forbidden (with ``dynamic=False``, give one input).
 
-    Returns ``{"lengths": [...], "max_abs_diff": float, "graphs": int, "dynamic": bool}`` comparing
-    compiled with eager outputs; ``graphs`` is the number of distinct compiled block graphs.
+    Returns ``{"lengths": [...], "max_abs_diff": float, "max_rel_diff": float, "graphs": int, "dynamic": bool,
+    "backend": str}`` comparing compiled with eager outputs (``max_rel_diff``: against the output's
+    largest magnitude); ``graphs`` is the number of distinct compiled block graphs.
     Raises BuildError if an input would recompile or the outputs differ beyond the tolerance.
     """
     from torch._dynamo.utils import counters
 
-    worst = 0.0
+    worst = worst_relative = 0.0
     lengths = []
     graphs_before = counters["stats"]["unique_graphs"]
     with torch.no_grad():
         eager = [model(inputs) for inputs in example_inputs]
-        with regionally_compiled(model, dynamic) as compiled:
+        with regionally_compiled(model, dynamic, backend) as compiled:
             for i, inputs in enumerate(example_inputs):
                 if i == 0:
                     got = compiled(inputs)
@@ -107,15 +114,15 @@ def check_compiled(model: nn.Module, example_inputs: list[torch.Tensor], atol: f
                     except Exception as error:  # torch raises its own internal error types here
                         raise BuildError(f"the compiled model recompiled for length {inputs.shape[1]} after warm-up "
                                          f"(it must be dynamic in the sequence length): {error}") from None
-                diff = (got - eager[i]).abs().max().item()
-                worst = max(worst, diff)
+                diff, largest = (got - eager[i]).abs().max().item(), eager[i].abs().max().item()
+                worst, worst_relative = max(worst, diff), max(worst_relative, diff / max(largest, 1e-30))
                 relative = atol == 0.0  # half precision: against the output's largest magnitude (TOLERANCES)
-                if (diff > rtol * eager[i].abs().max().item()) if relative else \
+                if (diff > rtol * largest) if relative else \
                         not torch.allclose(got, eager[i], atol=atol, rtol=rtol):
                     raise BuildError(f"compiled output differs from eager by {diff:.3e} at length {inputs.shape[1]}")
                 lengths.append(int(inputs.shape[1]))
-    return {"lengths": lengths, "max_abs_diff": worst, "graphs": counters["stats"]["unique_graphs"] - graphs_before,
-            "dynamic": dynamic}
+    return {"lengths": lengths, "max_abs_diff": worst, "max_rel_diff": worst_relative,
+            "graphs": counters["stats"]["unique_graphs"] - graphs_before, "dynamic": dynamic, "backend": backend}
 
 
 TOLERANCES = {torch.float64: (1e-9, 1e-7), torch.float32: (1e-4, 1e-4), torch.bfloat16: (0.0, 2.0 ** -2),
@@ -129,10 +136,14 @@ the shipped specs in bfloat16: 1 to 10 units, the LRU 40); a wrong graph differs
 size."""
 
 
-def check_model(model: nn.Module) -> dict:
+CHECK_BACKENDS = {"inductor": "inductor", "trace": "aot_eager"}
+"""The compile check's levels, by the name a build takes (``compile_check=``), with torch's backend for each."""
+
+
+def check_model(model: nn.Module, level: str = "inductor") -> dict:
     """A build's compile check: ``fullgraph=True`` holds and compiled equals eager, for every block
     compiled regionally with fixed shapes at batch 2 and length 45 (or ``max_len``), within the
-    :data:`TOLERANCES` of the model's dtype.
+    :data:`TOLERANCES` of the model's dtype; ``level`` of :data:`CHECK_BACKENDS`.
 
     Fixed shapes are what ``attnspec train --compile on`` compiles, and they compile in about half
     the time of a length-dynamic graph on a small CPU. That the model does not specialise on the
@@ -142,7 +153,7 @@ def check_model(model: nn.Module) -> dict:
     """
     inputs = [example_input(model, 2, min(45, model.spec.max_len), torch.Generator().manual_seed(0))]
     atol, rtol = TOLERANCES[model.embed.weight.dtype]
-    return check_compiled(model, inputs, atol=atol, rtol=rtol, dynamic=False)
+    return check_compiled(model, inputs, atol=atol, rtol=rtol, dynamic=False, backend=CHECK_BACKENDS[level])
 
 
 class BackgroundCheck:
@@ -159,7 +170,7 @@ class BackgroundCheck:
     build directory.
     """
 
-    def __init__(self, spec, modes: list[str], device: torch.device | str = "cpu"):
+    def __init__(self, spec, modes: list[str], device: torch.device | str = "cpu", level: str = "inductor"):
         from attnspec.errors import SpecError
         from attnspec.spec.emit import spec_to_data, to_yaml
         from attnspec.spec.validate import validate_data
@@ -175,7 +186,7 @@ class BackgroundCheck:
         self.log = tempfile.TemporaryFile()
         self.start = time.perf_counter()
         self.process = start_python("attnspec.compiler.compile", self.folder.name, json.dumps(modes), str(device),
-                                    stdout=self.log, stderr=subprocess.STDOUT)
+                                    level, stdout=self.log, stderr=subprocess.STDOUT)
 
     def __enter__(self) -> "BackgroundCheck":
         return self
@@ -206,19 +217,19 @@ class BackgroundCheck:
         raise BuildError(f"the compile check's process failed (exit {code}):\n{tail}")
 
 
-def _check_spec(directory: Path, modes: list[str], device: str) -> dict:
+def _check_spec(directory: Path, modes: list[str], device: str, level: str) -> dict:
     """The child's check: the model of ``directory/spec.yaml`` from its seed, with ``modes``."""
     from attnspec.nn.model import build_model_from_spec
     from attnspec.spec import load_spec
 
     model = build_model_from_spec(load_spec(directory / "spec.yaml", ()))
     model.set_modes(modes)
-    return check_model(model.to(device).eval())
+    return check_model(model.to(device).eval(), level)
 
 
 if __name__ == "__main__":  # the child of BackgroundCheck: prints one JSON line, the report or the error
     try:
-        print(json.dumps(_check_spec(Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3])))
+        print(json.dumps(_check_spec(Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4])))
     except BuildError as error:
         print(json.dumps({"error": str(error)}))
         sys.exit(3)

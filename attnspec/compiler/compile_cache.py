@@ -20,16 +20,16 @@ from attnspec.io import VERSION
 CHECKS_FILE = "compile-checks.json"
 
 
-def check_key(spec_data: dict, modes: list[str], device: str = "cpu") -> str:
+def check_key(spec_data: dict, modes: list[str], device: str = "cpu", level: str = "inductor") -> str:
     """What a build's compile check depends on: the resolved spec without its name, description and seed
     (which change only words and values: two imports of one architecture from two folders are one
-    structure), the plan's modes, the device type (another device compiles other code) and the attnspec
-    and torch versions."""
-    import hashlib
-
+    structure), the plan's modes, the device type (another device compiles other code), the check's
+    level (:data:`attnspec.compiler.compile.CHECK_BACKENDS`) and the attnspec and torch versions."""
     data = {key: value for key, value in spec_data.items() if key not in ("name", "description", "seed")}
     versions = [VERSION, torch.__version__]
-    text = json.dumps([data, modes, *versions] if device == "cpu" else [data, modes, device, *versions], sort_keys=True)
+    where = [] if device == "cpu" else [device]
+    how = [] if level == "inductor" else [level]
+    text = json.dumps([data, modes, *where, *how, *versions], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -67,13 +67,19 @@ def remember_pass(key: str, report: dict) -> None:
 
 def _valid_report(report: object) -> bool:
     """A report as :func:`check_compiled` returns it, small enough for the manifest."""
-    if not isinstance(report, dict) or set(report) != {"lengths", "max_abs_diff", "graphs", "dynamic"}:
+    if not isinstance(report, dict) or set(report) != REPORT_KEYS:
         return False
-    lengths, diff, graphs = report["lengths"], report["max_abs_diff"], report["graphs"]
+    lengths, graphs = report["lengths"], report["graphs"]
     return (isinstance(lengths, list) and 0 < len(lengths) <= 16
             and all(type(n) is int and 0 < n <= 1 << 20 for n in lengths)
-            and type(diff) in (int, float) and 0 <= diff < 1 and type(graphs) is int and 0 <= graphs <= 1 << 16
-            and type(report["dynamic"]) is bool)
+            and all(type(report[k]) in (int, float) and 0 <= report[k] < 1e6 for k in ("max_abs_diff", "max_rel_diff"))
+            and type(graphs) is int and 0 <= graphs <= 1 << 16 and type(report["dynamic"]) is bool
+            and report["backend"] in ("inductor", "aot_eager"))
+
+
+REPORT_KEYS = {"lengths", "max_abs_diff", "max_rel_diff", "graphs", "dynamic", "backend"}
+"""What :func:`attnspec.compiler.compile.check_compiled` reports (a half-precision model's absolute difference
+is in the output's units, which may well exceed 1: the check judges it against the output's largest value)."""
 
 
 def _sign(secret: bytes, key: str, report: dict) -> str:

@@ -198,7 +198,8 @@ def write_converted(spec, checkpoint: Path | str, model_type: str, path: Path) -
     writer.close()
 
 
-def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None = None, compile_check: bool = True,
+def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None = None,
+              compile_check: bool | str = "trace",
               force: bool = False, calibrate: bool = True, on_stage=None, dtype: str | None = None,
               programs=(), check: bool = True):
     """``attnspec import-hf``: a transformers checkpoint as an attnspec build directory.
@@ -207,6 +208,10 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
     (:data:`attnspec.compiler.build.PROGRAMS`; none by default: a released model's are seconds of tracing
     per block and a copy of its weights each, and nothing but a user without attnspec needs them).
     The weights are converted tensor by tensor straight into the build's ``model.safetensors``.
+    ``compile_check``: as :func:`~attnspec.compiler.build.build_directory`'s; ``"trace"`` by default (fullgraph
+    and equal to eager through Dynamo and AOTAutograd; Inductor's code generation, 15-30 s on a 2-core CPU
+    for any model, is what a released model's standard blocks need least checked: the suite compiles each
+    component with it, and ``attnspec export`` runs it).
     ``check``: then compare the built model with transformers' on a short prompt (:mod:`attnspec.interop.check`;
     the result's ``import_check``, reported as skipped where transformers is absent or cannot load it).
 

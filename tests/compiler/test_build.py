@@ -151,6 +151,73 @@ def test_a_structure_checked_before_reuses_its_compile_check(tmp_path, monkeypat
         build_directory(SPECS[0].parent / "linear-elu.yaml", tmp_path / "c", overrides=[*small, "d_model=24"])
 
 
+def test_a_traced_check_is_not_taken_for_an_inductor_one_and_half_precision_checks_are_remembered(tmp_path,
+                                                                                                   monkeypatch):
+    """An import's check (``trace``: Dynamo and AOTAutograd, no Inductor code) is reused by another trace
+    check of the structure but never by a build, which asks for Inductor's; an Inductor pass serves both.
+    A bfloat16 model's difference is in the output's units (over 1 for logits): its pass is remembered too."""
+    from attnspec.compiler import build as build_module
+
+    monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path / "cache"))
+    levels = []
+
+    class Recorded:
+        def __init__(self, spec, modes, device, level):
+            levels.append(level)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def result(self):
+            return {"lengths": [45], "max_abs_diff": 4.0, "max_rel_diff": 0.02, "graphs": 1, "dynamic": False,
+                    "backend": {"trace": "aot_eager", "inductor": "inductor"}[levels[-1]]}, 0.1
+
+    monkeypatch.setattr(build_module, "BackgroundCheck", Recorded)
+    small = ["d_model=16", "layers[0].repeat=1", "max_len=64", "input.vocab_size=32", "dtype=bfloat16",
+             "layers[0].layers[0].mixer.mode=chunk"]
+    spec = SPECS[0].parent / "linear-elu.yaml"
+
+    def build(name, level, seed):
+        return build_directory(spec, tmp_path / name, overrides=[*small, f"seed={seed}"], compile_check=level,
+                               programs=()).manifest["compile"]
+
+    assert not build("traced", "trace", 1).get("reused") and levels == ["trace"]
+    assert build("traced-again", "trace", 2)["reused"] and levels == ["trace"]
+    assert not build("built", True, 3).get("reused") and levels == ["trace", "inductor"]
+    monkeypatch.setenv("ATTNSPEC_CACHE_DIR", str(tmp_path / "other-cache"))
+    assert not build("built-first", "inductor", 4).get("reused") and levels[-1] == "inductor"
+    reused = build("traced-after", "trace", 5)
+    assert reused["reused"] and reused["backend"] == "inductor" and len(levels) == 3
+    with pytest.raises(BuildError, match="compile_check"):
+        build("nonsense", "deep", 6)
+
+
+def test_a_traced_check_still_refuses_a_graph_break(monkeypatch):
+    """The trace level compiles with ``fullgraph=True`` as Inductor's does: a graph break is an error, and a
+    model that traces whole reports Dynamo + AOTAutograd's graph equal to eager."""
+    from attnspec.compiler.compile import check_model
+    from attnspec.nn.model import build_model_from_spec
+    from attnspec.spec import load_spec
+
+    spec = load_spec(SPECS[0].parent / "linear-elu.yaml", ["d_model=16", "layers[0].repeat=2", "max_len=64",
+                                                          "input.vocab_size=32"])
+    model = build_model_from_spec(spec).eval()
+    report = check_model(model, "trace")
+    assert report["backend"] == "aot_eager" and report["graphs"] == 1 and report["max_rel_diff"] < 1e-5
+    forward = type(model.blocks[0]).forward
+
+    def breaking(self, *args, **kwargs):
+        torch._dynamo.graph_break()
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model.blocks[0]), "forward", breaking)
+    with pytest.raises(Exception, match="graph_break|graph break"):
+        check_model(model, "trace")
+
+
 def test_the_compile_check_builds_one_copy_of_each_block_from_the_seed(tmp_path, monkeypatch):
     """The check's process needs nothing the build writes and holds none of its weights: it builds each
     distinct block once (every repeat group at one copy: regional compilation gives identical blocks
@@ -166,7 +233,7 @@ def test_the_compile_check_builds_one_copy_of_each_block_from_the_seed(tmp_path,
     with BackgroundCheck(spec, modes) as check:
         child_spec = load_spec(Path(check.folder.name) / "spec.yaml")
         assert len(iter_blocks(child_spec, expand=True)) == 1
-        assert json.loads(check.process.args[-2]) == ["chunk"]
+        assert json.loads(check.process.args[-3]) == ["chunk"] and check.process.args[-1] == "inductor"
         report, _ = check.result()
     assert report["graphs"] == 1 and report["lengths"] == [45]
     assert not Path(check.folder.name).exists()

@@ -346,8 +346,8 @@ def test_a_poisoned_compile_check_cache_is_not_reused(tmp_path, monkeypatch):
     spec = load_spec(SPEC, TINY)
     ran = []
     monkeypatch.setattr(compile_check.BackgroundCheck, "result",
-                        lambda self: (ran.append(1), ({"lengths": [16], "max_abs_diff": 0.0, "graphs": 1,
-                                                       "dynamic": False}, 0.1))[1])
+                        lambda self: (ran.append(1), ({"lengths": [16], "max_abs_diff": 0.0, "max_rel_diff": 0.0,
+                                                       "graphs": 1, "dynamic": False, "backend": "inductor"}, 0.1))[1])
     plan_modes = None
 
     def poison(entry):

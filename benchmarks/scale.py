@@ -12,7 +12,8 @@ Qwen3-Next-shaped model of ~120M (24 blocks: three Gated DeltaNet per gated atte
 on request, ``1b`` Llama-3.2-1B's (16 blocks, width 2048, GQA 32/8, vocabulary 128,256; 1.24B, without
 its RoPE scaling).
 
-Every step runs in its own process (its peak RSS is that process's), one at a time, at ``--threads``
+Every step runs in its own process (its peak RSS is that process's), with attnspec's and Inductor's caches
+fresh for each run of this script (in its temporary folder: the import is cold), one at a time, at ``--threads``
 intra-op threads (1 by default: on these 2-core machines two threads collapse when anything else holds
 a core), and each attnspec step is reported beside the transformers step it answers:
 
@@ -126,10 +127,14 @@ print(statistics.median(speeds["attnspec"]), statistics.median(speeds["transform
 """ % (PROMPT, DECODE_ROUNDS, DECODE_TOKENS, DECODE_TOKENS)
 
 
+CACHES = {}
+"""Where the children keep attnspec's and Inductor's caches (set by :func:`main`: fresh for each run)."""
+
+
 def timed(command: list[str], threads: int) -> tuple[float, float, str]:
     """Run ``command`` as a child: (wall seconds, its peak RSS in MB, its stdout's last line)."""
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-                   "PYTHONPATH": str(ROOT)}
+                   "PYTHONPATH": str(ROOT), **CACHES}
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                env=environment)
@@ -211,6 +216,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--sizes: {unknown[0]} is not one of {', '.join(SIZES)}")
     with tempfile.TemporaryDirectory(prefix="attnspec-scale-") as work:
+        CACHES.update(ATTNSPEC_CACHE_DIR=f"{work}/attnspec-cache", TORCHINDUCTOR_CACHE_DIR=f"{work}/inductor-cache")
         rows = [measure(size, Path(work), args.threads) for size in sizes]
     render(rows, args.threads)
 

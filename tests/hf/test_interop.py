@@ -1165,6 +1165,28 @@ def test_glm4_moe_computes_transformers_logits_decodes_alike_and_exports_as_itse
                                                                               False)
 
 
+def test_sarvam_moe_is_glm4_moe_with_whole_head_rope_and_qk_norm_and_exports_as_itself(tmp_path):
+    """Sarvam-30B: transformers runs GLM-4.5's model for its config class, whose RoPE turns the whole head and
+    whose QK-norm is on by default; the released config names the q/k/v biases `use_qkv_bias`."""
+    from transformers import Glm4MoeForCausalLM, SarvamMoEConfig
+
+    config = SarvamMoEConfig(**{**SMALL, "num_hidden_layers": 3}, head_dim=8, moe_intermediate_size=16,
+                             n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+                             routed_scaling_factor=2.0, attention_bias=True, pad_token_id=0)
+    reference = _perturbed(lambda: Glm4MoeForCausalLM(config))
+    with torch.no_grad():
+        for layer in reference.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "sarvam_moe")
+    mixer = spec_blocks(spec)[0].mixer
+    assert (mixer.qk_norm, mixer.position.rotary_fraction, mixer.qkv_bias) == ("rmsnorm", 1.0, True)
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    released = {k: v for k, v in fields.items() if k not in ("attention_bias", "use_qk_norm", "partial_rotary_factor")}
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**released, "use_qkv_bias": True}))
+    imported = spec_blocks(spec_from_checkpoint(tmp_path / "checkpoint")[1])[0].mixer
+    assert (imported.qk_norm, imported.position.rotary_fraction, imported.qkv_bias) == ("rmsnorm", 1.0, True)
+
+
 def test_flex_olmo_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """FlexOlmo: OLMo 2's placement and whole-projection QK-norm with top-2 of 4 softmax-routed experts,
     renormalised, in every layer."""
@@ -1478,6 +1500,65 @@ def test_deepseek_v3_computes_transformers_logits_and_decodes_alike(tmp_path, ch
     blocks = spec_blocks(spec)
     assert [(b.mixer.kind, b.mlp.kind) for b in blocks] == [("mla", "glu"), ("mla", "moe"), ("mla", "moe")]
     assert blocks[0].mixer.position.interleaved == (not changes)
+
+
+def test_sarvam_mla_is_deepseek_v3_under_its_own_config_and_exports_as_itself(tmp_path):
+    """Sarvam-105B: transformers runs DeepSeek-V3's model for its config class (one dense layer, experts over
+    all of them at once); the released config's `num_experts` names the routed experts."""
+    from transformers import DeepseekV3ForCausalLM, SarvamMLAConfig
+
+    config = SarvamMLAConfig(**{**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4}, kv_lora_rank=12,
+                             q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5,
+                             n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+                             routed_scaling_factor=2.5, n_shared_experts=1, pad_token_id=0)
+    reference = _perturbed(lambda: DeepseekV3ForCausalLM(config))
+    with torch.no_grad():
+        for layer in reference.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.tensor([0.2, -0.3, 0.0, 0.1]))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "sarvam_mla")
+    assert [(b.mixer.kind, b.mlp.kind) for b in spec_blocks(spec)] == [("mla", "glu"), ("mla", "moe"), ("mla", "moe")]
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    released = {**{k: v for k, v in fields.items() if k != "n_routed_experts"}, "num_experts": 4}
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps(released))
+    assert spec_blocks(spec_from_checkpoint(tmp_path / "checkpoint")[1])[1].mlp.experts == 4
+
+
+@pytest.mark.parametrize("mlp_layer_types", [None, ["dense", "sparse", "dense"]])
+def test_glm4_moe_lite_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, mlp_layer_types):
+    """GLM-4.7-Flash: DeepSeek-V3's latent attention (with a query latent) and GLM-4.5's experts, each layer's MLP
+    named by `mlp_layer_types` (the first dense by default; any order); a list of the wrong length is refused."""
+    from transformers import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+
+    config = Glm4MoeLiteConfig(**{**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4}, kv_lora_rank=12,
+                               q_lora_rank=10, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5,
+                               n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+                               routed_scaling_factor=1.8, n_shared_experts=1, mlp_layer_types=mlp_layer_types,
+                               pad_token_id=0)
+    reference = _perturbed(lambda: Glm4MoeLiteForCausalLM(config))
+    with torch.no_grad():
+        for layer in reference.model.layers:
+            if hasattr(layer.mlp, "gate") and hasattr(layer.mlp.gate, "e_score_correction_bias"):
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.tensor([0.2, -0.3, 0.0, 0.1]))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "glm4_moe_lite")
+    expected = ["glu", "moe", "moe"] if mlp_layer_types is None else ["glu", "moe", "glu"]
+    assert [b.mlp.kind for b in spec_blocks(spec)] == expected
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "mlp_layer_types": ["dense"]}))
+    with pytest.raises(InteropError, match="mlp_layer_types"):
+        spec_from_checkpoint(tmp_path / "checkpoint")
+
+
+def test_youtu_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Youtu-LLM: DeepSeek-V3's latent attention with a GLU in every layer and a tied head (its default). No
+    padding id (its config's default): transformers' Youtu zeroes the embedding's padding row after loading a
+    checkpoint (its initialiser writes through ``weight.data[padding_idx]``), so with one the reloaded
+    reference itself would differ from the saved one."""
+    from transformers import YoutuConfig, YoutuForCausalLM
+
+    config = YoutuConfig(**{**SMALL, "num_key_value_heads": 4}, kv_lora_rank=12, q_lora_rank=10, qk_rope_head_dim=4,
+                         qk_nope_head_dim=6, v_head_dim=5)
+    spec = _holds_to(_perturbed(lambda: YoutuForCausalLM(config)), tmp_path / "checkpoint", "youtu")
+    assert [(b.mixer.kind, b.mlp.kind) for b in spec_blocks(spec)] == [("mla", "glu")] * 2 and spec.head.tied
 
 
 @pytest.mark.parametrize("q_lora_rank", [10, None])

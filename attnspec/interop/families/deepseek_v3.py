@@ -33,16 +33,31 @@ class DeepseekV3(Architecture):
             "unread, as transformers leaves it"),
     )
 
+    TIED = False
+    """``tie_word_embeddings``' default in the type's config class."""
+
     def spec(self, config: Config, model_type: str) -> dict:
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         eps = config.number("rms_norm_eps", 1e-6)
         attention = mla_mixer(config)
-        dense = config.get("first_k_dense_replace", int, 3)
-        moe = self.experts(config)
-        blocks = [{"mixer": attention, "mlp": glu_node(config) if i < dense else moe, "norm": rmsnorm_node(eps)}
+        sparse = self.sparse_layers(config, layers)
+        moe = self.experts(config) if any(sparse) else None
+        blocks = [{"mixer": attention, "mlp": moe if sparse[i] else glu_node(config), "norm": rmsnorm_node(eps)}
                   for i in range(layers)]
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
-                "head": head_node(config, False)}
+                "head": head_node(config, self.TIED)}
+
+    def sparse_layers(self, config: Config, layers: int) -> list[bool]:
+        """Which layers hold experts: all from ``first_k_dense_replace`` on (GLUs before)."""
+        dense = config.get("first_k_dense_replace", int, 3)
+        return [i >= dense for i in range(layers)]
+
+    def sparse_config(self, sparse: list[bool]) -> dict:
+        """The config's statement of which layers hold experts (the inverse of :meth:`sparse_layers`)."""
+        dense = sparse.index(True) if any(sparse) else len(sparse)
+        if any(not s for s in sparse[dense:]):
+            raise NotExpressible(f"{self.model_types[0]} has dense MLPs in its first layers and experts after them")
+        return {"first_k_dense_replace": dense}
 
     @staticmethod
     def experts(config: Config) -> dict:
@@ -57,15 +72,15 @@ class DeepseekV3(Architecture):
         blocks = expanded_blocks(spec)
         if any(b.mixer.kind != "mla" for b in blocks):
             raise NotExpressible("deepseek_v3 is latent attention in every block")
-        dense = next((i for i, b in enumerate(blocks) if b.mlp.kind == "moe"), len(blocks))
-        if any(b.mlp.kind != "moe" for b in blocks[dense:]) or any(b.mlp.kind != "glu" for b in blocks[:dense]):
-            raise NotExpressible("deepseek_v3 has dense MLPs in its first layers and experts after them")
+        if any(b.mlp.kind not in ("moe", "glu") for b in blocks):
+            raise NotExpressible(f"{model_type}'s MLPs are GLUs or experts")
+        sparse = [b.mlp.kind == "moe" for b in blocks]
         config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "rms_norm_eps": spec.final_norm.eps,
-                  "first_k_dense_replace": dense, **mla_config(blocks[0].mixer)}
-        mlp = blocks[0].mlp if dense else None
+                  **self.sparse_config(sparse), **mla_config(blocks[0].mixer)}
+        mlp = next((b.mlp for b in blocks if b.mlp.kind == "glu"), None)
         if mlp is not None:
             config["intermediate_size"] = mlp.hidden
-        moe = blocks[dense].mlp if dense < len(blocks) else None
+        moe = next((b.mlp for b in blocks if b.mlp.kind == "moe"), None)
         if moe is not None:
             config.update(experts_config(moe))
         config["hidden_act"] = ACTIVATION_NAMES[(mlp or moe).activation]
@@ -205,4 +220,63 @@ class DeepseekV2(DeepseekV3):
         return {**config, "topk_method": "greedy", "n_group": None, "topk_group": None}
 
 
-ARCHITECTURES = (DeepseekV3(), DeepseekV2())
+class SarvamMla(DeepseekV3):
+    """Sarvam-105B: DeepSeek-V3's model (transformers runs ``DeepseekV3ForCausalLM`` for it) under its own
+    config class, whose defaults differ (one dense layer, routing over all experts at once)."""
+
+    model_types = ("sarvam_mla",)
+    causal_lm = {"sarvam_mla": "DeepseekV3ForCausalLM"}
+    config_fields = {"sarvam_mla": {"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}}
+
+    rows = (Row(("sarvam_mla",), "deepseek_v3's model and layers (its config class, DeepSeek-V3's modelling code)",
+                "as deepseek_v3; the `deepseek_yarn` RoPE of its original config format"),)
+
+    def sparse_layers(self, config: Config, layers: int) -> list[bool]:
+        dense = config.get("first_k_dense_replace", int, 1)
+        return [i >= dense for i in range(layers)]
+
+
+class Glm4MoeLite(DeepseekV3):
+    """GLM-4.7-Flash (``glm4_moe_lite``): DeepSeek-V3's latent attention with GLM-4.5's experts (the same
+    router: sigmoid scores, correction bias, group-limited, renormalised, scaled), its layers' MLPs named
+    one by one in ``mlp_layer_types`` (``dense`` or ``sparse``; the first dense by default)."""
+
+    model_types = ("glm4_moe_lite",)
+    causal_lm = {"glm4_moe_lite": "Glm4MoeLiteForCausalLM"}
+
+    rows = (Row(("glm4_moe_lite",), "deepseek_v3's latent attention and experts, each layer's MLP dense or "
+                                   "experts by `mlp_layer_types`", "as deepseek_v3"),)
+
+    def sparse_layers(self, config: Config, layers: int) -> list[bool]:
+        kinds = config.get("mlp_layer_types", list, None)
+        if kinds is None:
+            return [i > 0 for i in range(layers)]
+        if len(kinds) != layers or any(kind not in ("dense", "sparse") for kind in kinds):
+            raise config.refuse("mlp_layer_types", f"must name `dense` or `sparse` for each of the {layers} layers")
+        return [kind == "sparse" for kind in kinds]
+
+    def sparse_config(self, sparse: list[bool]) -> dict:
+        return {"mlp_layer_types": ["sparse" if s else "dense" for s in sparse]}
+
+
+class Youtu(DeepseekV3):
+    """Youtu-LLM: DeepSeek-V3's latent attention in Llama's layers with dense GLU MLPs throughout, and a
+    tied head by default."""
+
+    model_types = ("youtu",)
+    causal_lm = {"youtu": "YoutuForCausalLM"}
+    TIED = True
+
+    rows = (Row(("youtu",), "deepseek_v3's latent attention with a GLU MLP in every layer; a tied head by default",
+                "as deepseek_v3"),)
+
+    def sparse_layers(self, config: Config, layers: int) -> list[bool]:
+        return [False] * layers
+
+    def sparse_config(self, sparse: list[bool]) -> dict:
+        if any(sparse):
+            raise NotExpressible("youtu's MLPs are dense")
+        return {}
+
+
+ARCHITECTURES = (DeepseekV3(), DeepseekV2(), SarvamMla(), Glm4MoeLite(), Youtu())

@@ -51,6 +51,8 @@ DECODERS_OF_ENCODER_DECODERS = frozenset({"bart", "bigbird_pegasus", "blenderbot
 """Decoders that cross-attend to an encoder's output (text, speech, images or audio codes)."""
 
 LACKS: dict[str, tuple[str, str]] = {
+    "kolibri1": ("model_type", "a router choosing experts by their raw logits plus a correction bias and weighting "
+                               "them by the logits' sigmoid (attnspec's sigmoid router adds the bias to the sigmoid)"),
     "rwkv": ("model_type", "RWKV's WKV time mixing (token shift, a per-channel decay with a bonus for the current "
                            "token), which is no attnspec mixer yet"),
     "granite_swa": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator)"),

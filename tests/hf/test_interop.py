@@ -1187,6 +1187,53 @@ def test_sarvam_moe_is_glm4_moe_with_whole_head_rope_and_qk_norm_and_exports_as_
     assert (imported.qk_norm, imported.position.rotary_fraction, imported.qkv_bias) == ("rmsnorm", 1.0, True)
 
 
+def test_minimax_m2_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """MiniMax-M2: QK-norm over whole projections, RoPE on half of each head, and experts routed by sigmoid
+    scores whose correction bias (the block's buffer, large enough to change the choice) picks the top 2 of 4,
+    renormalised; its released configs' `rotary_dim` states the partial RoPE."""
+    from transformers import MiniMaxM2Config, MiniMaxM2ForCausalLM
+
+    config = MiniMaxM2Config(**SMALL, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1000.0,
+                                              "partial_rotary_factor": 0.5}, pad_token_id=0)
+    reference = _perturbed(lambda: MiniMaxM2ForCausalLM(config))
+    with torch.no_grad():
+        for layer in reference.model.layers:
+            layer.mlp.e_score_correction_bias.copy_(torch.tensor([0.3, -0.4, 0.0, 0.2]))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "minimax_m2")
+    block = spec_blocks(spec)[0]
+    assert (block.mixer.qk_norm, block.mixer.position.rotary_fraction) == ("rmsnorm_full", 0.5)
+    assert (block.mlp.scoring, block.mlp.score_bias, block.mlp.normalize) == ("sigmoid", True, True)
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    rope = {k: v for k, v in fields["rope_parameters"].items() if k != "partial_rotary_factor"}
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "rope_parameters": rope,
+                                                                     "rotary_dim": 4}))
+    assert spec_blocks(spec_from_checkpoint(tmp_path / "checkpoint")[1])[0].mixer.position.rotary_fraction == 0.5
+
+
+@pytest.mark.parametrize("pattern", [2, 4])
+def test_exaone_moe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, pattern):
+    """K-EXAONE: EXAONE 4.0's per-head QK-norm attention (windowed RoPE layers, every `pattern`-th layer global
+    and without positions) in pre-norm blocks, a dense first layer, then DeepSeek-V3's experts (a correction
+    bias large enough to change the choice, renormalised, scaled) beside a shared expert."""
+    from transformers import ExaoneMoeConfig, ExaoneMoeForCausalLM
+
+    config = ExaoneMoeConfig(**{**SMALL, "num_hidden_layers": 4}, head_dim=8, moe_intermediate_size=16, num_experts=4,
+                             num_experts_per_tok=2, num_shared_experts=1, sliding_window=6,
+                             sliding_window_pattern=pattern, pad_token_id=0,
+                             rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    reference = _perturbed(lambda: ExaoneMoeForCausalLM(config))
+    with torch.no_grad():
+        for layer in reference.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "exaone_moe")
+    blocks = spec_blocks(spec)
+    assert [b.mlp.kind for b in blocks] == ["glu", "moe", "moe", "moe"]
+    assert {b.norm_placement for b in blocks} == {"pre"} and blocks[0].mixer.qk_norm == "rmsnorm"
+    expected = ["rope", "none", "rope", "none"] if pattern == 2 else ["rope", "rope", "rope", "none"]
+    assert [b.mixer.position.kind for b in blocks] == expected
+
+
 def test_flex_olmo_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """FlexOlmo: OLMo 2's placement and whole-projection QK-norm with top-2 of 4 softmax-routed experts,
     renormalised, in every layer."""

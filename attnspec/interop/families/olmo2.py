@@ -37,9 +37,9 @@ class Olmo2(Architecture):
         eps = config.number("rms_norm_eps", 1e-6)
         bias = config.get("attention_bias", bool, False)
         types, window = self.layer_types(config, model_type, layers)
-        mlp = self.mlp_node(config)
+        mlps = self.mlp_nodes(config, layers)
         blocks = []
-        for layer_type in types:
+        for layer_type, mlp in zip(types, mlps, strict=True):
             mixer: dict[str, Any] = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
                                      "qk_norm": self.QK_NORM, "norm_eps": eps, "qkv_bias": bias, "out_bias": bias,
                                      "position": self.position(config, head_dim, layer_type, window)}
@@ -47,12 +47,14 @@ class Olmo2(Architecture):
                 mixer["kv_heads"] = kv_heads
             if layer_type == "sliding_attention":
                 mixer["window"] = window
-            blocks.append({"mixer": mixer, "mlp": mlp, "norm": rmsnorm_node(eps), "norm_placement": "output"})
+            blocks.append({"mixer": mixer, "mlp": mlp, "norm": rmsnorm_node(eps), "norm_placement": self.PLACEMENT})
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, False)}
 
     QK_NORM = "rmsnorm_full"
     """OLMo's QK-norm: over the whole q and k projections."""
+    PLACEMENT = "output"
+    """The blocks' ``norm_placement``: OLMo 2's x + norm(f(x)) (a member in Llama's pre-norm places: ``pre``)."""
 
     def layer_types(self, config: Config, model_type: str, layers: int) -> tuple[list[str], int | None]:
         """Each layer's type (``full_attention`` or ``sliding_attention``) and the sliding window."""
@@ -69,8 +71,8 @@ class Olmo2(Architecture):
         blocks = expanded_blocks(spec)
         mixers = [block.mixer for block in blocks]
         if any(m.kind != "softmax" or m.qk_norm != self.QK_NORM for m in mixers) \
-                or any(block.norm_placement != "output" for block in blocks):
-            raise NotExpressible(f"{model_type} is QK-normed softmax attention in OLMo 2's placement")
+                or any(block.norm_placement != self.PLACEMENT for block in blocks):
+            raise NotExpressible(f"{model_type} is QK-normed softmax attention with {self.PLACEMENT}-placed norms")
         return self.attention_config(spec, model_type, blocks)
 
     def attention_config(self, spec, model_type: str, blocks) -> dict:
@@ -102,16 +104,22 @@ class Olmo2(Architecture):
         for index, block in enumerate(expanded_blocks(spec)):
             theirs, ours = f"model.layers.{index}.", block_prefix(index)
             links += attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
+            norms = ("input_layernorm", "post_attention_layernorm") if self.PLACEMENT == "pre" else \
+                ("post_attention_layernorm", "post_feedforward_layernorm")
             links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q"),
                       rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k"),
-                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm1.weight"),
-                      rename(f"{theirs}post_feedforward_layernorm.weight", f"{ours}norm2.weight")]
+                      rename(f"{theirs}{norms[0]}.weight", f"{ours}norm1.weight"),
+                      rename(f"{theirs}{norms[1]}.weight", f"{ours}norm2.weight")]
             links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
         return links
 
     def mlp_node(self, config: Config) -> dict:
         """Every layer's MLP (a SiLU GLU; a member with experts gives its own)."""
         return glu_node(config)
+
+    def mlp_nodes(self, config: Config, layers: int) -> list[dict]:
+        """Each layer's MLP: :meth:`mlp_node` in every layer (a member whose layers differ gives its own)."""
+        return [self.mlp_node(config)] * layers
 
     def mlp_config(self, blocks) -> dict:
         """The config fields of the blocks' MLP (the inverse of :meth:`mlp_node`)."""

@@ -1234,6 +1234,28 @@ def test_exaone_moe_computes_transformers_logits_decodes_alike_and_exports_as_it
     assert [b.mixer.position.kind for b in blocks] == expected
 
 
+@pytest.mark.parametrize("expert_bias", [True, False])
+def test_lfm2_moe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, expert_bias):
+    """LFM2-MoE: gated convolutions and QK-normed attention, a dense first layer, then top-2 of 4 experts by
+    sigmoid scores (with and without the block's expert bias, large enough to change the choice), renormalised
+    and scaled."""
+    from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+
+    config = Lfm2MoeConfig(**{**SMALL, "num_hidden_layers": 3}, moe_intermediate_size=16, num_experts=4,
+                           num_experts_per_tok=2, num_dense_layers=1, use_expert_bias=expert_bias,
+                           routed_scaling_factor=1.5, layer_types=["conv", "full_attention", "conv"], pad_token_id=0)
+    reference = _perturbed(lambda: Lfm2MoeForCausalLM(config))
+    if expert_bias:
+        with torch.no_grad():
+            for layer in reference.model.layers[1:]:
+                layer.feed_forward.expert_bias.copy_(torch.tensor([0.3, -0.4, 0.0, 0.2]))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "lfm2_moe")
+    blocks = spec_blocks(spec)
+    assert [(b.mixer.kind, b.mlp.kind) for b in blocks] == [("gated_conv", "glu"), ("softmax", "moe"),
+                                                            ("gated_conv", "moe")]
+    assert (blocks[1].mlp.score_bias, blocks[1].mlp.routed_scale) == (expert_bias, 1.5)
+
+
 def test_flex_olmo_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """FlexOlmo: OLMo 2's placement and whole-projection QK-norm with top-2 of 4 softmax-routed experts,
     renormalised, in every layer."""

@@ -39,10 +39,25 @@ class Lfm2(Architecture):
                          "projections": ["v"], "bias": bias}}
         attention = {"kind": "softmax", "heads": heads, "qk_norm": "rmsnorm", "norm_eps": eps,
                      "position": config.rope(head_dim), **({"kv_heads": kv_heads} if kv_heads != heads else {})}
-        mlp = {"kind": "glu", "hidden": self._hidden(config), "activation": "silu", "bias": False}
-        blocks = [{"mixer": conv if t == "conv" else attention, "mlp": mlp, "norm": rmsnorm_node(eps)} for t in types]
+        blocks = [{"mixer": conv if t == "conv" else attention, "mlp": mlp, "norm": rmsnorm_node(eps)}
+                  for t, mlp in zip(types, self.mlp_nodes(config, layers), strict=True)]
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, True)}
+
+    def mlp_nodes(self, config: Config, layers: int) -> list[dict]:
+        """Each layer's MLP: one SiLU GLU in every layer."""
+        return [{"kind": "glu", "hidden": self._hidden(config), "activation": "silu", "bias": False}] * layers
+
+    def mlp_config(self, blocks) -> dict:
+        """The config fields of the blocks' MLPs (the inverse of :meth:`mlp_nodes`)."""
+        mlp = blocks[0].mlp
+        if any(b.mlp != mlp for b in blocks) or mlp.kind != "glu" or mlp.bias or mlp.activation != "silu":
+            raise NotExpressible("lfm2 has one bias-free SiLU GLU in every layer")
+        return {"intermediate_size": mlp.hidden, "block_auto_adjust_ff_dim": False}
+
+    def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:
+        return [rename(f"{theirs}{t}.weight", f"{ours}{o}.weight") for t, o in (("w1", "up"), ("w3", "gate"),
+                                                                                  ("w2", "down"))]
 
     @staticmethod
     def _hidden(config: Config) -> int:
@@ -68,8 +83,7 @@ class Lfm2(Architecture):
             raise NotExpressible("lfm2 has gated convolution layers and attention layers")
         config = {"hidden_size": spec.d_model, "num_hidden_layers": len(blocks), "norm_eps": spec.final_norm.eps,
                   "layer_types": ["conv" if b.mixer.kind == "gated_conv" else "full_attention" for b in blocks],
-                  "intermediate_size": blocks[0].mlp.hidden, "block_auto_adjust_ff_dim": False,
-                  "conv_L_cache": conv.conv.width, "conv_bias": conv.qkv_bias}
+                  **self.mlp_config(blocks), "conv_L_cache": conv.conv.width, "conv_bias": conv.qkv_bias}
         if attention is not None:
             config.update({"num_attention_heads": attention.heads,
                            "num_key_value_heads": attention.kv_heads or attention.heads,
@@ -96,9 +110,70 @@ class Lfm2(Architecture):
                           rename(f"{a}k_layernorm.weight", f"{ours}mixer.qk_norm.k")]
             links += [rename(f"{theirs}operator_norm.weight", f"{ours}norm1.weight"),
                       rename(f"{theirs}ffn_norm.weight", f"{ours}norm2.weight")]
-            links += [rename(f"{theirs}feed_forward.{t}.weight", f"{ours}mlp.{o}.weight")
-                      for t, o in (("w1", "up"), ("w3", "gate"), ("w2", "down"))]
+            links += self.mlp_links(block.mlp, f"{theirs}feed_forward.", f"{ours}mlp.")
         return links
 
 
-ARCHITECTURES = (Lfm2(),)
+class Lfm2Moe(Lfm2):
+    """LFM2-MoE: LFM2's layers with a SiLU GLU of ``intermediate_size`` in the first ``num_dense_layers`` and
+    experts after: sigmoid scores (plus the block's ``expert_bias`` in the choice with ``use_expert_bias``),
+    the chosen ones renormalised with ``norm_topk_prob``, times ``routed_scaling_factor``. transformers adds
+    1e-6 to the renormalising sum; attnspec divides by the sum alone (each weight differs by at most 1e-6 of
+    itself, relatively)."""
+
+    model_types = ("lfm2_moe",)
+    causal_lm = {"lfm2_moe": "Lfm2MoeForCausalLM"}
+
+    rows = (
+        Row(("lfm2_moe",),
+            "lfm2's layers, GLUs in the first `num_dense_layers`, then experts (sigmoid scores, `expert_bias` in the "
+            "choice, renormalised without transformers' 1e-6, `routed_scaling_factor`)", "as lfm2"),
+    )
+
+    def mlp_nodes(self, config: Config, layers: int) -> list[dict]:
+        dense = config.get("num_dense_layers", int, 2)
+        if not 0 <= dense <= layers:
+            raise config.refuse("num_dense_layers", f"must be from 0 to the {layers} layers")
+        experts = config.count("num_experts", 32, limit=limits.MAX_EXPERTS)
+        top_k = config.count("num_experts_per_tok", 4)
+        if top_k > experts:
+            raise config.refuse("num_experts_per_tok", f"{top_k} experts per token of {experts}")
+        moe = {"kind": "moe", "experts": experts, "top_k": top_k, "hidden": config.count("moe_intermediate_size"),
+               "activation": "silu", "scoring": "sigmoid", "score_bias": config.get("use_expert_bias", bool, True),
+               "normalize": config.get("norm_topk_prob", bool, True),
+               "routed_scale": config.number("routed_scaling_factor", 1.0)}
+        glu = {"kind": "glu", "hidden": config.count("intermediate_size"), "activation": "silu", "bias": False}
+        return [glu if i < dense else moe for i in range(layers)]
+
+    def mlp_config(self, blocks) -> dict:
+        mlps = [b.mlp for b in blocks]
+        dense = next((i for i, m in enumerate(mlps) if m.kind != "glu"), len(mlps))
+        glu = mlps[0] if dense else None
+        moe = mlps[dense] if dense < len(mlps) else None
+        if any(m != glu for m in mlps[:dense]) or any(m != moe for m in mlps[dense:]) \
+                or (glu is not None and (glu.bias or glu.activation != "silu")) \
+                or (moe is not None and (moe.scoring != "sigmoid" or moe.shared or moe.groups != 1
+                                         or moe.activation != "silu")):
+            raise NotExpressible("lfm2_moe has SiLU GLUs in its first layers and one set of sigmoid-routed experts "
+                                 "after them")
+        config = {"num_dense_layers": dense}
+        if glu is not None:
+            config["intermediate_size"] = glu.hidden
+        if moe is not None:
+            config.update(num_experts=moe.experts, num_experts_per_tok=moe.top_k, moe_intermediate_size=moe.hidden,
+                          use_expert_bias=moe.score_bias, norm_topk_prob=moe.normalize,
+                          routed_scaling_factor=moe.routed_scale)
+        return config
+
+    def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:
+        if mlp.kind != "moe":
+            return super().mlp_links(mlp, theirs, ours)
+        links = [rename(f"{theirs}gate.weight", f"{ours}router.weight")]
+        if mlp.score_bias:
+            links.append(rename(f"{theirs}expert_bias", f"{ours}score_bias"))
+        for e in range(mlp.experts):
+            links += super().mlp_links(mlp, f"{theirs}experts.{e}.", f"{ours}routed.{e}.")
+        return links
+
+
+ARCHITECTURES = (Lfm2(), Lfm2Moe())

@@ -1630,6 +1630,21 @@ def test_youtu_computes_transformers_logits_decodes_alike_and_exports_as_itself(
     assert [(b.mixer.kind, b.mlp.kind) for b in spec_blocks(spec)] == [("mla", "glu")] * 2 and spec.head.tied
 
 
+def test_minicpm3_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """MiniCPM3: latent attention with rotate-half RoPE and a GLU in every layer, embeddings times `scale_emb`,
+    residual branches times scale_depth / sqrt(layers), the last hidden state divided by hidden / dim_model_base
+    before the tied head."""
+    from transformers import MiniCPM3Config, MiniCPM3ForCausalLM
+
+    config = MiniCPM3Config(**{**SMALL, "num_key_value_heads": 4}, kv_lora_rank=12, q_lora_rank=10,
+                            qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5, scale_emb=3.0, scale_depth=1.4,
+                            dim_model_base=8, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: MiniCPM3ForCausalLM(config)), tmp_path / "checkpoint", "minicpm3")
+    block = spec_blocks(spec)[0]
+    assert (block.mixer.position.interleaved, block.residual_scale, spec.input.scale, spec.head.scale) == \
+        (False, pytest.approx(1.4 / 2 ** 0.5), 3.0, 0.25)
+
+
 @pytest.mark.parametrize("q_lora_rank", [10, None])
 def test_deepseek_v2_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, q_lora_rank):
     """DeepSeek-V2: V3's latent attention (its pairs rotated as complex numbers, YaRN's mscale), a dense first

@@ -42,10 +42,14 @@ class DeepseekV3(Architecture):
         attention = mla_mixer(config)
         sparse = self.sparse_layers(config, layers)
         moe = self.experts(config) if any(sparse) else None
-        blocks = [{"mixer": attention, "mlp": moe if sparse[i] else glu_node(config), "norm": rmsnorm_node(eps)}
-                  for i in range(layers)]
+        blocks = [{"mixer": attention, "mlp": moe if sparse[i] else glu_node(config), "norm": rmsnorm_node(eps),
+                   **self.block_fields(config, layers)} for i in range(layers)]
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, self.TIED)}
+
+    def block_fields(self, config: Config, layers: int) -> dict:
+        """Block fields a member sets in every block (none for DeepSeek-V3)."""
+        return {}
 
     def sparse_layers(self, config: Config, layers: int) -> list[bool]:
         """Which layers hold experts: all from ``first_k_dense_replace`` on (GLUs before)."""
@@ -279,4 +283,51 @@ class Youtu(DeepseekV3):
         return {}
 
 
-ARCHITECTURES = (DeepseekV3(), DeepseekV2(), SarvamMla(), Glm4MoeLite(), Youtu())
+class MiniCPM3(Youtu):
+    """MiniCPM3: DeepSeek-V2's latent attention with RoPE on rotate-half pairs (not interleaved), a GLU in every
+    layer, and μP's multipliers: embeddings times ``scale_emb`` (``input.scale``), each residual branch times
+    ``scale_depth`` / sqrt(layers) (each block's ``residual_scale``), the last hidden state divided by
+    ``hidden_size`` / ``dim_model_base`` before the tied head (``head.scale``, its inverse)."""
+
+    model_types = ("minicpm3",)
+    causal_lm = {"minicpm3": "MiniCPM3ForCausalLM"}
+
+    rows = (Row(("minicpm3",), "deepseek_v3's latent attention (RoPE not interleaved) with a GLU in every layer; "
+                               "`scale_emb` as `input.scale`, `scale_depth` / sqrt(layers) as each block's "
+                               "`residual_scale`, `dim_model_base` / `hidden_size` as `head.scale`",
+                "as deepseek_v3"),)
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        width = config.count("hidden_size")
+        fields = {"rope_interleave": False, "v_head_dim": width // config.count("num_attention_heads"),
+                  **{k: v for k, v in config.data.items() if v is not None}}
+        data = super().spec(Config(fields, config.source), model_type)
+        base = config.count("dim_model_base", 256) if config.data.get("dim_model_base") is not None else width
+        data["input"]["scale"] = config.number("scale_emb", 12, positive=True)
+        return {**data, "head": {**data["head"], "scale": base / width}}
+
+    def block_fields(self, config: Config, layers: int) -> dict:
+        depth = config.number("scale_depth", 1.4, positive=True) if config.data.get("scale_depth") is not None \
+            else math.sqrt(layers)  # None: transformers' sqrt(layers), no multiplier
+        return {"residual_scale": depth / math.sqrt(layers)}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        if len({block.scales() for block in blocks}) != 1:
+            raise NotExpressible("minicpm3 multiplies every block's residual branches alike")
+        (skip, residual), (mlp_skip, mlp_residual) = blocks[0].scales()
+        if skip != 1.0 or mlp_skip != 1.0 or residual != mlp_residual or blocks[0].mixer.position.interleaved:
+            raise NotExpressible("minicpm3 scales both residual branches alike, keeps the skip and rotates "
+                                 "rotate-half pairs")
+        base = spec.head.scale * spec.d_model
+        if abs(base - round(base)) > 1e-9 * base:
+            raise NotExpressible("minicpm3's head scale is a whole dim_model_base over hidden_size")
+        config = super().config(spec, model_type)
+        for field in ("rope_interleave", "first_k_dense_replace"):
+            config.pop(field, None)
+        return {**config, "scale_emb": spec.input.scale, "scale_depth": residual * math.sqrt(len(blocks)),
+                "dim_model_base": round(base), "tie_word_embeddings": spec.head.tied}
+
+
+ARCHITECTURES = (DeepseekV3(), DeepseekV2(), SarvamMla(), Glm4MoeLite(), Youtu(), MiniCPM3())

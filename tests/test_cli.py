@@ -215,3 +215,19 @@ def test_a_build_summary_shows_a_run_of_alike_blocks_as_one_row():
                                           ("blocks[3] (layers[0]#3.layers[0])", "delta: chunk"),
                                           ("blocks[4-30] x27", "softmax: quadratic")]
     assert runs_of_alike_blocks(rows[:1]) == rows[:1]
+
+
+def test_a_build_reports_each_stage_as_it_goes_when_its_output_is_a_pipe(tmp_path):
+    """Off a terminal (a pipe, a log file) each stage is a plain line the moment it starts or ends, not a
+    display drawn at the end: the first line arrives while the build is still running."""
+    small = ["d_model=16", "layers[0].repeat=1", "max_len=32", "input.vocab_size=32"]
+    command = [sys.executable, "-m", "attnspec", "build", str(SPECS[0].parent / "retnet.yaml"), "-o",
+               str(tmp_path / "build"), *[part for value in small for part in ("--set", value)]]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    first = process.stdout.readline()
+    still_running = process.poll() is None
+    rest, errors = process.communicate(timeout=600)
+    assert process.returncode == 0, errors
+    assert first.strip() == "parse..." and still_running
+    lines = [first.strip(), *rest.splitlines()]
+    assert "compile..." in lines and any(line.startswith("verify (") for line in lines)

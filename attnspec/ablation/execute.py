@@ -88,16 +88,38 @@ class _Throttle:
         self.send({k: v for k, v in record.items() if k in keep})
 
 
+def log_line(event: dict) -> str:
+    """One progress event (as :class:`_Throttle` sends it) or outcome as a line of the run's log."""
+    if "status" in event:  # the outcome
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in (event.get("metrics") or {}).items()
+                            if isinstance(v, (int, float)))
+        return f"{event['status']}" + (f": {metrics}" if metrics else "") + (f": {event['error']}"
+                                                                             if event.get("error") else "")
+    kind = event.get("event")
+    if kind == "start":
+        return f"training {event.get('parameters', 0):,} parameters from step {event.get('step')}"
+    if kind == "step":
+        return (f"step {event.get('step')}/{event.get('steps')}: loss {event.get('loss', float('nan')):.4f}, "
+                f"{event.get('tokens_per_s', 0):,.0f} tokens/s")
+    if kind == "eval":
+        return (f"{event.get('split', 'test')} at step {event.get('step')}: accuracy {event.get('accuracy', 0):.4f}, "
+                f"perplexity {event.get('perplexity', float('nan')):.4g}")
+    return json.dumps(event)
+
+
 def main() -> None:
-    """The local worker: one job from stdin, events and the outcome on stdout."""
+    """The local worker: one job from stdin, events and the outcome on stdout (the runner's), and each as a
+    readable line on stderr, which the runner writes to the run's ``logs/KEY.log`` as it goes."""
     request = json.loads(sys.stdin.read())
     out = sys.stdout
 
     def send(event: dict) -> None:
         out.write(json.dumps({"progress": event}) + "\n")
         out.flush()
+        print(log_line(event), file=sys.stderr, flush=True)
 
     outcome = execute(request["runs_dir"], request["job"], request["threads"], send)
+    print(log_line(outcome), file=sys.stderr, flush=True)
     out.write(json.dumps({"outcome": outcome}) + "\n")
     out.flush()
 

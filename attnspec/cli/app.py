@@ -20,7 +20,7 @@ import typer.core
 from rich.markup import escape
 
 from attnspec.cli.display import (TrainingDisplay, err, evaluation_table, explain_table, out, print_build_summary,
-                                  print_report, rich_table, stage_progress, verify_table)
+                                  print_report, rich_table, scoring_progress, stage_progress, verify_table)
 from attnspec.cli.metrics import metrics_text
 from attnspec.errors import AttnSpecError, RunInterrupted, SpecError, check_whole
 
@@ -458,8 +458,6 @@ def evaluate(
     import dataclasses
     import json
 
-    from rich.progress import Progress
-
     from attnspec.training.eval_formats import FORMATS
     from attnspec.training.evaluate import check_options, evaluate_file, evaluate_text
     from attnspec.compiler.load import tokenizer_of
@@ -472,9 +470,7 @@ def evaluate(
     check_options(batch_size, stride)  # before loading; the stride's bound (max_len) again after
     model = load_trained(directory)
     tokenizer = tokenizer_of(directory)
-    with Progress(console=err, transient=True) as progress:
-        bar = progress.add_task("scoring", total=None)
-        update = lambda done, total: progress.update(bar, completed=done, total=total)  # noqa: E731
+    with scoring_progress() as update:
         if text is not None:
             result = evaluate_text(model, text, tokenizer=tokenizer, stride=stride, batch_size=batch_size,
                                    on_window=update)
@@ -766,6 +762,11 @@ def main() -> None:
     # (benchmarks/threads.py; README "Threads"). A user's own setting stands.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     signal.signal(signal.SIGTERM, _terminate)
+    # Off a terminal (a pipe, a log file, a CI job) Python buffers stdout in 8 KiB blocks: a long command's
+    # progress lines would all arrive at its end. One line at a time, as a terminal gets them.
+    for stream in (sys.stdout, sys.stderr):
+        if not stream.isatty() and hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
     try:
         app()
     except SystemExit:

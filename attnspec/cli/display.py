@@ -83,9 +83,15 @@ def byte_size(count: int) -> str:
 
 @contextmanager
 def stage_progress():
-    """A progress display of a build's stages; yields the ``on_stage`` callback that draws it."""
+    """A progress display of a build's stages; yields the ``on_stage`` callback that draws it: rich's on a
+    terminal, else a plain line as each stage starts and ends (``compile...``, ``compile (12.3s)``), so a
+    log shows where a long build is while it runs."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    if not out.is_terminal:
+        yield lambda name, seconds: out.print(f"{name}..." if seconds is None else f"{name} ({seconds:.1f}s)",
+                                              markup=False)
+        return
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out) as progress:
         tasks: dict[str, int] = {}
 
@@ -96,6 +102,27 @@ def stage_progress():
                 progress.update(tasks[name], completed=1, description=f"{name} ({seconds:.1f}s)")
 
         yield on_stage
+
+
+@contextmanager
+def scoring_progress(every: float = 10.0):
+    """Progress of an evaluation; yields ``update(done, total)``: rich's transient bar on a terminal (on
+    stderr), else a plain line on stderr every ``every`` seconds and at the end."""
+    from rich.progress import Progress
+
+    if not err.is_terminal:
+        last = [time.monotonic()]
+
+        def update(done: int, total: int | None) -> None:
+            if done == total or time.monotonic() - last[0] > every:
+                last[0] = time.monotonic()
+                err.print(f"scoring: {done:,} of {total:,}" if total else f"scoring: {done:,}", markup=False)
+
+        yield update
+        return
+    with Progress(console=err, transient=True) as progress:
+        bar = progress.add_task("scoring", total=None)
+        yield lambda done, total: progress.update(bar, completed=done, total=total)
 
 
 def compile_check_text(report: dict) -> str:

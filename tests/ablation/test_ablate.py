@@ -42,6 +42,9 @@ def test_local_sweep_trains_every_run_into_its_keyed_directory(finished: Path):
     for run in plan.runs:  # each run directory is an ordinary `attnspec train` run of that spec and config
         record = json.loads((runsdir.run_directory(finished, run.key) / "run.json").read_text())
         assert record["config"] == run.config_data and record["status"] == "done"
+        log = (finished / "logs" / f"{run.key}.log").read_text().strip().splitlines()  # the run's own words
+        assert log[0].startswith("training ") and any(line.startswith("step ") for line in log)
+        assert log[-1].startswith("done: ")
     record = runsdir.read(finished)
     assert [run["key"] for run in record["runs"]] == [run.key for run in plan.runs]
     assert record["machine"]["torch"] and record["runs"][0]["estimate"]["parameters"] > 0
@@ -122,6 +125,9 @@ def test_killing_the_sweep_loses_at_most_the_work_since_each_checkpoint(tmp_path
     os.killpg(process.pid, signal.SIGKILL)  # the sweep and its workers, at once
     process.wait()
     killed_at = {key: _checkpoint_step(directory, key) for key in keys}
+    for key, step in killed_at.items():  # each run's log was written as it trained, not at its end
+        if step:
+            assert "step " in (directory / "logs" / f"{key}.log").read_text()
     assert all(step < 300 for step in killed_at.values())
     outcome = ablate(sweep(train=slow), directory, workers=2, threads=1, report=False)
     assert outcome.ran == 2 and not outcome.failed

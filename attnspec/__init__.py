@@ -36,9 +36,22 @@ def build(spec_or_path: Any, *overrides: str, **kwargs: Any) -> Any:
 def load(directory: Any, device: Any = None, weights: Any = None, strict: bool = True) -> Any:
     """Load a build directory written by ``attnspec build`` onto ``device`` (default the CPU), with
     ``weights`` (a safetensors file) over its own, all of them fitting or, ``strict=False``, what fits;
-    see :func:`attnspec.compiler.load.load_model`."""
-    from attnspec.compiler.load import load_model
+    see :func:`attnspec.compiler.load.load_model`. A training run directory loads its latest checkpoint's
+    model (:func:`attnspec.training.rundir.load_trained`; ``weights`` are a build's option)."""
+    from pathlib import Path
 
+    from attnspec.compiler.load import load_model
+    from attnspec.io import RUN_FILE
+
+    if (Path(directory) / RUN_FILE).is_file() and not (Path(directory) / "manifest.json").exists():
+        from attnspec.compiler.device import resolve_device
+        from attnspec.errors import AttnSpecError
+        from attnspec.training.rundir import load_trained
+
+        if weights is not None:
+            raise AttnSpecError(f"{directory} is a training run: its own latest checkpoint is what loads; build it "
+                                f"(`attnspec build {directory} -o DIR`) to load other weights over it")
+        return load_trained(directory).to(resolve_device(device))
     return load_model(directory, device=device, weights=weights, strict=strict)
 
 

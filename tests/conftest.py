@@ -48,3 +48,14 @@ import pytest  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                 reason="no CUDA device on this machine"))]
+
+
+def table_text(lines: list[str]) -> str:
+    """A rich table's text column by column (each column's pieces joined across the lines its cells wrap
+    over), whitespace removed: what a cell says, however narrow the table drew it."""
+    columns: dict[int, list[str]] = {}
+    for line in lines:
+        if line.startswith(("│", "┃")):
+            for index, piece in enumerate(line.strip("│┃").split("│" if line.startswith("│") else "┃")):
+                columns.setdefault(index, []).append(piece)
+    return " | ".join("".join("".join(pieces).split()) for pieces in columns.values())

@@ -19,8 +19,9 @@ import typer
 import typer.core
 from rich.markup import escape
 
-from attnspec.cli.display import (TrainingDisplay, err, evaluation_table, explain_table, out, print_build_summary,
-                                  print_report, rich_table, scoring_progress, stage_progress, verify_table)
+from attnspec.cli.display import (TrainingDisplay, calibration_text, err, evaluation_table, explain_table, out,
+                                  print_build_summary, print_report, rich_table, scoring_progress, stage_progress,
+                                  verify_table)
 from attnspec.cli.metrics import metrics_text
 from attnspec.errors import AttnSpecError, RunInterrupted, SpecError, check_whole
 
@@ -174,7 +175,7 @@ def _write_text(path: Path, text: str) -> None:
 
 @app.command()
 def explain(
-    file: Path = typer.Argument(..., help="Spec file."),
+    file: Path = typer.Argument(..., help="Spec file, or a build or training run directory (its spec.yaml)."),
     length: int = typer.Option(None, "--length", "-L", help="Sequence length to plan for (default: max_len)."),
     batch: int = typer.Option(8, "--batch", "-B", help="Micro-batch of the training regime."),
     calibrate: bool = typer.Option(False, "--calibrate", help="Measure the modes on this machine now (missing "
@@ -191,6 +192,8 @@ def explain(
     from attnspec.spec.ir import iter_blocks
     from attnspec.training.config import COMPILE_AUTO_REASON, MAX_BATCH
 
+    if file.is_dir() and (file / "spec.yaml").is_file():  # a build or a run: the resolved spec it holds
+        file = file / "spec.yaml"
     spec = load_spec(file, overrides or ())
     # a plan may be asked for past max_len (how the modes' costs go on), within attnspec's longest sequence
     L = spec.max_len if length is None else check_whole("--length", length, 1, limits.MAX_LEN)
@@ -205,11 +208,10 @@ def explain(
     plans = [(regime, plan_spec(spec, length=L, batch=B, training=training)) for regime, B, training in regimes]
     table = explain_table(spec, L, [block.mixer for block in blocks], plans, layer_sizes(spec),
                           [block.shared.name if block.shared else None for block in blocks])
-    out.print(table)
-    out.print(f"[dim]{escape(COMPILE_AUTO_REASON)}[/dim]")
-    if not any(entry.measured for _, plan in plans for entry in plan.layers):
-        out.print("[dim]Not calibrated on this machine: modes are chosen by the cost model. `--calibrate` measures "
-                  "them (builds and training runs do so themselves).[/dim]")
+    width = None if out.is_terminal else 100  # piped or logged: lines a reader's window holds
+    out.print(table, width=width)
+    out.print(f"[dim]{escape(COMPILE_AUTO_REASON)}[/dim]", width=width, soft_wrap=False)
+    out.print(f"[dim]{escape(calibration_text(blocks, plans, L, batch))}[/dim]", width=width, soft_wrap=False)
 
 
 

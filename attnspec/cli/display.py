@@ -23,6 +23,22 @@ out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty()
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def calibration_text(blocks: list, plans: list, length: int, batch: int) -> str:
+    """What explain's modes rest on: the spec's own ``mode:``, this machine's measurements per regime, or the
+    cost model (a build measures inference at batch 1 and ``max_len``; ``--calibrate`` any regime)."""
+    if all(block.mixer.mode != "auto" for block in blocks):
+        return "Every mixer's mode is fixed by the spec (`mode:`): nothing is chosen, nothing to calibrate."
+    shapes = {"inference": f"inference at batch 1, L = {length:,}", "training": f"training at batch {batch}, "
+                                                                                  f"L = {length:,}"}
+    measured = [shapes[regime] for regime, plan in plans if any(entry.measured for entry in plan.layers)]
+    estimated = [shapes[regime] for regime, plan in plans if not any(entry.measured for entry in plan.layers)]
+    if not estimated:
+        return f"Modes chosen by this machine's measurements ({'; '.join(measured)})."
+    return ((f"Measured on this machine: {'; '.join(measured)}. " if measured else "")
+            + f"Chosen by the cost model, not measured here: {'; '.join(estimated)} (`--calibrate` measures "
+              "them; a build measures inference at batch 1 and max_len, training runs their own shape).")
+
+
 def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, calls: list | None = None) -> Table:
     """The plan of ``spec`` at ``length``: per block (``mixers``; ``sizes`` from
     :func:`~attnspec.compiler.sizes.layer_sizes`; ``calls``: the shared block each calls, or None) its parts,
@@ -34,7 +50,7 @@ def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, cal
     table = Table(title=escape(f"{spec.name}: plan at L = {length}"))
     for column in ("layer", "mixer: parts, size", "regime", "mode · kernel", "valid modes: measured / estimated",
                    "why"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a long word wraps rather than losing its end
     blocks = []  # (label, the block's rows without their label), then alike neighbours as one
     for index, mixer in enumerate(mixers):
         call = (calls or [None] * len(mixers))[index]
@@ -303,7 +319,7 @@ def verify_table(report) -> Table:
     """A :class:`~attnspec.compiler.verify.VerifyReport`: each block's modes against its reference mode."""
     table = Table(title="mode equivalence (float64, vs. the reference mode; each distinct block once)")
     for column in ("layer", "blocks", "mode", "max abs diff", "max rel diff", "tolerance", "ok"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a long word wraps rather than losing its end
     for row in report.rows:
         table.add_row(escape(row.layer), str(row.blocks), row.mode, f"{row.abs_diff:.2e}", f"{row.rel_diff:.2e}",
                       f"{row.tolerance:.0e}", "yes" if row.ok else "NO")

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from attnspec.errors import BuildError, RunError, shorten
-from attnspec.io import read_json
+from attnspec.io import RUN_FILE, read_json
 from attnspec.spec import limits
 
 FORMAT = 2
@@ -216,6 +216,10 @@ def parse_manifest(directory: Path) -> Manifest:
     if not directory.is_dir():
         raise BuildError(f"{directory} is not a directory; give a build directory written by `attnspec build`")
     path = directory / MANIFEST
+    if not os.path.lexists(path) and os.path.lexists(directory / RUN_FILE):
+        raise BuildError(f"{directory} is a training run directory, not a build; make a build of its latest "
+                         f"checkpoint with `attnspec build {directory} -o {directory}-build` and give that "
+                         "(`attnspec eval`, `export-hf` and `attnspec.load` take the run itself)")
     if not os.path.lexists(path):
         raise BuildError(f"{directory} is not a build directory (no {MANIFEST}); build one with "
                          "`attnspec build SPEC -o DIR`")

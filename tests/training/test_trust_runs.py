@@ -373,3 +373,25 @@ def test_a_poisoned_compile_check_cache_is_not_reused(tmp_path, monkeypatch):
     ran.clear()
     manifest = build_directory(SPEC, tmp_path / "build-again", overrides=TINY).manifest
     assert ran == [] and manifest["compile"]["reused"]
+
+
+def test_a_run_directory_loads_where_a_model_is_read_or_is_refused_with_the_command_that_builds_it(stopped,
+                                                                                                    tmp_path):
+    """`attnspec.load` and `explain` take a run directory (its latest checkpoint; its resolved spec); `run` and
+    `verify`, which read a build's manifest and programs, refuse it naming the exact `attnspec build` command."""
+    from attnspec.training.rundir import load_trained
+
+    model = attnspec.load(stopped)
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(model(tokens), load_trained(stopped)(tokens))
+    with pytest.raises(AttnSpecError, match="attnspec build"):
+        attnspec.load(stopped, weights=tmp_path / "other.safetensors")
+    explained = subprocess.run([sys.executable, "-m", "attnspec", "explain", str(stopped)], capture_output=True,
+                               text=True, cwd=ROOT, timeout=300)
+    assert explained.returncode == 0 and "plan at L = 16" in explained.stdout, explained.stderr
+    for command in (["run", str(stopped), "--tokens", "1 2 3"], ["verify", str(stopped)]):
+        result = subprocess.run([sys.executable, "-m", "attnspec", *command], capture_output=True, text=True,
+                                cwd=ROOT, timeout=300)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"attnspec build {stopped} -o {stopped}-build" in " ".join(result.stderr.split()), result.stderr

@@ -301,6 +301,9 @@ class TrainingDisplay:
                     f"({'measured' if record.get('planning') == 'measured' else 'cost model'}), "
                     f"{'compiled' if record['compiled'] else 'eager'}), from step {record['step']}")
             out.print(line, markup=False)
+            if record.get("init_weights"):  # what --init-weights gave the model, as a build's summary says it
+                out.print("--init-weights: " + weights_text(record["init_weights"]).replace("\n", "; "),
+                          markup=False)
             if self.progress is not None:
                 self.task_id = self.progress.add_task("", total=record["steps"], completed=record["step"])
         elif event == "eval":

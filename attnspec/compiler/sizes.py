@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from attnspec.errors import BuildError, ShapeError
-from attnspec.nn.model import Model
+from attnspec.nn.model import Model, meta_values_skipped
 from attnspec.spec import limits
 from attnspec.spec.ir import Spec
 
@@ -21,7 +21,7 @@ def count_parameters(spec: Spec) -> int:
     the meta device: no memory is allocated, so the count is safe before the limit check
     (an 89-billion-parameter spec is counted in under a second), and no formula can drift from
     what the modules really hold (tests keep a hand-written formula as an oracle)."""
-    with torch.device("meta"):
+    with torch.device("meta"), meta_values_skipped():
         model = Model(spec)
     return sum(parameter.numel() for parameter in model.parameters())
 
@@ -42,7 +42,7 @@ def layer_sizes(spec: Spec) -> list[LayerSize]:
     """One :class:`LayerSize` per block of ``spec`` in execution order (``blocks[i]``), counted on the
     meta device like :func:`count_parameters`; the embedding, final norm, head and shared blocks are not in
     any (a block calling a shared block holds its call's projection and adapters, and its cache)."""
-    with torch.device("meta"):
+    with torch.device("meta"), meta_values_skipped():
         model = Model(spec)
     dtype, meta = model.embed.weight.dtype, torch.device("meta")
     shared = {id(parameter) for parameter in model.shared_blocks.parameters()}  # counted with the model, not a block
@@ -63,7 +63,7 @@ def check_model_size(spec: Spec) -> int:
     Raises:
         BuildError: over ``MAX_PARAMETERS`` or ``MAX_DECODE_STATE_BYTES``, saying what to make smaller.
     """
-    with torch.device("meta"):
+    with torch.device("meta"), meta_values_skipped():
         model = Model(spec)
     parameters = sum(parameter.numel() for parameter in model.parameters())
     if parameters > limits.MAX_PARAMETERS:

@@ -110,11 +110,11 @@ def convert_weights(spec, checkpoint: Path | str, model_type: str) -> dict[str, 
 
 
 def target_layout(spec) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every tensor of ``spec``'s model: name -> (shape, dtype name), found on the meta device."""
+    """Every tensor of ``spec``'s model: name -> (shape, dtype name), its parameters found on the meta device
+    (its buffers, small, made as the model makes them)."""
     from attnspec.nn.model import build_model_from_spec
 
-    with torch.device("meta"):
-        model = build_model_from_spec(spec, empty=True)
+    model = build_model_from_spec(spec, empty=True)
     return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in model.state_dict().items()}
 
 

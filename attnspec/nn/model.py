@@ -7,6 +7,7 @@ Readable top to bottom: ``Model.forward`` is the whole computation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import fnmatch
 import math
 from typing import Iterator
@@ -662,7 +663,8 @@ def parameters_on_meta() -> Iterator[None]:
     ``init_empty_weights``): a 7B model takes no memory and no initialisation time until its weights are
     assigned (a parameter a module draws itself before registering it, a few per block, is drawn and
     dropped). Only parameters: buffers are computed as usual (they are small, and some are not in any
-    weights file). It patches ``nn.Module.register_parameter`` for its duration: one thread at a time."""
+    weights file). The initialisers then run on meta parameters, and do nothing (:func:`meta_values_skipped`).
+    It patches ``nn.Module.register_parameter`` for its duration: one thread at a time."""
     register = nn.Module.register_parameter
 
     def on_meta(module: nn.Module, name: str, parameter) -> None:
@@ -672,9 +674,40 @@ def parameters_on_meta() -> Iterator[None]:
 
     nn.Module.register_parameter = on_meta
     try:
-        yield
+        with meta_values_skipped():
+            yield
     finally:
         nn.Module.register_parameter = register
+
+
+@contextlib.contextmanager
+def meta_values_skipped() -> Iterator[None]:
+    """Inside, a meta tensor's in-place value methods (``normal_``, ``uniform_``, ``fill_``, ``copy_``, ...)
+    return it unchanged: a meta tensor holds no values, and torch runs each such call through its Python
+    reference implementation, whose first call imports torch's compiler (2-4 s of a ``load``, ``run`` or
+    size check that compiles nothing). Other tensors' methods are untouched. It patches those
+    ``torch.Tensor`` methods for its duration: one thread at a time."""
+    def skipped_on_meta(method):
+        @functools.wraps(method)
+        def in_place(self, *args, **kwargs):
+            return self if self.is_meta else method(self, *args, **kwargs)
+        return in_place
+
+    methods = {name: getattr(torch.Tensor, name) for name in _IN_PLACE_METHODS}
+    for name, method in methods.items():
+        setattr(torch.Tensor, name, skipped_on_meta(method))
+    try:
+        yield
+    finally:
+        for name, method in methods.items():
+            setattr(torch.Tensor, name, method)
+
+
+_IN_PLACE_METHODS = tuple(name for name in dir(torch.Tensor) if name.endswith("_") and not name.startswith("_")
+                          and name not in ("resize_", "resize_as_", "set_", "as_strided_", "requires_grad_",
+                                           "share_memory_", "retain_grad_"))
+"""``torch.Tensor``'s in-place value methods (``normal_``, ``copy_``, ``mul_``, ...): those that change a
+tensor's values, not its shape, storage or autograd flags."""
 
 
 def float32_names(model: nn.Module, spec) -> set[str]:

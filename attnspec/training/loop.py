@@ -260,7 +260,8 @@ class Trainer:
                           "parameters": sum(p.numel() for p in self.model.parameters()), "device": str(self.device),
                           "compiled": self.compiled, "world_size": self.dist.world_size,
                           "parallel": self.config.parallel if self.dist.active else None,
-                          "recomputed": len(self.recomputed)})
+                          "recomputed": len(self.recomputed),
+                          "init_weights": self.weights_fit.to_json() if self.weights_fit is not None else None})
         self.model.train()
         metrics: dict = {}
         step = self.start
@@ -355,24 +356,46 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self, step: int) -> dict:
-        """Loss, accuracy on answer positions and perplexity on the fixed test set."""
+        """Loss, accuracy on answer positions and perplexity on the fixed test set; distilling, also the
+        objective trained (:func:`~attnspec.training.distill.distill_loss` per answer position), the teacher's
+        perplexity and accuracy, the KL from teacher to student at temperature 1 and how often their top
+        tokens agree, all on the same held-out answers."""
         self.model.eval()
         loss_sum, correct, count = 0.0, 0, 0
+        held_out = {"objective": 0.0, "teacher_loss": 0.0, "teacher_correct": 0, "kl": 0.0, "agree": 0}
         size = max(self.micro, 1)
         for start in range(0, len(self.test_inputs), size):
             x = self.test_inputs[start:start + size].to(self.device)
             y = self.test_targets[start:start + size].to(self.device)
+            documents = self.config.task.documents(x)
             with self.autocast():
-                logits = self.model(x, documents=self.config.task.documents(x))
+                logits = self.model(x, documents=documents)
             mask = y != IGNORE
             loss_sum += float(F.cross_entropy(logits[mask].float(), y[mask], reduction="sum"))
             correct += int((logits.argmax(-1)[mask] == y[mask]).sum())
             count += int(mask.sum())
+            if self.teacher is not None:
+                with self.autocast():
+                    objective = float(self.loss_fn(self.model, x, y, documents)[0])
+                    theirs = self.teacher(x, documents=documents)
+                ours, theirs = logits[mask].float(), theirs[mask].float()
+                held_out["objective"] += objective
+                held_out["teacher_loss"] += float(F.cross_entropy(theirs, y[mask], reduction="sum"))
+                held_out["teacher_correct"] += int((theirs.argmax(-1) == y[mask]).sum())
+                held_out["kl"] += float(F.kl_div(ours.log_softmax(-1), theirs.log_softmax(-1), log_target=True,
+                                                 reduction="sum"))
+                held_out["agree"] += int((ours.argmax(-1) == theirs.argmax(-1)).sum())
         self.model.train()
         loss = loss_sum / max(count, 1)
         if not math.isfinite(loss):
             self._diverge(step, {"test loss": loss}, None)
         metrics = {"loss": loss, "accuracy": correct / max(count, 1), "perplexity": math.exp(min(loss, 700))}
+        if self.teacher is not None:
+            n = max(count, 1)
+            metrics.update(objective=held_out["objective"] / n,
+                           teacher_perplexity=math.exp(min(held_out["teacher_loss"] / n, 700)),
+                           teacher_accuracy=held_out["teacher_correct"] / n, kl_to_teacher=held_out["kl"] / n,
+                           top1_agreement=held_out["agree"] / n)
         if self.chance is not None:  # beside the accuracy, so 0.126 at 8 pairs does not read as progress
             metrics.update(chance=self.chance, learned=learned(metrics["accuracy"], self.chance))
         record = {"step": step, "split": "test", **metrics}

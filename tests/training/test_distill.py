@@ -88,6 +88,47 @@ def test_distillation_lowers_the_kl_to_the_teacher(teacher, tmp_path):
     assert (tmp_path / "student" / "metrics.jsonl").read_text().count("distill_kl") == 25
 
 
+def test_a_distillation_reports_the_objective_and_the_teacher_on_held_out_answers(teacher, tmp_path):
+    """The run's evaluation gives, on the test set's answer positions, the objective trained, the teacher's
+    perplexity and accuracy, the KL from teacher to student and their top-1 agreement: each equal to the same
+    numbers computed here in plain PyTorch from the two final models."""
+    run = _student(teacher, 3, output=tmp_path / "student", temperature=2.0, weight=0.7)
+    config = load_config(None, task="mqar", task_overrides=MQAR, steps=3, **SETTINGS)
+    inputs, targets = config.task.batch("test", 0, config.test_examples, config.seed)
+    mask = targets != IGNORE
+    with torch.no_grad():
+        ours, theirs = run.model.eval()(inputs).double(), load_trained(teacher)(inputs).double()
+    ours_at, theirs_at, wanted = ours[mask], theirs[mask], targets[mask]
+    n = int(mask.sum())
+    ce = F.cross_entropy(ours_at, wanted, reduction="sum")
+    kl_t = F.kl_div((ours_at / 2).log_softmax(-1), (theirs_at / 2).log_softmax(-1), log_target=True,
+                    reduction="sum") * 4
+    expected = {"objective": float(0.3 * ce + 0.7 * kl_t) / n,
+                "teacher_perplexity": float(torch.exp(F.cross_entropy(theirs_at, wanted))),
+                "teacher_accuracy": float((theirs_at.argmax(-1) == wanted).double().mean()),
+                "kl_to_teacher": float(F.kl_div(ours_at.log_softmax(-1), theirs_at.log_softmax(-1), log_target=True,
+                                                reduction="sum")) / n,
+                "top1_agreement": float((ours_at.argmax(-1) == theirs_at.argmax(-1)).double().mean())}
+    for name, value in expected.items():  # float32 evaluation against float64 here
+        assert run.metrics[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    assert 0 <= run.metrics["top1_agreement"] <= 1 and run.metrics["kl_to_teacher"] >= 0
+
+
+def test_the_console_says_what_init_weights_loaded_initialised_and_ignored(teacher, tmp_path):
+    """The start of a run from `init_weights` carries its fit (as run.json records it), and the training
+    display prints it the way a build's summary does."""
+    from attnspec.cli.display import TrainingDisplay, out
+
+    events = []
+    attnspec.train(SPECS / "linear-elu.yaml", overrides=TINY, task="mqar", task_overrides=MQAR, output=tmp_path / "r",
+                   steps=1, init_weights=str(teacher), on_progress=events.append, **SETTINGS)
+    (start,) = [event for event in events if event["event"] == "start"]
+    assert start["init_weights"]["loaded"] > 0
+    with out.capture() as captured, TrainingDisplay(enabled=True) as display:
+        display.update(start)
+    assert f"--init-weights: {start['init_weights']['loaded']} tensor(s) loaded" in captured.get()
+
+
 @pytest.mark.parametrize("distill, words", [
     ({"hidden": 1.0}, "same blocks and width"),
     ({"teacher": "no-such-directory"}, "not a build or run directory"),

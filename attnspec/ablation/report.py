@@ -156,7 +156,9 @@ def _difficulty_plot(plt, report: Report, task: str, axis: str, rows: list[Resul
                 panel.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=variant, color=colors[variant])
         chance = sorted({(row.task_params.get(axis), row.chance) for row in rows if row.chance is not None
                          and json.dumps({k: v for k, v in row.task_params.items() if k != axis}, sort_keys=True) == other})
-        if chance:
+        if len(chance) == 1:  # one difficulty value: a line of one point would not be drawn
+            panel.axhline(chance[0][1], linestyle="--", color="0.45", linewidth=1.0, label="chance")
+        elif chance:
             xs, ys = zip(*chance)
             panel.plot(xs, ys, linestyle="--", color="0.45", linewidth=1.0, label="chance")
         title = params_text(json.loads(other))

@@ -214,7 +214,7 @@ def resolve_variants(loaded: LoadedSweep) -> list[Variant]:
                 continue
             differences = [(path, base_flat.get(path, MISSING), flat.get(path, MISSING))
                            for path in sorted(set(base_flat) | set(flat), key=_path_order(flat, base_flat))
-                           if base_flat.get(path, MISSING) != flat.get(path, MISSING)]
+                           if not _same(base_flat.get(path, MISSING), flat.get(path, MISSING))]
             variants.append(Variant(label, params, data, data_map, differences))
     if problems:
         raise SpecError(problems)
@@ -250,9 +250,11 @@ def expand(loaded: LoadedSweep, variants: list[Variant] | None = None) -> list[P
                 except SpecError as error:
                     problems.extend(_prefixed(error, f"variant {variant.name}, task {task_name} {task_params}"))
                     break
-                resolved_spec = spec_to_data(spec, minimal=False)
+                # the run is named after its variant (its run.json, a build of it, an eval say "gla", not the
+                # base spec's name); the key hashes the computation, which a name does not change
+                resolved_spec = {**spec_to_data(spec, minimal=False), "name": variant.name}
                 # the version always: a new version is a new default, which minimal data would drop
-                spec_identity = {**spec_to_data(spec, minimal=True), "version": spec.version}
+                spec_identity = {**spec_to_data(spec, minimal=True), "version": spec.version}  # the base's name
                 for lr in sweep.lr:
                     config_data = {**config.model_dump(by_alias=True), "lr": lr}
                     config_identity = {**config.model_dump(by_alias=True, exclude_defaults=True), "lr": lr}
@@ -346,6 +348,12 @@ def _resolved_data(data: dict, data_map: SourceMap) -> dict:
     from attnspec.spec import spec_to_data
 
     return spec_to_data(validate_data(data, data_map), minimal=False)
+
+
+def _same(base: Any, variant: Any) -> bool:
+    """Whether two resolved values mean the same: equal, or one null where the other is absent (a field
+    whose null is its default, written out on one side only)."""
+    return base == variant or {repr(base), repr(variant)} == {repr(None), repr(MISSING)}
 
 
 def _flatten(value: Any, prefix: tuple = ()) -> dict[str, Any]:

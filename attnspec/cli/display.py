@@ -200,7 +200,8 @@ def print_build_summary(directory: Path, manifest: dict) -> None:
                                         "native code; minutes more on 2 cores, decoding 6-15x faster: README)")
     table.add_row("stages", ", ".join(f"{k} {v:.1f}s" for k, v in manifest["stage_seconds"].items()))
     out.print(table)
-    run = (f"attnspec run {directory} --tokens \"1 2 3\"" + (" --generate 8" if manifest["has_step"] else "")
+    prompt = "--text \"Once upon a time\"" if manifest.get("tokenizer") else "--tokens \"1 2 3\""  # it carries one
+    run = (f"attnspec run {directory} {prompt}" + (" --generate 8" if manifest["has_step"] else "")
            if manifest["input"] == "tokens" else "")
     lines = [f"\nNext: {run}", f"      python -c \"import attnspec; model = attnspec.load('{directory}')\""]
     if "model.pt2" in manifest["files"]:

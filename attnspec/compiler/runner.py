@@ -66,24 +66,26 @@ StateFacts = list[tuple[tuple[int, ...], str, int | None]]
 """A step's state: (shape without the batch, dtype, capacity axis or None) per tensor."""
 
 
-def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, StateFacts]:
+def decoding_facts(directory: Path, manifest: Manifest, model=None) -> tuple[int | None, StateFacts]:
     """(decode limit, the step's state as (shape without the batch, dtype, capacity axis) per tensor
-    (:func:`~attnspec.compiler.load.decoding_state`)) derived from the
-    spec the manifest carries, on the meta device (nothing allocated), never trusted from the manifest's
-    own fields: a manifest whose ``decode_limit`` or state signature disagrees with its spec is refused,
-    and so is a spec whose decoding state of one sequence is over ``MAX_DECODE_STATE_BYTES``."""
+    (:func:`~attnspec.compiler.load.decoding_state`)) derived from the spec the manifest carries (``model``:
+    the model :func:`~attnspec.compiler.load.load_model` built of it, else one built here on the meta device,
+    nothing allocated), never trusted from the manifest's own fields: a manifest whose ``decode_limit`` or
+    state signature disagrees with its spec is refused, and so is a spec whose decoding state of one
+    sequence is over ``MAX_DECODE_STATE_BYTES``."""
     from attnspec.compiler.load import check_decoding_fields, check_plugins, decoding_state
     from attnspec.nn.model import Model
     from attnspec.spec.validate import validate_data
 
-    check_plugins(directory, manifest.spec.get("plugins"))
-    try:
-        spec = validate_data(manifest.spec)
-    except AttnSpecError as error:
-        raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 600)}); rebuild "
-                         "the directory") from None
-    with torch.device("meta"):
-        model = Model(spec)
+    if model is None:
+        check_plugins(directory, manifest.spec.get("plugins"))
+        try:
+            spec = validate_data(manifest.spec)
+        except AttnSpecError as error:
+            raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 600)}); "
+                             "rebuild the directory") from None
+        with torch.device("meta"):
+            model = Model(spec)
     model.check_decode_state(1)
     limit = model.decode_limit if model.has_step else None
     check_decoding_fields(directory, manifest, model)
@@ -93,7 +95,9 @@ def decoding_facts(directory: Path, manifest: Manifest) -> tuple[int | None, Sta
 class _Runner:
     """The model of a build directory as two calls: the full sequence and the one-token step."""
 
-    def __init__(self, directory: Path, manifest: Manifest, programs: bool, state: StateFacts):
+    def __init__(self, directory: Path, manifest: Manifest, state: StateFacts, model=None):
+        """``model``: the model rebuilt from the directory's spec and weights, or None to run its programs."""
+        programs = model is None
         self.directory, self.manifest, self.programs, self.state = directory, manifest, programs, state
         # the exported programs run on the device they were built for; the rebuilt model on the CPU
         self.device = torch.device("cpu")
@@ -107,11 +111,7 @@ class _Runner:
                                  f"{error}. Run it without --programs (the model rebuilt from its weights runs on "
                                  "the CPU)") from None
             import attnspec.ops.linear.backends.triton  # noqa: F401  registers the op a program built on a GPU may hold
-        self.model = None
-        if not programs:
-            from attnspec.compiler.load import load_model
-
-            self.model = load_model(directory, manifest)
+        self.model = model
 
     def _program(self, name: str):
         """The exported program ``name`` of the directory, its module; refused by name where it was not written
@@ -212,7 +212,12 @@ def run_directory(directory: Path | str, tokens: str | None, generate: int = 0, 
     check_sampling(temperature, top_k, top_p, seed)
     if generate and not manifest.has_step:
         raise BuildError(f"{directory} has no decoding step (a non-causal mixer, or not a token LM with an lm head)")
-    limit, state = decoding_facts(directory, manifest)
+    model = None
+    if not programs:  # the model rebuilt from spec and weights: built once, its decoding facts read off it
+        from attnspec.compiler.load import load_model
+
+        model = load_model(directory, manifest)
+    limit, state = decoding_facts(directory, manifest, model)
     if generate and limit is not None and len(prompt) + generate > limit:
         raise AttnSpecError(f"{len(prompt)} prompt tokens + {generate} generated exceed max_len = {limit}, the "
                             "positions this model's key/value caches (or position table) hold; generate fewer")
@@ -220,7 +225,7 @@ def run_directory(directory: Path | str, tokens: str | None, generate: int = 0, 
     if programs and len(prompt) == 1 and not (manifest.causal and per_position):
         raise AttnSpecError(f"{directory} holds a non-causal or classifier model, whose exported program takes at "
                             "least 2 tokens; give a longer prompt")
-    runner = _Runner(directory, manifest, programs, state)
+    runner = _Runner(directory, manifest, state, model)
     output = runner.sequence(prompt)
     last = len(prompt) - 1
     lines = [f"input: {' '.join(map(str, prompt))}"]

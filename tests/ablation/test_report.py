@@ -167,3 +167,28 @@ def test_a_corrupt_runs_file_is_a_clear_error(reported: Path, tmp_path: Path, co
     result = subprocess.run([sys.executable, "-m", "attnspec", "report", str(copy)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr and "sweep" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("points", [[4], [2, 4, 8]])
+def test_the_chance_level_is_drawn_with_one_difficulty_value_as_with_several(tmp_path, monkeypatch, points):
+    """A single difficulty value used to give a one-point chance "line" that was in the legend but not drawn:
+    it is a line across the panel at the chance level."""
+    from types import SimpleNamespace
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnspec.ablation import report as report_module
+
+    rows = [SimpleNamespace(variant="a", task_params={"n": n}, mean=0.5, std=0.1, chance=1 / n) for n in points]
+    saved = []
+    monkeypatch.setattr(report_module, "_save", lambda plt_, figure, out, name: saved.append(figure) or name)
+    report = SimpleNamespace(variants=["a"], metric="accuracy")
+    report_module._difficulty_plot(plt, report, "mqar", "n", rows, {"a": "C0"}, tmp_path)
+    (panel,) = saved[0].axes
+    (line,) = [line for line in panel.get_lines() if line.get_label() == "chance"]
+    expected = [1 / points[0]] * 2 if len(points) == 1 else [1 / n for n in points]  # axhline: two ends
+    assert line.get_visible() and list(line.get_ydata()) == pytest.approx(expected)
+    plt.close("all")

@@ -41,6 +41,7 @@ def test_expansion_is_variants_x_points_x_seeds_x_lrs_with_content_keys():
     assert {run.key for run in expand(load_sweep(renamed))} == {run.key for run in runs}
     first = runs[0]
     assert first.spec_data["seed"] == first.seed and first.config_data["seed"] == first.seed
+    assert first.spec_data["name"] == first.variant  # each run is named after its variant, not the base spec
     assert first.config_data["lr"] == first.lr and first.config_data["task"]["num_kv_pairs"] == 1
 
 

@@ -1256,6 +1256,33 @@ def test_lfm2_moe_computes_transformers_logits_decodes_alike_and_exports_as_itse
     assert (blocks[1].mlp.score_bias, blocks[1].mlp.routed_scale) == (expert_bias, 1.5)
 
 
+@pytest.mark.parametrize("layout", [
+    dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=2),  # Falcon-40B/180B
+    dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),  # Falcon 2/3
+    dict(new_decoder_architecture=False, multi_query=True, parallel_attn=True),  # Falcon-7B
+    dict(new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True),
+])
+def test_falcon_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, layout):
+    """Falcon in its layouts: q/k/v packed per key/value group, multi-query, or per head; attention and MLP side
+    by side on two norms, on one, or one after the other; biases with `bias`. ALiBi (Falcon-RW) is refused by
+    its field."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    config = FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          max_position_embeddings=64, ffn_hidden_size=48, pad_token_id=0,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, **layout)
+    spec = _holds_to(_perturbed(lambda: FalconForCausalLM(config)), tmp_path / "checkpoint", "falcon")
+    block = spec_blocks(spec)[0]
+    expected = "own_norms" if layout.get("num_ln_in_parallel_attn") == 2 else \
+        "shared_norm" if layout.get("new_decoder_architecture") or layout.get("parallel_attn") else "none"
+    assert block.parallel == expected and block.mixer.kv_heads == {True: 2, False: 1 if layout.get("multi_query")
+                                                                   else None}[layout["new_decoder_architecture"]]
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "alibi": True}))
+    with pytest.raises(InteropError, match="alibi"):
+        spec_from_checkpoint(tmp_path / "checkpoint")
+
+
 def test_flex_olmo_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """FlexOlmo: OLMo 2's placement and whole-projection QK-norm with top-2 of 4 softmax-routed experts,
     renormalised, in every layer."""

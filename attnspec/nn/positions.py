@@ -76,12 +76,13 @@ class SinusoidalPosition(Position):
 
     def __init__(self, node, *, d_model: int, **_):
         super().__init__()
-        self.base, self.d_model = node.base, d_model
+        self.base, self.d_model, self.first = node.base, d_model, node.offset
+        self.spacing = self.d_model // 2 - (1 if node.spacing == "half_minus_one" else 0)
 
     def embed(self, x: Tensor, offset: Tensor | int = 0) -> Tensor:
-        t = positions(x.shape[1], offset, x.device, torch.float64).unsqueeze(-1)  # (..., L, 1)
+        t = positions(x.shape[1], offset, x.device, torch.float64).unsqueeze(-1) + self.first  # (..., L, 1)
         half = self.d_model // 2
-        frequencies = self.base ** (-torch.arange(half, device=x.device, dtype=torch.float64) / max(half, 1))
+        frequencies = self.base ** (-torch.arange(half, device=x.device, dtype=torch.float64) / max(self.spacing, 1))
         angle = t * frequencies
         table = torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
         if table.shape[-1] < self.d_model:  # odd d_model: the last channel carries no position

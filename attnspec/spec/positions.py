@@ -44,10 +44,16 @@ class LearnedPosition(PositionComponent):
 
 
 class SinusoidalPosition(PositionComponent):
-    """Fixed sinusoids sin/cos(t / base^(2i/d)) added to the token embeddings (Vaswani et al.)."""
+    """Fixed sinusoids added to the token embeddings: channels [0, d/2) hold sin(t f_i), channels [d/2, d)
+    cos(t f_i) (Vaswani et al.'s, halves rather than interleaved), an odd d's last channel none."""
 
     kind: Literal["sinusoidal"]
     base: Annotated[float, Field(gt=1, le=1e9)] = 10000.0
+    spacing: Literal["half", "half_minus_one"] = "half"
+    """The frequencies f_i = base^(-i/s), i < d/2: s = d/2 (`half`, attnspec's), or d/2 - 1 (`half_minus_one`:
+    tensor2tensor's, which fairseq, XGLM and transformers' other fairseq ports use)."""
+    offset: Annotated[int, Field(ge=0, le=1 << 16)] = 0
+    """Position t of the first token: fairseq's tables start after its padding index (XGLM: 2)."""
     acts_on: ClassVar[str] = "embedding"
 
 

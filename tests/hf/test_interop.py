@@ -1283,6 +1283,24 @@ def test_falcon_computes_transformers_logits_decodes_alike_and_exports_as_itself
         spec_from_checkpoint(tmp_path / "checkpoint")
 
 
+@pytest.mark.parametrize("scaled", [True, False])
+def test_xglm_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, scaled):
+    """XGLM: embeddings times sqrt(d) (or not, `scale_embedding`) plus tensor2tensor's sinusoids (frequencies
+    10000^(-i/(d/2 - 1))) from position 2, pre-norm biased attention and MLP under biased LayerNorms, a tied
+    head; cross-attention is refused by its field."""
+    from transformers import XGLMConfig, XGLMForCausalLM
+
+    config = XGLMConfig(vocab_size=VOCAB, d_model=32, ffn_dim=48, num_layers=2, attention_heads=4,
+                        max_position_embeddings=64, scale_embedding=scaled, activation_function="gelu")
+    spec = _holds_to(_perturbed(lambda: XGLMForCausalLM(config)), tmp_path / "checkpoint", "xglm")
+    assert (spec.position.kind, spec.position.spacing, spec.position.offset) == ("sinusoidal", "half_minus_one", 2)
+    assert spec.input.scale == (32 ** 0.5 if scaled else 1.0) and spec.head.tied
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "add_cross_attention": True}))
+    with pytest.raises(InteropError, match="add_cross_attention"):
+        spec_from_checkpoint(tmp_path / "checkpoint")
+
+
 def test_flex_olmo_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """FlexOlmo: OLMo 2's placement and whole-projection QK-norm with top-2 of 4 softmax-routed experts,
     renormalised, in every layer."""

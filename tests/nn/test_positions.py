@@ -114,7 +114,8 @@ def _model(position: str, mixer: str = "linear(heads=2, feature_map=elu1)"):
     return build_model_from_spec(spec)
 
 
-@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "alibi"])
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", 'sinusoidal(spacing="half_minus_one", offset=2)',
+                                      "rope", "alibi"])
 def test_model_level_positions_decode_like_the_full_sequence(position):
     model = _model(position, "linear(heads=2, feature_map=elu1, conv=short)")
     tokens = torch.randint(0, 11, (3, 31))
@@ -124,7 +125,7 @@ def test_model_level_positions_decode_like_the_full_sequence(position):
         logits, *state = model.step(tokens[:, t], *state)
         assert torch.allclose(logits, full[:, t], atol=1e-10, rtol=1e-10), t
     # the positions change the function: the same tokens shifted by one position give other logits
-    if position in ("learned", "sinusoidal"):
+    if position.startswith(("learned", "sinusoidal")):
         assert not torch.allclose(model.position.embed(torch.zeros(1, 3, 16, dtype=torch.float64), 1),
                                   model.position.embed(torch.zeros(1, 3, 16, dtype=torch.float64), 0))
 
@@ -172,3 +173,24 @@ def test_init_scale_multiplies_the_projections():
     one = _mixer("linear(heads=3, feature_map=elu1)")
     three = _mixer("linear(heads=3, feature_map=elu1, init_scale=3)")
     assert torch.allclose(three.q_proj.weight, 3 * one.q_proj.weight)
+
+
+@pytest.mark.parametrize("d_model", [16, 15])
+@pytest.mark.parametrize("spacing, offset", [("half", 0), ("half_minus_one", 2)])
+def test_sinusoids_are_the_published_tables(d_model, spacing, offset):
+    """Vaswani et al.'s (sin(t / 10000^(2i/d)) in the first half, cos in the second) and tensor2tensor's as
+    fairseq and XGLM build theirs (frequencies exp(-i ln(10000) / (d/2 - 1)), rows from position 2), written
+    here from those definitions in float64; an odd width's last channel holds no position; a decoding
+    step's offset continues the table."""
+    spec = loads_spec(f'name = "t"\ninput = tokens(vocab_size=11)\nd_model = {d_model}\nmax_len = 40\n'
+                      f'dtype = "float64"\nposition = sinusoidal(spacing="{spacing}", offset={offset})\n'
+                      "layers { block { mixer = softmax(heads=1) } }", "attn")
+    position = build_model_from_spec(spec).position
+    half = d_model // 2
+    span = half - 1 if spacing == "half_minus_one" else half
+    t = torch.arange(offset, offset + 9, dtype=torch.float64)[:, None]
+    angle = t * torch.exp(-torch.arange(half, dtype=torch.float64) * math.log(10000.0) / span)[None]
+    expected = torch.cat([angle.sin(), angle.cos(), torch.zeros(9, d_model - 2 * half, dtype=torch.float64)], -1)
+    zeros = torch.zeros(1, 9, d_model, dtype=torch.float64)
+    assert torch.allclose(position.embed(zeros)[0], expected, atol=1e-12, rtol=0)
+    assert torch.allclose(position.embed(zeros[:, :1], 5)[0, 0], expected[5], atol=1e-12, rtol=0)

@@ -321,8 +321,9 @@ def import_hf(
     if spec_file is not None and not spec_file.parent.is_dir():  # checked before the import's minutes of work
         raise AttnSpecError(f"--spec {spec_file}: the folder {spec_file.parent} does not exist; create it first")
     with stage_progress() as on_stage:
+        level = False if no_compile else "inductor" if inductor else "trace"
         result = run_import(checkpoint, output, max_len=max_len, force=force, calibrate=not no_calibrate,
-                            compile_check=False if no_compile else "inductor" if inductor else "trace", on_stage=on_stage, dtype=dtype,
+                            compile_check=level, on_stage=on_stage, dtype=dtype,
                             programs=check_programs(programs.split(",")), check=not no_check)
     if spec_file is not None:
         spec = validate_data(result.manifest["spec"])

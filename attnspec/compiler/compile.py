@@ -5,12 +5,11 @@
 code; ``trace``, an import's default, traces with Dynamo and AOTAutograd (the graph Inductor would be
 given: graph breaks, guards and decompositions are all there) and runs that graph, without Inductor's
 code generation, which costs 15-30 s of C++ compilation on a 2-core CPU whatever the model's size.
-Each model is compiled with its own recompile budget (``isolate_recompiles`` where torch has it, otherwise a dynamo reset), and
-hitting the recompile limit is an error rather than a silent fall-back to eager. Checks compile
-regionally (one compiled graph per distinct block structure); a build runs its check in a child
-process beside the whole build, on one copy of each block from the spec's seed (:class:`BackgroundCheck`),
-and remembers a passed one
-(:mod:`attnspec.compiler.compile_cache`).
+Each model is compiled with its own recompile budget (``isolate_recompiles`` where torch has it,
+otherwise a dynamo reset), and hitting the recompile limit is an error rather than a silent fall-back to
+eager. Checks compile regionally (one compiled graph per distinct block structure); a build runs its
+check in a child process beside the whole build, on one copy of each block from the spec's seed
+(:class:`BackgroundCheck`), and remembers a passed one (:mod:`attnspec.compiler.compile_cache`).
 """
 
 from __future__ import annotations

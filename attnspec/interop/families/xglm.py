@@ -59,15 +59,15 @@ class Xglm(Architecture):
         mixer, mlp = first.mixer, first.mlp
         position = spec.position
         norm = first.norm
-        if any(b != first for b in blocks) or getattr(position, "kind", None) != "sinusoidal" \\
-                or position.spacing != "half_minus_one" or position.offset != OFFSET or position.base != 10000.0 \\
-                or spec.input.scale not in (1.0, spec.d_model ** 0.5) or not spec.head.tied \\
-                or norm.kind != "layernorm" or not norm.bias or norm.eps != 1e-5 or spec.final_norm != norm \\
-                or mixer.kind != "softmax" or not mixer.qkv_bias or not mixer.out_bias \\
-                or mixer.kv_heads not in (None, mixer.heads) or mixer.heads * mixer.d_qk != spec.d_model \\
-                or mixer.d_qk != mixer.d_v or mixer.qk_norm != "none" or getattr(mixer, "window", None) is not None \\
-                or mixer.position is not None and mixer.position.kind != "none" \\
-                or mixer.scale not in (None, mixer.d_qk ** -0.5) or mlp.kind != "mlp" or not mlp.bias \\
+        if any(b != first for b in blocks) or getattr(position, "kind", None) != "sinusoidal" \
+                or position.spacing != "half_minus_one" or position.offset != OFFSET or position.base != 10000.0 \
+                or spec.input.scale not in (1.0, spec.d_model ** 0.5) or not spec.head.tied \
+                or norm.kind != "layernorm" or not norm.bias or norm.eps != 1e-5 or spec.final_norm != norm \
+                or mixer.kind != "softmax" or not mixer.qkv_bias or not mixer.out_bias \
+                or mixer.kv_heads not in (None, mixer.heads) or mixer.heads * mixer.d_qk != spec.d_model \
+                or mixer.d_qk != mixer.d_v or mixer.qk_norm != "none" or getattr(mixer, "window", None) is not None \
+                or mixer.position is not None and mixer.position.kind != "none" \
+                or mixer.scale not in (None, mixer.d_qk ** -0.5) or mlp.kind != "mlp" or not mlp.bias \
                 or first.parallel != "none" or first.norm_placement != "pre":
             raise NotExpressible("xglm is fairseq's pre-norm decoder with tensor2tensor's sinusoids from position 2")
         return {"d_model": spec.d_model, "num_layers": len(blocks), "attention_heads": mixer.heads,

@@ -79,8 +79,10 @@ def check_import(checkpoint: Path | str, load_model) -> ImportCheck:
     theirs.eval()
     with torch.no_grad():
         their_logits = theirs(prompt).logits.float()
-        their_tokens = theirs.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS,
-                                       eos_token_id=None, pad_token_id=0)[0, PROMPT_TOKENS:]
+        # an explicit mask: without one transformers masks every prompt token equal to the pad id
+        their_tokens = theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS,
+                                       do_sample=False, min_new_tokens=NEW_TOKENS, eos_token_id=None,
+                                       pad_token_id=0)[0, PROMPT_TOKENS:]
     difference = (our_logits - their_logits[..., :our_logits.shape[-1]]).abs().max().item()
     agree = next((i for i, (a, b) in enumerate(zip(our_tokens.tolist(), their_tokens.tolist())) if a != b),
                  min(len(our_tokens), len(their_tokens)))

@@ -61,6 +61,21 @@ def test_import_keeps_the_checkpoint_dtype_and_writes_its_weights_once(bfloat16_
     assert (ours - theirs).abs().max() <= 2 ** -5 * theirs.abs().max()  # 8 units of bfloat16 at 3 blocks
 
 
+def test_the_import_check_does_not_mask_a_prompt_token_equal_to_the_pad_id(tmp_path):
+    """The check's prompt may hold token 0, transformers' pad id there: its ``generate`` must be told the mask
+    (without one it masks those tokens and its greedy tokens differ from its own forward's)."""
+    from attnspec.interop.check import PROMPT_TOKENS, check_import
+
+    config = LlamaConfig(**{**CONFIG, "vocab_size": 320})  # the check's seeded prompt holds a 0 at this vocabulary
+    prompt = torch.randint(0, 320, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
+    assert 0 in prompt.tolist()[0]
+    torch.manual_seed(1)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "checkpoint")
+    import_hf(tmp_path / "checkpoint", tmp_path / "build", compile_check=False, calibrate=False, check=False)
+    check = check_import(tmp_path / "checkpoint", lambda: attnspec.load(tmp_path / "build"))
+    assert check.skipped is None and check.max_logit_diff < 1e-5 and check.agrees, check
+
+
 def test_import_hf_cli_dtype_programs_and_check_options(bfloat16_llama, tmp_path):
     _, checkpoint = bfloat16_llama
     done = attnspec_cli("import-hf", str(checkpoint), "-o", str(tmp_path / "f32"), "--dtype", "float32",

@@ -1,7 +1,7 @@
 """File primitives for the directories attnspec owns: run and runs directories, reports, caches.
 
 attnspec's directories travel between people, so their contents are data a stranger may have
-shaped. Every function here holds to three rules (the README's "Trust" section):
+shaped. Every function here holds to three rules (docs/trust.md):
 
 - **never through a link**: a write, append, lock or delete refuses a symlink at the entry and at
   its parent directory (an atomic write renames a fresh file into place; nothing opens a path that

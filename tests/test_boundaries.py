@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SPECS
 
 LAYERS = {
     # bottom up: a module may import its own package and the layers below it (DESIGN's numbers; inside
@@ -183,6 +183,27 @@ def test_loading_a_build_directory_imports_no_front_end_and_no_rich(tmp_path):
     modules = imported_after(f"import attnspec\nmodel = attnspec.load({str(directory)!r})\nprint(len(model.blocks))")
     assert "torch" in modules and "attnspec.compiler.load" in modules
     assert not (set(FRONT_END) | {"rich"}) & modules, sorted((set(FRONT_END) | {"rich"}) & modules)
+
+
+@pytest.mark.slow
+def test_the_run_path_imports_no_compiler(tmp_path):
+    """``attnspec run DIR`` (the size check on the meta device, the load, a greedy generation) and the size check
+    of every shipped spec import no ``torch._dynamo``: 2-4 s of a command that compiles nothing. GateLoop's
+    initialisers do meta arithmetic that torch runs through its Python reference kernels."""
+    from attnspec.compiler.build import build_directory
+
+    directory = tmp_path / "build"
+    build_directory(ROOT / "specs" / "gateloop.yaml", directory, compile_check=False, calibrate=False, programs=(),
+                    overrides=["d_model=16", "layers[0].repeat=1", "max_len=64"])
+    modules = imported_after("from attnspec.cli import main\nimport sys\n"
+                             f"sys.argv = ['attnspec', 'run', {str(directory)!r}, '--tokens', '1 2 3', '--generate', '3']\n"
+                             "try:\n    main()\nexcept SystemExit as exit:\n    assert not exit.code, exit.code\n")
+    assert "attnspec.compiler.runner" in modules and "torch._dynamo" not in modules
+    modules = imported_after("from attnspec.spec import load_spec\nfrom attnspec.compiler.sizes import check_model_size\n"
+                             f"for path in {[str(path) for path in SPECS]!r}:\n    check_model_size(load_spec(path, ()))\n"
+                             "import torch._refs\n"
+                             "assert not hasattr(torch._refs.sub.__wrapped__.__wrapped__, '__dynamo_disable')\n")
+    assert "attnspec.compiler.sizes" in modules and "torch._dynamo" not in modules
 
 
 def test_the_compiler_does_not_draw():

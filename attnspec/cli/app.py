@@ -159,7 +159,8 @@ def fmt(
     if to not in ("yaml", "attn"):
         raise AttnSpecError(f"--to must be 'yaml' or 'attn', got '{to}'")
     spec = load_spec(file, overrides or (), resolved=False)
-    text = to_yaml(spec) if to == "yaml" else to_attn(spec)
+    text = to_yaml(spec, folder=Path.cwd() if output is None else Path(output).parent) if to == "yaml" \
+        else to_attn(spec)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -328,7 +329,8 @@ def import_hf(
     if spec_file is not None:
         spec = validate_data(result.manifest["spec"])
         write_atomic(spec_file, to_yaml(spec, header=f"{spec.description}\nWeights: {output}/model.safetensors "
-                                                      f"(attnspec build THIS_FILE -o DIR --weights ...)"))
+                                                      f"(attnspec build THIS_FILE -o DIR --weights ...)",
+                                        folder=Path(spec_file).parent))
     print_build_summary(result.directory, result.manifest)
     if result.import_check is not None:
         out.print(escape(result.import_check.summary()))
@@ -491,7 +493,7 @@ def train(
     file: Optional[Path] = typer.Argument(None, metavar="SPEC", help="Spec file (not needed with --resume)."),
     output: Path = typer.Option(..., "--output", "-o", help="Run directory to create (or to resume)."),
     task: Optional[str] = typer.Option(None, "--task", help="Task kind, e.g. mqar, in_context_recall, listops, "
-                                                            "sort, python_source (all: the README's task table)."),
+                                                            "sort, python_source (all: the task table of docs/training.md)."),
     task_overrides: Optional[List[str]] = typer.Option(None, "--task-set", metavar="KEY=VALUE",
                                                        help="A task parameter, e.g. --task-set seq_len=256. Repeatable."),
     overrides: Optional[List[str]] = SetOption,
@@ -762,7 +764,7 @@ def main() -> None:
     # OpenMP threads that sleep when idle rather than spin (read when torch loads, and by every child
     # process: sweep workers, compile checks, torchrun ranks): with other processes on the cores, a
     # spinning second thread made a training step 5-20x slower than one thread, a sleeping one 1.1-1.2x
-    # (benchmarks/threads.py; README "Threads"). A user's own setting stands.
+    # (benchmarks/threads.py; docs/ablation.md, "Threads"). A user's own setting stands.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     signal.signal(signal.SIGTERM, _terminate)
     # Off a terminal (a pipe, a log file, a CI job) Python buffers stdout in 8 KiB blocks: a long command's

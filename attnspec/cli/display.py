@@ -197,7 +197,7 @@ def print_build_summary(directory: Path, manifest: dict) -> None:
         table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB" + artifact_speed(export.get(name)))
     if "model.aoti.pt2" not in manifest["files"]:
         table.add_row("model.aoti.pt2", "not built: --aot adds AOTInductor packages of every program (compiled "
-                                        "native code; minutes more on 2 cores, decoding 6-15x faster: README)")
+                                        "native code; minutes more on 2 cores, decoding 6-15x faster: docs/building.md)")
     table.add_row("stages", ", ".join(f"{k} {v:.1f}s" for k, v in manifest["stage_seconds"].items()))
     out.print(table)
     prompt = "--text \"Once upon a time\"" if manifest.get("tokenizer") else "--tokens \"1 2 3\""  # it carries one

@@ -144,7 +144,7 @@ def check_model(model: nn.Module, level: str = "inductor") -> dict:
     compiled regionally with fixed shapes at batch 2 and length 45 (or ``max_len``), within the
     :data:`TOLERANCES` of the model's dtype; ``level`` of :data:`CHECK_BACKENDS`.
 
-    Fixed shapes are what ``attnspec train --compile on`` compiles, and they compile in about half
+    Fixed shapes are what ``attnspec train --compile`` compiles, and they compile in about half
     the time of a length-dynamic graph on a small CPU. That the model does not specialise on the
     length is what the export stage proves (``model.pt2`` has a dynamic length dimension, which
     ``torch.export`` refuses to keep if any code specialises on it), and the test suite checks

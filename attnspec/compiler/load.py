@@ -1,6 +1,6 @@
 """``attnspec.load(DIR)``: rebuild a model from a build directory's spec and weights.
 
-The directory is untrusted data (README, "Trust"): the manifest is validated against its schema
+The directory is untrusted data (docs/trust.md): the manifest is validated against its schema
 and every file it lists is checked (regular file, size, sha256) before anything is read; the
 resolved spec the manifest carries is validated by the IR (the same data as spec.yaml, without
 the YAML front-end); the weights are read with safetensors (never pickle) and must match the

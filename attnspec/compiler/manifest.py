@@ -5,7 +5,7 @@ a size limit, parsed as JSON without NaN or infinities, and validated against :c
 (strict types, unknown keys refused). The ``files`` table is required and names only the files
 a build writes; each is checked to be a regular file (never a symlink) inside the directory, of
 the recorded size and sha256. The hashes prove integrity against corruption and accidents, not
-authenticity: whoever can write the directory can rewrite the manifest too (README, "Trust").
+authenticity: whoever can write the directory can rewrite the manifest too (docs/trust.md).
 """
 
 from __future__ import annotations

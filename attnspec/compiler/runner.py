@@ -74,7 +74,7 @@ def decoding_facts(directory: Path, manifest: Manifest, model=None) -> tuple[int
     state signature disagrees with its spec is refused, and so is a spec whose decoding state of one
     sequence is over ``MAX_DECODE_STATE_BYTES``."""
     from attnspec.compiler.load import check_decoding_fields, check_plugins, decoding_state
-    from attnspec.nn.model import Model
+    from attnspec.nn.model import Model, meta_values_skipped
     from attnspec.spec.validate import validate_data
 
     if model is None:
@@ -84,7 +84,7 @@ def decoding_facts(directory: Path, manifest: Manifest, model=None) -> tuple[int
         except AttnSpecError as error:
             raise BuildError(f"{directory}/manifest.json: its spec is not valid ({shorten(str(error), 600)}); "
                              "rebuild the directory") from None
-        with torch.device("meta"):
+        with torch.device("meta"), meta_values_skipped():
             model = Model(spec)
     model.check_decode_state(1)
     limit = model.decode_limit if model.has_step else None

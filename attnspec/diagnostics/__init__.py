@@ -6,7 +6,7 @@ each writing a table (CSV) and a plot (PNG and SVG).
 parameters (:class:`Parameter`, data the CLI turns into arguments and options) and its ``run``, which
 computes, writes its files and returns the :class:`Table` the CLI prints. The CLI finds the
 diagnostics here (:func:`diagnostics`) and knows nothing else about them, so a new diagnostic is its
-module, its test and its row in the README's table. The declarations import no torch, but their
+module, its test and its row in docs/ablation.md's table. The declarations import no torch, but their
 modules do: the CLI imports them only when ``attnspec diagnose`` runs.
 
 - :mod:`.rank_collapse`: the relative residual of every layer and the surgery variants (Dong et al. 2021);

@@ -162,7 +162,7 @@ class Wrapper:
 
 @dataclass(frozen=True)
 class Row:
-    """One row of the README's table of imported types: what these types import as, and what of them
+    """One row of docs/huggingface.md's table of imported types: what these types import as, and what of them
     is refused (a located error, nothing written)."""
 
     types: tuple[str, ...]
@@ -181,8 +181,8 @@ class Architecture:
     wrappers: dict[str, Wrapper] = {}
     """Multimodal model types whose text model is one of ``model_types``."""
     rows: tuple[Row, ...] = ()
-    """The README's rows for ``model_types`` and ``wrappers`` (each type in exactly one row; a test holds
-    the README's table to them)."""
+    """The guide's rows for ``model_types`` and ``wrappers`` (each type in exactly one row; a test holds
+    the guide's table to them)."""
     stored_names: dict[str, tuple[tuple[str, str], ...]] = {}
     """model type -> the renames, in order, from transformers' tensor names (the ones :meth:`links` gives)
     to the names its checkpoints store: ``(regex, replacement)`` pairs, transformers' ``WeightRenaming``

@@ -10,6 +10,8 @@ import contextlib
 import functools
 import fnmatch
 import math
+import sys
+import types
 from typing import Iterator
 
 import torch
@@ -683,10 +685,16 @@ def parameters_on_meta() -> Iterator[None]:
 @contextlib.contextmanager
 def meta_values_skipped() -> Iterator[None]:
     """Inside, a meta tensor's in-place value methods (``normal_``, ``uniform_``, ``fill_``, ``copy_``, ...)
-    return it unchanged: a meta tensor holds no values, and torch runs each such call through its Python
-    reference implementation, whose first call imports torch's compiler (2-4 s of a ``load``, ``run`` or
-    size check that compiles nothing). Other tensors' methods are untouched. It patches those
-    ``torch.Tensor`` methods for its duration: one thread at a time."""
+    return it unchanged (a meta tensor holds no values), and the meta arithmetic of initialisers
+    (``1 - a``, ``arange``, ``randn(...) / s``) runs without importing torch's compiler.
+
+    Why: torch computes many ops on meta tensors with its Python reference kernels, each wrapped to be
+    skipped by Dynamo, and the wrapper imports ``torch._dynamo`` on its first call (2-4 s of a ``load``,
+    ``run`` or size check that compiles nothing) to ask it for the skipped version, which it caches on the
+    kernel. Outside a compilation that version is the kernel itself, so while ``torch._dynamo`` is not
+    imported yet, :class:`_DynamoStandIn` answers instead, and its answers are taken back on exit (a later
+    compilation then wraps those kernels as torch does). Other tensors' methods are untouched. It patches
+    ``torch.Tensor`` methods and ``sys.modules`` for its duration: one thread at a time, nothing compiling."""
     def skipped_on_meta(method):
         @functools.wraps(method)
         def in_place(self, *args, **kwargs):
@@ -696,11 +704,39 @@ def meta_values_skipped() -> Iterator[None]:
     methods = {name: getattr(torch.Tensor, name) for name in _IN_PLACE_METHODS}
     for name, method in methods.items():
         setattr(torch.Tensor, name, skipped_on_meta(method))
+    stand_in = None if "torch._dynamo" in sys.modules else _DynamoStandIn()
+    if stand_in is not None:
+        sys.modules["torch._dynamo"] = stand_in
     try:
         yield
     finally:
+        if stand_in is not None:
+            stand_in.take_back()
         for name, method in methods.items():
             setattr(torch.Tensor, name, method)
+
+
+class _DynamoStandIn(types.ModuleType):
+    """``torch._dynamo`` as torch's reference kernels ask it while :func:`meta_values_skipped` holds: its
+    ``disable(fn)`` is ``fn`` (what Dynamo's is outside a compilation), noted so that :meth:`take_back`
+    removes what torch cached from it (``fn.__dynamo_disable``, torch/_compile.py) and the stand-in itself."""
+
+    def __init__(self):
+        super().__init__("torch._dynamo")
+        self.answered: list = []
+
+    def disable(self, fn, recursive=True, wrapping=True):
+        self.answered.append(fn)
+        return fn
+
+    def take_back(self) -> None:
+        for fn in self.answered:
+            if getattr(fn, "__dynamo_disable", None) is fn:
+                delattr(fn, "__dynamo_disable")
+        if sys.modules.get("torch._dynamo") is self:
+            del sys.modules["torch._dynamo"]
+        if torch.__dict__.get("_dynamo") is self:
+            del torch._dynamo
 
 
 _IN_PLACE_METHODS = tuple(name for name in dir(torch.Tensor) if name.endswith("_") and not name.startswith("_")

@@ -9,14 +9,18 @@ every spec in ``specs/``).
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from attnspec.spec.ir import Spec
 
-SCHEMA_MODELINE = "# yaml-language-server: $schema=https://attnspec.dev/schema/attnspec.schema.json"
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schema" / "attnspec.schema.json"
+"""The committed JSON Schema of specs, where attnspec runs from a checkout (``attnspec schema -o FILE`` writes
+it anywhere)."""
 _BARE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KEYWORDS = {"true", "false", "null", "layers", "block", "repeat"}
 _FREE_TEXT = {"name", "description", "extends"}
@@ -40,9 +44,18 @@ def _tidy(value: Any, minimal: bool) -> Any:
     return value
 
 
-def to_yaml(spec: Spec, minimal: bool = True, header: str | None = None) -> str:
-    """YAML text of ``spec`` with the schema modeline (and an optional comment header)."""
-    lines = [SCHEMA_MODELINE]
+def schema_modeline(folder: Path | str) -> list[str]:
+    """The YAML language server's modeline for a spec written in ``folder``: the checkout's schema by its path
+    relative to ``folder``, as the shipped specs name it; none where attnspec is installed without one."""
+    if not SCHEMA_FILE.is_file():
+        return []
+    return [f"# yaml-language-server: $schema={Path(os.path.relpath(SCHEMA_FILE, Path(folder).resolve())).as_posix()}"]
+
+
+def to_yaml(spec: Spec, minimal: bool = True, header: str | None = None, folder: Path | str | None = None) -> str:
+    """YAML text of ``spec``, with an optional comment header; written into ``folder``, it starts with
+    :func:`schema_modeline` (editors then complete and check it)."""
+    lines = [] if folder is None else schema_modeline(folder)
     if header:
         lines += [f"# {line}".rstrip() for line in header.splitlines()]
     body = yaml.safe_dump(spec_to_data(spec, minimal), sort_keys=False, default_flow_style=False, width=100)

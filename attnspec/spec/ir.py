@@ -201,7 +201,7 @@ class LmHead(Node):
     """Multiplier on the logits. Unset: 1 / d_model for a tied head (muP's output multiplier), 1 for
     an untied one. A tied head reads the token embedding, N(0, 1) by default (`init.embedding_std`),
     so without it the first logits have std ~sqrt(d_model) and the first loss is ~60 at d_model 128
-    rather than ln(vocab) (README "Initialisation"); `scale: 1` is the behaviour before this field."""
+    rather than ln(vocab) (docs/training.md, "Initialisation"); `scale: 1` is the behaviour before this field."""
 
     softcap: Annotated[float, Field(gt=0, le=1e4)] | None = None
     """Cap the logits smoothly, cap * tanh(logits / cap), after `scale` (Gemma 2's
@@ -290,7 +290,7 @@ class Spec(Node):
     final_norm: Norm = Field(default_factory=lambda: LayerNormNode(kind="layernorm"))
     head: Head = Field(default_factory=lambda: LmHead(kind="lm"))
     init: Init = Field(default_factory=Init)
-    """The initial weights' distributions (README "Initialisation")."""
+    """The initial weights' distributions (docs/training.md, "Initialisation")."""
 
 
 MODELS = [LinearLowRank, LinearMixer, SoftmaxMixer, ScatterbrainMixer, DeltaMixer, MlaMixer, MambaMixer,

@@ -4,7 +4,7 @@ Specs are often written by someone else (a colleague's ablation, a paper's relea
 they say may make attnspec run unbounded: a YAML alias bomb, `repeat: 1000000000`, a 10,000-digit
 number or a 1 GB file are refused at parse or validation time with a located error that names the
 limit. The IR (:mod:`attnspec.spec.ir`) reads the model limits from here, the front-ends the text
-limits; the README's "Limits" table lists them. The values are far above any model these tools are
+limits; docs/trust.md's "Limits" table lists them. The values are far above any model these tools are
 for (a 2-core CPU to a single GPU) and far below what would exhaust memory before an error.
 """
 
@@ -107,4 +107,4 @@ TABLE: list[tuple[str, str, int]] = [
     ("parameters of a model", "", MAX_PARAMETERS),
     ("decoding state of one generation (every row, at capacity)", "bytes", MAX_DECODE_STATE_BYTES),
 ]
-"""(what, unit, limit) rows for the README's table and the generated reference."""
+"""(what, unit, limit) rows for docs/trust.md's table and the generated reference."""

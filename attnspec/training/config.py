@@ -27,8 +27,8 @@ MAX_TEST_EXAMPLES = 1 << 20
 COMPILE_AUTO_REASON = (
     "Training steps run eager on the CPU (train config `compile: auto`) and compiled on CUDA: on the 2-core CPU, "
     "compiled steps of the shipped linear specs measured 0.96-1.27x eager at L = 512, because matrix products, "
-    "which compiling does not speed up, are 34-75% of a step, and compiling took 10-36 s (README, Benchmarks). "
-    "`--compile on` compiles anyway.")
+    "which compiling does not speed up, are 34-75% of a step, and compiling took 10-36 s (docs/benchmarks.md). "
+    "`--compile` (config `compile: on`) compiles anyway.")
 """Why `compile: auto` trains eagerly on the CPU (``explain`` says so under its plan)."""
 
 

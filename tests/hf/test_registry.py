@@ -1,4 +1,4 @@
-"""The one registry of model types: complete, consistent, light, and what the README and help show."""
+"""The one registry of model types: complete, consistent, light, and what the guide and help show."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from attnspec.interop.registry import (_families, architectures, export_order, i
 from tests.conftest import ROOT
 
 
-def test_the_readme_table_of_types_is_generated_from_the_registry():
-    readme = (ROOT / "README.md").read_text()
-    assert rewrite_table(readme) == readme, "run `python -m attnspec.interop.registry README.md`"
-    assert types_table() in readme
+def test_the_guides_table_of_types_is_generated_from_the_registry():
+    guide = (ROOT / "docs" / "huggingface.md").read_text()
+    assert rewrite_table(guide) == guide, "run `python -m attnspec.interop.registry docs/huggingface.md`"
+    assert types_table() in guide
 
 
 def test_every_type_has_one_row_one_class_and_one_place_in_the_export_order():
     rows = [t for family in _families() for row in family.rows for t in row.types]
-    assert sorted(rows) == imported_types(), "each type (and multimodal release) in exactly one README row"
+    assert sorted(rows) == imported_types(), "each type (and multimodal release) in exactly one row"
     assert sorted(export_order()) == sorted(architectures()), "export-hf tries every native type once"
     for model_type, family in architectures().items():
         assert family.causal_lm.get(model_type, "").endswith(("ForCausalLM", "LMHeadModel")), model_type

@@ -54,3 +54,18 @@ def test_override_expands_shorthand_and_budget_derivation():
     assert (mixer.lowrank.num_features, mixer.sparse.capacity) == (32, 48)
     tweaked = load_spec(SPECS[0].parent / "gateloop.yaml", ["layers[0].layers[0].mixer.transition.magnitude=stable_exp"])
     assert tweaked.layers[0].layers[0].mixer.transition.magnitude == "stable_exp"
+
+
+def test_an_emitted_spec_names_the_schema_as_the_shipped_specs_do(tmp_path):
+    """``fmt --to yaml`` and ``import-hf --spec`` write a modeline whose path, relative to the written file's
+    folder, reaches the committed schema (not a URL that does not resolve); a build's record has none."""
+    from attnspec.spec import load_spec
+    from attnspec.spec.emit import SCHEMA_FILE, to_yaml
+
+    spec = load_spec(SPECS[0], ())
+    for folder in (SPECS[0].parent, tmp_path):
+        first = to_yaml(spec, folder=folder).splitlines()[0]
+        relative = first.removeprefix("# yaml-language-server: $schema=")
+        assert relative != first and (folder / relative).resolve() == SCHEMA_FILE.resolve()
+    assert to_yaml(spec, folder=SPECS[0].parent).splitlines()[0] == SPECS[0].read_text().splitlines()[0]
+    assert not to_yaml(spec).startswith("#")

@@ -41,10 +41,10 @@ def test_schema_rejects_unknown_keys():
     assert list(validator.iter_errors(spec))
 
 
-def test_readme_lists_every_limit():
+def test_the_trust_guide_lists_every_limit():
     from attnspec.spec import limits
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "trust.md").read_text()
     for what, unit, value in limits.TABLE:
         row = f"| {what} | {value:,}{' ' + unit if unit else ''} |"
-        assert row in readme, f"README's Limits table lacks {row!r} (attnspec/spec/limits.py)"
+        assert row in readme, f"docs/trust.md's Limits table lacks {row!r} (attnspec/spec/limits.py)"

@@ -28,6 +28,7 @@ from attnspec.compiler.load import check_plugins, load_weights, tokenizer_of
 from attnspec.compiler.device import device_calibration, resolve_device
 from attnspec.compiler.lower import lower
 from attnspec.compiler.sizes import check_model_size
+from attnspec.compiler.generation import checked_generation_config, write_generation_config
 from attnspec.compiler.manifest import FILE_NAMES, FORMAT, MANIFEST, sha256
 from attnspec.compiler.outdir import Scratch, check_output
 from attnspec.compiler.plan import plan_spec
@@ -80,7 +81,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                     compile_check: bool | str = True, force: bool = False, weights: Path | str | dict | None = None,
                     strict_weights: bool = False, calibrate: bool = True, device=None,
                     on_stage: StageCallback | None = None, tokenizer=None,
-                    programs: Iterable[str] = PROGRAMS) -> BuildResult:
+                    programs: Iterable[str] = PROGRAMS, generation: dict | None = None) -> BuildResult:
     """Build ``spec_path`` into the directory ``output``.
 
     Args:
@@ -123,6 +124,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             build (``tokenizer.json`` or ``tokenizer.tiktoken``, its identity in the manifest) so ``attnspec
             run`` and ``eval`` take text and ``export-hf`` carries it; a run directory's own is carried by
             default. Its vocabulary must fit the spec's.
+        generation: a released model's decoding defaults, written as ``generation_config.json``
+            (:mod:`attnspec.compiler.generation`: checked fields only; ``import-hf`` carries a checkpoint's).
 
     Raises:
         SpecError: the spec is invalid (nothing is written). BuildError: a stage failed, or the output
@@ -198,6 +201,9 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                         raise BuildError(f"the tokenizer {tokenizer.path} has {tokenizer.vocab_size:,} ids; the spec's "
                                          f"vocabulary {getattr(spec.input, 'vocab_size', 0):,} must hold them")
                     tokenizer_identity = save_tokenizer(tokenizer, scratch.path)
+                if generation:
+                    write_generation_config(scratch.path, checked_generation_config(
+                        generation, getattr(spec.input, "vocab_size", 0), "the generation config"))
                 model.to(device)
             with stage("verify", seconds):
                 problem = non_finite_problem(model)

@@ -21,7 +21,7 @@ from torch import nn
 
 from attnspec.compiler.device import resolve_device
 from attnspec.compiler.sizes import check_model_size
-from attnspec.compiler.manifest import Manifest, parse_manifest, read_manifest
+from attnspec.compiler.manifest import Manifest, parse_manifest, read_manifest, sha256
 from attnspec.errors import AttnSpecError, BuildError, RunError, shorten
 from attnspec.io import all_finite, map_safetensors
 from attnspec.nn.model import Model, build_model_from_spec
@@ -243,6 +243,26 @@ def tokenizer_of(directory: Path | str):
         recorded = parse_manifest(directory).tokenizer
         identity = None if recorded is None else recorded.model_dump(exclude_none=True)
     return None if identity is None else tokenizer_in(directory, identity)
+
+
+def generation_of(directory: Path | str) -> dict | None:
+    """The decoding defaults a build directory carries (``generation_config.json``, checked against the size and
+    SHA-256 its manifest records, then field by field: :mod:`attnspec.compiler.generation`); None where its
+    manifest lists none. Raises BuildError where the file is not the recorded one or not a valid config."""
+    from attnspec.compiler.generation import GENERATION_FILE, read_generation_config
+
+    directory = Path(directory)
+    manifest = parse_manifest(directory)
+    entry = manifest.files.get(GENERATION_FILE)
+    if entry is None:
+        return None
+    path = directory / GENERATION_FILE
+    if not path.is_file() or path.is_symlink() or path.stat().st_size != entry.bytes or sha256(path) != entry.sha256:
+        raise BuildError(f"{path}: not the file the manifest records (size and SHA-256); rebuild the directory")
+    try:
+        return read_generation_config(path, manifest.vocab_size or 0)
+    except RunError as error:
+        raise BuildError(str(error)) from None
 
 
 def load_model(directory: Path | str, manifest: Manifest | None = None, device=None,

@@ -27,7 +27,7 @@ MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
 REQUIRED_FILES = ("spec.yaml", "model.safetensors")
 OPTIONAL_FILES = ("model.pt2", "step.pt2", "prefill.pt2", "model.aoti.pt2", "step.aoti.pt2", "prefill.aoti.pt2",
-                  "tokenizer.json", "tokenizer.tiktoken")
+                  "tokenizer.json", "tokenizer.tiktoken", "generation_config.json")
 FILE_NAMES = REQUIRED_FILES + OPTIONAL_FILES
 """Every file a build may write besides the manifest: plain names, so nothing outside the directory
 can be named."""

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import torch
 
+from attnspec.compiler.generation import (GENERATION_FILE, checked_generation_config, read_generation_config,
+                                          write_generation_config)
 from attnspec.compiler.manifest import sha256
 from attnspec.compiler.outdir import OutputKind, Scratch, check_output
-from attnspec.errors import AttnSpecError, InteropError, SpecError, shorten
+from attnspec.errors import AttnSpecError, InteropError, RunError, SpecError, shorten
 from attnspec.interop.config import NotExpressible
 from attnspec.interop.refused import refusal
 from attnspec.interop.registry import architectures, export_order, wrappers
@@ -227,9 +229,16 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
     except TokenizerError as error:
         raise InteropError(f"{checkpoint}: its tokenizer cannot be carried ({error}); move tokenizer.json away to "
                            "import the weights alone") from None
+    generation = None  # and the release's decoding defaults (its checked fields)
+    if (Path(checkpoint) / GENERATION_FILE).exists():
+        try:
+            generation = read_generation_config(Path(checkpoint) / GENERATION_FILE, spec.input.vocab_size,
+                                                follow_links=True)
+        except RunError as error:
+            raise InteropError(f"{error}; move {GENERATION_FILE} away to import the weights without it") from None
     result = build_directory(data, output, weights=lambda path: write_converted(spec, checkpoint, model_type, path),
                            compile_check=compile_check, force=force, programs=programs,
-                           calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer)
+                           calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer, generation=generation)
     if check:
         from attnspec.compiler.load import load_model
         from attnspec.interop.check import ImportCheck, check_import
@@ -352,7 +361,7 @@ def _export_problem(output: Path) -> str | None:
     return None
 
 
-EXPORT_FILES = frozenset({CONFIG, WEIGHTS, TOKENIZER_CONFIG, EXPORT_MARKER, *TOKENIZER_FILES.values()})
+EXPORT_FILES = frozenset({CONFIG, WEIGHTS, TOKENIZER_CONFIG, EXPORT_MARKER, GENERATION_FILE, *TOKENIZER_FILES.values()})
 EXPORT = OutputKind("transformers directory", EXPORT_FILES, _export_problem)
 
 
@@ -370,14 +379,16 @@ def export_hf(directory: Path | str, output: Path | str, *, model_type: str | No
     Returns:
         (the output directory, the model type written).
     """
-    from attnspec.compiler.load import tokenizer_of
+    from attnspec.compiler.load import generation_of, tokenizer_of
+    from attnspec.io import RUN_FILE
     from attnspec.training.rundir import load_trained
 
     directory, output = Path(directory), Path(output)
     check_output(output, force, EXPORT)
     _check_model_type(model_type)
+    generation = None if (directory / RUN_FILE).is_file() else generation_of(directory)
     return export_model_hf(load_trained(directory), output, model_type=model_type, force=force, source=str(directory),
-                           tokenizer=tokenizer_of(directory))
+                           tokenizer=tokenizer_of(directory), generation=generation)
 
 
 def _check_model_type(model_type: str | None) -> None:
@@ -387,11 +398,13 @@ def _check_model_type(model_type: str | None) -> None:
 
 
 def export_model_hf(model, output: Path | str, *, model_type: str | None = None, force: bool = False,
-                    source: str = "the model", tokenizer=None) -> tuple[Path, str]:
+                    source: str = "the model", tokenizer=None, generation: dict | None = None) -> tuple[Path, str]:
     """An attnspec model (built, loaded or trained in Python) as a transformers directory: what
     :func:`export_hf` writes for a build directory; ``source`` names the model in errors; ``tokenizer``
     (:class:`attnspec.tokenizer.Tokenizer`) is written beside the weights, with the
-    ``tokenizer_config.json`` ``AutoTokenizer`` reads (and the config's ``eos_token_id``)."""
+    ``tokenizer_config.json`` ``AutoTokenizer`` reads (and the config's ``eos_token_id``); ``generation``
+    (checked fields of a release's decoding defaults, :mod:`attnspec.compiler.generation`) as its
+    ``generation_config.json``, which transformers' ``generate`` follows."""
     output = Path(output)
     check_output(output, force, EXPORT)
     _check_model_type(model_type)
@@ -426,6 +439,9 @@ def export_model_hf(model, output: Path | str, *, model_type: str | None = None,
         write_checkpoint(scratch.path, config, tensors)
         if tokenizer is not None:
             save_tokenizer(tokenizer, scratch.path, max_len=spec.max_len)
+        if generation:
+            write_generation_config(scratch.path, checked_generation_config(generation, spec.input.vocab_size,
+                                                                            "the generation config"))
         _write_marker(scratch.path)
         scratch.publish(force)
     return output, model_type

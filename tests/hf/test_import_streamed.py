@@ -123,3 +123,38 @@ def test_all_finite_checks_every_chunk(monkeypatch, where):
             poisoned = tensor.clone()
             poisoned[where] = bad
             assert not io.all_finite(poisoned) and not io.all_finite(poisoned.view(1, 23).T)
+
+
+def test_a_releases_generation_config_travels_through_import_and_export(bfloat16_llama, tmp_path):
+    """import-hf carries the checked fields of the checkpoint's generation_config.json (hashed in the manifest),
+    export-hf writes them back, and transformers' generate reads them for the exported model; a field that is not
+    what transformers writes there is a located error and nothing is written; a changed file is refused."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from attnspec.compiler.generation import GENERATION_FILE
+    from attnspec.interop.convert import export_hf
+
+    _, original = bfloat16_llama
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(original, checkpoint)
+    release = {"bos_token_id": 1, "eos_token_id": [2, 7], "do_sample": True, "temperature": 0.6, "top_p": 0.9,
+               "transformers_version": "5.24.0", "custom_generate": "someone/else"}
+    (checkpoint / GENERATION_FILE).write_text(json.dumps(release))
+    import_hf(checkpoint, tmp_path / "build", compile_check=False, calibrate=False, check=False)
+    manifest = json.loads((tmp_path / "build" / "manifest.json").read_text())
+    assert GENERATION_FILE in manifest["files"]
+    carried = {key: value for key, value in release.items() if key not in ("transformers_version", "custom_generate")}
+    assert json.loads((tmp_path / "build" / GENERATION_FILE).read_text()) == carried
+    export_hf(tmp_path / "build", tmp_path / "hf")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").generation_config
+    assert (loaded.eos_token_id, loaded.do_sample, loaded.temperature, loaded.top_p) == ([2, 7], True, 0.6, 0.9)
+    (tmp_path / "build" / GENERATION_FILE).write_text(json.dumps({**carried, "temperature": 2.0}))
+    refused = attnspec_cli("export-hf", str(tmp_path / "build"), "-o", str(tmp_path / "hf2"))
+    assert refused.returncode == 2 and GENERATION_FILE in refused.stderr and not (tmp_path / "hf2").exists()
+    for field, value in (("eos_token_id", CONFIG["vocab_size"]), ("temperature", "hot"), ("top_p", 1.5)):
+        (checkpoint / GENERATION_FILE).write_text(json.dumps({**release, field: value}))
+        refused = attnspec_cli("import-hf", str(checkpoint), "-o", str(tmp_path / "no"), "--no-compile", "--no-check")
+        assert refused.returncode == 2 and f"{GENERATION_FILE}: {field}" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr and not (tmp_path / "no").exists()

@@ -233,3 +233,6 @@ def test_a_build_reports_each_stage_as_it_goes_when_its_output_is_a_pipe(tmp_pat
     assert first.strip() == "parse..." and still_running
     lines = [first.strip(), *rest.splitlines()]
     assert "compile..." in lines and any(line.startswith("verify (") for line in lines)
+    assert "traced by Dynamo + AOTAutograd, without Inductor" in rest  # the default level; --inductor deepens it
+    refused = attnspec("build", str(SPECS[0]), "-o", str(tmp_path / "no"), "--no-compile", "--inductor")
+    assert refused.returncode == 2 and "--no-compile" in refused.stderr and not (tmp_path / "no").exists()

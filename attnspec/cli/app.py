@@ -44,6 +44,16 @@ SetOption = typer.Option(
 NoCalibrateOption = typer.Option(False, "--no-calibrate", help="Plan from the calibration cache and the cost model "
                                  "only; do not measure missing modes.")
 NoCompileOption = typer.Option(False, "--no-compile", help="Skip the torch.compile check.")
+InductorOption = typer.Option(False, "--inductor", help="Run the compile check through Inductor's generated code "
+                              "(15-30 s more on 2 cores). By default the check traces each distinct block whole "
+                              "with Dynamo and AOTAutograd (fullgraph) and runs that graph against eager.")
+
+
+def compile_level(no_compile: bool, inductor: bool) -> bool | str:
+    """The compile check a command's ``--no-compile`` and ``--inductor`` ask for."""
+    if no_compile and inductor:
+        raise AttnSpecError("--no-compile skips the compile check that --inductor deepens: give one of them")
+    return False if no_compile else "inductor" if inductor else "trace"
 
 
 def programs_option(default: str) -> typer.Option:
@@ -236,6 +246,7 @@ def build(
     programs: str = programs_option("all"),
     no_calibrate: bool = NoCalibrateOption,
     no_compile: bool = NoCompileOption,
+    inductor: bool = InductorOption,
     force: bool = ForceOption,
     device: str = typer.Option("cpu", "--device", help="Build for this device: cpu, cuda or cuda:N. The exported "
                                                        "programs run on it; spec.yaml and the weights load anywhere."),
@@ -254,7 +265,8 @@ def build(
 
     wanted = check_programs(programs.split(","))
     with stage_progress() as on_stage:
-        result = build_directory(file, output, overrides=overrides or (), aot=aot, compile_check=not no_compile,
+        result = build_directory(file, output, overrides=overrides or (), aot=aot,
+                                 compile_check=compile_level(no_compile, inductor),
                                  force=force, weights=weights, strict_weights=strict_weights,
                                  calibrate=not no_calibrate, device=device, on_stage=on_stage, tokenizer=tokenizer,
                                  programs=wanted)
@@ -296,9 +308,7 @@ def import_hf(
                                   "and whether 8 greedy tokens agree are printed)."),
     no_calibrate: bool = NoCalibrateOption,
     no_compile: bool = NoCompileOption,
-    inductor: bool = typer.Option(False, "--inductor", help="Run the compile check through Inductor's generated code, "
-                                  "as build and export do (15-30 s more on 2 cores). By default an import's check "
-                                  "traces each distinct block whole with Dynamo and AOTAutograd and runs that graph."),
+    inductor: bool = InductorOption,
     force: bool = ForceOption,
 ) -> None:
     """Import a transformers model as a build directory.
@@ -322,7 +332,7 @@ def import_hf(
     if spec_file is not None and not spec_file.parent.is_dir():  # checked before the import's minutes of work
         raise AttnSpecError(f"--spec {spec_file}: the folder {spec_file.parent} does not exist; create it first")
     with stage_progress() as on_stage:
-        level = False if no_compile else "inductor" if inductor else "trace"
+        level = compile_level(no_compile, inductor)
         result = run_import(checkpoint, output, max_len=max_len, force=force, calibrate=not no_calibrate,
                             compile_check=level, on_stage=on_stage, dtype=dtype,
                             programs=check_programs(programs.split(",")), check=not no_check)
@@ -344,6 +354,7 @@ def export_programs(
                                           "of replacing DIRECTORY (with --force, replace that build directory)."),
     aot: bool = typer.Option(False, "--aot", help="Also write AOTInductor packages (minutes more on 2 cores)."),
     no_compile: bool = NoCompileOption,
+    inductor: bool = InductorOption,
     force: bool = ForceOption,
 ) -> None:
     """Write a build directory's exported programs (model.pt2, prefill.pt2, step.pt2).
@@ -357,7 +368,8 @@ def export_programs(
 
     wanted = check_programs(programs.split(","))
     with stage_progress() as on_stage:
-        result = export_directory(directory, wanted, output, aot=aot, compile_check=not no_compile, force=force,
+        result = export_directory(directory, wanted, output, aot=aot, compile_check=compile_level(no_compile, inductor),
+                                  force=force,
                                   on_stage=on_stage)
     print_build_summary(result.directory, result.manifest)
 

@@ -78,7 +78,7 @@ StageCallback = Callable[[str, "float | None"], None]
 
 
 def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrides=(), aot: bool = False,
-                    compile_check: bool | str = True, force: bool = False, weights: Path | str | dict | None = None,
+                    compile_check: bool | str = "trace", force: bool = False, weights: Path | str | dict | None = None,
                     strict_weights: bool = False, calibrate: bool = True, device=None,
                     on_stage: StageCallback | None = None, tokenizer=None,
                     programs: Iterable[str] = PROGRAMS, generation: dict | None = None) -> BuildResult:
@@ -96,9 +96,10 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             alone. ``attnspec build`` writes all three; ``import-hf`` none unless asked (``--programs``).
         aot: also write AOTInductor packages ``model.aoti.pt2`` (and ``step.aoti.pt2``): compiled native
             programs, minutes of C++ compilation on a small CPU, so not built by default.
-        compile_check: compile with ``torch.compile`` and compare with eager: True or ``"inductor"``, with
-            Inductor's generated code; ``"trace"``, Dynamo and AOTAutograd's graph without Inductor's code
-            generation (an import's default: :data:`~attnspec.compiler.compile.CHECK_BACKENDS`); False skips
+        compile_check: compile with ``torch.compile(fullgraph=True)`` and compare with eager: ``"trace"`` (the
+            default), Dynamo and AOTAutograd's graph, run without Inductor's code generation; ``"inductor"``
+            (or True, ``--inductor``), with Inductor's generated code, 15-30 s more of C++ compilation on a
+            2-core CPU whatever the model's size (:data:`~attnspec.compiler.compile.CHECK_BACKENDS`); False skips
             it (``--no-compile``). A check that passed on this machine for the same structure at that level
             or deeper is reused (manifest ``compile.reused``).
         force: replace an existing build directory (never any other directory).
@@ -234,7 +235,7 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
 
 
 def export_directory(directory: Path | str, programs: Iterable[str] = PROGRAMS, output: Path | str | None = None, *,
-                     aot: bool = False, compile_check: bool = True, force: bool = False,
+                     aot: bool = False, compile_check: bool | str = "trace", force: bool = False,
                      on_stage: StageCallback | None = None) -> BuildResult:
     """``attnspec export``: a build directory with the exported programs it lacks (an import writes none).
 
@@ -270,8 +271,8 @@ def _from_run(directory: Path, weights) -> tuple[dict, Path]:
     return record["spec"], weights
 
 
-def save_model(model, directory: Path | str, *, force: bool = False, aot: bool = False, compile_check: bool = True,
-               on_stage: StageCallback | None = None) -> BuildResult:
+def save_model(model, directory: Path | str, *, force: bool = False, aot: bool = False,
+               compile_check: bool | str = "trace", on_stage: StageCallback | None = None) -> BuildResult:
     """Write ``model`` (an attnspec model, trained or not) as a build directory: its spec with its
     current weights, verified, compiled and exported exactly like ``attnspec build``, on the model's
     device.

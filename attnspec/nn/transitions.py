@@ -17,9 +17,11 @@ from attnspec.ops.linear import Decay
 
 
 def spread(bounds: list[float], count: int) -> Tensor:
-    """``count`` values from lo to hi, evenly spaced (float64): channel c gets lo + (hi - lo) c / (count - 1)."""
+    """``count`` values from lo to hi, evenly spaced (float64): channel c gets lo + (hi - lo) c / (count - 1).
+    On the CPU whatever the default device (they initialise biases, copied where the module lives): a meta
+    ``linspace`` imports torch's symbolic-shape machinery (0.5 s of a size check)."""
     lo, hi = bounds
-    return torch.linspace(lo, hi, count, dtype=torch.float64)
+    return torch.linspace(lo, hi, count, dtype=torch.float64, device="cpu")
 
 
 class Transition(nn.Module):

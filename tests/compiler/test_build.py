@@ -27,6 +27,7 @@ def test_every_spec_builds_compiles_verifies_and_exports_in_one_process(built_sp
     for name, result in built_specs.items():
         manifest = result.manifest
         assert manifest["compile"] is not None and manifest["compile"]["lengths"], name
+        assert manifest["compile"]["backend"] == "inductor", name  # the fixture asks for Inductor's code
         assert manifest["verification"]["ok"], name
         assert manifest["export"]["model.pt2"]["max_abs_diff_vs_eager"] < 1e-4, name
         files = set(os.listdir(result.directory))

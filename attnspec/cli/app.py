@@ -27,7 +27,7 @@ from attnspec.errors import AttnSpecError, RunInterrupted, SpecError, check_whol
 
 app = typer.Typer(
     name="attnspec",
-    help="Declarative sequence-mixer models: check, plan, build, verify, run, train, ablate and diagnose specs.",
+    help="Declarative sequence-mixer models: check, explain, build, verify and run specs; import and export transformers models; train, evaluate, ablate and diagnose.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -72,7 +72,7 @@ def _options(
              "build directory names plugins under `plugins:`, but attnspec imports only the modules you allow "
              "here or install as entry points: importing a module runs its code."),
 ) -> None:
-    """Declarative sequence-mixer models: check, plan, build, verify, run, train, ablate and diagnose specs."""
+    """Declarative sequence-mixer models: check, explain, build, verify and run specs; import and export transformers models; train, evaluate, ablate and diagnose."""
     if plugins:
         from attnspec.spec.components import allow_plugins
 

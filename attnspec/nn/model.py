@@ -216,6 +216,8 @@ class Model(nn.Module):
         self.head_scale = (head.scale or head.default_scale(d, spec.version)) if head.kind == "lm" else 1.0
         self.softcap = head.softcap if head.kind == "lm" else None
         self.embedding_scale = spec.input.scale if self.token_input else 1.0
+        input_norm = spec.input.norm if self.token_input else None
+        self.embed_norm = None if input_norm is None or input_norm.is_identity else build("norm", input_norm, dim=d)
         self._state_layout: list[int] | None = None
         self._capacity_axes: list[int | None] | None = None
         initialise(self, spec.init)
@@ -346,9 +348,10 @@ class Model(nn.Module):
                              "set `takes_documents`); give one sequence per row")
 
     def _embedded(self, inputs: Tensor) -> Tensor:
-        """Token embeddings times the input's ``scale`` (feature inputs: their projection)."""
+        """Token embeddings times the input's ``scale``, through its ``norm`` (feature inputs: their projection)."""
         x = self.embed(inputs)
-        return x if self.embedding_scale == 1.0 else x * self.embedding_scale
+        x = x if self.embedding_scale == 1.0 else x * self.embedding_scale
+        return x if self.embed_norm is None else self.embed_norm(x)
 
     def _head(self, x: Tensor) -> Tensor:
         if self.head_kind == "lm":

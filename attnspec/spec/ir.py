@@ -179,6 +179,9 @@ class TokenInput(Node):
     vocab_size: Count(limits.MAX_VOCAB)
     scale: Annotated[float, Field(gt=0, le=1e4)] = 1.0
     """Multiplier on the token embeddings (Gemma: sqrt(d_model); Granite: `embedding_multiplier`)."""
+    norm: Norm = Field(default_factory=lambda: NoNorm(kind="none"))
+    """A norm of the (scaled) token embeddings before the first block and any learned or sinusoidal position
+    (BLOOM's `word_embeddings_layernorm`)."""
 
 
 class FeatureInput(Node):

@@ -230,3 +230,12 @@ def test_the_readmes_links_reach_files_of_the_repository():
     assert links, "the README links its guides"
     missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
     assert not missing, missing
+
+
+def test_the_readme_counts_the_imported_types_as_the_registry_does():
+    from attnspec.interop.refused import CAUSAL_LM_TYPES, TRANSFORMERS_VERSION
+    from attnspec.interop.registry import imported_types
+
+    imported = sum(model_type in set(imported_types()) for model_type in CAUSAL_LM_TYPES)
+    claim = f"{imported} of the {len(CAUSAL_LM_TYPES)} causal-LM types of transformers {TRANSFORMERS_VERSION}"
+    assert claim in " ".join((ROOT / "README.md").read_text().split()), claim

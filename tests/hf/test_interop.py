@@ -977,6 +977,25 @@ def test_mpt_computes_transformers_logits_decodes_alike_and_exports_as_itself(tm
             spec_from_checkpoint(tmp_path / "checkpoint")
 
 
+@pytest.mark.parametrize("post", [False, True])
+def test_bloom_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, post):
+    """BLOOM: an embedding LayerNorm (``input.norm``), ALiBi attention with biases and per-head packed q/k/v, a
+    4x tanh-GeLU MLP; ``apply_residual_connection_post_layernorm`` as ``normed_residual``. A head count that is
+    not a power of two is refused by its field."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    config = BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, layer_norm_epsilon=0.01,
+                         apply_residual_connection_post_layernorm=post)
+    spec = _holds_to(_perturbed(lambda: BloomForCausalLM(config)), tmp_path / "checkpoint", "bloom")
+    block = spec_blocks(spec)[0]
+    assert (block.mixer.position.kind, spec.input.norm.kind, block.mlp.activation) == ("alibi", "layernorm", "gelu_tanh")
+    assert block.norm_placement == ("normed_residual" if post else "pre")
+    fields = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**fields, "n_head": 3, "hidden_size": 6}))
+    with pytest.raises(InteropError, match="n_head"):
+        spec_from_checkpoint(tmp_path / "checkpoint")
+
+
 @pytest.mark.parametrize("parallel", [True, False])
 def test_gpt_neox_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, parallel):
     """GPT-NeoX (Pythia): per-head packed q/k/v, RoPE on a quarter of each head, biased LayerNorms of their own

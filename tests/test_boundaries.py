@@ -206,6 +206,19 @@ def test_the_run_path_imports_no_compiler(tmp_path):
     assert "attnspec.compiler.sizes" in modules and "torch._dynamo" not in modules
 
 
+def test_the_compiler_stand_in_gives_way_to_the_real_one():
+    """Inside ``meta_values_skipped`` anything of ``torch._dynamo`` but ``disable`` imports the real module; after it,
+    ``torch.compile`` traces torch's reference kernels as torch does (their cached answers taken back)."""
+    code = ("import sys, torch\nfrom attnspec.nn.model import meta_values_skipped\n"
+            "with torch.device('meta'), meta_values_skipped():\n    1 - torch.empty(3)\n"
+            "assert 'torch._dynamo' not in sys.modules\n"
+            "with torch.device('meta'), meta_values_skipped():\n    import torch._dynamo\n    torch._dynamo.config\n"
+            "assert type(sys.modules['torch._dynamo']).__name__ == 'module'\n"
+            "assert torch.compile(lambda x: 1 - x, fullgraph=True)(torch.ones(2)).tolist() == [0.0, 0.0]\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_the_compiler_does_not_draw():
     for path in (ROOT / "attnspec" / "compiler").glob("*.py"):
         text = path.read_text()

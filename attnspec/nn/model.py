@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import fnmatch
+import importlib
 import math
 import sys
 import types
@@ -731,6 +732,13 @@ class _DynamoStandIn(types.ModuleType):
     def disable(self, fn, recursive=True, wrapping=True):
         self.answered.append(fn)
         return fn
+
+    def __getattr__(self, name: str):
+        """Anything else of ``torch._dynamo`` asked inside: the real module, imported now (slower, never wrong)."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self.take_back()
+        return getattr(importlib.import_module("torch._dynamo"), name)
 
     def take_back(self) -> None:
         for fn in self.answered:

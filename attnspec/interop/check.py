@@ -46,6 +46,9 @@ class ImportCheck:
         if self.skipped is not None:
             return f"not checked against transformers: {self.skipped}"
         tokens = "agree" if self.agrees else f"differ from token {self.tokens_agree + 1}"
+        if not self.agrees and self.dtype in ("bfloat16", "float16"):  # each model rounds its own way there
+            tokens += (f" (in {self.dtype} both models round, and near-equal top logits can swap: "
+                       "`--dtype float32` compares them exactly)")
         return (f"checked against transformers ({self.dtype}, {PROMPT_TOKENS}-token prompt): largest logit difference "
                 f"{self.max_logit_diff:.2e} ({self.relative_logit_diff:.2%} of the largest logit); {self.new_tokens} "
                 f"greedy tokens {tokens}")

@@ -40,7 +40,7 @@ def test_import_keeps_the_checkpoint_dtype_and_writes_its_weights_once(bfloat16_
     result = import_hf(checkpoint, tmp_path / "build", compile_check=False, calibrate=False)
     build = tmp_path / "build"
     assert result.manifest["dtype"] == "bfloat16" and sorted(p.name for p in build.iterdir()) == \
-        ["manifest.json", "model.safetensors", "spec.yaml"]
+        ["generation_config.json", "manifest.json", "model.safetensors", "spec.yaml"]  # the release's decoding defaults
     with safe_open(str(build / "model.safetensors"), framework="pt") as handle:
         assert {handle.get_slice(name).get_dtype() for name in handle.keys()} == {"BF16"}
     checkpoint_bytes = (checkpoint / "model.safetensors").stat().st_size

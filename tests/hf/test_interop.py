@@ -1010,6 +1010,21 @@ def test_granitemoe_swa_computes_transformers_logits_decodes_alike_and_exports_a
     assert block.mlp.kind == "moe" and bool(block.mlp.shared) == bool(shared)
 
 
+def test_mellum_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Mellum: Qwen3's attention with windows and RoPE per layer type, experts or a dense GLU per layer."""
+    from transformers import MellumConfig, MellumForCausalLM
+
+    config = MellumConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                          sliding_window=3, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                          layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                          mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
+    spec = _holds_to(_perturbed(lambda: MellumForCausalLM(config)), tmp_path / "checkpoint", "mellum")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.window for b in blocks] == [3, None, 3, None] and [b.mlp.kind for b in blocks][:2] == ["glu", "moe"]
+    assert {b.mixer.position.base for b in blocks} == {10000.0, 500000.0}
+
+
 @pytest.mark.parametrize("post", [False, True])
 def test_bloom_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, post):
     """BLOOM: an embedding LayerNorm (``input.norm``), ALiBi attention with biases and per-head packed q/k/v, a

@@ -194,7 +194,7 @@ def resolve_variants(loaded: LoadedSweep) -> list[Variant]:
     check_run_count(loaded)  # before any grid point is resolved: a grid written too wide is refused at once
     sweep, smap = loaded.sweep, loaded.smap
     base, base_map = base_data(loaded)
-    base_flat = _flatten(_resolved_data(base, base_map))
+    base_flat, base_set = _resolved_data(base, base_map)
     axes = list(sweep.grid.items())
     variants, problems = [], []
     for name, overrides in sweep.variants.items():
@@ -208,13 +208,14 @@ def resolve_variants(loaded: LoadedSweep) -> list[Variant]:
                 for (path_text, values), value in zip(axes, point):
                     data = _patch(data, data_map, smap, ("grid", path_text, values.index(value)), value,
                                   path_text=path_text)
-                flat = _flatten(_resolved_data(data, data_map))
+                flat, variant_set = _resolved_data(data, data_map)
             except SpecError as error:
                 problems.extend(_prefixed(error, f"variant {label}"))
                 continue
             differences = [(path, base_flat.get(path, MISSING), flat.get(path, MISSING))
                            for path in sorted(set(base_flat) | set(flat), key=_path_order(flat, base_flat))
-                           if not _same(base_flat.get(path, MISSING), flat.get(path, MISSING))]
+                           if not _same(base_flat.get(path, MISSING), flat.get(path, MISSING))
+                           and not _default_beside_absent(path, base_flat, base_set, flat, variant_set)]
             variants.append(Variant(label, params, data, data_map, differences))
     if problems:
         raise SpecError(problems)
@@ -344,10 +345,27 @@ def _patch(data: dict, data_map: SourceMap, smap: SourceMap, where_path: tuple, 
     return set_path(data, data_map, text, value, where, value_map)
 
 
-def _resolved_data(data: dict, data_map: SourceMap) -> dict:
+def _resolved_data(data: dict, data_map: SourceMap) -> tuple[dict[str, Any], set[str]]:
+    """The resolved spec's leaves (path text -> value, :func:`_flatten`), and the paths of those set away from
+    their defaults."""
     from attnspec.spec import spec_to_data
 
-    return spec_to_data(validate_data(data, data_map), minimal=False)
+    spec = validate_data(data, data_map)
+    return _flatten(spec_to_data(spec, minimal=False)), set(_flatten(spec.model_dump(mode="json",
+                                                                                      exclude_defaults=True)))
+
+
+def _default_beside_absent(path: str, base: dict, base_set: set, variant: dict, variant_set: set) -> bool:
+    """A field one side's component lacks (another kind of mixer) and the other holds at its default
+    (``sinks: false`` of softmax attention beside a linear mixer): no difference a reader asked for. A
+    component's ``kind`` is always shown (what the other side's mixer is made of)."""
+    if path.endswith("kind"):
+        return False
+    if path not in base:
+        return path not in variant_set
+    if path not in variant:
+        return path not in base_set
+    return False
 
 
 def _same(base: Any, variant: Any) -> bool:

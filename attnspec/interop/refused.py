@@ -55,8 +55,6 @@ LACKS: dict[str, tuple[str, str]] = {
                                "them by the logits' sigmoid (attnspec's sigmoid router adds the bias to the sigmoid)"),
     "rwkv": ("model_type", "RWKV's WKV time mixing (token shift, a per-channel decay with a bonus for the current "
                            "token), which is no attnspec mixer yet"),
-    "granite_swa": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator)"),
-    "granitemoe_swa": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator)"),
     "hunyuan_v1_dense": ("model_type", "an RMSNorm of q and k applied after RoPE (attnspec's QK-norm comes before "
                                        "it, and a per-channel weight does not commute with the rotation)"),
     "hunyuan_v1_moe": ("model_type", "an RMSNorm of q and k applied after RoPE (attnspec's QK-norm comes before "
@@ -66,8 +64,7 @@ LACKS: dict[str, tuple[str, str]] = {
     "nanochat": ("model_type", "RoPE turning each pair the other way (its rotate_half is [x2, -x1]) and QK-norm "
                                "after it"),
     "persimmon": ("qk_layernorm", "LayerNorms with biases on each head's q and k (attnspec's QK-norm is an RMSNorm)"),
-    "gpt_oss": ("model_type", "attention sinks (a learned logit per head in the softmax's denominator) and "
-                              "clamped SwiGLU experts with biases"),
+    "gpt_oss": ("model_type", "clamped SwiGLU experts with biases (its attention sinks import: `sinks`)"),
     "gpt_neox_japanese": ("model_type", "attention and the MLP in parallel, with a bias added after the residual"),
     "diffllama": ("model_type", "differential attention (the difference of two softmax maps, weighted by a learned "
                                 "lambda)"),

@@ -126,6 +126,8 @@ def test_dry_run_validates_everything_and_lists_runs_and_differences(tmp_path: P
     text = result.stdout
     assert "4 runs (4 distinct)" in text and "variant softmax: the base spec" in text
     assert "mixer.kind: 'softmax' -> 'linear'" in text and "mixer.feature_map.kind: (absent) -> 'elu1'" in text
+    # a field only one kind has, at its default there (softmax's sinks, window, softcap), is no difference
+    assert "sinks" not in text and "window" not in text and "softcap" not in text
     assert "state size" in text and "FLOPs / run" in text and "4 run(s) to do" in text
     assert not (tmp_path / "runs").exists()
     bad = tmp_path / "bad.yaml"

@@ -977,6 +977,54 @@ def test_mpt_computes_transformers_logits_decodes_alike_and_exports_as_itself(tm
             spec_from_checkpoint(tmp_path / "checkpoint")
 
 
+@pytest.mark.parametrize("thetas", [None, [0.0, 5000.0, 10000.0, 0.0, 20000.0]])
+def test_granite_swa_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, thetas):
+    """Granite SWA: attention sinks in every layer (perturbed, so they matter), a window on the sliding layers
+    (three in four by default), each layer's RoPE base or none (``layer_rope_theta`` 0), Granite's multipliers."""
+    from transformers import GraniteSWAConfig, GraniteSWAForCausalLM
+
+    config = GraniteSWAConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=5,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=3,
+                              embedding_multiplier=2.0, attention_multiplier=0.3, residual_multiplier=0.7,
+                              logits_scaling=1.5, layer_rope_theta=thetas)
+    spec = _holds_to(_perturbed(lambda: GraniteSWAForCausalLM(config)), tmp_path / "checkpoint", "granite_swa")
+    mixers = [block.mixer for block in spec_blocks(spec)]
+    assert all(m.sinks for m in mixers) and [m.window for m in mixers] == [None, 3, 3, 3, None]
+    if thetas:
+        assert [m.position.kind for m in mixers] == ["none", "rope", "rope", "none", "rope"]
+
+
+@pytest.mark.parametrize("shared", [0, 40])
+def test_granitemoe_swa_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, shared):
+    """Granite MoE SWA: granite_swa's attention with granitemoe's experts, a shared MLP where its width is set."""
+    from transformers import GraniteMoeSWAConfig, GraniteMoeSWAForCausalLM
+
+    config = GraniteMoeSWAConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=24, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                 sliding_window=3, num_local_experts=4, num_experts_per_tok=2,
+                                 shared_intermediate_size=shared, residual_multiplier=0.7,
+                                 layer_rope_theta=[10000.0, 0.0, 5000.0, 10000.0])
+    spec = _holds_to(_perturbed(lambda: GraniteMoeSWAForCausalLM(config)), tmp_path / "checkpoint", "granitemoe_swa")
+    block = spec_blocks(spec)[1]
+    assert block.mixer.sinks and block.mixer.window == 3 and block.mixer.position.kind == "none"
+    assert block.mlp.kind == "moe" and bool(block.mlp.shared) == bool(shared)
+
+
+def test_mellum_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Mellum: Qwen3's attention with windows and RoPE per layer type, experts or a dense GLU per layer."""
+    from transformers import MellumConfig, MellumForCausalLM
+
+    config = MellumConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                          sliding_window=3, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                          layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                          mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
+    spec = _holds_to(_perturbed(lambda: MellumForCausalLM(config)), tmp_path / "checkpoint", "mellum")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.window for b in blocks] == [3, None, 3, None] and [b.mlp.kind for b in blocks][:2] == ["glu", "moe"]
+    assert {b.mixer.position.base for b in blocks} == {10000.0, 500000.0}
+
+
 @pytest.mark.parametrize("post", [False, True])
 def test_bloom_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, post):
     """BLOOM: an embedding LayerNorm (``input.norm``), ALiBi attention with biases and per-head packed q/k/v, a

@@ -97,6 +97,7 @@ def _attention(**mixer):
     {"window": 1}, {"window": 7, "position": "alibi"}, {"window": 100, "transition": {"kind": "data", "phase": "none",
                                                                                        "per": "head"}},
     {"window": 5, "conv": {"kind": "short", "width": 3}},
+    {"sinks": True}, {"sinks": True, "window": 7, "kv_heads": 2, "softcap": 2.0},
 ])
 def test_attention_parts_decode_exactly(mixer):
     torch.manual_seed(0)
@@ -493,6 +494,31 @@ def test_a_compiled_step_equals_the_eager_step_without_recompiling(name):
             expected, *eager_state = model.step(tokens[:, t], *eager_state)
             logits, *compiled_state = compiled(tokens[:, t], *compiled_state)
             assert (logits - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_attention_sinks_compile_into_the_step_and_keep_packed_documents_apart():
+    """Sinks (a learned logit per head, perturbed here) in a compiled step (the bucketed read takes them as a
+    cond operand) equal the eager step, and packed documents each compute as they would alone."""
+    from attnspec.ops.documents import from_ids
+
+    torch.manual_seed(0)
+    model = attnspec.build(_attention(sinks=True, window=7, kv_heads=2)).eval()
+    with torch.no_grad():
+        model.blocks[0].mixer.sinks.copy_(torch.tensor([-1.0, 0.5, 1.5, 3.0]))
+    tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ids = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+        packed = model(tokens, documents=from_ids(ids))
+        alone = torch.cat([model(tokens[:1, :5]), model(tokens[:1, 5:])], 1)
+        assert (packed[:1] - alone).abs().max() < 1e-10
+    torch._dynamo.reset()
+    compiled = torch.compile(model.step, fullgraph=True)
+    eager_state, compiled_state = model.init_state(2), model.init_state(2)
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        for t in range(6):
+            expected, *eager_state = model.step(tokens[:, t], *eager_state)
+            logits, *compiled_state = compiled(tokens[:, t], *compiled_state)
+            assert (logits - expected).abs().max() <= 1e-9 * expected.abs().max()
 
 
 def test_generate_is_greedy_unless_a_temperature_asks_for_sampling():

@@ -1,6 +1,7 @@
 """Softmax attention's sliding window and grouped keys/values, and its decoding step over a key/value cache.
 
-Against the float64 loop reference (ops/softmax/naive.py) at odd sizes, forward and backward; the
+Against the float64 loop reference (ops/softmax/naive.py) at odd sizes, forward and backward (attention
+sinks included: a logit per head in each softmax, as gpt-oss's eager attention appends it); the
 cache step, run position by position, against the full pass (capacity max_len, and ring buffers of a
 window: 1, 7, longer than the sequence); caches poisoned with NaN beyond the written positions; and
 causality (and the window's reach) by autograd. Tolerances: float64 throughout; the modes differ
@@ -28,15 +29,33 @@ def _inputs(L: int, kv_heads: int, decay: bool, seed: int = 0):
     return q, k, v, log_a
 
 
+def _sinks() -> torch.Tensor:
+    """A sink logit per head, around the scores' size (~4 here): each takes a real share of its softmax."""
+    return torch.tensor([-1.0, 0.5, 2.0, 4.0], dtype=torch.float64)[:H]
+
+
+def test_sinks_take_a_share_of_every_softmax():
+    """A sink's weight is taken from the keys: a huge sink sends the output to 0, a very negative one gives
+    plain attention."""
+    q, k, v, _ = _inputs(9, H, False)
+    plain = softmax_attention(q, k, v)
+    assert (softmax_attention(q, k, v, sinks=torch.full((H,), -1e4, dtype=torch.float64)) - plain).abs().max() < 1e-12
+    assert softmax_attention(q, k, v, sinks=torch.full((H,), 1e4, dtype=torch.float64)).abs().max() < 1e-12
+    with pytest.raises(ShapeError, match="sinks"):
+        softmax_attention(q, k, v, sinks=torch.zeros(H + 1, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("window", [None, 1, 7, 100])
 @pytest.mark.parametrize("kv_heads", [1, 2, H])
 @pytest.mark.parametrize("decay", [False, True])
 @pytest.mark.parametrize("softcap", [None, 1.5])  # scores here reach ~4: a cap of 1.5 bends most of them
-def test_window_and_grouped_keys_match_the_reference_with_gradients(window, kv_heads, decay, softcap):
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_window_and_grouped_keys_match_the_reference_with_gradients(window, kv_heads, decay, softcap, with_sinks):
     q, k, v, log_a = _inputs(63, kv_heads, decay)
-    leaves = [t.requires_grad_() for t in (q, k, v) + ((log_a,) if decay else ())]
-    out = softmax_attention(q, k, v, log_a, window=window, softcap=softcap)
-    expected = softmax_reference(q, k, v, log_a, window=window, softcap=softcap)
+    sinks = _sinks() if with_sinks else None
+    leaves = [t.requires_grad_() for t in (q, k, v) + ((log_a,) if decay else ()) + ((sinks,) if with_sinks else ())]
+    out = softmax_attention(q, k, v, log_a, window=window, softcap=softcap, sinks=sinks)
+    expected = softmax_reference(q, k, v, log_a, window=window, softcap=softcap, sinks=sinks)
     assert (out - expected).abs().max() < 1e-12
     probe = torch.randn_like(out)
     grads = torch.autograd.grad((out * probe).sum(), leaves)
@@ -49,17 +68,19 @@ def test_window_and_grouped_keys_match_the_reference_with_gradients(window, kv_h
 @pytest.mark.parametrize("kv_heads", [1, 2, H])
 @pytest.mark.parametrize("decay", [False, True])
 @pytest.mark.parametrize("softcap", [None, 1.5])
-def test_the_cache_step_equals_the_full_pass_at_every_position(window, kv_heads, decay, softcap):
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_the_cache_step_equals_the_full_pass_at_every_position(window, kv_heads, decay, softcap, with_sinks):
     L = 45
     q, k, v, log_a = _inputs(L, kv_heads, decay, seed=1)
-    full = softmax_attention(q, k, v, log_a, window=window, softcap=softcap)
+    sinks = _sinks() if with_sinks else None
+    full = softmax_attention(q, k, v, log_a, window=window, softcap=softcap, sinks=sinks)
     capacity = window if window is not None else 64  # a full cache: max_len >= L
     cache = empty_cache(B, H, kv_heads, kv_heads, capacity, DK, DV, torch.float64)
     cache = tuple(torch.full_like(t, float("nan")) for t in cache)  # unwritten slots must never leak
     for t in range(L):
         position = torch.full((B,), t, dtype=torch.long)
         o, cache = softmax_step(q[:, :, t], k[:, :, t], v[:, :, t], cache, position,
-                                log_a=None if log_a is None else log_a[:, :, t], softcap=softcap)
+                                log_a=None if log_a is None else log_a[:, :, t], softcap=softcap, sinks=sinks)
         assert torch.isfinite(o).all()
         assert (o - full[:, :, t]).abs().max() < 1e-12, t
     assert all(t.shape[2] == capacity for t in cache)  # constant memory: the ring never grows

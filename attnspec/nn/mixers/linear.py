@@ -22,7 +22,7 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
     def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         self.softmax_kernel = node.softmax_kernel  # exp features: computed as softmax attention, cached to decode
-        self.window = self.softcap = None
+        self.window = self.softcap = self.sinks = None
         self.features = build("feature_map", node.feature_map, dim=self.d_qk, heads=self.heads, scale=self.scale,
                               seed=seed)
         self.feature_scale = 1.0 if node.feature_map.consumes_scale else self.scale

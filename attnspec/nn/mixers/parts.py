@@ -182,8 +182,8 @@ class ProjectedMixer(Mixer):
 
 class KeyValueCache:
     """Softmax attention and decoding through a key/value cache, for a :class:`ProjectedMixer` family
-    that sets ``self.window`` (None, or a sliding window served by a ring buffer) and ``self.softcap`` (None, or
-    a tanh soft-cap on the scores)."""
+    that sets ``self.window`` (None, or a sliding window served by a ring buffer), ``self.softcap`` (None, or
+    a tanh soft-cap on the scores) and ``self.sinks`` (None, or a sink logit per head: a parameter (H,))."""
 
     def _softmax_attention(self, x: Tensor, documents: Documents | None = None) -> tuple[Tensor, Tensor]:
         """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window: x (B, L, d)
@@ -193,7 +193,8 @@ class KeyValueCache:
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
-                              mask=None if documents is None else same_document(documents.ids), softcap=self.softcap)
+                              mask=None if documents is None else same_document(documents.ids), softcap=self.softcap,
+                              sinks=self.sinks)
         return o, v
 
     # -- decoding through a key/value cache (softmax attention and the exp kernel)
@@ -219,7 +220,7 @@ class KeyValueCache:
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
-                              softcap=self.softcap)
+                              softcap=self.softcap, sinks=self.sinks)
         C = self._cache_positions(capacity)
         if self.window is None:
             check_prompt_fits(x.shape[1], C)
@@ -246,7 +247,7 @@ class KeyValueCache:
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[:, :, 0, 0]
         o, cache = softmax_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state[:3], position, log_a=log_a, scale=self.scale,
-                                softcap=self.softcap)
+                                softcap=self.softcap, sinks=self.sinks)
         if self.output_stages:
             o = full_precision(o)
         y = self._output(o.unsqueeze(2), x, v)

@@ -1,5 +1,5 @@
 """Softmax attention: GQA, QK-norm, rotary or ALiBi positions, a real decay as additive log-bias, a
-sliding window and an output gate; decoded through a key/value cache (a ring buffer for a window)."""
+sliding window, a logit soft-cap, attention sinks and an output gate; decoded through a key/value cache (a ring buffer for a window)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         self.window = node.window  # a sliding window: its cache is a ring buffer
         self.softcap = node.softcap
+        self.sinks = torch.nn.Parameter(torch.zeros(self.heads)) if node.sinks else None
         self.transition = build("transition", node.transition, d_model=self.d_in, heads=self.heads, d_qk=self.d_qk)
 
     takes_documents = True

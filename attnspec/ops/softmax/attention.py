@@ -35,6 +35,7 @@ def softmax_attention(
     window: int | None = None,
     mask: Tensor | None = None,
     softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """``softmax(scale * q k^T + bias) v`` with a causal mask, an optional log-decay bias and window.
 
@@ -56,6 +57,9 @@ def softmax_attention(
         softcap: a tanh soft-cap on the scores (Gemma 2): each scaled score s becomes ``softcap *
             tanh(s / softcap)`` before the masks and the bias. The scores are then explicit (SDPA has no
             cap): computed, capped and normalised in float32 for half-precision inputs (float64 stays).
+        sinks: ``(H,)`` or None: a logit per head that joins every query's softmax as a key without a value
+            (attention sinks: gpt-oss), so the weights on the keys sum to ``1 - p_sink``. The scores are then
+            explicit, as with ``softcap``.
 
     Returns:
         ``(B, H, L, Dv)``. Differentiable on CPU (PyTorch's SDPA math/flash kernels).
@@ -96,9 +100,11 @@ def softmax_attention(
             raise ShapeError(f"log_a for softmax attention must be real with shape (B, H, L) = "
                              f"{tuple(q.shape[:3])}, got {tuple(log_a.shape)} {log_a.dtype}")
         bias = decay_bias(log_a.to(accumulation_dtype(q.dtype))).to(q.dtype)
-    if softcap is not None:
-        return capped_attention(q, k, v, scale if scale is not None else q.shape[-1] ** -0.5, softcap,
-                                _pairs(q.shape[2], causal, window, mask, q.device), bias)
+    if sinks is not None and (sinks.dim() != 1 or sinks.shape[0] != q.shape[1]):
+        raise ShapeError(f"sinks must be (H,) = ({q.shape[1]},), got {tuple(sinks.shape)}")
+    if softcap is not None or sinks is not None:
+        return explicit_attention(q, k, v, scale if scale is not None else q.shape[-1] ** -0.5, softcap,
+                                  _pairs(q.shape[2], causal, window, mask, q.device), bias, sinks)
     if bias is not None:
         if window is not None:
             bias = bias.masked_fill(~window_mask(q.shape[2], window, q.device), float("-inf"))
@@ -122,20 +128,31 @@ def _pairs(L: int, causal: bool, window: int | None, mask: Tensor | None, device
     return mask if pairs is None else pairs if mask is None else mask & pairs
 
 
-def capped_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, softcap: float, allowed: Tensor | None,
-                     bias: Tensor | None) -> Tensor:
-    """Softmax attention with soft-capped scores, written out: ``softmax(cap(scale q k^T) + bias) v`` over the
-    pairs ``allowed``. q, k: ``(B, H, L, Dk)`` (heads already shared out); v: ``(B, H, L, Dv)``;
-    allowed: bool broadcasting to ``(B, H, L, L)`` or None; bias: additive, the same, or None. Scores,
-    weights and the sum in float32 for half precision (float64 stays). Returns ``(B, H, L, Dv)`` in q's dtype."""
+def explicit_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, softcap: float | None, allowed: Tensor | None,
+                       bias: Tensor | None, sinks: Tensor | None = None) -> Tensor:
+    """Softmax attention written out: ``softmax(cap(scale q k^T) + bias) v`` over the pairs ``allowed``, the
+    scores soft-capped where ``softcap`` is given, a sink logit per head joining each softmax where ``sinks``
+    (H,) is. q, k: ``(B, H, L, Dk)`` (heads already shared out); v: ``(B, H, L, Dv)``; allowed: bool
+    broadcasting to ``(B, H, L, L)`` or None; bias: additive, the same, or None. Scores, weights and the sum in
+    float32 for half precision (float64 stays). Returns ``(B, H, L, Dv)`` in q's dtype."""
     wide = accumulation_dtype(q.dtype)
     scores = scale * (q.to(wide) @ k.to(wide).transpose(-1, -2))
-    scores = softcap * torch.tanh(scores / softcap)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if bias is not None:
         scores = scores + bias.to(wide)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    return (torch.softmax(scores, dim=-1) @ v.to(wide)).to(q.dtype)
+    return (weights_with_sinks(scores, sinks) @ v.to(wide)).to(q.dtype)
+
+
+def weights_with_sinks(scores: Tensor, sinks: Tensor | None) -> Tensor:
+    """``softmax(scores)`` over the last axis, with a sink logit per head (``sinks`` (H,), heads on axis 1 of
+    ``scores``) as one more entry of each softmax whose weight is then dropped; plain softmax where None."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.to(scores.dtype).view(1, -1, *([1] * (scores.dim() - 2))).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
 def window_mask(L: int, window: int, device) -> Tensor:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from attnspec.errors import ShapeError
 from attnspec.ops.per_step import shared
+from attnspec.ops.softmax.attention import weights_with_sinks
 
 Cache = tuple[Tensor, Tensor, Tensor]
 """(keys (B, H_k, C, Dk), values (B, H_v, C, Dv), decay bias (B, H, C))."""
@@ -76,7 +77,8 @@ def read_lengths(capacity: int) -> list[int]:
 
 
 def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor, *, log_a: Tensor | None = None,
-                 scale: float | None = None, softcap: float | None = None) -> tuple[Tensor, Cache]:
+                 scale: float | None = None, softcap: float | None = None,
+                 sinks: Tensor | None = None) -> tuple[Tensor, Cache]:
     """Attend from one new position over the cache, after writing its key and value into it in place.
 
     Args:
@@ -90,6 +92,7 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
         log_a: ``(B, H)`` real log-decay of this position, or None (no decay).
         scale: score multiplier, default ``Dk ** -0.5``.
         softcap: a tanh soft-cap on the scaled scores (:func:`attnspec.ops.softmax.softmax_attention`'s).
+        sinks: ``(H,)`` a sink logit per head joining the softmax (``softmax_attention``'s), or None.
 
     Returns:
         ``o`` ``(B, H, Dv)`` and the cache (the same tensors, with this position written).
@@ -119,9 +122,9 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
     read = _Read(Dk ** -0.5 if scale is None else scale, (H, k_heads, v_heads), softcap)
     q, read_bias = _as(q, keys.dtype), None if log_a is None else bias
     if slots.filled is not None:  # torch.compile cannot take a length from the data (capture_scalar_outputs)
-        o = _read_bucketed(q, keys, values, read_bias, slots.filled, read, read_lengths(capacity))
+        o = _read_bucketed(q, keys, values, read_bias, slots.filled, read, read_lengths(capacity), sinks)
     else:
-        o = read.prefix(q, keys, values, read_bias, slots.valid, slots.most)
+        o = read.prefix(q, keys, values, read_bias, slots.valid, slots.most, sinks=sinks)
     return _as(o.reshape(B, H, Dv), v.dtype), (keys, values, bias)
 
 
@@ -176,21 +179,27 @@ def _entries(x: Tensor, dtype: torch.dtype, cleared: int) -> Tensor:
 
 
 def _read_bucketed(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, filled: Tensor, read: _Read,
-                   lengths: list[int]) -> Tensor:
+                   lengths: list[int], sinks: Tensor | None = None) -> Tensor:
     """``read.prefix`` at the shortest of ``lengths`` slots that holds ``filled.max()``, chosen by data
     (nested ``torch.cond``, one static branch per length); every row masked by ``filled`` by value (a
     branch may not write its inputs, so unwritten slots are masked in a copy)."""
+    has_bias, has_sinks = bias is not None, sinks is not None
+
+    def optional(extra: tuple) -> tuple[Tensor | None, Tensor | None]:  # (bias, sinks) from a cond's operands
+        return (extra[0] if has_bias else None), (extra[-1] if has_sinks else None)
+
     def prefix(n: int):
-        def read_prefix(q, keys, values, filled, *bias):
-            valid = _written_mask(filled, n)
-            return read.prefix(q, keys, values, bias[0] if bias else None, valid, n, by_value=True)
+        def read_prefix(q, keys, values, filled, *extra):
+            bias, sinks = optional(extra)
+            return read.prefix(q, keys, values, bias, _written_mask(filled, n), n, by_value=True, sinks=sinks)
         return read_prefix
 
-    operands = (q, keys, values, filled) + (() if bias is None else (bias,))  # a cond's operands are tensors
+    # a cond's operands are tensors: the optional ones are there or not, known when tracing
+    operands = (q, keys, values, filled) + ((bias,) if has_bias else ()) + ((sinks,) if has_sinks else ())
     if len(lengths) == 1:
         return prefix(lengths[0])(*operands)
-    longer = lambda q, keys, values, filled, *bias: _read_bucketed(  # noqa: E731
-        q, keys, values, bias[0] if bias else None, filled, read, lengths[1:])
+    longer = lambda q, keys, values, filled, *extra: _read_bucketed(  # noqa: E731
+        q, keys, values, optional(extra)[0], filled, read, lengths[1:], optional(extra)[1])
     return torch.cond(filled.max() <= lengths[0], prefix(lengths[0]), longer, operands)
 
 
@@ -210,9 +219,10 @@ class _Read(NamedTuple):
     softcap: float | None = None
 
     def prefix(self, q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, valid: Tensor | None, n,
-               by_value: bool = False) -> Tensor:
+               by_value: bool = False, sinks: Tensor | None = None) -> Tensor:
         """Softmax attention of ``q`` (B, H, Dk) over the first ``n`` cache slots (B, H_k, C, Dk) and
-        (B, H_v, C, Dv), plus ``bias`` (B, H, C) where given, only the slots ``valid`` (B, n) where given.
+        (B, H_v, C, Dv), plus ``bias`` (B, H, C) where given, only the slots ``valid`` (B, n) where given, with a
+        sink logit per head (``sinks`` (H,)) in each softmax where given.
         A slot not valid has weight exactly 0; ``by_value`` also replaces its score and zeroes its value
         (a copy), so that not even a NaN there reaches the output. Shared key/value heads are read in
         place (no copy per query head). Returns (B, H_v, H / H_v, Dv)."""
@@ -221,8 +231,8 @@ class _Read(NamedTuple):
             if isinstance(size, torch.SymInt):  # pins a traced read's head counts (a plain size is known already)
                 torch._check(size == expected)
         keys, values, bias = keys[:, :, :n], values[:, :, :n], None if bias is None else bias[:, :, :n]
-        if k_heads == v_heads and not by_value and self.softcap is None:  # one fused call, a key head's H / H_k
-            # query heads its "positions"
+        if k_heads == v_heads and not by_value and self.softcap is None and sinks is None:
+            # one fused call, a key head's H / H_k query heads its "positions"
             mask = None if bias is None else bias.reshape(-1, k_heads, H // k_heads, n)
             if valid is not None:
                 valid = valid.view(-1, 1, 1, n)
@@ -241,7 +251,7 @@ class _Read(NamedTuple):
             scores = torch.where(valid.view(-1, 1, n), scores, float("-inf"))
             if by_value:
                 values = torch.where(valid.view(-1, 1, n, 1), values, 0.0)
-        weights = torch.softmax(scores, dim=-1).view(-1, v_heads, H // v_heads, n)
+        weights = weights_with_sinks(scores, sinks).view(-1, v_heads, H // v_heads, n)
         return torch.einsum("bgjc,bgcd->bgjd", weights, values).contiguous()
 
 

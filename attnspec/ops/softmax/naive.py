@@ -8,7 +8,8 @@ from torch import Tensor
 
 
 def softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None = None, *, causal: bool = True,
-                      scale: float | None = None, window: int | None = None, softcap: float | None = None) -> Tensor:
+                      scale: float | None = None, window: int | None = None, softcap: float | None = None,
+                      sinks: Tensor | None = None) -> Tensor:
     """``softmax(scale q kᵀ + bias) v`` with ``bias[i, j] = sum_{s=j+1..i} log_a[s]`` (by loops) for j <= i.
 
     Args:
@@ -18,6 +19,8 @@ def softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None = No
         scale: default ``Dk ** -0.5``.
         window: also mask j <= i - window.
         softcap: each scaled score s becomes ``softcap * tanh(s / softcap)`` before the masks and bias.
+        sinks: ``(H,)``: gpt-oss's attention sinks, a column of each head's sink logit appended to the scores
+            before the softmax and its weight dropped after it.
 
     Returns:
         ``(B, H, L, Dv)``.
@@ -40,4 +43,7 @@ def softmax_reference(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor | None = No
         scores = scores + bias
     elif causal:
         scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+    if sinks is not None:
+        column = sinks.view(1, H, 1, 1).expand(*scores.shape[:-1], 1)
+        return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1] @ v
     return torch.softmax(scores, dim=-1) @ v

@@ -27,6 +27,10 @@ class SoftmaxMixer(MixerComponent):
     softcap: PositiveFloat | None = None
     """A tanh soft-cap on the attention logits (Gemma 2): each scaled score s becomes
     `softcap * tanh(s / softcap)` before the mask, the decay bias and the softmax."""
+    sinks: bool = False
+    """Attention sinks (gpt-oss, Granite SWA): a learned logit per head joins each query's softmax as a key
+    with no value, so the weights on the real keys sum to less than 1 (parameter `sinks`, (heads,), zeros
+    at initialisation)."""
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
         return {"quadratic": softmax_cost(L, self.heads, self.d_qk, self.d_v)}
@@ -65,6 +69,8 @@ class SoftmaxMixer(MixerComponent):
         parts = [f"window {self.window}"] if self.window is not None else []
         if self.softcap is not None:
             parts.append(f"logits capped at {self.softcap:g}")
+        if self.sinks:
+            parts.append("sinks")
         if self.kv_heads is not None:
             parts.append(f"{self.kv_heads} kv heads")
         if not self.transition.is_identity:

@@ -3,8 +3,8 @@ windows and attention sinks) as attnspec specs, and back (what a family states: 
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import (Link, Row, block_prefix, common_fields, compress_layers, expanded_blocks, head_node,
-                                           rename, rmsnorm_node, rope_config)
+from attnspec.interop.architecture import (Link, Row, block_prefix, common_fields, compress_layers, expanded_blocks,
+                                           head_node, rename, rmsnorm_node, rope_config)
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.granite import Granite
 from attnspec.interop.families.granitemoe import GraniteMoe
@@ -114,17 +114,11 @@ class GraniteMoeSwa(GraniteSwa):
         config.pop("mlp_bias", None)
         return config
 
+    EXPERT_NAMES = ("router.weight", "experts.gate_up_proj", "experts.down_proj")
+    """Granite MoE's expert tensors under transformers 5's names (:attr:`GraniteMoe.EXPERT_NAMES`)."""
+
     def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:
-        """Granite MoE's experts under transformers 5's names: the router's ``weight``, each expert's
-        ``gate_up_proj`` (its activated half first) and ``down_proj`` stacked (E, ...); the shared MLP as
-        granitemoeshared's."""
-        layer, routed = theirs.removesuffix("mlp."), [f"{ours}routed.{e}." for e in range(mlp.experts)]
-        moe = f"{layer}block_sparse_moe."
-        links = [rename(f"{moe}router.weight", f"{ours}router.weight"),
-                 Link(f"{moe}experts.gate_up_proj", tuple(f"{r}{n}.weight" for r in routed for n in ("up", "gate")),
-                      stack=mlp.experts),
-                 Link(f"{moe}experts.down_proj", tuple(f"{r}down.weight" for r in routed), stack=mlp.experts)]
-        return links + [link for link in GraniteMoe.mlp_links(self, mlp, theirs, ours) if "shared_mlp" in link.theirs]
+        return GraniteMoe.mlp_links(self, mlp, theirs, ours)
 
 
 ARCHITECTURES = (GraniteSwa(), GraniteMoeSwa())

@@ -47,13 +47,18 @@ class GraniteMoe(Granite):
             config["shared_intermediate_size"] = moe.shared_hidden or moe.hidden
         return config
 
+    EXPERT_NAMES = ("router.layer.weight", "input_linear.weight", "output_linear.weight")
+    """The router's, the experts' stacked input (E, 2 hidden, d: each expert's activated half first) and output
+    tensors, under ``block_sparse_moe.``."""
+
     def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:
         layer, routed = theirs.removesuffix("mlp."), [f"{ours}routed.{e}." for e in range(mlp.experts)]
         moe = f"{layer}block_sparse_moe."
-        links = [rename(f"{moe}router.layer.weight", f"{ours}router.weight"),
-                 Link(f"{moe}input_linear.weight", tuple(f"{r}{n}.weight" for r in routed for n in ("up", "gate")),
+        router, inputs, outputs = self.EXPERT_NAMES
+        links = [rename(f"{moe}{router}", f"{ours}router.weight"),
+                 Link(f"{moe}{inputs}", tuple(f"{r}{n}.weight" for r in routed for n in ("up", "gate")),
                       stack=mlp.experts),
-                 Link(f"{moe}output_linear.weight", tuple(f"{r}down.weight" for r in routed), stack=mlp.experts)]
+                 Link(f"{moe}{outputs}", tuple(f"{r}down.weight" for r in routed), stack=mlp.experts)]
         if mlp.shared:
             links += [Link(f"{layer}shared_mlp.input_linear.weight", (f"{ours}shared.up.weight",
                                                                       f"{ours}shared.gate.weight")),

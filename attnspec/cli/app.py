@@ -27,7 +27,8 @@ from attnspec.errors import AttnSpecError, RunInterrupted, SpecError, check_whol
 
 app = typer.Typer(
     name="attnspec",
-    help="Declarative sequence-mixer models: check, explain, build, verify and run specs; import and export transformers models; train, evaluate, ablate and diagnose.",
+    help="Declarative sequence-mixer models: check, explain, build, verify and run specs; import and export "
+         "transformers models; train, evaluate, ablate and diagnose.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -72,7 +73,8 @@ def _options(
              "build directory names plugins under `plugins:`, but attnspec imports only the modules you allow "
              "here or install as entry points: importing a module runs its code."),
 ) -> None:
-    """Declarative sequence-mixer models: check, explain, build, verify and run specs; import and export transformers models; train, evaluate, ablate and diagnose."""
+    """Declarative sequence-mixer models: check, explain, build, verify and run specs; import and export
+    transformers models; train, evaluate, ablate and diagnose."""
     if plugins:
         from attnspec.spec.components import allow_plugins
 
@@ -369,8 +371,7 @@ def export_programs(
     wanted = check_programs(programs.split(","))
     with stage_progress() as on_stage:
         result = export_directory(directory, wanted, output, aot=aot, compile_check=compile_level(no_compile, inductor),
-                                  force=force,
-                                  on_stage=on_stage)
+                                  force=force, on_stage=on_stage)
     print_build_summary(result.directory, result.manifest)
 
 
@@ -505,7 +506,7 @@ def train(
     file: Optional[Path] = typer.Argument(None, metavar="SPEC", help="Spec file (not needed with --resume)."),
     output: Path = typer.Option(..., "--output", "-o", help="Run directory to create (or to resume)."),
     task: Optional[str] = typer.Option(None, "--task", help="Task kind, e.g. mqar, in_context_recall, listops, "
-                                                            "sort, python_source (all: the task table of docs/training.md)."),
+                                                            "sort, python_source (all: docs/training.md's table)."),
     task_overrides: Optional[List[str]] = typer.Option(None, "--task-set", metavar="KEY=VALUE",
                                                        help="A task parameter, e.g. --task-set seq_len=256. Repeatable."),
     overrides: Optional[List[str]] = SetOption,

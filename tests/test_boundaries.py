@@ -217,6 +217,13 @@ def test_the_compiler_stand_in_gives_way_to_the_real_one():
             "assert torch.compile(lambda x: 1 - x, fullgraph=True)(torch.ones(2)).tolist() == [0.0, 0.0]\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    # a submodule imported inside (a plugin's constructor might): the real one, under the real package
+    code = ("import sys, torch\nfrom attnspec.nn.model import meta_values_skipped\n"
+            "with torch.device('meta'), meta_values_skipped():\n    import torch._dynamo.utils as utils\n"
+            "assert utils is sys.modules['torch._dynamo.utils'] and type(sys.modules['torch._dynamo']).__name__ == 'module'\n"
+            "assert not any(type(finder).__name__ == '_DynamoStandIn' for finder in sys.meta_path)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_the_compiler_does_not_draw():

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import fnmatch
 import importlib
+import importlib.util
 import math
 import sys
 import types
@@ -723,11 +724,15 @@ def meta_values_skipped() -> Iterator[None]:
 class _DynamoStandIn(types.ModuleType):
     """``torch._dynamo`` as torch's reference kernels ask it while :func:`meta_values_skipped` holds: its
     ``disable(fn)`` is ``fn`` (what Dynamo's is outside a compilation), noted so that :meth:`take_back`
-    removes what torch cached from it (``fn.__dynamo_disable``, torch/_compile.py) and the stand-in itself."""
+    removes what torch cached from it (``fn.__dynamo_disable``, torch/_compile.py) and the stand-in itself.
+    Anything else asked of it (an attribute, or a submodule: it is a package to the import system, and the
+    finder of its submodules while it holds) takes it back and gives the real module's."""
 
     def __init__(self):
         super().__init__("torch._dynamo")
         self.answered: list = []
+        self.__path__: list[str] = []  # a package: ``import torch._dynamo.x`` asks :meth:`find_spec` below
+        sys.meta_path.insert(0, self)
 
     def disable(self, fn, recursive=True, wrapping=True):
         self.answered.append(fn)
@@ -740,14 +745,36 @@ class _DynamoStandIn(types.ModuleType):
         self.take_back()
         return getattr(importlib.import_module("torch._dynamo"), name)
 
+    def find_spec(self, name: str, path=None, target=None):
+        """A submodule of ``torch._dynamo`` imported inside: the real one, under the real package."""
+        if not name.startswith("torch._dynamo."):
+            return None
+        self.take_back()
+        return importlib.util.spec_from_loader(name, _Imported(importlib.import_module(name)))
+
     def take_back(self) -> None:
         for fn in self.answered:
             if getattr(fn, "__dynamo_disable", None) is fn:
                 delattr(fn, "__dynamo_disable")
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
         if sys.modules.get("torch._dynamo") is self:
             del sys.modules["torch._dynamo"]
         if torch.__dict__.get("_dynamo") is self:
             del torch._dynamo
+
+
+class _Imported:
+    """A loader of a module imported already (the import system then keeps that module)."""
+
+    def __init__(self, module: types.ModuleType):
+        self.module = module
+
+    def create_module(self, spec) -> types.ModuleType:
+        return self.module
+
+    def exec_module(self, module) -> None:
+        pass
 
 
 _IN_PLACE_METHODS = tuple(name for name in dir(torch.Tensor) if name.endswith("_") and not name.startswith("_")

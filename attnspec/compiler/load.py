@@ -21,7 +21,7 @@ from torch import nn
 
 from attnspec.compiler.device import resolve_device
 from attnspec.compiler.sizes import check_model_size
-from attnspec.compiler.manifest import Manifest, parse_manifest, read_manifest, sha256
+from attnspec.compiler.manifest import Manifest, check_listed_file, parse_manifest, read_manifest
 from attnspec.errors import AttnSpecError, BuildError, RunError, shorten
 from attnspec.io import all_finite, map_safetensors
 from attnspec.nn.model import Model, build_model_from_spec
@@ -257,8 +257,7 @@ def generation_of(directory: Path | str) -> dict | None:
     if entry is None:
         return None
     path = directory / GENERATION_FILE
-    if not path.is_file() or path.is_symlink() or path.stat().st_size != entry.bytes or sha256(path) != entry.sha256:
-        raise BuildError(f"{path}: not the file the manifest records (size and SHA-256); rebuild the directory")
+    check_listed_file(path, entry)
     try:
         return read_generation_config(path, manifest.vocab_size or 0)
     except RunError as error:

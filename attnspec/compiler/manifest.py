@@ -252,13 +252,17 @@ def read_manifest(directory: Path | str, check_files: bool = True) -> Manifest:
     manifest = parse_manifest(directory)
     if check_files:
         for name, entry in manifest.files.items():
-            path = directory / name
-            info = regular_file(path, "it is listed in manifest.json; rebuild the directory")
-            if info.st_size != entry.bytes or sha256(path) != entry.sha256:
-                raise BuildError(f"{path} does not match the sha256 and size recorded in manifest.json (the build "
-                                 "directory was modified or corrupted); rebuild it with `attnspec build`")
+            check_listed_file(directory / name, entry)
     return manifest
 
 
-__all__ = ["Manifest", "FORMAT", "MANIFEST", "FILE_NAMES", "read_manifest", "parse_manifest", "sha256",
-           "regular_file"]
+def check_listed_file(path: Path, entry: FileEntry) -> None:
+    """``path`` is a regular file of the size and sha256 its manifest ``entry`` records (else BuildError)."""
+    info = regular_file(path, "it is listed in manifest.json; rebuild the directory")
+    if info.st_size != entry.bytes or sha256(path) != entry.sha256:
+        raise BuildError(f"{path} does not match the sha256 and size recorded in manifest.json (the build "
+                         "directory was modified or corrupted); rebuild it with `attnspec build`")
+
+
+__all__ = ["Manifest", "FORMAT", "MANIFEST", "FILE_NAMES", "check_listed_file", "read_manifest", "parse_manifest",
+           "sha256", "regular_file"]

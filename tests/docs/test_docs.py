@@ -195,7 +195,7 @@ def test_a_yaml_block_is_valid(block, tmp_path):
         load_sweep(path)
     elif "layers" in data:
         path = folder / "doc.yaml"
-        path.write_text(block.text.replace("$schema=../", "$schema="))
+        path.write_text(block.text)
         load_spec(path)
     else:
         path = folder / "doc.yaml"

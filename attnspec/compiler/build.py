@@ -81,7 +81,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                     compile_check: bool | str = "trace", force: bool = False, weights: Path | str | dict | None = None,
                     strict_weights: bool = False, calibrate: bool = True, device=None,
                     on_stage: StageCallback | None = None, tokenizer=None,
-                    programs: Iterable[str] = PROGRAMS, generation: dict | None = None) -> BuildResult:
+                    programs: Iterable[str] = PROGRAMS, generation: dict | None = None,
+                    beside_compile_check=None) -> BuildResult:
     """Build ``spec_path`` into the directory ``output``.
 
     Args:
@@ -127,6 +128,9 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             default. Its vocabulary must fit the spec's.
         generation: a released model's decoding defaults, written as ``generation_config.json``
             (:mod:`attnspec.compiler.generation`: checked fields only; ``import-hf`` carries a checkpoint's).
+        beside_compile_check: called once with the verified model after its files are written, while the
+            compile check's process runs on another core (``import-hf`` computes its side of the comparison
+            with transformers there); its exceptions fail the build.
 
     Raises:
         SpecError: the spec is invalid (nothing is written). BuildError: a stage failed, or the output
@@ -217,6 +221,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                                      f"{worst.rel_diff:.2e} (tolerance {worst.tolerance:.0e})")
             with stage("export", seconds):
                 exported, programs = _export(model, scratch.path, aot, programs)
+            if beside_compile_check is not None:
+                beside_compile_check(model)
             compiled = None if reused is None else {**reused, "reused": True}
             if background is not None:
                 compiled, seconds["compile"] = background.result()

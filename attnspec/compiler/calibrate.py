@@ -19,12 +19,13 @@ without importing torch). ``attnspec explain SPEC --calibrate [--refresh]`` meas
 ``attnspec build`` (and ``attnspec train`` with ``planning: measured``) measure what they plan for when the
 cache lacks it; training plans by the cost model alone by default, so that a run repeats on any machine.
 
-Bounds: every mode first runs at a quarter of the length (at least ``PROBE_MIN``), and its time at
-L is predicted from that by the cost model's growth in L, capped at ``MAX_GROWTH`` x linear; one
-predicted over ``SLOW_FACTOR`` x the fastest is not run at full length (recorded as skipped, with
-the ratio). The others run at full length, interleaved round-robin (the machine is noisy), up to
-``REPEATS`` times within ``TIME_PER_MODE``. A mode whose estimated memory traffic is over
-``MAX_BYTES`` is not run at all (a quadratic per-channel form at L = 4096 would need gigabytes).
+Bounds: every mode first runs at a quarter of the length (at least ``PROBE_MIN``) and half that, and
+its time at L is predicted from the quarter's by the growth measured between the two, twice over (or
+the cost model's growth where that is less); one predicted over ``SLOW_FACTOR`` x the fastest is not
+run at full length (recorded as skipped, with the ratio). The others run at full length, interleaved
+round-robin (the machine is noisy), up to ``REPEATS`` times within ``TIME_PER_MODE``. A mode whose
+estimated memory traffic is over ``MAX_BYTES`` is not run at all (a quadratic per-channel form at
+L = 4096 would need gigabytes).
 Training at a large batch is measured at ``MAX_MEASURED_BATCH`` and scaled linearly (time per
 example is flat there).
 
@@ -54,7 +55,6 @@ REPEATS = 15  # timed runs per mode at most (fewer when a run is long)
 TIME_PER_MODE = 0.6  # seconds of timed runs per mode at most, after the first
 MAX_MEASURED_BATCH = 8
 PROBE_MIN = 64  # shorter probes measure fixed overheads only
-MAX_GROWTH = 2.0  # a probe's prediction assumes at most twice linear growth from L / 4 to L
 MAX_SPREAD = 0.5  # a mode whose timed runs' interquartile range is over half their median is noise-bound
 MAX_DISAGREEMENT = 20.0  # modes' measured / estimated ratios this far apart: one of them was measured under load
 
@@ -189,18 +189,26 @@ def _measure(call, order: list[str], length: int, batch: int, node, training: bo
              skip_slow: bool) -> dict[str, list[float]]:
     """The timed seconds of ``call(mode, length)`` for each mode in ``order`` (interleaved runs); adds the
     modes it skips to ``skipped``."""
-    # Probe at a quarter of the length (two calls: the first pays lazy initialisation) and predict
-    # the time at L by the cost model's growth from L/4 to L, capped at MAX_GROWTH (fixed costs make
-    # real growth slower than the model's: a quadratic form measured growing 6x where the model said
-    # 16x). A mode predicted SLOW_FACTOR x slower than the best prediction is not run at L.
+    # Probe at an eighth and a quarter of the length (the first call pays lazy initialisation; the faster
+    # of two calls at each, so that a busy moment cannot get the fastest mode skipped as "far slower") and
+    # predict the time at L by the growth from L/8 to L/4 measured twice over (two more doublings), or by
+    # the cost model's growth from L/4 to L where that is less. Neither alone: fixed costs make real growth
+    # slower than the model's (a quadratic form measured growing 6x where the model said 16x), and some
+    # forms grow faster than any fixed cap (the delta rule's quadratic form solves an L x L triangular
+    # system: 149 ms at 512, 3.5 s at 2,048 on one core, where a cap of twice linear predicted 1.2 s and
+    # ran it for 4 s in every cold import of a hybrid). A mode predicted SLOW_FACTOR x slower than the best
+    # prediction is not run at L.
     probe_length = min(length, max(length // 4, PROBE_MIN))
-    short = estimated_costs(node, probe_length, batch, training)
+    short_length = max(probe_length // 2, 1)
+    model_growth = {mode: estimates[mode].seconds / estimated_costs(node, probe_length, batch, training)[mode].seconds
+                    for mode in order}
     predicted = {}
     for mode in order:
-        call(mode, probe_length)
-        growth = min(estimates[mode].seconds / short[mode].seconds, MAX_GROWTH * length / probe_length)
-        # the faster of two calls: a busy moment must not get the fastest mode skipped as "far slower"
-        predicted[mode] = min(call(mode, probe_length), call(mode, probe_length)) * growth
+        call(mode, short_length)
+        short = min(call(mode, short_length), call(mode, short_length))
+        probe = min(call(mode, probe_length), call(mode, probe_length))
+        measured_growth = max(probe / short, 1.0) ** 2 if probe_length < length else 1.0
+        predicted[mode] = probe * min(model_growth[mode], measured_growth)
     best = min(predicted.values()) if predicted else 0.0
     for mode in order:
         if skip_slow and predicted[mode] > SLOW_FACTOR * best:

@@ -6,7 +6,9 @@ only, no remote code, nothing downloaded) in the build's dtype, runs both models
 :data:`PROMPT_TOKENS` tokens, and reports the largest logit difference (absolute, and relative to the
 largest logit) and whether :data:`NEW_TOKENS` greedy tokens agree. It costs one transformers load and a
 short generation: seconds at 135M parameters, and it is the whole model at its real size, where
-attnspec's own float64 verification is per distinct block.
+attnspec's own float64 verification is per distinct block. ``import-hf`` runs attnspec's side
+(:func:`our_side`) and transformers' import while its compile check runs, and transformers' model
+(:func:`compare`) once the build's model is dropped: the two models are never held at once.
 """
 
 from __future__ import annotations
@@ -54,43 +56,85 @@ class ImportCheck:
                 f"greedy tokens {tokens}")
 
 
-def check_import(checkpoint: Path | str, load_model) -> ImportCheck:
-    """Compare the imported model (``load_model()`` makes it: an attnspec model of the build) with
-    transformers' own model of ``checkpoint`` (module docstring). The two are never held at once: ours runs
-    and is dropped before transformers loads. Never raises for transformers' sake: a checkpoint it cannot
-    load (not installed, no causal-LM class for the type, its own error) is reported as skipped."""
+@dataclass
+class Ours:
+    """attnspec's side of the comparison: the prompt (1, PROMPT_TOKENS), its logits (1, PROMPT_TOKENS, vocab) in
+    float32, the greedy tokens after it (NEW_TOKENS,), and the parameters' dtype."""
+
+    prompt: torch.Tensor
+    logits: torch.Tensor
+    tokens: torch.Tensor
+    dtype: torch.dtype
+
+
+def our_side(model) -> Ours | ImportCheck:
+    """Run the imported model (an attnspec model that decodes) on the check's prompt; an :class:`ImportCheck`
+    saying why not where it cannot be compared. Its logits are float32 whatever the model's dtype."""
+    if not model.has_step:
+        return ImportCheck(skipped="the model does not decode")
+    prompt = torch.randint(0, model.spec.input.vocab_size, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(prompt).float()
+        tokens = model.generate(prompt, NEW_TOKENS, temperature=0.0)[0, PROMPT_TOKENS:]
+    return Ours(prompt, logits, tokens, model.embed.weight.dtype)
+
+
+def import_transformers(checkpoint: Path | str) -> str | None:
+    """Import transformers and the modelling module of ``checkpoint``'s type (seconds of Python, which
+    ``import-hf`` spends while its compile check runs); why not, where it cannot (not installed)."""
     try:
         import transformers
     except ImportError:
-        return ImportCheck(skipped="transformers is not installed (the `hf` extra); `--no-check` says so quietly")
-    model = load_model()
-    if not model.has_step:
-        return ImportCheck(skipped="the model does not decode")
-    dtype = model.embed.weight.dtype
-    vocab = model.spec.input.vocab_size
-    prompt = torch.randint(0, vocab, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        our_logits = model(prompt).float()
-        our_tokens = model.generate(prompt, NEW_TOKENS, temperature=0.0)[0, PROMPT_TOKENS:]
-    del model
+        return "transformers is not installed (the `hf` extra); `--no-check` says so quietly"
+    try:  # the class's module is imported lazily by the mapping; its failure is from_pretrained's to report
+        config = transformers.AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
+        transformers.AutoModelForCausalLM._model_mapping[type(config)]
+    except Exception:  # noqa: BLE001 - transformers' own failure is reported by the comparison
+        pass
+    return None
+
+
+def compare(checkpoint: Path | str, ours: Ours | ImportCheck) -> ImportCheck:
+    """transformers' model of ``checkpoint`` in ``ours``' dtype against ``ours`` (:func:`our_side`: attnspec's
+    model need not be held while transformers' is). Never raises for transformers' sake: a checkpoint it
+    cannot load (not installed, no causal-LM class for the type, its own error) is reported as skipped."""
+    missing = import_transformers(checkpoint)
+    if missing is not None:
+        return ImportCheck(skipped=missing)
+    if isinstance(ours, ImportCheck):
+        return ours
+    import transformers
+
     try:
         theirs = transformers.AutoModelForCausalLM.from_pretrained(
-            str(checkpoint), dtype=dtype, local_files_only=True, use_safetensors=True, trust_remote_code=False)
+            str(checkpoint), dtype=ours.dtype, local_files_only=True, use_safetensors=True, trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - transformers' own failure is a reason, not a crash
         return ImportCheck(skipped=f"transformers could not load it as a causal LM ({type(error).__name__}: "
                                    f"{shorten(str(error), 160)})")
     theirs.eval()
+    prompt = ours.prompt
     with torch.no_grad():
         their_logits = theirs(prompt).logits.float()
         # an explicit mask: without one transformers masks every prompt token equal to the pad id
         their_tokens = theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS,
                                        do_sample=False, min_new_tokens=NEW_TOKENS, eos_token_id=None,
                                        pad_token_id=0)[0, PROMPT_TOKENS:]
-    difference = (our_logits - their_logits[..., :our_logits.shape[-1]]).abs().max().item()
-    agree = next((i for i, (a, b) in enumerate(zip(our_tokens.tolist(), their_tokens.tolist())) if a != b),
-                 min(len(our_tokens), len(their_tokens)))
-    return ImportCheck(max_logit_diff=difference, tokens_agree=agree, dtype=str(dtype).removeprefix("torch."),
+    difference = (ours.logits - their_logits[..., :ours.logits.shape[-1]]).abs().max().item()
+    agree = next((i for i, (a, b) in enumerate(zip(ours.tokens.tolist(), their_tokens.tolist())) if a != b),
+                 min(len(ours.tokens), len(their_tokens)))
+    return ImportCheck(max_logit_diff=difference, tokens_agree=agree, dtype=str(ours.dtype).removeprefix("torch."),
                        relative_logit_diff=difference / max(their_logits.abs().max().item(), 1e-30))
 
 
-__all__ = ["ImportCheck", "check_import", "NEW_TOKENS", "PROMPT_TOKENS"]
+def check_import(checkpoint: Path | str, load_model) -> ImportCheck:
+    """Compare the imported model (``load_model()`` makes it: an attnspec model of the build) with
+    transformers' own model of ``checkpoint`` (module docstring). The two are never held at once: ours runs
+    and is dropped before transformers loads (:func:`our_side`, then :func:`compare`)."""
+    missing = import_transformers(checkpoint)
+    if missing is not None:
+        return ImportCheck(skipped=missing)
+    return compare(checkpoint, our_side(load_model()))
+
+
+__all__ = ["ImportCheck", "Ours", "check_import", "compare", "import_transformers", "our_side", "NEW_TOKENS",
+           "PROMPT_TOKENS"]

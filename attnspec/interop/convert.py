@@ -236,23 +236,35 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
                                                 follow_links=True)
         except RunError as error:
             raise InteropError(f"{error}; move {GENERATION_FILE} away to import the weights without it") from None
-    result = build_directory(data, output, weights=lambda path: write_converted(spec, checkpoint, model_type, path),
-                           compile_check=compile_check, force=force, programs=programs,
-                           calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer, generation=generation)
-    if check:
-        from attnspec.compiler.load import load_model
-        from attnspec.interop.check import ImportCheck, check_import
+    compared = check and model_type == read_config(Path(checkpoint)).get("model_type")
+    ours, seconds = [], []
 
-        if model_type != read_config(Path(checkpoint)).get("model_type"):  # the text model of a multimodal release
-            result.import_check = ImportCheck(skipped=f"transformers' model of this checkpoint is multimodal; its "
-                                                      f"{model_type} text model is what was imported")
-        else:
-            if on_stage is not None:
-                on_stage("check", None)
-            start = time.perf_counter()
-            result.import_check = check_import(checkpoint, lambda: load_model(result.directory))
-            if on_stage is not None:
-                on_stage("check", round(time.perf_counter() - start, 3))
+    def beside_compile_check(model):  # attnspec's side of the check, and transformers' import, on this core
+        from attnspec.interop.check import import_transformers, our_side
+
+        if on_stage is not None:
+            on_stage("check", None)
+        start = time.perf_counter()
+        ours.append(our_side(model))
+        import_transformers(checkpoint)
+        seconds.append(time.perf_counter() - start)
+
+    result = build_directory(data, output, weights=lambda path: write_converted(spec, checkpoint, model_type, path),
+                             compile_check=compile_check, force=force, programs=programs,
+                             calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer, generation=generation,
+                             beside_compile_check=beside_compile_check if compared else None)
+    if compared:  # transformers' side, now that the build's model is dropped
+        from attnspec.interop.check import compare
+
+        start = time.perf_counter()
+        result.import_check = compare(checkpoint, ours[0])
+        if on_stage is not None:
+            on_stage("check", round(seconds[0] + time.perf_counter() - start, 3))
+    elif check:  # the text model of a multimodal release
+        from attnspec.interop.check import ImportCheck
+
+        result.import_check = ImportCheck(skipped=f"transformers' model of this checkpoint is multimodal; its "
+                                                  f"{model_type} text model is what was imported")
     return result
 
 

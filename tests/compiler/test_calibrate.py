@@ -170,3 +170,36 @@ def test_spread_is_the_interquartile_range_over_the_median():
     assert spread([1.0, 1.0, 1.0]) == 0.0  # too few runs to read a spread
     assert spread([1.0, 1.0, 1.0, 1.0, 1.0]) == 0.0
     assert spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4.5 - 1.5) / 3.0)
+
+
+def test_a_mode_growing_faster_than_its_probe_suggests_is_predicted_by_the_growth_it_showed():
+    """The probe at L/4 predicts a mode's time at L by the growth measured from L/8 to L/4, twice over, or
+    the cost model's where that is less. Timings here are the delta rule's modes measured on one core
+    (2026-11-28: chunk 17.5, 33.2, 118 ms and quadratic 38.5, 149, 3,500 ms at 256, 512, 2,048 tokens, as
+    power laws through them): the quadratic form, 30x slower at 2,048, is skipped without being run
+    there. A cap of twice linear growth predicted it 7x slower, under SLOW_FACTOR, and ran it for 4 s in
+    every cold import of a hybrid. A mode whose fixed cost dominates its probes is never predicted
+    slower than it is."""
+    from attnspec.compiler import calibrate
+    from attnspec.compiler.plan import estimated_costs
+
+    node = _first_mixer(as_spec(SPEC_DIR / "gated-deltanet.yaml"))
+    length = 2048
+    laws = {"chunk": lambda n: 33.2e-3 * (n / 512) ** 0.91, "quadratic": lambda n: 149e-3 * (n / 512) ** 2.28}
+    calls = []
+
+    def call(mode, n):
+        calls.append((mode, n))
+        return laws[mode](n)
+
+    estimates = estimated_costs(node, length, 1, False)
+    order = sorted(laws, key=lambda mode: estimates[mode].seconds)
+    skipped = {}
+    runs = calibrate._measure(call, order, length, 1, node, False, estimates, skipped, True)
+    assert set(runs) == {"chunk"} and skipped["quadratic"].startswith("predicted 3")  # 3,500 / 118 ms
+    assert ("quadratic", length) not in calls and {n for _, n in calls} == {256, 512, length}
+
+    laws = {"chunk": lambda n: 0.05 + 1e-8 * n, "quadratic": lambda n: 0.05 + 1e-9 * n * n}  # fixed costs first
+    skipped, calls[:] = {}, []
+    runs = calibrate._measure(call, order, length, 1, node, False, estimates, skipped, True)
+    assert set(runs) == {"chunk", "quadratic"} and skipped == {}

@@ -2039,3 +2039,24 @@ def test_dynamic_ntk_rope_imports_logit_equal_and_decodes_as_transformers_genera
             logits, *state = model.step(tokens[:, t], *state)
             whole = model(tokens[:, :t + 1])[:, t]
             assert (_relative(logits, whole) < 1e-5) is (t < 12), t
+
+
+@pytest.mark.parametrize("mup", [False, True])
+def test_afmoe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, mup):
+    """AFMoE: sandwich norms, QK-norm and a sigmoid output gate, windowed layers with RoPE and global ones
+    without positions, a dense first layer then experts (sigmoid scores, a perturbed correction bias that
+    chooses but does not weight, renormalised, times ``route_scale``, shared experts)."""
+    from transformers import AfmoeConfig, AfmoeForCausalLM
+
+    config = AfmoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                         num_hidden_layers=4, num_dense_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=8, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
+                         num_shared_experts=1, route_scale=1.7, global_attn_every_n_layers=2, sliding_window=3,
+                         mup_enabled=mup)
+    spec = _holds_to(_perturbed(lambda: AfmoeForCausalLM(config)), tmp_path / "checkpoint", "afmoe")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.window for b in blocks] == [3, None, 3, None]
+    assert [b.mixer.position.kind for b in blocks] == ["rope", "none", "rope", "none"]
+    assert [b.mlp.kind for b in blocks] == ["glu", "moe", "moe", "moe"] and blocks[1].mlp.score_bias
+    assert all(b.mixer.output_gate == "sigmoid" and b.norm_placement == "sandwich" for b in blocks)
+    assert (spec.input.scale == pytest.approx(32 ** 0.5)) is mup

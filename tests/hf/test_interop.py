@@ -2060,3 +2060,30 @@ def test_afmoe_computes_transformers_logits_decodes_alike_and_exports_as_itself(
     assert [b.mlp.kind for b in blocks] == ["glu", "moe", "moe", "moe"] and blocks[1].mlp.score_bias
     assert all(b.mixer.output_gate == "sigmoid" and b.norm_placement == "sandwich" for b in blocks)
     assert (spec.input.scale == pytest.approx(32 ** 0.5)) is mup
+
+
+@pytest.mark.parametrize("strategy, selection, rms", [("average", "softmax", False), ("sum", "sigmoid", True)])
+def test_cohere2_moe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, strategy, selection,
+                                                                                    rms):
+    """Cohere 2 MoE: parallel blocks, a dense first layer (global, rotating: ``prefix_dense_sliding_window_pattern``
+    1) then experts with shared experts summed or averaged (an average exports as a sum of halved down
+    projections), windowed layers with interleaved RoPE and global sparse ones without positions."""
+    from transformers import Cohere2MoeConfig, Cohere2MoeForCausalLM
+
+    config = Cohere2MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=16, prefix_dense_intermediate_size=40,
+                              num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                              max_position_embeddings=64, sliding_window=3, num_experts=4, num_experts_per_tok=2,
+                              num_shared_experts=2, shared_expert_combination_strategy=strategy,
+                              expert_selection_fn=selection, norm_topk_prob=False, first_k_dense_replace=1,
+                              rms_norm_eps=1e-6 if rms else None, logit_scale=0.5)
+    spec = _holds_to(_perturbed(lambda: Cohere2MoeForCausalLM(config)), tmp_path / "checkpoint", "cohere2_moe")
+    blocks = spec_blocks(spec)
+    assert [b.mlp.kind for b in blocks] == ["glu", "moe", "moe", "moe", "moe"]
+    assert [b.mixer.window for b in blocks] == [None, 3, 3, 3, None]
+    assert [b.mixer.position.kind for b in blocks] == ["rope", "rope", "rope", "rope", "none"]
+    assert blocks[0].norm.kind == ("rmsnorm" if rms else "layernorm") and blocks[1].mlp.scoring == selection
+    saved = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps({**saved,
+                                                                     "shared_expert_combination_strategy": "max"}))
+    with pytest.raises(InteropError, match="shared_expert_combination_strategy"):
+        spec_from_checkpoint(tmp_path / "checkpoint")

@@ -72,9 +72,10 @@ class Link:
     weight - 1), exponentiated where ours is its ``log`` (a fixed transition's log-rate, MiniMax's
     slope), with a middle axis of 1 for a ``conv`` (conv1d's (channels, 1, width)), its rows in
     ``stack`` slices along a leading axis (fused experts: (experts, rows, columns)), or the whole viewed
-    as ``view``; a 2-D whole ``transpose``-d (GPT-2's ``Conv1D`` stores (in, out), a linear map's
-    transpose); after ``lead`` rows that no attnspec tensor holds (OPT's position table starts at row 2:
-    they are dropped on import and written as zeros on export, which nothing reads).
+    as ``view``; its last two axes ``transpose``-d (GPT-2's ``Conv1D`` stores (in, out), a linear map's
+    transpose; Aria's fused experts (experts, in, out)); after ``lead`` rows that no attnspec tensor holds
+    (OPT's position table starts at row 2: they are dropped on import and written as zeros on export,
+    which nothing reads).
     """
 
     theirs: str
@@ -107,7 +108,7 @@ class Link:
         if self.stack > 1:
             joined = joined.reshape(self.stack, -1, *joined.shape[1:])
         if self.transpose:
-            joined = joined.t()
+            joined = joined.transpose(-2, -1)
         elif self.conv:
             joined = joined.unsqueeze(1)
         if self.lead:  # rows of theirs that no attnspec tensor holds
@@ -120,7 +121,7 @@ class Link:
 
         tensor = tensor[self.lead:]
         if self.transpose:
-            tensor = tensor.t()
+            tensor = tensor.transpose(-2, -1)
         if self.view is not None:
             tensor = tensor.reshape(sum(shape[0] for shape in shapes), *shapes[0][1:])
         if self.stack > 1:

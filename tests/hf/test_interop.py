@@ -2087,3 +2087,16 @@ def test_cohere2_moe_computes_transformers_logits_decodes_alike_and_exports_as_i
                                                                      "shared_expert_combination_strategy": "max"}))
     with pytest.raises(InteropError, match="shared_expert_combination_strategy"):
         spec_from_checkpoint(tmp_path / "checkpoint")
+
+
+def test_aria_text_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Aria's text model: experts in every layer stored fused and transposed (fc1 (experts, d, 2 hidden), fc2
+    (experts, hidden, d)), the softmax of the top-k logits, two shared experts as one wider GLU."""
+    from transformers import AriaTextConfig, AriaTextForCausalLM
+
+    config = AriaTextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, moe_num_experts=4,
+                            moe_topk=2, moe_num_shared_experts=2, pad_token_id=0)
+    spec = _holds_to(_perturbed(lambda: AriaTextForCausalLM(config)), tmp_path / "checkpoint", "aria_text")
+    moe = spec_blocks(spec)[0].mlp
+    assert moe.kind == "moe" and moe.experts == 4 and moe.shared_hidden == 32

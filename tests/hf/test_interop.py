@@ -2100,3 +2100,19 @@ def test_aria_text_computes_transformers_logits_decodes_alike_and_exports_as_its
     spec = _holds_to(_perturbed(lambda: AriaTextForCausalLM(config)), tmp_path / "checkpoint", "aria_text")
     moe = spec_blocks(spec)[0].mlp
     assert moe.kind == "moe" and moe.experts == 4 and moe.shared_hidden == 32
+
+
+def test_flint_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Flint: QK-norm attention with perturbed sinks, RoPE on windowed layers only, dense GLUs on
+    ``mlp_only_layers`` and sigmoid-scored experts (no correction bias) beside an ungated shared expert."""
+    from transformers import FlintConfig, FlintForCausalLM
+
+    config = FlintConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=5,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                         sliding_window=3, moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=4,
+                         num_experts_per_tok=2, mlp_only_layers=[0])
+    spec = _holds_to(_perturbed(lambda: FlintForCausalLM(config)), tmp_path / "checkpoint", "flint")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.window for b in blocks] == [None, None, 3, 3, None] and all(b.mixer.sinks for b in blocks)
+    assert [b.mixer.position.kind for b in blocks] == ["none", "none", "rope", "rope", "none"]
+    assert [b.mlp.kind for b in blocks] == ["glu", "moe", "moe", "moe", "moe"] and blocks[1].mlp.scoring == "sigmoid"

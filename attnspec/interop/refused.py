@@ -50,6 +50,11 @@ DECODERS_OF_ENCODER_DECODERS = frozenset({"bart", "bigbird_pegasus", "blenderbot
                                           "prophetnet", "trocr", "whisper"})
 """Decoders that cross-attend to an encoder's output (text, speech, images or audio codes)."""
 
+SPARSE_ATTENTION = ("DeepSeek Sparse Attention: a learned indexer (`index_n_heads` heads of its own) choosing the "
+                    "`index_topk` keys each query attends to, which attnspec's sparse parts do not choose by a learned "
+                    "score")
+"""What DeepSeek-V3.2's sparse attention needs (its successors' too)."""
+
 LACKS: dict[str, tuple[str, str]] = {
     "kolibri1": ("model_type", "a router choosing experts by their raw logits plus a correction bias and weighting "
                                "them by the logits' sigmoid (attnspec's sigmoid router adds the bias to the sigmoid)"),
@@ -75,6 +80,47 @@ LACKS: dict[str, tuple[str, str]] = {
     "apertus": ("hidden_act", "the xIELU activation (with its learned parameters per layer)"),
     "ministral3": ("rope_parameters.llama_4_scaling_beta", "queries scaled by a factor growing with the position "
                                                            "past `original_max_position_embeddings` (Llama 4's)"),
+    "deepseek_v32": ("index_topk", SPARSE_ATTENTION),
+    "glm_moe_dsa": ("index_topk", SPARSE_ATTENTION),
+    "axk2": ("index_topk", SPARSE_ATTENTION),
+    "deepseek_v4": ("hc_mult", "hyper-connections (`hc_mult` residual streams mixed by learned maps) and compressed "
+                               "sparse attention (keys pooled per `layer_types` and chosen by an indexer)"),
+    "hy_v4": ("hc_mult", "hyper-connections (`hc_mult` residual streams mixed by learned maps) and a sparse-attention "
+                         "indexer choosing `index_topk` keys per query"),
+    "qwen4_exp": ("hc_count", "hyper-connections (`hc_count` residual streams), per-layer n-gram embeddings "
+                              "(`ple_layer_ids`, `ngram_size`) and a sparse-attention indexer (`indexer_budget`)"),
+    "qwen4_exp_text": ("hc_count", "hyper-connections (`hc_count` residual streams), per-layer n-gram embeddings "
+                                   "(`ple_layer_ids`, `ngram_size`) and a sparse-attention indexer (`indexer_budget`)"),
+    "axk1": ("model_type", "an RMSNorm of the experts' output before the residual on its expert layers alone "
+                           "(`post_mlp_layernorm`), where attnspec's output norms are every sub-layer's or none"),
+    "beam": ("layer_types", "queries scaled by a function of their position on its global layers (no positions, "
+                            "Llama 4's temperature tuning) and a bias per head on its sigmoid output gate"),
+    "doge": ("keep_window_size", "dynamic mask attention (a learned mask per head computed from the values, keeping "
+                                 "the `keep_window_size` highest-scoring keys)"),
+    "dory": ("n_recurrent_loops", "a section of layers run `n_recurrent_loops` times with the same weights, each "
+                                  "loop with its own cache, and nGPT's normalised residual interpolation"),
+    "hrm_text": ("H_cycles", "the Hierarchical Reasoning Model's nested recurrence of two layer stacks "
+                             "(`H_cycles` x `L_cycles`)"),
+    "inkling_text": ("d_rel", "a relative position bias computed from learned relative states (`d_rel`, "
+                              "`rel_extent`) and logits scaled logarithmically past `log_scaling_n_floor`"),
+    "llama4_text": ("attention_chunk_size", "attention within chunks of `attention_chunk_size` (not a sliding "
+                                            "window), an L2 norm of q and k, and queries scaled by position on its "
+                                            "layers without RoPE (`attn_temperature_tuning`)"),
+    "gemma3n_text": ("hidden_size_per_layer_input", "per-layer input embeddings, AltUp's predicted and corrected "
+                                                    "residual streams, LAuReL's low-rank residual, key/value "
+                                                    "caches shared across layers and activation sparsity"),
+    "gemma4_text": ("hidden_size_per_layer_input", "per-layer input embeddings and key/value caches shared across "
+                                                   "layers (`num_kv_shared_layers`)"),
+    "llama4": ("text_config.attention_chunk_size", "in its text model, attention within chunks (not a sliding "
+                                                   "window), an L2 norm of q and k, and queries scaled by position on "
+                                                   "its layers without RoPE"),
+    "gemma3n": ("text_config.hidden_size_per_layer_input", "in its text model, per-layer input embeddings, AltUp's "
+                                                           "residual streams, LAuReL's low-rank residual and key/value "
+                                                           "caches shared across layers"),
+    "gemma4": ("text_config.hidden_size_per_layer_input", "in its text model, per-layer input embeddings and "
+                                                          "key/value caches shared across layers"),
+    "zaya": ("model_type", "compressed convolutional attention (queries and keys compressed and convolved before "
+                           "attention) and learned residual scaling"),
 }
 """Decoder-only types whose missing part is known: type -> (the config field that asks for it, the part)."""
 

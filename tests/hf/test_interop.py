@@ -2116,3 +2116,18 @@ def test_flint_computes_transformers_logits_decodes_alike_and_exports_as_itself(
     assert [b.mixer.window for b in blocks] == [None, None, 3, 3, None] and all(b.mixer.sinks for b in blocks)
     assert [b.mixer.position.kind for b in blocks] == ["none", "none", "rope", "rope", "none"]
     assert [b.mlp.kind for b in blocks] == ["glu", "moe", "moe", "moe", "moe"] and blocks[1].mlp.scoring == "sigmoid"
+
+
+def test_hy_v3_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Hunyuan V3: Qwen3's attention, a dense first layer then sigmoid experts with a perturbed correction bias
+    (choosing, not weighting), renormalised and scaled, beside shared experts; its released tensor names."""
+    from transformers import HYV3Config, HYV3ForCausalLM
+
+    config = HYV3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                        num_experts=4, num_experts_per_tok=2, num_shared_experts=1, moe_intermediate_size=16,
+                        router_scaling_factor=1.6, enable_moe_fp32_combine=False)
+    spec = _holds_to(_perturbed(lambda: HYV3ForCausalLM(config)), tmp_path / "checkpoint", "hy_v3")
+    blocks = spec_blocks(spec)
+    assert [b.mlp.kind for b in blocks] == ["glu", "moe", "moe"] and blocks[1].mlp.score_bias
+    assert blocks[0].mixer.qk_norm == "rmsnorm"

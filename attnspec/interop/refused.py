@@ -119,6 +119,18 @@ LACKS: dict[str, tuple[str, str]] = {
                                                            "caches shared across layers"),
     "gemma4": ("text_config.hidden_size_per_layer_input", "in its text model, per-layer input embeddings and "
                                                           "key/value caches shared across layers"),
+    "lfm3": ("rope_parameters.full_attention.rope_type", "the `proportional` RoPE of its global layers (frequencies "
+                                                         "spread over the whole head, the unrotated part left as it "
+                                                         "is) and a sigmoid gate per head (`use_attention_gate`: one "
+                                                         "scalar scaling each head's output)"),
+    "blt": ("patch_size", "the Byte Latent Transformer's byte-level local encoder and decoder around a global "
+                          "transformer over patches an entropy model chooses"),
+    "cpmant": ("position_bias_num_buckets", "relative position biases in buckets per segment (T5's, with segment "
+                                            "types) and learned prompt embeddings"),
+    "mllama": ("text_config.cross_attention_layers", "cross-attention layers reading an image encoder's output "
+                                                     "between its self-attention layers"),
+    "fuyu": ("text_config.qk_layernorm", "a Persimmon language model: LayerNorms with biases on each head's q and "
+                                         "k (attnspec's QK-norm is an RMSNorm)"),
     "zaya": ("model_type", "compressed convolutional attention (queries and keys compressed and convolved before "
                            "attention) and learned residual scaling"),
 }

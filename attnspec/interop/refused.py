@@ -131,6 +131,8 @@ LACKS: dict[str, tuple[str, str]] = {
                                                      "between its self-attention layers"),
     "fuyu": ("text_config.qk_layernorm", "a Persimmon language model: LayerNorms with biases on each head's q and "
                                          "k (attnspec's QK-norm is an RMSNorm)"),
+    "laguna": ("gating", "a softplus output gate (one per head or per element; attnspec's output gates are sigmoid "
+                         "or swish) and a tanh soft-cap on the router's logits (`moe_router_logit_softcapping`)"),
     "zaya": ("model_type", "compressed convolutional attention (queries and keys compressed and convolved before "
                            "attention) and learned residual scaling"),
 }

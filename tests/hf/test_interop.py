@@ -2131,3 +2131,25 @@ def test_hy_v3_computes_transformers_logits_decodes_alike_and_exports_as_itself(
     blocks = spec_blocks(spec)
     assert [b.mlp.kind for b in blocks] == ["glu", "moe", "moe"] and blocks[1].mlp.score_bias
     assert blocks[0].mixer.qk_norm == "rmsnorm"
+
+
+def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
+    type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then
+    DeepSeek-V3's group-limited sigmoid experts without shared ones."""
+    from transformers import MiMoV2FlashConfig, MiMoV2FlashForCausalLM
+
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+    config = MiMoV2FlashConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=1, head_dim=12, v_head_dim=8,
+                               max_position_embeddings=64, sliding_window=3, moe_intermediate_size=16,
+                               n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                               routed_scaling_factor=1.5, attention_value_scale=0.6, rope_parameters=rope,
+                               layer_types=["full_attention", "sliding_attention", "sliding_attention",
+                                            "full_attention"])
+    spec = _holds_to(_perturbed(lambda: MiMoV2FlashForCausalLM(config)), tmp_path / "checkpoint", "mimo_v2_flash")
+    mixers = [b.mixer for b in spec_blocks(spec)]
+    assert [m.window for m in mixers] == [None, 3, 3, None] and [m.sinks for m in mixers] == [False, True, True, False]
+    assert [m.kv_heads for m in mixers] == [1, 2, 2, 1] and mixers[0].d_v == 8
+    assert [b.mlp.kind for b in spec_blocks(spec)] == ["glu", "moe", "moe", "moe"]

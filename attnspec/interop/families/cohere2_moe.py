@@ -56,8 +56,8 @@ class Cohere2Moe(Cohere):
         rope = {**config.rope(head_dim), "interleaved": True}
         mixer = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": bias,
                  "out_bias": bias, **({"kv_heads": kv_heads} if kv_heads != heads else {})}
-        dense_mlp = {"kind": "glu", "activation": config.activation(), "bias": False,
-                     "hidden": config.count("prefix_dense_intermediate_size", None) or config.count("intermediate_size")}
+        dense_hidden = config.count("prefix_dense_intermediate_size", None) or config.count("intermediate_size")
+        dense_mlp = {"kind": "glu", "activation": config.activation(), "bias": False, "hidden": dense_hidden}
         experts = self.experts(config) if "sparse" in kinds else None
         blocks = []
         for layer_type, kind in zip(types, kinds):
@@ -151,8 +151,8 @@ class Cohere2Moe(Cohere):
                     or (moe.shared and moe.shared_hidden != moe.shared * moe.hidden):
                 raise NotExpressible("cohere2_moe's experts are GLUs chosen by softmax (renormalised) or sigmoid "
                                      "scores, unscaled, ungrouped, beside shared experts as wide as they are")
-            config.update({"num_experts": moe.experts, "num_experts_per_tok": moe.top_k, "intermediate_size": moe.hidden,
-                           "expert_selection_fn": moe.scoring, "norm_topk_prob": moe.normalize,
+            config.update({"num_experts": moe.experts, "num_experts_per_tok": moe.top_k,
+                           "intermediate_size": moe.hidden, "expert_selection_fn": moe.scoring, "norm_topk_prob": moe.normalize,
                            "num_shared_experts": moe.shared, "shared_expert_combination_strategy": "sum"})
         if dense is not None:
             config["prefix_dense_intermediate_size"] = dense.hidden

@@ -153,7 +153,8 @@ class Cohere2Moe(Cohere):
                                      "scores, unscaled, ungrouped, beside shared experts as wide as they are")
             config.update({"num_experts": moe.experts, "num_experts_per_tok": moe.top_k,
                            "intermediate_size": moe.hidden, "expert_selection_fn": moe.scoring,
-                           "norm_topk_prob": moe.normalize, "num_shared_experts": moe.shared, "shared_expert_combination_strategy": "sum"})
+                           "norm_topk_prob": moe.normalize, "num_shared_experts": moe.shared,
+                           "shared_expert_combination_strategy": "sum"})
         if dense is not None:
             config["prefix_dense_intermediate_size"] = dense.hidden
             config.setdefault("intermediate_size", dense.hidden)

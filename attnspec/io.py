@@ -155,14 +155,10 @@ def save_tensors(path: Path, tensors: dict, metadata: dict[str, str] | None = No
     """Write a name -> tensor dict as a safetensors file, laid out as :class:`TensorFileWriter` lays one
     out (every tensor whose size allows it starts on a :data:`TENSOR_ALIGNMENT`-byte boundary), with the
     file mode of every other file attnspec writes (0644 less the umask)."""
-    writer = TensorFileWriter(path, {name: (tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
-                                     for name, tensor in tensors.items()}, metadata)
-    try:
+    layout = {name: (tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for name, tensor in tensors.items()}
+    with TensorFileWriter(path, layout, metadata) as writer:
         for name, tensor in tensors.items():
             writer.write(name, tensor.detach().cpu())
-    finally:
-        writer.handle.close()
-    writer.close()
 
 
 SAFETENSORS_NAMES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
@@ -180,8 +176,9 @@ is its offset's. A matrix-vector product over bfloat16 weights streaming from me
 
 class TensorFileWriter:
     """A safetensors file written tensor by tensor: its header (every name, shape and dtype) first, then each
-    tensor's bytes at its offset as it comes, so a converted checkpoint is never held whole. ``close()``
-    checks that every declared tensor was written. The file loads with ``safetensors`` like any other.
+    tensor's bytes at its offset as it comes, so a converted checkpoint is never held whole. As a context
+    manager, leaving closes the file and, unless an exception is leaving with it, checks that every declared
+    tensor was written (``close()``). The file loads with ``safetensors`` like any other.
 
     The layout aligns the data's start (the header is padded with spaces, as the format allows) and every
     tensor to :data:`TENSOR_ALIGNMENT` bytes: tensors whose byte size is a multiple of it come first, in
@@ -227,6 +224,14 @@ class TensorFileWriter:
         self.handle.seek(self.start + offset)
         self.handle.write(memoryview(data))
         self.written.add(name)
+
+    def __enter__(self) -> "TensorFileWriter":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        self.handle.close()
+        if kind is None:
+            self.close()
 
     def close(self) -> None:
         """Finish the file (0644 less the umask, as :func:`save_tensors`); every tensor must be written."""

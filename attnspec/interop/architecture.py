@@ -270,6 +270,28 @@ def softmax_experts(config: Config, experts: int, hidden: int, top_k: int, norma
             "activation": activation or config.activation(allowed=("silu",)), "normalize": normalize}
 
 
+def expert_counts(config: Config, field: str, default: int | None, top_k_field: str, top_k: int) -> tuple[int, int]:
+    """(experts, experts per token) of a mixture-of-experts config: ``field`` (at most ``MAX_EXPERTS``) and
+    ``top_k_field`` (at most the experts), each refused by name otherwise."""
+    from attnspec.spec import limits
+
+    experts = config.count(field, default, limit=limits.MAX_EXPERTS)
+    chosen = config.count(top_k_field, top_k)
+    if chosen > experts:
+        raise config.refuse(top_k_field, f"{chosen} experts per token of {experts}")
+    return experts, chosen
+
+
+def shared_count(config: Config, field: str, default: int) -> int:
+    """How many shared experts a config states in ``field`` (0 to ``MAX_EXPERTS``, refused by name otherwise)."""
+    from attnspec.spec import limits
+
+    shared = config.get(field, int, default)
+    if not 0 <= shared <= limits.MAX_EXPERTS:
+        raise config.refuse(field, f"must be from 0 to {limits.MAX_EXPERTS}")
+    return shared
+
+
 def rmsnorm_node(eps: float) -> dict:
     return {"kind": "rmsnorm", "eps": eps}
 

@@ -72,7 +72,8 @@ def our_side(model) -> Ours | ImportCheck:
     saying why not where it cannot be compared. Its logits are float32 whatever the model's dtype."""
     if not model.has_step:
         return ImportCheck(skipped="the model does not decode")
-    prompt = torch.randint(0, model.spec.input.vocab_size, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(0, model.spec.input.vocab_size, (1, PROMPT_TOKENS),
+                           generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logits = model(prompt).float()
         tokens = model.generate(prompt, NEW_TOKENS, temperature=0.0)[0, PROMPT_TOKENS:]
@@ -87,7 +88,8 @@ def import_transformers(checkpoint: Path | str) -> str | None:
     except ImportError:
         return "transformers is not installed (the `hf` extra); `--no-check` says so quietly"
     try:  # the class's module is imported lazily by the mapping; its failure is from_pretrained's to report
-        config = transformers.AutoConfig.from_pretrained(str(checkpoint), local_files_only=True, trust_remote_code=False)
+        config = transformers.AutoConfig.from_pretrained(str(checkpoint), local_files_only=True,
+                                                         trust_remote_code=False)
         transformers.AutoModelForCausalLM._model_mapping[type(config)]
     except Exception:  # noqa: BLE001 - transformers' own failure is reported by the comparison
         pass

@@ -191,13 +191,9 @@ def write_converted(spec, checkpoint: Path | str, model_type: str, path: Path) -
     from attnspec.io import TensorFileWriter
 
     layout, tensors = converted_tensors(spec, checkpoint, model_type)
-    writer = TensorFileWriter(path, layout)
-    try:
+    with TensorFileWriter(path, layout) as writer:
         for name, tensor in tensors:
             writer.write(name, tensor)
-    finally:
-        writer.handle.close()
-    writer.close()
 
 
 def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None = None,

@@ -109,6 +109,30 @@ def test_tensor_file_writer_streams_a_safetensors_file_and_refuses_what_it_did_n
         writer.close()
 
 
+def test_written_tensors_start_on_64_byte_boundaries_and_load_anywhere(tmp_path):
+    """save_tensors (every file attnspec writes) aligns the data and every tensor whose size is a multiple of 64
+    bytes, those first (the format allows no gaps); a mapped model's weights then start on a cache line. An
+    exception inside the writer's block leaves no check to trip over: the file is closed, the error passes."""
+    import json
+
+    from attnspec.io import TENSOR_ALIGNMENT, map_safetensors, save_tensors
+
+    tensors = {"norm": torch.randn(3, dtype=torch.bfloat16), "w": torch.randn(4, 48, dtype=torch.bfloat16),
+               "v": torch.randn(96), "flag": torch.tensor(True), "empty": torch.zeros(0)}
+    save_tensors(tmp_path / "t.safetensors", tensors, {"format": "pt"})
+    raw = (tmp_path / "t.safetensors").read_bytes()
+    start = 8 + int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:start])
+    assert start % TENSOR_ALIGNMENT == 0 and header["__metadata__"] == {"format": "pt"}
+    assert all(header[name]["data_offsets"][0] % TENSOR_ALIGNMENT == 0 for name in ("w", "v", "empty", "flag"))
+    mapped = map_safetensors(tmp_path / "t.safetensors")
+    assert all(mapped[name].data_ptr() % TENSOR_ALIGNMENT == 0 for name in ("w", "v"))
+    assert all(torch.equal(load_file(tmp_path / "t.safetensors")[name], t) for name, t in tensors.items())
+    with pytest.raises(ValueError, match="stop"):
+        with TensorFileWriter(tmp_path / "u.safetensors", {"a": ((2,), "float32")}):
+            raise ValueError("stop")
+
+
 @pytest.mark.parametrize("where", [0, 5, 6, 16, 22])
 def test_all_finite_checks_every_chunk(monkeypatch, where):
     """The chunked check finds one NaN or infinity wherever it is (chunks of 6: first, inside, on a chunk's

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 from attnspec.interop.architecture import (Architecture, Link, Row, attention_links, block_prefix, common_fields,
-                                           compress_layers, expanded_blocks, glu_links, glu_node, head_node,
-                                           lm_links, moe_links, rename, rmsnorm_node, rope_config)
+                                           compress_layers, expanded_blocks, expert_counts, glu_links, glu_node,
+                                           head_node, lm_links, moe_links, rename, rmsnorm_node, rope_config,
+                                           shared_count)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.spec import limits
 
@@ -68,13 +69,8 @@ class Afmoe(Architecture):
         """AFMoE's experts: ``num_experts`` GLUs of ``moe_intermediate_size``, sigmoid scores whose top
         ``num_experts_per_tok`` (chosen with the correction bias added) are renormalised and times
         ``route_scale``, beside ``num_shared_experts`` shared ones as one MLP that many times as wide."""
-        experts = config.count("num_experts", 64, limit=limits.MAX_EXPERTS)
-        chosen = config.count("num_experts_per_tok", 6)
-        if chosen > experts:
-            raise config.refuse("num_experts_per_tok", f"{chosen} experts per token of {experts}")
-        shared = config.get("num_shared_experts", int, 2)
-        if not 0 <= shared <= limits.MAX_EXPERTS:
-            raise config.refuse("num_shared_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
+        experts, chosen = expert_counts(config, "num_experts", 64, "num_experts_per_tok", 6)
+        shared = shared_count(config, "num_shared_experts", 2)
         hidden = config.count("moe_intermediate_size", 1408)
         return {"kind": "moe", "experts": experts, "hidden": hidden, "top_k": chosen,
                 "activation": config.activation(), "scoring": "sigmoid", "score_bias": True, "normalize": True,

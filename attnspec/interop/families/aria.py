@@ -3,10 +3,10 @@ family states: :mod:`attnspec.interop.architecture`)."""
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Link, Row, expanded_blocks, glu_links, rename
+from attnspec.interop.architecture import (Link, Row, expanded_blocks, expert_counts, glu_links, rename,
+                                           shared_count)
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
-from attnspec.spec import limits
 
 
 class AriaText(LlamaFamily):
@@ -33,13 +33,8 @@ class AriaText(LlamaFamily):
             raise config.refuse("mlp_bias", "Aria's routed experts take no biases where its shared ones would; "
                                 "false imports")
         blocks, eps = self.layer_blocks(config, "llama")
-        experts = config.count("moe_num_experts", 8, limit=limits.MAX_EXPERTS)
-        chosen = config.count("moe_topk", 2)
-        if chosen > experts:
-            raise config.refuse("moe_topk", f"{chosen} experts per token of {experts}")
-        shared = config.get("moe_num_shared_experts", int, 2)
-        if not 0 <= shared <= limits.MAX_EXPERTS:
-            raise config.refuse("moe_num_shared_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
+        experts, chosen = expert_counts(config, "moe_num_experts", 8, "moe_topk", 2)
+        shared = shared_count(config, "moe_num_shared_experts", 2)
         hidden = config.count("intermediate_size")
         moe = {"kind": "moe", "experts": experts, "top_k": chosen, "hidden": hidden, "scoring": "softmax",
                "normalize": True, "activation": config.activation(allowed=("silu",)), "shared": shared,

@@ -3,8 +3,9 @@ back (what a family states: :mod:`attnspec.interop.architecture`)."""
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Link, Row, block_prefix, common_fields, compress_layers, expanded_blocks, \
-    glu_links, head_node, moe_links, rmsnorm_node, rope_config
+from attnspec.interop.architecture import (Link, Row, block_prefix, common_fields, compress_layers, expanded_blocks,
+                                           expert_counts, glu_links, head_node, moe_links, rmsnorm_node, rope_config,
+                                           shared_count)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.interop.families.cohere import Cohere
 from attnspec.spec import limits
@@ -73,19 +74,14 @@ class Cohere2Moe(Cohere):
     @staticmethod
     def experts(config: Config) -> dict:
         """``num_experts`` GLUs of ``intermediate_size`` behind the router :class:`Cohere2Moe` describes."""
-        experts = config.count("num_experts", 8, limit=limits.MAX_EXPERTS)
-        chosen = config.count("num_experts_per_tok", 2)
-        if chosen > experts:
-            raise config.refuse("num_experts_per_tok", f"{chosen} experts per token of {experts}")
+        experts, chosen = expert_counts(config, "num_experts", 8, "num_experts_per_tok", 2)
         selection = config.get("expert_selection_fn", str, "softmax")
         if selection not in ("softmax", "sigmoid"):
             raise config.refuse("expert_selection_fn", "softmax or sigmoid (transformers takes no other)")
         strategy = config.get("shared_expert_combination_strategy", str, "average")
         if strategy not in STRATEGIES:
             raise config.refuse("shared_expert_combination_strategy", "sum or average (transformers takes no other)")
-        shared = config.get("num_shared_experts", int, 0)
-        if not 0 <= shared <= limits.MAX_EXPERTS:
-            raise config.refuse("num_shared_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
+        shared = shared_count(config, "num_shared_experts", 0)
         hidden = config.count("intermediate_size")
         return {"kind": "moe", "experts": experts, "hidden": hidden, "top_k": chosen,
                 "activation": config.activation(), "scoring": selection,

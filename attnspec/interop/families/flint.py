@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Link, Row, block_prefix, expanded_blocks, moe_links, rename, rope_config
+from attnspec.interop.architecture import (Link, Row, block_prefix, expanded_blocks, expert_counts, moe_links,
+                                           rename)
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 from attnspec.spec import limits
@@ -47,10 +48,7 @@ class Flint(LlamaFamily):
         step = config.count("decoder_sparse_step", 1)
         dense_only = config.layer_list("mlp_only_layers", layers) if config.data.get("mlp_only_layers") is not None \
             else [0, 1]
-        experts = config.count("num_experts", 256, limit=limits.MAX_EXPERTS)
-        chosen = config.count("num_experts_per_tok", 6)
-        if chosen > experts:
-            raise config.refuse("num_experts_per_tok", f"{chosen} experts per token of {experts}")
+        experts, chosen = expert_counts(config, "num_experts", 256, "num_experts_per_tok", 6)
         moe = {"kind": "moe", "experts": experts, "top_k": chosen, "hidden": config.count("moe_intermediate_size", 512),
                "scoring": "sigmoid", "normalize": config.get("norm_topk_prob", bool, True),
                "activation": config.activation(allowed=("silu",)), "shared": 1,

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Link, Row, expanded_blocks, moe_links, rename
+from attnspec.interop.architecture import (Link, Row, expanded_blocks, expert_counts, moe_links, rename,
+                                           shared_count)
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
-from attnspec.spec import limits
 
 
 class HYV3(LlamaFamily):
@@ -41,13 +41,8 @@ class HYV3(LlamaFamily):
         kinds = config.get("mlp_layer_types", list, None) or ["dense"] + ["sparse"] * (layers - 1)
         if len(kinds) != layers or any(kind not in ("dense", "sparse") for kind in kinds):
             raise config.refuse("mlp_layer_types", f"must name `dense` or `sparse` for each of the {layers} layers")
-        experts = config.count("num_experts", 192, limit=limits.MAX_EXPERTS)
-        chosen = config.count("num_experts_per_tok", 8)
-        if chosen > experts:
-            raise config.refuse("num_experts_per_tok", f"{chosen} experts per token of {experts}")
-        shared = config.get("num_shared_experts", int, 1)
-        if not 0 <= shared <= limits.MAX_EXPERTS:
-            raise config.refuse("num_shared_experts", f"must be from 0 to {limits.MAX_EXPERTS}")
+        experts, chosen = expert_counts(config, "num_experts", 192, "num_experts_per_tok", 8)
+        shared = shared_count(config, "num_shared_experts", 1)
         hidden = config.count("moe_intermediate_size", 1536)
         moe = {"kind": "moe", "experts": experts, "top_k": chosen, "hidden": hidden, "scoring": "sigmoid",
                "score_bias": True, "normalize": True, "routed_scale": config.number("router_scaling_factor", 2.826),

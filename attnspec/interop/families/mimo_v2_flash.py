@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from attnspec.interop.architecture import (Architecture, Link, Row, attention_links, block_prefix, common_fields,
-                                           compress_layers, expanded_blocks, glu_links, glu_node, head_node,
-                                           lm_links, moe_links, rename, rmsnorm_node, rope_config)
+                                           compress_layers, expanded_blocks, expert_counts, glu_links, glu_node,
+                                           head_node, lm_links, moe_links, rename, rmsnorm_node, rope_config)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.spec import limits
 
@@ -64,10 +64,7 @@ class MiMoV2Flash(Architecture):
 
     @staticmethod
     def experts(config: Config) -> dict:
-        experts = config.count("n_routed_experts", 256, limit=limits.MAX_EXPERTS)
-        chosen = config.count("num_experts_per_tok", 8)
-        if chosen > experts:
-            raise config.refuse("num_experts_per_tok", f"{chosen} experts per token of {experts}")
+        experts, chosen = expert_counts(config, "n_routed_experts", 256, "num_experts_per_tok", 8)
         return {"kind": "moe", "experts": experts, "hidden": config.count("moe_intermediate_size", 2048),
                 "top_k": chosen, "activation": config.activation(allowed=("silu",)), "scoring": "sigmoid",
                 "score_bias": True, "normalize": config.get("norm_topk_prob", bool, True),

@@ -204,11 +204,16 @@ def _measure(call, order: list[str], length: int, batch: int, node, training: bo
                     for mode in order}
     predicted = {}
     for mode in order:
-        call(mode, short_length)
-        short = min(call(mode, short_length), call(mode, short_length))
-        probe = min(call(mode, probe_length), call(mode, probe_length))
-        measured_growth = max(probe / short, 1.0) ** 2 if probe_length < length else 1.0
-        predicted[mode] = probe * min(model_growth[mode], measured_growth)
+        growth = 1.0  # a probe at the full length predicts itself
+        if probe_length < length:
+            call(mode, short_length)
+            short = min(call(mode, short_length), call(mode, short_length))
+            probe = min(call(mode, probe_length), call(mode, probe_length))
+            growth = min(model_growth[mode], max(probe / short, 1.0) ** 2)
+        else:
+            call(mode, probe_length)
+            probe = min(call(mode, probe_length), call(mode, probe_length))
+        predicted[mode] = probe * growth
     best = min(predicted.values()) if predicted else 0.0
     for mode in order:
         if skip_slow and predicted[mode] > SLOW_FACTOR * best:

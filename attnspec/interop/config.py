@@ -148,13 +148,16 @@ class Config:
                 node["attention_factor"] = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
         return node
 
-    def attention_heads(self, head_dim_field: str | None = "head_dim") -> tuple[int, int, int]:
+    def attention_heads(self, head_dim_field: str | None = "head_dim",
+                        head_dim: int | None = None) -> tuple[int, int, int]:
         """(heads, key/value heads, head width) of the config's attention: ``num_attention_heads``,
-        ``num_key_value_heads`` (default: heads) and ``head_dim_field`` (default, or without one: hidden_size /
-        heads), refused by field where the heads do not divide the width or share the key/value heads equally."""
+        ``num_key_value_heads`` (default: heads) and ``head_dim_field`` (where the config states none, ``head_dim``:
+        its config class's default whatever the width, as AFMoE's and Cohere 2 MoE's 128; without either,
+        hidden_size / heads), refused by field where the heads do not divide the width or share the key/value
+        heads equally."""
         heads = self.count("num_attention_heads")
         kv_heads = self.count("num_key_value_heads", heads)
-        width = self.count(head_dim_field, None) if head_dim_field else None
+        width = self.count(head_dim_field, head_dim) if head_dim_field else None
         d_model = self.count("hidden_size")
         if width is None and d_model % heads:
             raise self.refuse("num_attention_heads", f"{heads} heads do not divide hidden_size {d_model}")

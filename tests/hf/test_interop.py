@@ -2153,3 +2153,18 @@ def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as
     assert [m.window for m in mixers] == [None, 3, 3, None] and [m.sinks for m in mixers] == [False, True, True, False]
     assert [m.kv_heads for m in mixers] == [1, 2, 2, 1] and mixers[0].d_v == 8
     assert [b.mlp.kind for b in spec_blocks(spec)] == ["glu", "moe", "moe", "moe"]
+
+
+@pytest.mark.parametrize("model_type, config_class", [("afmoe", "AfmoeConfig"), ("cohere2_moe", "Cohere2MoeConfig"),
+                                                      ("flint", "FlintConfig"), ("hy_v3", "HYV3Config")])
+def test_a_config_without_head_dim_takes_its_config_class_default(tmp_path, model_type, config_class):
+    """These config classes default ``head_dim`` to 128 whatever the width: a released config.json that leaves
+    it out has transformers build heads 128 wide, and so does the import (not hidden_size / heads)."""
+    import transformers
+
+    getattr(transformers, config_class)(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2).save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    assert data.pop("head_dim") == 128
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    assert {block.mixer.d_qk for block in spec_blocks(spec_from_checkpoint(tmp_path)[1])} == {128}

@@ -34,9 +34,7 @@ class Afmoe(Architecture):
 
     def spec(self, config: Config, model_type: str) -> dict:
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
-        heads, kv_heads, head_dim = config.attention_heads()
-        if config.data.get("head_dim") is None:  # AfmoeConfig's default, whatever the width
-            head_dim = 128
+        heads, kv_heads, head_dim = config.attention_heads(head_dim=128)  # AfmoeConfig's default
         if config.get("attention_bias", bool, False):
             raise config.refuse("attention_bias", "AFMoE's output gate takes no bias where q, k, v and o would take "
                                 "one, and attnspec's gate shares theirs; false imports")

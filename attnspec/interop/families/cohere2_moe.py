@@ -38,9 +38,7 @@ class Cohere2Moe(Cohere):
 
     def spec(self, config: Config, model_type: str) -> dict:
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
-        heads, kv_heads, head_dim = config.attention_heads()
-        if config.data.get("head_dim") is None:  # Cohere2MoeConfig's default, whatever the width
-            head_dim = 128
+        heads, kv_heads, head_dim = config.attention_heads(head_dim=128)  # Cohere2MoeConfig's default
         bias = config.get("attention_bias", bool, False)
         if config.data.get("rms_norm_eps") is not None:
             norm = rmsnorm_node(config.number("rms_norm_eps", 1e-6, positive=True))

@@ -33,11 +33,8 @@ class Flint(LlamaFamily):
     )
 
     HEAD_DIM = 128
-    """FlintConfig's ``head_dim`` where a config states none, whatever the width."""
 
     def spec(self, config: Config, model_type: str) -> dict:
-        if config.data.get("head_dim") is None:
-            config = Config({**config.data, "head_dim": self.HEAD_DIM}, config.source)
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         default = ["full_attention" if i < 2 or i % 4 == 1 or i == layers - 1 else "sliding_attention"
                    for i in range(layers)]

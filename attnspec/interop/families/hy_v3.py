@@ -25,6 +25,8 @@ class HYV3(LlamaFamily):
     """Hunyuan V3's checkpoints keep their own names for the router, its bias and the shared experts
     (transformers' conversion_mapping renames them)."""
 
+    HEAD_DIM = 128
+
     rows = (
         Row(("hy_v3",),
             "qwen3's attention, a GLU or experts per layer by `mlp_layer_types` (sigmoid, correction bias, "

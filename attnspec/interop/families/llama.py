@@ -74,7 +74,7 @@ class LlamaFamily(Architecture):
         """Each layer's block data, and the norms' eps (the family's members add their own settings);
         ``windows``: each layer's sliding window where the member decides them itself."""
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
-        heads, kv_heads, head_dim = config.attention_heads()
+        heads, kv_heads, head_dim = config.attention_heads(head_dim=self.HEAD_DIM)
         eps = config.number("rms_norm_eps", 1e-6)
         bias = config.get("attention_bias", bool, False)
         mixer: dict[str, Any] = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim,
@@ -148,6 +148,10 @@ class LlamaFamily(Architecture):
                       rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
             links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
         return links
+
+    HEAD_DIM: int | None = None
+    """The head width where a config states no ``head_dim`` and its config class's default is a number rather
+    than hidden_size / heads (Flint's and Hunyuan V3's 128)."""
 
     ROTARY_FRACTION = 1.0
     """The rotated fraction of each head where a config states no ``partial_rotary_factor`` (its config

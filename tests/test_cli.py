@@ -173,6 +173,17 @@ def test_the_command_line_lets_idle_openmp_threads_sleep_unless_told_otherwise(t
         assert f"POLICY {expected}" in out.stdout, out.stderr
 
 
+def test_the_command_line_collects_garbage_less_often(tmp_path):
+    """Young collections every 50,000 allocations in the command line (benchmarks/main_job.py: 0.3-0.6 s of
+    the first token went to full collections of torch's objects); a plain ``import attnspec`` leaves the
+    collector alone."""
+    probe = ("import gc, sys; sys.argv = ['attnspec', '--help']\nimport attnspec\n"
+             "print('LIBRARY', gc.get_threshold()[0])\nfrom attnspec.cli import main\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\nprint('CLI', gc.get_threshold()[0])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert "LIBRARY 700" in out.stdout and "CLI 50000" in out.stdout, out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("args, words", [
     (["eval", "nowhere", "--text", "t.txt", "--batch-size", "-1"], "--batch-size must be a whole number from 1"),
     (["eval", "nowhere", "--text", "t.txt", "--batch-size", "0"], "--batch-size must be"),

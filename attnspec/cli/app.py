@@ -8,6 +8,8 @@ one line (set ``ATTNSPEC_DEBUG=1`` for the traceback) with exit code 70.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import signal
 import sys
@@ -768,6 +770,17 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _settle_garbage_collection() -> None:
+    """Collect garbage less often: importing torch makes about a million objects that live as long as the
+    process, and Python's default thresholds traverse them in a full collection several times while it
+    loads, and once more as the interpreter exits (0.3-0.6 s of the 2 s ``attnspec run`` takes to its first
+    token, ``benchmarks/main_job.py``). Young collections every 50,000 allocations rather than 700 still
+    free cycles within a training step; ``gc.freeze`` at exit leaves what the process held to the OS."""
+    gc.set_threshold(50_000, 20, 100)
+    atexit.unregister(gc.freeze)  # once, however often main() runs in one process (the tests call it)
+    atexit.register(gc.freeze)  # registered first, so it runs after every other exit handler
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning errors into messages and exit codes.
 
@@ -779,6 +792,7 @@ def main() -> None:
     # spinning second thread made a training step 5-20x slower than one thread, a sleeping one 1.1-1.2x
     # (benchmarks/threads.py; docs/ablation.md, "Threads"). A user's own setting stands.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    _settle_garbage_collection()
     signal.signal(signal.SIGTERM, _terminate)
     # Off a terminal (a pipe, a log file, a CI job) Python buffers stdout in 8 KiB blocks: a long command's
     # progress lines would all arrive at its end. One line at a time, as a terminal gets them.

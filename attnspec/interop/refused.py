@@ -60,15 +60,10 @@ LACKS: dict[str, tuple[str, str]] = {
                                "them by the logits' sigmoid (attnspec's sigmoid router adds the bias to the sigmoid)"),
     "rwkv": ("model_type", "RWKV's WKV time mixing (token shift, a per-channel decay with a bonus for the current "
                            "token), which is no attnspec mixer yet"),
-    "hunyuan_v1_dense": ("model_type", "an RMSNorm of q and k applied after RoPE (attnspec's QK-norm comes before "
-                                       "it, and a per-channel weight does not commute with the rotation)"),
-    "hunyuan_v1_moe": ("model_type", "an RMSNorm of q and k applied after RoPE (attnspec's QK-norm comes before "
-                                     "it, and a per-channel weight does not commute with the rotation)"),
     "phimoe": ("model_type", "the SparseMixer router (experts chosen and weighted by masked softmaxes, not top-k of "
                              "one softmax)"),
     "nanochat": ("model_type", "RoPE turning each pair the other way (its rotate_half is [x2, -x1]) and QK-norm "
                                "after it"),
-    "persimmon": ("qk_layernorm", "LayerNorms with biases on each head's q and k (attnspec's QK-norm is an RMSNorm)"),
     "gpt_oss": ("model_type", "clamped SwiGLU experts with biases (its attention sinks import: `sinks`)"),
     "gpt_neox_japanese": ("model_type", "attention and the MLP in parallel, with a bias added after the residual"),
     "diffllama": ("model_type", "differential attention (the difference of two softmax maps, weighted by a learned "
@@ -129,8 +124,6 @@ LACKS: dict[str, tuple[str, str]] = {
                                             "types) and learned prompt embeddings"),
     "mllama": ("text_config.cross_attention_layers", "cross-attention layers reading an image encoder's output "
                                                      "between its self-attention layers"),
-    "fuyu": ("text_config.qk_layernorm", "a Persimmon language model: LayerNorms with biases on each head's q and "
-                                         "k (attnspec's QK-norm is an RMSNorm)"),
     "laguna": ("gating", "a softplus output gate (one per head or per element; attnspec's output gates are sigmoid "
                          "or swish) and a tanh soft-cap on the router's logits (`moe_router_logit_softcapping`)"),
     "zaya": ("model_type", "compressed convolutional attention (queries and keys compressed and convolved before "

@@ -2133,6 +2133,68 @@ def test_hy_v3_computes_transformers_logits_decodes_alike_and_exports_as_itself(
     assert blocks[0].mixer.qk_norm == "rmsnorm"
 
 
+@pytest.mark.parametrize("alpha", [None, 1000.0])
+def test_hunyuan_v1_dense_normalises_after_rope_and_exports_as_itself(tmp_path, alpha):
+    """Hunyuan V1 (dense): QK-norm after RoPE, with perturbed norm weights (so the placement shows), and an NTK
+    ``alpha`` making a fixed RoPE base (exported as that base)."""
+    from transformers import HunYuanDenseV1Config, HunYuanDenseV1ForCausalLM
+
+    rope = {"rope_type": "dynamic", "alpha": alpha, "factor": 1.0, "rope_theta": 10000.0} if alpha else None
+    config = HunYuanDenseV1Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  max_position_embeddings=64, rope_parameters=rope)
+    spec = _holds_to(_perturbed(lambda: HunYuanDenseV1ForCausalLM(config)), tmp_path / "checkpoint",
+                     "hunyuan_v1_dense")
+    mixer = spec_blocks(spec)[0].mixer
+    assert mixer.qk_norm == "rmsnorm" and mixer.qk_norm_after_rope
+    assert mixer.position.base == pytest.approx(10000.0 * (alpha or 1.0) ** (8 / 6))
+
+
+def test_hunyuan_v1_moe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Hunyuan V1 (MoE): softmax-routed experts in every layer, the top two of four renormalised, beside an
+    ungated shared GLU, with QK-norm after RoPE."""
+    from transformers import HunYuanMoEV1Config, HunYuanMoEV1ForCausalLM
+
+    config = HunYuanMoEV1Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                                num_experts=4, moe_topk=2)
+    spec = _holds_to(_perturbed(lambda: HunYuanMoEV1ForCausalLM(config)), tmp_path / "checkpoint", "hunyuan_v1_moe")
+    moe = spec_blocks(spec)[0].mlp
+    assert (moe.kind, moe.experts, moe.top_k, moe.shared, moe.shared_hidden) == ("moe", 4, 2, 1, 24)
+
+
+@pytest.mark.parametrize("qk_layernorm", [True, False])
+def test_persimmon_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, qk_layernorm):
+    """Persimmon: GPT-NeoX's packed, biased blocks in sequence, with perturbed LayerNorms (weights and biases) of
+    each head's q and k before RoPE on half of each head."""
+    from transformers import PersimmonConfig, PersimmonForCausalLM
+
+    config = PersimmonConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                             num_attention_heads=4, max_position_embeddings=64, qk_layernorm=qk_layernorm)
+    spec = _holds_to(_perturbed(lambda: PersimmonForCausalLM(config)), tmp_path / "checkpoint", "persimmon")
+    block = spec_blocks(spec)[0]
+    assert block.mixer.qk_norm == ("layernorm" if qk_layernorm else "none") and block.parallel == "none"
+    assert block.mixer.position.rotary_fraction == 0.5 and block.mlp.activation == "relu2"
+
+
+def test_the_language_model_of_a_fuyu_release_imports_logit_equal(tmp_path):
+    """Fuyu: its Persimmon language model's config and ``language_model.`` tensors import (the image patches'
+    projection is left unread) and compute FuyuForCausalLM's logits on text."""
+    from transformers import FuyuConfig, FuyuForCausalLM
+
+    text = dict(model_type="persimmon", vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, max_position_embeddings=64)
+    reference = _perturbed(lambda: FuyuForCausalLM(FuyuConfig(text_config=text, hidden_size=32, patch_size=4)))
+    reference.save_pretrained(tmp_path / "checkpoint")
+    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "fuyu"
+    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
+    assert model_type == "persimmon" and spec_blocks(spec)[0].mixer.qk_norm == "layernorm"
+    model = _imported(tmp_path / "checkpoint", model_type)
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

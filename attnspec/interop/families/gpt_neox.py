@@ -22,6 +22,12 @@ class GptNeoX(Architecture):
     config_fields = {"gpt_neox": {"rotary_pct": "partial_rotary_factor", "rotary_emb_base": "rope_theta"}}
     """The names of configs written before transformers 5's ``rope_parameters``."""
 
+    ROTARY_FRACTION, ACTIVATION = 0.25, "gelu"
+    """What the config class assumes where a config states no ``partial_rotary_factor`` or ``hidden_act``."""
+    EMBED, LAYERS, FINAL_NORM = "gpt_neox.embed_in", "gpt_neox.layers", "gpt_neox.final_layer_norm"
+    ATTENTION = "attention"
+    """Where the checkpoint keeps the embedding, the layers, the final norm and each layer's attention."""
+
     rows = (
         Row(("gpt_neox",),
             "softmax attention (biases, per-head packed q/k/v, RoPE on the first `partial_rotary_factor` of each "
@@ -39,12 +45,16 @@ class GptNeoX(Architecture):
         bias = config.get("attention_bias", bool, True)
         norm = {"kind": "layernorm", "eps": config.number("layer_norm_eps", 1e-5, positive=True)}
         block = {"mixer": {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": bias,
-                           "out_bias": bias, "position": config.rope(head_dim, 0.25)},
+                           "out_bias": bias, "position": config.rope(head_dim, self.ROTARY_FRACTION)},
                  "mlp": {"kind": "mlp", "hidden": config.count("intermediate_size"), "bias": True,
-                         "activation": config.activation(default="gelu")},
+                         "activation": config.activation(default=self.ACTIVATION)},
                  "norm": norm, "parallel": "own_norms" if config.get("use_parallel_residual", bool, True) else "none"}
-        return {**common_fields(config), "layers": compress_layers([block] * layers), "final_norm": norm,
-                "head": head_node(config, False)}
+        return {**common_fields(config), "layers": compress_layers([self.member_block(config, block)] * layers),
+                "final_norm": norm, "head": head_node(config, False)}
+
+    def member_block(self, config: Config, block: dict) -> dict:
+        """Every layer's block data as a member of the family builds it from GPT-NeoX's ``block``."""
+        return block
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
@@ -65,17 +75,18 @@ class GptNeoX(Architecture):
                 "use_parallel_residual": first.parallel == "own_norms"}
 
     def links(self, spec) -> list[Link]:
-        links = [rename("gpt_neox.embed_in.weight", "embed.weight")]
-        links += [rename(f"gpt_neox.final_layer_norm.{p}", f"final_norm.{p}") for p in ("weight", "bias")]
+        links = [rename(f"{self.EMBED}.weight", "embed.weight")]
+        links += [rename(f"{self.FINAL_NORM}.{p}", f"final_norm.{p}") for p in ("weight", "bias")]
         if not spec.head.tied:
             links.append(rename("lm_head.weight", "head.weight"))
         for index, block in enumerate(expanded_blocks(spec)):
-            theirs, ours = f"gpt_neox.layers.{index}.", block_prefix(index)
+            theirs, ours = f"{self.LAYERS}.{index}.", block_prefix(index)
+            attention = f"{theirs}{self.ATTENTION}."
             kinds = ("weight", "bias") if block.mixer.qkv_bias else ("weight",)
-            links += [Link(f"{theirs}attention.query_key_value.{kind}",
+            links += [Link(f"{attention}query_key_value.{kind}",
                            tuple(f"{ours}mixer.{n}_proj.{kind}" for n in "qkv"), groups=block.mixer.heads)
                       for kind in kinds]
-            links += [rename(f"{theirs}attention.dense.{kind}", f"{ours}mixer.out_proj.{kind}") for kind in kinds]
+            links += [rename(f"{attention}dense.{kind}", f"{ours}mixer.out_proj.{kind}") for kind in kinds]
             links += [rename(f"{theirs}mlp.dense_{t}.{p}", f"{ours}mlp.{o}.{p}")
                       for t, o in (("h_to_4h", "up"), ("4h_to_h", "down")) for p in ("weight", "bias")]
             links += [rename(f"{theirs}{t}.{p}", f"{ours}{o}.{p}") for t, o in

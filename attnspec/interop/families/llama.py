@@ -142,12 +142,15 @@ class LlamaFamily(Architecture):
             mixer = block.mixer
             links += self.projection_links(mixer, f"{theirs}self_attn.", f"{ours}mixer.")
             if mixer.qk_norm != "none":
-                links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q"),
-                          rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k")]
+                links += [rename(f"{theirs}self_attn.{name}.weight", f"{ours}mixer.qk_norm.{stream}")
+                          for stream, name in zip("qk", self.QK_NORM_NAMES)]
             links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
                       rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
             links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
         return links
+
+    QK_NORM_NAMES = ("q_norm", "k_norm")
+    """The attention's names for its query and key norms (Hunyuan V1's ``query_layernorm``, ``key_layernorm``)."""
 
     HEAD_DIM: int | None = None
     """The head width where a config states no ``head_dim`` and its config class's default is a number rather

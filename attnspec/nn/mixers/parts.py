@@ -47,11 +47,15 @@ class ProjectedMixer(Mixer):
         self.k_proj = nn.Linear(d_in, self.k_heads * self.d_qk, bias=bias)
         self.v_proj = nn.Linear(d_in, self.v_heads * self.d_v, bias=bias)
         # RMSNorm of each q and k head before positions (Qwen3's q_norm/k_norm: one weight shared by the heads)
-        # (`rmsnorm_full`: OLMo's, over the whole projection, a weight per channel of it)
+        # (`rmsnorm_full`: OLMo's, over the whole projection, a weight per channel of it; `layernorm`:
+        # Persimmon's, centred and with a bias; `qk_norm_after_rope`: Hunyuan V1's, after the rotation)
         self.qk_norm_full = node.qk_norm == "rmsnorm_full"
+        self.qk_norm_after_rope = node.qk_norm_after_rope
         widths = (self.q_heads * self.d_qk, self.k_heads * self.d_qk) if self.qk_norm_full else (self.d_qk, self.d_qk)
         self.qk_norm = nn.ParameterDict({name: nn.Parameter(torch.ones(width)) for name, width in zip("qk", widths)}
                                         ) if node.qk_norm != "none" else None
+        self.qk_norm_bias = nn.ParameterDict({name: nn.Parameter(torch.zeros(self.d_qk)) for name in "qk"}
+                                             ) if node.qk_norm == "layernorm" else None
         self.cache_capacity = node.cache_capacity(max_len)  # positions a key/value decoding cache holds, or None
         self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=node.out_bias)
         gated = node.output_gate != "none"
@@ -102,15 +106,20 @@ class ProjectedMixer(Mixer):
 
     def _normalized(self, t: Tensor, name: str, full: bool = False) -> Tensor:
         """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps ``norm_eps``), or
-        for ``rmsnorm_full`` over the whole projection (B, L, heads * d_qk), called with ``full``."""
+        for ``rmsnorm_full`` over the whole projection (B, L, heads * d_qk), called with ``full``; for
+        ``layernorm`` the mean is subtracted first and the stream's bias added last."""
         if self.qk_norm is None or full != self.qk_norm_full:
             return t
-        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.qk_norm[name].to(t.dtype)
+        if self.qk_norm_bias is not None:
+            t = t - t.mean(-1, keepdim=True)
+        t = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps) * self.qk_norm[name].to(t.dtype)
+        return t if self.qk_norm_bias is None else t + self.qk_norm_bias[name].to(t.dtype)
 
     def _project(self, x: Tensor, offset: Tensor | int = 0, conv_state: tuple[Tensor, ...] | None = None,
                  expand: bool = True, documents: Documents | None = None, widen_values: bool = True
                  ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
-        """q, k (B, H, L, d_qk) normalised (``qk_norm``) and rotated at positions offset.., v (B, H, L, d_v),
+        """q, k (B, H, L, d_qk) normalised (``qk_norm``) and rotated at positions offset.. (or rotated, then
+        normalised: ``qk_norm_after_rope``), v (B, H, L, d_v),
         and the convolutions' new state (one tensor per stream; ``conv_state`` continues a sequence,
         None starts one); in full precision (a half-precision model's widened), but v in the projection's
         dtype where not ``widen_values``. ``expand=False`` leaves shared keys and values at their own head
@@ -133,9 +142,12 @@ class ProjectedMixer(Mixer):
         q, k = full_precision(streams["q"]), full_precision(streams["k"])
         v = full_precision(streams["v"]) if widen_values else streams["v"]
         q, k = self._normalized(q, "q", full=True), self._normalized(k, "k", full=True)
-        q = self._normalized(self._heads(q, self.d_qk, self.q_heads), "q")
-        k = self._normalized(self._heads(k, self.d_qk, self.k_heads, expand), "k")
+        q, k = self._heads(q, self.d_qk, self.q_heads), self._heads(k, self.d_qk, self.k_heads, expand)
+        if not self.qk_norm_after_rope:
+            q, k = self._normalized(q, "q"), self._normalized(k, "k")
         q, k = self.position.rotate(q, k, offset)
+        if self.qk_norm_after_rope:
+            q, k = self._normalized(q, "q"), self._normalized(k, "k")
         return q, k, self._heads(v, self.d_v, self.v_heads, expand), tuple(new_state[name] for name in self.conv.widths)
 
     def _decay(self, x: Tensor) -> Decay | None:

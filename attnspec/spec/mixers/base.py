@@ -82,10 +82,14 @@ class MixerComponent(Component):
     kv_heads: Count(limits.MAX_HEADS) | None = None
     """Keys and values shared by groups of query heads: grouped-query attention (1: multi-query). Unset:
     one per head. The decoding cache holds kv_heads heads."""
-    qk_norm: Literal["none", "rmsnorm", "rmsnorm_full"] = "none"
+    qk_norm: Literal["none", "rmsnorm", "rmsnorm_full", "layernorm"] = "none"
     """RMSNorm of each query and key head (a learnt weight per channel, shared by the heads), before
     positions and features (Qwen3); `rmsnorm_full`: of the whole query and key projections, every head
-    together, a weight per channel of the projection (OLMo 2 and 3)."""
+    together, a weight per channel of the projection (OLMo 2 and 3); `layernorm`: a LayerNorm of each head,
+    the mean subtracted first, with a learnt weight and bias per channel shared by the heads (Persimmon)."""
+    qk_norm_after_rope: bool = False
+    """Normalise q and k after RoPE rotates them rather than before (Hunyuan V1); needs a per-head
+    `qk_norm` (`rmsnorm` or `layernorm`)."""
     qk_groups: Count(limits.MAX_HEADS) | None = None
     """Queries and keys shared by groups of heads: G groups of heads / G heads each (Mamba2's B and C
     `n_groups`; multi-value attention). Unset: one per head."""
@@ -250,6 +254,9 @@ class MixerComponent(Component):
         if self.qk_groups is not None and self.kv_heads is not None:
             yield ("kv_heads",), ("kv_heads shares keys and values, qk_groups queries and keys: a mixer takes one "
                                   "of them")
+        if self.qk_norm_after_rope and self.qk_norm not in ("rmsnorm", "layernorm"):
+            yield ("qk_norm_after_rope",), ("qk_norm_after_rope places a per-head QK-norm after RoPE: set "
+                                            "`qk_norm: rmsnorm` or `layernorm`, or remove it")
         if self.gate_rank is not None and self.output_gate == "none":
             yield ("gate_rank",), "gate_rank factors the output gate's projection: set `output_gate` too"
         if self.gate_before_norm and not (self.group_norm and self.output_gate == "swish"):

@@ -26,9 +26,9 @@ class MlaMixer(MixerComponent):
     the output projection."""
 
     kind: Literal["mla"]
-    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "output_gate", "group_norm",
-                                                 "norm_span", "norm_center", "gate_before_norm", "shared_norm_weight",
-                                                 "skip", "conv")
+    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope",
+                                                 "output_gate", "group_norm", "norm_span", "norm_center",
+                                                 "gate_before_norm", "shared_norm_weight", "skip", "conv")
     kv_rank: Count(limits.MAX_D_MODEL)
     """Width of the latent c_t (`kv_lora_rank`)."""
     q_rank: Count(limits.MAX_D_MODEL) | None = None

@@ -30,9 +30,9 @@ class RglruMixer(MixerComponent):
     (RecurrentGemma has both)."""
 
     kind: Literal["rglru"]
-    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "output_gate", "group_norm",
-                                                 "norm_span", "norm_center", "gate_before_norm", "shared_norm_weight",
-                                                 "skip", "gate_rank")
+    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope",
+                                                 "output_gate", "group_norm", "norm_span", "norm_center",
+                                                 "gate_before_norm", "shared_norm_weight", "skip", "gate_rank")
     single_stream: ClassVar[str] = "the RG-LRU"
     width: Count(limits.MAX_INNER) | None = None
     """Channels of the recurrence (RecurrentGemma's `lru_width`); unset: d_model. `heads` divides it into

@@ -99,6 +99,8 @@ class Link:
         """attnspec -> transformers."""
         import torch
 
+        if self.plain:  # a rename (a scalar, such as xIELU's β, has no rows to chunk); a copy, as the others are
+            return tensors[0].clone()
         parts = [t.chunk(self.groups) for t in tensors]
         joined = torch.cat([part for group in zip(*parts) for part in group]) - self.offset
         if self.log:

@@ -6,6 +6,7 @@ block reads (a block without an MLP has no second norm either).
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import torch
@@ -53,6 +54,25 @@ _ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="ta
                 "relu2": lambda x: F.relu(x).square(), "silu": F.silu}
 
 
+class XIELU(nn.Module):
+    """xIELU (Huang 2024, Apertus's MLPs): x > 0: a_p x² + β x; else a_n (expm1(min(x, ε)) - x) + β x, with
+    a_p = softplus(α_p) and a_n = β + softplus(α_n) from the learnt ``alpha_p``, ``alpha_n`` (1,), and β, ε
+    buffers the weights carry (0.5 and -1e-6: a release's own values load with it). Elementwise, any shape."""
+
+    def __init__(self, alpha_p: float = 0.8, alpha_n: float = 0.8, beta: float = 0.5, eps: float = -1e-6):
+        super().__init__()
+        inverse_softplus = lambda y: math.log(math.expm1(y))  # noqa: E731
+        self.alpha_p = nn.Parameter(torch.tensor([inverse_softplus(alpha_p)]))
+        self.alpha_n = nn.Parameter(torch.tensor([inverse_softplus(alpha_n - beta)]))
+        self.register_buffer("beta", torch.tensor(beta))
+        self.register_buffer("eps", torch.tensor(eps))
+
+    def forward(self, x: Tensor) -> Tensor:
+        a_p, a_n = F.softplus(self.alpha_p), self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, a_p * x * x + self.beta * x,
+                           (torch.expm1(torch.minimum(x, self.eps)) - x) * a_n + self.beta * x)
+
+
 @register("mlp", "mlp", "glu")
 class Mlp(nn.Module):
     """``W2 act(W1 x)``, or with a gate (``glu``) ``W2 (act(W1 x) * W3 x)``; hidden width ``hidden`` or
@@ -63,7 +83,7 @@ class Mlp(nn.Module):
     def __init__(self, node, *, d_model: int, **_):
         super().__init__()
         hidden = node.hidden or node.expansion * d_model
-        self.activation = _ACTIVATIONS[node.activation]
+        self.activation = XIELU() if node.activation == "xielu" else _ACTIVATIONS[node.activation]
         self.up = nn.Linear(d_model, hidden, bias=node.bias)
         self.gate = nn.Linear(d_model, hidden, bias=node.bias) if node.gated else None
         self.down = nn.Linear(hidden, d_model, bias=node.bias)

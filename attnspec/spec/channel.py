@@ -49,6 +49,11 @@ Activation = Literal["gelu", "gelu_tanh", "relu", "relu2", "silu"]
 """An MLP's activation: GELU (exact, or its tanh approximation: Gemma, GPT-2's `gelu_new`), ReLU,
 squared ReLU (Nemotron-H, Primer) or SiLU."""
 
+MlpActivation = Literal["gelu", "gelu_tanh", "relu", "relu2", "silu", "xielu"]
+"""A dense MLP's activation: those of `Activation`, or xIELU (Huang 2024; Apertus): x > 0: a_p x² + β x,
+else a_n (expm1(min(x, ε)) - x) + β x, with a_p = softplus(α_p) and a_n = β + softplus(α_n) learnt (one α_p and
+one α_n per MLP, starting at a_p = a_n = 0.8), β = 0.5 and ε = -1e-6 held beside them as fixed tensors."""
+
 
 class ChannelMixerComponent(Component):
     """The channel mixer after the sequence mixer (the block's MLP)."""
@@ -66,7 +71,7 @@ class _Feedforward(ChannelMixerComponent):
     4096); it replaces `expansion`."""
     bias: bool = True
     """Biases on the projections (Llama-family MLPs have none: `bias: false`)."""
-    activation: Activation = "gelu"
+    activation: MlpActivation = "gelu"
     gated: ClassVar[bool] = False
     """A third projection multiplies the activation (GLU)."""
 

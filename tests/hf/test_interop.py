@@ -2195,6 +2195,31 @@ def test_the_language_model_of_a_fuyu_release_imports_logit_equal(tmp_path):
         assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
 
 
+@pytest.mark.parametrize("model_type", ["apertus", "apertus1p5_text"])
+def test_apertus_computes_transformers_logits_with_xielu_and_exports_as_itself(tmp_path, model_type):
+    """Apertus (and Apertus 1.5's text model): QK-norm attention under llama3 RoPE and a plain MLP of xIELU, its
+    learnt α_p, α_n perturbed per layer and its β, ε set away from their defaults (read from the weights)."""
+    import transformers
+
+    names = {"apertus": ("ApertusConfig", "ApertusForCausalLM"),
+             "apertus1p5_text": ("Apertus1p5TextConfig", "Apertus1p5TextForCausalLM")}[model_type]
+    config = getattr(transformers, names[0])(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=64)
+
+    def build():
+        model = getattr(transformers, names[1])(config)
+        for index, layer in enumerate(model.model.layers):
+            layer.mlp.act_fn.beta.fill_(0.5 + 0.1 * index)
+            layer.mlp.act_fn.eps.fill_(-1e-3)
+        return model
+
+    spec = _holds_to(_perturbed(build), tmp_path / "checkpoint", model_type)
+    block = spec_blocks(spec)[0]
+    assert block.mlp.kind == "mlp" and block.mlp.activation == "xielu" and block.mixer.qk_norm == "rmsnorm"
+    assert block.mixer.position.scaling == "llama3"
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnspec.errors import SpecError
 from attnspec.nn.model import build_model_from_spec
@@ -206,3 +207,48 @@ def test_a_parallel_block_adds_its_mixer_and_mlp_of_the_same_input_and_decodes(p
 def test_a_parallel_block_refuses_what_it_cannot_be(override, where):
     with pytest.raises(SpecError, match=where):
         _model("blocks[0].parallel=shared_norm", override)
+
+
+def _xielu(x, alpha_p, alpha_n, beta, eps):
+    """xIELU by its definition (Huang 2024, eq. 4), float64."""
+    a_p, a_n = math.log1p(math.exp(alpha_p)), beta + math.log1p(math.exp(alpha_n))
+    positive = a_p * x * x + beta * x
+    negative = a_n * (torch.expm1(torch.clamp(x, max=eps)) - x) + beta * x
+    return torch.where(x > 0, positive, negative)
+
+
+def test_an_xielu_mlp_is_its_definition_forward_and_backward():
+    """`activation: xielu`: W2 xIELU(W1 x + b1) + b2 with its learnt α_p, α_n and its β, ε as the weights hold them,
+    across zero and the ε clamp (values to 1e-12; gradients of the input and α_p, α_n to 1e-10), and the model's
+    decoding sees it."""
+    model = _model("blocks[*].mlp={kind: mlp, hidden: 12, activation: xielu}")
+    mlp = model.blocks[0].mlp
+    with torch.no_grad():
+        mlp.activation.alpha_p.fill_(0.3)
+        mlp.activation.alpha_n.fill_(-0.7)
+        mlp.activation.beta.fill_(0.4)
+        mlp.activation.eps.fill_(-1e-3)
+    x = torch.randn(3, 5, 16, dtype=torch.float64) * 2
+    x[0, 0, :4] = torch.tensor([0.0, -5e-4, 5e-4, -2e-3])  # at zero and either side of ε
+    x.requires_grad_(True)
+    hidden = mlp.up(x)
+    ours = mlp(x)
+    reference = mlp.down(_xielu(hidden, 0.3, -0.7, 0.4, -1e-3))
+    assert torch.allclose(ours, reference, rtol=0, atol=1e-12)
+    cotangent = torch.randn_like(ours)
+    mine = torch.autograd.grad(ours, [x, mlp.activation.alpha_p, mlp.activation.alpha_n], cotangent)
+    a_p, a_n = mlp.activation.alpha_p, mlp.activation.alpha_n  # the reference's as tensors, to differentiate
+    theirs_out = mlp.down(torch.where(hidden > 0, F.softplus(a_p) * hidden ** 2 + 0.4 * hidden,
+                                      (0.4 + F.softplus(a_n)) * (torch.expm1(torch.clamp(hidden, max=-1e-3)) - hidden)
+                                      + 0.4 * hidden))
+    theirs = torch.autograd.grad(theirs_out, [x, a_p, a_n], cotangent)
+    assert all(torch.allclose(m, t, rtol=0, atol=1e-10) for m, t in zip(mine, theirs))
+    assert float(mine[1].abs()) > 0 and float(mine[2].abs()) > 0  # both learnt numbers receive gradient
+    with torch.no_grad():
+        _decodes_as_it_computes(model)
+    assert {"activation.beta", "activation.eps"} <= {n.split("mlp.", 1)[1] for n in model.state_dict() if "mlp." in n}
+
+
+def test_xielu_is_a_dense_mlp_s_alone():
+    with pytest.raises(SpecError, match="activation"):
+        _model("blocks[*].mlp={kind: moe, experts: 2, top_k: 1, hidden: 8, activation: xielu}")

@@ -85,9 +85,13 @@ class LlamaFamily(Architecture):
             mixer["qk_norm"] = "rmsnorm"
         mixer["position"] = config.rope(head_dim, self.ROTARY_FRACTION)
         windows = self._windows(config, model_type, layers) if windows is None else windows
-        mlp = glu_node(config, bias=config.get("mlp_bias", bool, False) if model_type == "llama" else False)
+        mlp = self.mlp_node(config, model_type)
         return [{"mixer": mixer if window is None else {**mixer, "window": window}, "mlp": mlp,
                  "norm": rmsnorm_node(eps)} for window in windows], eps
+
+    def mlp_node(self, config: Config, model_type: str) -> dict:
+        """Every layer's MLP data (a member with experts puts them in the layers it names afterwards)."""
+        return glu_node(config, bias=config.get("mlp_bias", bool, False) if model_type == "llama" else False)
 
     @staticmethod
     def _windows(config: Config, model_type: str, layers: int) -> list[int | None]:
@@ -144,11 +148,14 @@ class LlamaFamily(Architecture):
             if mixer.qk_norm != "none":
                 links += [rename(f"{theirs}self_attn.{name}.weight", f"{ours}mixer.qk_norm.{stream}")
                           for stream, name in zip("qk", self.QK_NORM_NAMES)]
-            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
-                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
+            links += [rename(f"{theirs}{name}.weight", f"{ours}{norm}.weight")
+                      for name, norm in zip(self.NORM_NAMES, ("norm1", "norm2"))]
             links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
         return links
 
+    NORM_NAMES = ("input_layernorm", "post_attention_layernorm")
+    """A layer's names for the norms before its attention and before its MLP (Apertus's ``attention_layernorm``,
+    ``feedforward_layernorm``)."""
     QK_NORM_NAMES = ("q_norm", "k_norm")
     """The attention's names for its query and key norms (Hunyuan V1's ``query_layernorm``, ``key_layernorm``)."""
 

@@ -75,7 +75,8 @@ class Link:
     as ``view``; its last two axes ``transpose``-d (GPT-2's ``Conv1D`` stores (in, out), a linear map's
     transpose; Aria's fused experts (experts, in, out)); after ``lead`` rows that no attnspec tensor holds
     (OPT's position table starts at row 2: they are dropped on import and written as zeros on export,
-    which nothing reads).
+    which nothing reads); with ``alternate``, the two halves of each slice's rows taken in turn, row by row
+    (GPT-OSS's fused experts: gate and up projections alternate).
     """
 
     theirs: str
@@ -88,12 +89,13 @@ class Link:
     log: bool = False
     transpose: bool = False
     lead: int = 0
+    alternate: bool = False
 
     @property
     def plain(self) -> bool:
         """One attnspec tensor that is the transformers tensor itself (a rename)."""
         return (len(self.ours) == 1 and self.groups == 1 and self.offset == 0.0 and not self.conv and self.stack == 1
-                and self.view is None and not self.log and not self.transpose and not self.lead)
+                and self.view is None and not self.log and not self.transpose and not self.lead and not self.alternate)
 
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
@@ -109,6 +111,9 @@ class Link:
             return joined.reshape(self.view)
         if self.stack > 1:
             joined = joined.reshape(self.stack, -1, *joined.shape[1:])
+        if self.alternate:  # [a_0 .. a_n, b_0 .. b_n] -> [a_0, b_0, a_1, b_1 ..] within each slice
+            axis = 1 if self.stack > 1 else 0
+            joined = joined.unflatten(axis, (2, -1)).transpose(axis, axis + 1).flatten(axis, axis + 1)
         if self.transpose:
             joined = joined.transpose(-2, -1)
         elif self.conv:
@@ -126,6 +131,9 @@ class Link:
             tensor = tensor.transpose(-2, -1)
         if self.view is not None:
             tensor = tensor.reshape(sum(shape[0] for shape in shapes), *shapes[0][1:])
+        if self.alternate:
+            axis = 1 if self.stack > 1 else 0
+            tensor = tensor.unflatten(axis, (-1, 2)).transpose(axis, axis + 1).flatten(axis, axis + 1)
         if self.stack > 1:
             tensor = tensor.reshape(-1, *tensor.shape[2:])
         if self.conv:

@@ -201,6 +201,6 @@ HF_ACTIVATIONS = {"swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new":
                   "gelu_fast": "gelu_tanh"}
 """transformers' activation names that are attnspec's under another name (``gelu_new`` and ``gelu_fast``
 are the tanh approximation written out, equal to it within float32 rounding)."""
-ACTIVATION_NAMES = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "relu2": "relu2",
-                    "xielu": "xielu"}
+ACTIVATION_NAMES = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "quick_gelu": "quick_gelu",
+                    "relu": "relu", "relu2": "relu2", "xielu": "xielu"}
 """attnspec's activation -> the name transformers' configs write."""

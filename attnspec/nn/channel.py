@@ -50,7 +50,8 @@ class NoNorm(nn.Identity):
         super().__init__()
 
 
-_ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
+_ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+                "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "relu": F.relu,
                 "relu2": lambda x: F.relu(x).square(), "silu": F.silu}
 
 
@@ -75,7 +76,8 @@ class XIELU(nn.Module):
 
 @register("mlp", "mlp", "glu")
 class Mlp(nn.Module):
-    """``W2 act(W1 x)``, or with a gate (``glu``) ``W2 (act(W1 x) * W3 x)``; hidden width ``hidden`` or
+    """``W2 act(W1 x)``, or with a gate (``glu``) ``W2 (act(W1 x) * W3 x)``, clamped where ``glu_limit`` is set
+    (``W2 (act(min(W1 x, limit)) * (clamp(W3 x, -limit, limit) + 1))``); hidden width ``hidden`` or
     expansion * d_model."""
 
     aux_loss: Tensor | None = None  # a dense MLP has no load-balancing loss (MoeMlp's protocol)
@@ -87,6 +89,7 @@ class Mlp(nn.Module):
         self.up = nn.Linear(d_model, hidden, bias=node.bias)
         self.gate = nn.Linear(d_model, hidden, bias=node.bias) if node.gated else None
         self.down = nn.Linear(hidden, d_model, bias=node.bias)
+        self.glu_limit = node.glu_limit
 
     def projections(self) -> list[nn.Linear]:
         """Its linear maps (``down`` writes into the residual stream)."""
@@ -101,18 +104,20 @@ class Mlp(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.activation(self.up(x))
-        if self.gate is not None:
-            h = h * self.gate(x)
-        return self.down(h)
+        h = self.up(x)
+        if self.glu_limit is None:
+            h = self.activation(h)
+            return self.down(h if self.gate is None else h * self.gate(x))
+        linear = self.gate(x).clamp(-self.glu_limit, self.glu_limit) + 1
+        return self.down(self.activation(h.clamp(max=self.glu_limit)) * linear)
 
 
 @register("mlp", "moe")
 class MoeMlp(nn.Module):
     """A mixture of experts (:class:`attnspec.spec.channel.MoeMlp`) over x (..., d_model) -> (..., d_model).
 
-    Weights: ``router.weight`` (E, d); ``score_bias`` (E,), a buffer (it chooses, it is not trained by
-    the loss); ``routed.{e}`` the experts, each an :class:`Mlp` (one module per expert, as released
+    Weights: ``router.weight`` (E, d) (and ``router.bias`` (E,) with ``router_bias``); ``score_bias`` (E,), a
+    buffer (it chooses, it is not trained by the loss); ``routed.{e}`` the experts, each an :class:`Mlp` (one module per expert, as released
     checkpoints store them); ``shared`` (a GLU MLP) and ``shared_gate`` (1, d).
 
     Eager calls send each expert only the tokens routed to it; compiled and exported graphs compute
@@ -129,13 +134,13 @@ class MoeMlp(nn.Module):
         self.experts, self.top_k = node.experts, node.top_k
         self.softmax, self.normalize, self.routed_scale = node.scoring == "softmax", node.normalize, node.routed_scale
         self.groups, self.top_groups = node.groups, node.top_groups or node.groups
-        self.router = nn.Linear(d_model, node.experts, bias=False)
+        self.router = nn.Linear(d_model, node.experts, bias=node.router_bias)
         self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
-        expert = SimpleNamespace(hidden=node.hidden, expansion=1, activation=node.activation, bias=False,
-                                 gated=node.gated)
+        expert = SimpleNamespace(hidden=node.hidden, expansion=1, activation=node.activation, bias=node.expert_bias,
+                                 gated=node.gated, glu_limit=node.glu_limit)
         self.routed = nn.ModuleList(Mlp(expert, d_model=d_model) for _ in range(node.experts))
         shared = SimpleNamespace(hidden=node.shared_hidden or node.shared * node.hidden, expansion=1,
-                                 activation=node.activation, bias=False, gated=node.gated)
+                                 activation=node.activation, bias=False, gated=node.gated, glu_limit=node.glu_limit)
         self.shared = Mlp(shared, d_model=d_model) if node.shared else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if node.shared and node.shared_gate else None
         self.aux_loss: Tensor | None = None

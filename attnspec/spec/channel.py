@@ -45,11 +45,12 @@ class NoNorm(NormComponent):
 Norm = declare("norm", LayerNormNode, RmsNormNode, NoNorm, base=NormComponent)
 
 
-Activation = Literal["gelu", "gelu_tanh", "relu", "relu2", "silu"]
-"""An MLP's activation: GELU (exact, or its tanh approximation: Gemma, GPT-2's `gelu_new`), ReLU,
-squared ReLU (Nemotron-H, Primer) or SiLU."""
+Activation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu"]
+"""An MLP's activation: GELU (exact, or its tanh approximation: Gemma, GPT-2's `gelu_new`; or its sigmoid
+approximation x σ(1.702 x), `quick_gelu`: CLIP's, GPT-OSS's experts), ReLU, squared ReLU (Nemotron-H, Primer) or
+SiLU."""
 
-MlpActivation = Literal["gelu", "gelu_tanh", "relu", "relu2", "silu", "xielu"]
+MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "xielu"]
 """A dense MLP's activation: those of `Activation`, or xIELU (Huang 2024; Apertus): x > 0: a_p x² + β x,
 else a_n (expm1(min(x, ε)) - x) + β x, with a_p = softplus(α_p) and a_n = β + softplus(α_n) learnt (one α_p and
 one α_n per MLP, starting at a_p = a_n = 0.8), β = 0.5 and ε = -1e-6 held beside them as fixed tensors."""
@@ -74,6 +75,12 @@ class _Feedforward(ChannelMixerComponent):
     activation: MlpActivation = "gelu"
     gated: ClassVar[bool] = False
     """A third projection multiplies the activation (GLU)."""
+    glu_limit: Annotated[float, Field(gt=0, le=1e4)] | None = None
+    """A clamped GLU (GPT-OSS's): W2 (act(min(W1 x, limit)) * (clamp(W3 x, -limit, limit) + 1)). Needs a GLU."""
+
+    def problems(self) -> Iterator[tuple[tuple, str]]:
+        if self.glu_limit is not None and not self.gated:
+            yield ("glu_limit",), "glu_limit clamps a GLU's two branches: use `kind: glu` or remove it"
 
 
 class Mlp(_Feedforward):
@@ -132,8 +139,17 @@ class MoeMlp(ChannelMixerComponent):
     """Hidden width of the shared experts together (default shared * hidden)."""
     shared_gate: bool = False
     """Scale the shared experts' output by sigmoid(w_s . x) (Qwen's `shared_expert_gate`)."""
+    router_bias: bool = False
+    """A learnt bias on the router's logits, which chooses and weights alike (GPT-OSS's router)."""
+    expert_bias: bool = False
+    """Biases on the routed experts' projections (GPT-OSS's)."""
+    glu_limit: Annotated[float, Field(gt=0, le=1e4)] | None = None
+    """Clamped GLU experts (GPT-OSS's `swiglu_limit`): W2 (act(min(W1 x, limit)) * (clamp(W3 x, -limit, limit) +
+    1)), the shared experts too. Needs `gated: true`."""
 
     def problems(self) -> Iterator[tuple[tuple, str]]:
+        if self.glu_limit is not None and not self.gated:
+            yield ("glu_limit",), "glu_limit clamps a GLU's two branches: remove it or keep `gated: true`"
         if self.top_k > self.experts:
             yield ("top_k",), f"top_k = {self.top_k} chooses more experts than the {self.experts} there are"
         if self.experts % self.groups:

@@ -2220,6 +2220,30 @@ def test_apertus_computes_transformers_logits_with_xielu_and_exports_as_itself(t
     assert block.mixer.position.scaling == "llama3"
 
 
+def test_gpt_oss_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """gpt-oss: biased attention with perturbed sinks, a window on alternate layers, YaRN RoPE, and experts routed
+    by a biased router, each a clamped GLU with biases whose gate and up projections alternate in one fused,
+    transposed tensor; a limit low enough (0.5) that both clamps act on these inputs."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=24, num_hidden_layers=3,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                          sliding_window=4, num_local_experts=4, num_experts_per_tok=2, swiglu_limit=0.5,
+                          rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                           "truncate": False, "original_max_position_embeddings": 16,
+                                           "rope_theta": 1000.0})
+    reference = _perturbed(lambda: GptOssForCausalLM(config))
+    with torch.no_grad():  # the clamps bite: some gate pre-activations exceed the limit on these tokens
+        hidden = reference.model.embed_tokens(_tokens())
+        gate_up = hidden @ reference.model.layers[0].mlp.experts.gate_up_proj[0]
+        assert (gate_up[..., ::2] > 0.5).any() and (gate_up[..., 1::2].abs() > 0.5).any()
+    spec = _holds_to(reference, tmp_path / "checkpoint", "gpt_oss")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.window for b in blocks] == [4, None, 4] and all(b.mixer.sinks for b in blocks)
+    moe = blocks[0].mlp
+    assert (moe.router_bias, moe.expert_bias, moe.glu_limit, moe.activation) == (True, True, 0.5, "quick_gelu")
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

@@ -27,6 +27,9 @@ CASES = {
     # Nemotron-H / DeepSeek-V3: 8 experts in 4 groups, a token chooses from the best 2 groups; plain experts
     "grouped-plain": dict(experts=8, top_k=3, hidden=4, gated=False, activation="relu2", scoring="sigmoid",
                           score_bias=True, groups=4, top_groups=2, shared=1, shared_hidden=6),
+    # gpt-oss: a biased router, biased experts, clamped GLUs of x σ(1.702 x) (a limit the inputs cross)
+    "gpt-oss": dict(experts=5, top_k=2, hidden=6, activation="quick_gelu", router_bias=True, expert_bias=True,
+                    glu_limit=0.4),
 }
 
 
@@ -46,7 +49,7 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
     node = module
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
-        logits = node.router.weight @ x[t]
+        logits = node.router.weight @ x[t] + (node.router.bias if node.router.bias is not None else 0)
         scores = logits.softmax(-1) if node.softmax else logits.sigmoid()
         choosing = scores + (node.score_bias if node.score_bias is not None else 0)
         size = node.experts // node.groups  # a group's score: the sum of its two best choosing scores
@@ -60,10 +63,14 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
             weights = weights / weights.sum()
         for e, w in zip(chosen, weights * node.routed_scale):
             expert = node.routed[e]  # attnspec's GLU: down(act(up x) * gate x)
-            hidden = expert.activation(expert.up.weight @ x[t])
+            affine = lambda layer, v: layer.weight @ v + (layer.bias if layer.bias is not None else 0)  # noqa: E731
+            up = affine(expert.up, x[t])
+            limit = expert.glu_limit  # gpt-oss: act(min(up, limit)) * (clamp(gate, -limit, limit) + 1)
+            hidden = expert.activation(up if limit is None else up.clamp(max=limit))
             if expert.gate is not None:
-                hidden = hidden * (expert.gate.weight @ x[t])
-            out[t] += w * (expert.down.weight @ hidden)
+                gate = affine(expert.gate, x[t])
+                hidden = hidden * (gate if limit is None else gate.clamp(-limit, limit) + 1)
+            out[t] += w * affine(expert.down, hidden)
         if node.shared is not None:
             shared = node.shared
             hidden = shared.activation(shared.up.weight @ x[t])
@@ -87,6 +94,36 @@ def test_both_orders_of_work_equal_the_per_token_reference(case):
     assert (eager - expected).abs().max() <= 1e-12 * scale
     assert (dense - expected).abs().max() <= 1e-12 * scale
     assert not torch.isnan(eager).any()
+    if case == "gpt-oss":  # the clamps act on these inputs, above and below
+        pre = torch.stack([expert.up(x) for expert in module.routed]), torch.stack([e.gate(x) for e in module.routed])
+        assert (pre[0] > 0.4).any() and (pre[1] < -0.4).any() and (pre[1] > 0.4).any()
+
+
+def test_quick_gelu_is_x_times_the_sigmoid_of_1_702_x():
+    from attnspec.nn.channel import _ACTIVATIONS
+
+    x = torch.linspace(-6, 6, 101, dtype=torch.float64)
+    assert torch.allclose(_ACTIVATIONS["quick_gelu"](x), x / (1 + torch.exp(-1.702 * x)), rtol=0, atol=1e-15)
+
+
+def test_gradients_reach_the_biased_router_and_the_clamped_experts():
+    module = _module("gpt-oss")
+    x = torch.randn(9, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda inputs: module(inputs), (x,), eps=1e-6, atol=1e-8)
+    module(x).square().sum().backward()
+    assert module.router.bias.grad.abs().sum() > 0 and any(e.up.bias.grad is not None for e in module.routed)
+
+
+@pytest.mark.parametrize("fields", [{"gated": False, "glu_limit": 1.0}])
+def test_a_clamped_glu_needs_a_glu(fields):
+    from attnspec.errors import SpecError
+    from attnspec.spec import load_spec
+
+    with pytest.raises(SpecError, match="glu_limit"):
+        load_spec({**SPEC, "layers": [{"mixer": "softmax",
+                                       "mlp": {"kind": "moe", "experts": 2, "hidden": 4, **fields}}]})
+    with pytest.raises(SpecError, match="glu_limit"):
+        load_spec({**SPEC, "layers": [{"mixer": "softmax", "mlp": {"kind": "mlp", "glu_limit": 1.0}}]})
 
 
 def test_gradients_reach_the_router_the_chosen_experts_and_the_shared_expert():

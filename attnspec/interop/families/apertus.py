@@ -29,7 +29,7 @@ class Apertus(LlamaFamily):
             "as llama"),
     )
 
-    def mlp_node(self, config: Config, model_type: str) -> dict:
+    def layer_mlp(self, config: Config, model_type: str) -> dict:
         if config.get("mlp_bias", bool, False):
             raise config.refuse("mlp_bias", "Apertus's MLP takes no biases; false imports")
         return {"kind": "mlp", "hidden": config.count("intermediate_size"), "bias": False,

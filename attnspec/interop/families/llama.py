@@ -85,11 +85,11 @@ class LlamaFamily(Architecture):
             mixer["qk_norm"] = "rmsnorm"
         mixer["position"] = config.rope(head_dim, self.ROTARY_FRACTION)
         windows = self._windows(config, model_type, layers) if windows is None else windows
-        mlp = self.mlp_node(config, model_type)
+        mlp = self.layer_mlp(config, model_type)
         return [{"mixer": mixer if window is None else {**mixer, "window": window}, "mlp": mlp,
                  "norm": rmsnorm_node(eps)} for window in windows], eps
 
-    def mlp_node(self, config: Config, model_type: str) -> dict:
+    def layer_mlp(self, config: Config, model_type: str) -> dict:
         """Every layer's MLP data (a member with experts puts them in the layers it names afterwards)."""
         return glu_node(config, bias=config.get("mlp_bias", bool, False) if model_type == "llama" else False)
 

@@ -42,7 +42,8 @@ class Persimmon(GptNeoX):
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
         mixer = blocks[0].mixer
-        if any(b != blocks[0] for b in blocks) or blocks[0].parallel != "none" or mixer.qk_norm not in ("none", "layernorm") or mixer.qk_norm_after_rope \
+        if any(b != blocks[0] for b in blocks) or blocks[0].parallel != "none" \
+                or mixer.qk_norm not in ("none", "layernorm") or mixer.qk_norm_after_rope \
                 or not (mixer.qkv_bias and mixer.out_bias) \
                 or (mixer.qk_norm == "layernorm" and mixer.norm_eps != blocks[0].norm.eps):
             raise NotExpressible("persimmon's blocks are alike, sequential and biased, with a LayerNorm of each head's "

@@ -17,8 +17,8 @@ class Apertus(LlamaFamily):
     ALIASES: dict[str, str] = {}
     model_types = ("apertus", "apertus1p5_text")
     causal_lm = {"apertus": "ApertusForCausalLM", "apertus1p5_text": "Apertus1p5TextForCausalLM"}
-    export_order = ("apertus",)
-    """Both types state the same spec; apertus is written unless ``--model-type`` names the other."""
+    export_order = ("apertus", "apertus1p5_text")
+    """Both types state the same spec: apertus is written unless ``--model-type`` names the other."""
     NORM_NAMES = ("attention_layernorm", "feedforward_layernorm")
     ACTIVATIONS = ("xielu", "silu", "gelu", "gelu_tanh", "relu", "relu2")
 

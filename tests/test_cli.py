@@ -99,7 +99,8 @@ def test_explain_shows_every_part_and_each_block_s_size():
     assert max(map(len, lines)) <= 100  # piped: it fits a 100-column window
     shown = table_text(lines)
     for part in ("qk_norm: rmsnorm", "output_gate: sigmoid", "kv_heads: 2", "conv: short (activation silu)",
-                 "blocks[3] (layers[0]#0.layers[1])", "on 4 heads", "blocks[0-2] x3", "blocks[4-6] x3"):
+                 "blocks[3] (layers[0]#0.layers[1])", "on 4 heads", "blocks[0-2] x3", "blocks[4-6] x3",
+                 "mlp: glu (expansion 2)"):
         assert "".join(part.split()) in shown, part
     spec = load_spec("specs/qwen3-next-style.yaml")
     attention = [block.mixer for _, block in iter_blocks(spec, expand=True)][3]

@@ -222,7 +222,8 @@ def explain(
     blocks = [block for _, block in iter_blocks(spec, expand=True)]
     plans = [(regime, plan_spec(spec, length=L, batch=B, training=training)) for regime, B, training in regimes]
     table = explain_table(spec, L, [block.mixer for block in blocks], plans, layer_sizes(spec),
-                          [block.shared.name if block.shared else None for block in blocks])
+                          [block.shared.name if block.shared else None for block in blocks],
+                          [block.mlp for block in blocks])
     width = None if out.is_terminal else 100  # piped or logged: lines a reader's window holds
     out.print(table, width=width)
     out.print(f"[dim]{escape(COMPILE_AUTO_REASON)}[/dim]", width=width, soft_wrap=False)

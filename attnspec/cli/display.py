@@ -39,13 +39,15 @@ def calibration_text(blocks: list, plans: list, length: int, batch: int) -> str:
               "them; a build measures inference at batch 1 and max_len, training runs their own shape).")
 
 
-def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, calls: list | None = None) -> Table:
+def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, calls: list | None = None,
+                  mlps: list | None = None) -> Table:
     """The plan of ``spec`` at ``length``: per block (``mixers``; ``sizes`` from
     :func:`~attnspec.compiler.sizes.layer_sizes`; ``calls``: the shared block each calls, or None) its parts,
     parameters and decoding state, and per regime of ``plans`` (``[(regime, Plan)]``, inference first) the mode and kernel chosen, every valid
-    mode's measured and estimated time, and why; then its one-token decoding. Consecutive blocks whose rows
-    all say the same are one entry (``blocks[0-26] x27``)."""
+    mode's measured and estimated time, and why; then its one-token decoding; ``mlps``: each block's MLP, shown
+    under its mixer's parts. Consecutive blocks whose rows all say the same are one entry (``blocks[0-26] x27``)."""
     from attnspec.compiler.plan import decoding_text, regime_modes
+    from attnspec.spec.mixers.base import part_text
 
     table = Table(title=escape(f"{spec.name}: plan at L = {length}"))
     for column in ("layer", "mixer: parts, size", "regime", "mode · kernel", "valid modes: measured / estimated",
@@ -54,7 +56,9 @@ def explain_table(spec, length: int, mixers: list, plans: list, sizes: list, cal
     blocks = []  # (label, the block's rows without their label), then alike neighbours as one
     for index, mixer in enumerate(mixers):
         call = (calls or [None] * len(mixers))[index]
+        mlp = (mlps or [None] * len(mixers))[index]
         block = "\n".join([mixer.describe(), *(f"  {name}: {what}" for name, what in mixer.parts()),
+                           *([f"mlp: {part_text(mlp)}"] if mlp is not None and not mlp.is_identity else []),
                            *([f"calls shared block '{call}' (its own cache and adapters)"] if call else []),
                            f"parameters {sizes[index].parameters:,}" + (
                                f" ({sizes[index].active_parameters:,} active per token)"

@@ -71,8 +71,6 @@ LACKS: dict[str, tuple[str, str]] = {
     "reformer": ("attn_layers", "LSH attention and local chunked attention"),
     "xlnet": ("model_type", "permutation language modelling with two-stream relative attention"),
     "bitnet": ("model_type", "BitNet's ternary-quantised linear maps and their sub-layer norms"),
-    "ministral3": ("rope_parameters.llama_4_scaling_beta", "queries scaled by a factor growing with the position "
-                                                           "past `original_max_position_embeddings` (Llama 4's)"),
     "deepseek_v32": ("index_topk", SPARSE_ATTENTION),
     "glm_moe_dsa": ("index_topk", SPARSE_ATTENTION),
     "axk2": ("index_topk", SPARSE_ATTENTION),

@@ -2244,6 +2244,28 @@ def test_gpt_oss_computes_transformers_logits_decodes_alike_and_exports_as_itsel
     assert (moe.router_bias, moe.expert_bias, moe.glu_limit, moe.activation) == (True, True, 0.5, "quick_gelu")
 
 
+@pytest.mark.parametrize("rope, window", [
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+      "llama_4_scaling_beta": 0.5, "rope_theta": 1000.0}, None),
+    ({"rope_type": "default", "original_max_position_embeddings": 5, "llama_4_scaling_beta": 0.3,
+      "rope_theta": 1000.0}, 6),
+])
+def test_ministral3_scales_its_queries_by_position_and_exports_as_itself(tmp_path, rope, window):
+    """Ministral 3: queries scaled by 1 + β ln(1 + floor(t / period)) after RoPE (YaRN's trained context as the
+    period, or plain RoPE with its own), over 21 positions (two to four steps of the scale), with and without a
+    window; decoding scales each new query by its own position."""
+    from transformers import Ministral3Config, Ministral3ForCausalLM
+
+    config = Ministral3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                              sliding_window=window, rope_parameters=rope)
+    spec = _holds_to(_perturbed(lambda: Ministral3ForCausalLM(config)), tmp_path / "checkpoint", "ministral3")
+    position = spec_blocks(spec)[0].mixer.position
+    assert (position.query_scale_beta, position.query_scale_period) == (rope["llama_4_scaling_beta"],
+                                                                        rope["original_max_position_embeddings"])
+    assert spec_blocks(spec)[0].mixer.window == window
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

@@ -77,6 +77,34 @@ def test_rope_softmax_equals_the_definition_and_depends_only_on_offsets():
     assert torch.allclose(a_q @ a_k.transpose(-1, -2), b_q @ b_k.transpose(-1, -2), atol=1e-9)
 
 
+def test_a_query_scale_is_the_definition_in_every_mode_through_decoding_and_packed_documents():
+    """`query_scale_beta`/`query_scale_period`: queries times 1 + β ln(1 + floor(t / P)) after RoPE (Llama 4's,
+    Ministral 3's), against the definition (softmax), in every mode of a linear mixer reading the same queries,
+    with gradients, through the decoding step, and restarting with each packed document's positions."""
+    mixer = _mixer("softmax(heads=2, position=rope(query_scale_beta=0.7, query_scale_period=5))")
+    x = torch.randn(2, 23, 24, dtype=torch.float64, requires_grad=True)
+    q, k, v = (mixer._heads(projection(x), 12) for projection in (mixer.q_proj, mixer.k_proj, mixer.v_proj))
+    t = torch.arange(23, dtype=torch.float64).view(-1, 1)
+    qr = _reference_rope(q, 10000.0) * (1 + 0.7 * torch.log(1 + torch.floor(t / 5)))
+    scores = (qr @ _reference_rope(k, 10000.0).transpose(-1, -2)) / math.sqrt(12)
+    scores = scores.masked_fill(torch.ones(23, 23, dtype=torch.bool).triu(1), float("-inf"))
+    expected = mixer._output(torch.softmax(scores, -1) @ v, x)
+    ours = mixer(x)
+    assert _close(ours, expected)
+    cotangent = torch.randn_like(ours)
+    assert torch.allclose(torch.autograd.grad(ours, x, cotangent)[0], torch.autograd.grad(expected, x, cotangent)[0],
+                          rtol=0, atol=1e-10)
+    assert not _close(ours, _mixer("softmax(heads=2, position=rope)")(x))  # the scale changes the function
+    check_modes_agree_and_step_equals_forward(
+        "linear(heads=3, feature_map=elu1, position=rope(query_scale_beta=0.5, query_scale_period=4))")
+    # packed documents: positions restart at each document, and so does the scale
+    from attnspec.ops.documents import from_ids
+
+    with torch.no_grad():
+        packed = mixer(x.detach(), documents=from_ids(torch.tensor([[0] * 9 + [1] * 14] * 2)))
+        assert _close(packed[:, 9:], mixer(x.detach()[:, 9:]))
+
+
 def test_alibi_softmax_is_softmax_with_linear_biases():
     mixer = _mixer("softmax(heads=4, position=alibi)")
     x = torch.randn(2, 45, 24, dtype=torch.float64)

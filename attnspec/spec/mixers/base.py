@@ -180,7 +180,7 @@ class MixerComponent(Component):
             field = getattr(self, name)
             if isinstance(field, Component) and field.is_identity:
                 continue  # `none`: not a part
-            rows.append((name, _part_text(field) if isinstance(field, Component) else _value_text(value)))
+            rows.append((name, part_text(field) if isinstance(field, Component) else _value_text(value)))
         return rows
 
     def resolved_widths(self, d_model: int) -> dict[str, int] | None:
@@ -352,8 +352,9 @@ def _softmax_decay_problems(transition: TransitionComponent) -> Iterator[tuple[t
 __all__ = ["Mode", "OutputGate", "MixerComponent"]
 
 
-def _part_text(component: Component) -> str:
-    """A component as its kind and the fields it sets away from their defaults: "rope (rotary_fraction 0.5)"."""
+def part_text(component: Component) -> str:
+    """A component as its kind and the fields it sets away from their defaults: "rope (rotary_fraction 0.5)"
+    (``explain`` shows mixers' parts and blocks' MLPs so)."""
     own = component.model_dump(exclude_defaults=True, exclude={"kind"})
     return component.kind + (f" ({', '.join(f'{k} {_value_text(v)}' for k, v in own.items())})" if own else "")
 

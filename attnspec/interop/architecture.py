@@ -80,7 +80,9 @@ class Link:
     transpose; Aria's fused experts (experts, in, out)); after ``lead`` rows that no attnspec tensor holds
     (OPT's position table starts at row 2: they are dropped on import and written as zeros on export,
     which nothing reads); with ``alternate``, the two halves of each slice's rows taken in turn, row by row
-    (GPT-OSS's fused experts: gate and up projections alternate).
+    (GPT-OSS's fused experts: gate and up projections alternate); with ``flat``, the ``stack`` slices (after their
+    transpose) stored end to end as rows, (stack * rows, columns) (DBRX's w2: each expert's down projection
+    transposed, one under another).
     """
 
     theirs: str
@@ -94,12 +96,14 @@ class Link:
     transpose: bool = False
     lead: int = 0
     alternate: bool = False
+    flat: bool = False
 
     @property
     def plain(self) -> bool:
         """One attnspec tensor that is the transformers tensor itself (a rename)."""
         return (len(self.ours) == 1 and self.groups == 1 and self.offset == 0.0 and not self.conv and self.stack == 1
-                and self.view is None and not self.log and not self.transpose and not self.lead and not self.alternate)
+                and self.view is None and not self.log and not self.transpose and not self.lead and not self.alternate
+                and not self.flat)
 
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
@@ -122,6 +126,8 @@ class Link:
             joined = joined.transpose(-2, -1)
         elif self.conv:
             joined = joined.unsqueeze(1)
+        if self.flat:
+            joined = joined.reshape(-1, joined.shape[-1])
         if self.lead:  # rows of theirs that no attnspec tensor holds
             joined = torch.cat([joined.new_zeros(self.lead, *joined.shape[1:]), joined])
         return joined
@@ -131,6 +137,8 @@ class Link:
         import torch
 
         tensor = tensor[self.lead:]
+        if self.flat and self.stack > 1:
+            tensor = tensor.reshape(self.stack, -1, tensor.shape[-1])
         if self.transpose:
             tensor = tensor.transpose(-2, -1)
         if self.view is not None:

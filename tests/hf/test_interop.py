@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 import torch
@@ -2264,6 +2265,47 @@ def test_ministral3_scales_its_queries_by_position_and_exports_as_itself(tmp_pat
     assert (position.query_scale_beta, position.query_scale_period) == (rope["llama_4_scaling_beta"],
                                                                         rope["original_max_position_embeddings"])
     assert spec_blocks(spec)[0].mixer.window == window
+
+
+@pytest.mark.parametrize("clip, normalize", [(0.3, 1.0), (8.0, None)])
+def test_dbrx_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, clip, normalize):
+    """DBRX: GQA attention whose fused q/k/v are clamped (at 0.3, where the perturbed projections cross it, or
+    at a released 8), experts stored as three (experts x ffn, d) tensors (w2 transposed per expert), renormalised or not,
+    under LayerNorms without biases; its nested attn_config and ffn_config."""
+    from transformers import DbrxConfig, DbrxForCausalLM
+
+    config = DbrxConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
+                        attn_config=dict(kv_n_heads=2, clip_qkv=clip, rope_theta=10000.0),
+                        ffn_config=dict(ffn_hidden_size=24, moe_num_experts=4, moe_top_k=2,
+                                        moe_normalize_expert_weights=normalize))
+    reference = _perturbed(lambda: DbrxForCausalLM(config))
+    if clip < 1:
+        with torch.no_grad():
+            attention = reference.transformer.blocks[0].norm_attn_norm
+            assert (attention.attn.Wqkv(attention.norm_1(reference.transformer.wte(_tokens()))).abs() > clip).any()
+    spec = _holds_to(reference, tmp_path / "checkpoint", "dbrx")
+    block = spec_blocks(spec)[0]
+    assert block.mixer.qkv_clip == clip and block.mixer.kv_heads == 2 and block.mlp.normalize == (normalize is not None)
+    assert (block.norm.kind, block.norm.bias) == ("layernorm", False)
+
+
+@pytest.mark.parametrize("attn, ffn, field", [({"clip_qkv": None}, {}, "attn_config.clip_qkv"),
+                                              ({"rope_theta": 500000.0}, {}, "attn_config.rope_theta"),
+                                              ({}, {"moe_normalize_expert_weights": 2.0},
+                                               "ffn_config.moe_normalize_expert_weights")])
+def test_a_dbrx_config_attnspec_cannot_hold_to_transformers_is_refused_by_its_nested_field(tmp_path, attn, ffn, field):
+    """No clip (transformers' DBRX attention fails without one), a rope_theta its rotary embedding does not use, a
+    p-norm other than 1: each names the nested field, and nothing is written."""
+    from transformers import DbrxConfig
+
+    DbrxConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=1, attn_config=dict(kv_n_heads=2, clip_qkv=8.0),
+               ffn_config=dict(ffn_hidden_size=24, moe_num_experts=4, moe_top_k=2)).save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    data["attn_config"].update(attn)
+    data["ffn_config"].update(ffn)
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(InteropError, match=f"`{re.escape(field)}`"):
+        spec_from_checkpoint(tmp_path)
 
 
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):

@@ -1,6 +1,7 @@
-"""QK-norm's kinds and placement (`qk_norm: layernorm`, Persimmon's; `qk_norm_after_rope`, Hunyuan V1's) held to
-softmax attention written out from its definition in float64, forward and backward, through decoding, and in
-every mode of a linear-attention mixer that reads the same normalised queries and keys."""
+"""The projection stage's parts: QK-norm's kinds and placement (`qk_norm: layernorm`, Persimmon's;
+`qk_norm_after_rope`, Hunyuan V1's) and clamped projections (`qkv_clip`, DBRX's), held to softmax attention written
+out from its definition in float64, forward and backward, through decoding, and in every mode of a linear-attention
+mixer that reads the same queries and keys."""
 
 from __future__ import annotations
 
@@ -134,3 +135,38 @@ def test_a_qk_norm_after_rope_needs_a_per_head_norm(fields, where):
 def test_mixers_without_queries_and_keys_refuse_the_placement():
     with pytest.raises(SpecError, match="qk_norm_after_rope"):
         attnspec.build({**SPEC, "layers": [{"mixer": {"kind": "mamba", "qk_norm_after_rope": True}}]})
+
+
+def test_clamped_projections_are_the_definition_in_every_mode_and_through_decoding():
+    """`qkv_clip`: q, k and v clamped to [-c, c] right after their projections (before QK-norm and RoPE); against
+    attention written with the clamp (1e-12; gradients 1e-10, zero where a projection is clamped), in every mode of a
+    linear mixer, and through the key/value cache."""
+    clip = 0.25
+    mixer = _mixer(qkv_clip=clip).blocks[0].mixer
+    x = torch.randn(2, 13, D_MODEL, dtype=torch.float64, requires_grad=True)
+    assert (mixer.q_proj(x).abs() > clip).any() and (mixer.v_proj(x).abs() < clip).any()  # both sides of the clamp
+    B, L, _ = x.shape
+    heads = lambda t, h: t.clamp(-clip, clip).view(B, L, h, D_QK).transpose(1, 2)  # noqa: E731
+    q, k = _rope(heads(mixer.q_proj(x), HEADS)), _rope(heads(mixer.k_proj(x), KV_HEADS))
+    v = heads(mixer.v_proj(x), KV_HEADS)
+    k, v = k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1)
+    scores = (q @ k.transpose(-1, -2) / D_QK ** 0.5).masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1),
+                                                                 float("-inf"))
+    reference = mixer.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, L, HEADS * D_QK))
+    ours = mixer(x, "quadratic")
+    assert torch.allclose(ours, reference, rtol=0, atol=1e-12)
+    cotangent = torch.randn_like(ours)
+    assert torch.allclose(torch.autograd.grad(ours, x, cotangent)[0], torch.autograd.grad(reference, x, cotangent)[0],
+                          rtol=0, atol=1e-10)
+    model = _mixer("linear", qkv_clip=clip, feature_map="elu1").eval()
+    linear = model.blocks[0].mixer
+    with torch.no_grad():
+        outputs = {mode: linear(x, mode) for mode in linear.modes}
+        assert all(torch.allclose(out, outputs[linear.modes[0]], rtol=0, atol=1e-10) for out in outputs.values())
+    decoded = _mixer(qkv_clip=clip).eval()
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full, (logits, *state) = decoded(tokens), decoded.prefill(tokens[:, :4])
+        for t in range(4, 12):
+            logits, *state = decoded.step(tokens[:, t], *state)
+            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-10)

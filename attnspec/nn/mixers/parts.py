@@ -42,7 +42,7 @@ class ProjectedMixer(Mixer):
         d_in = self.d_in
         # heads of distinct queries, keys and values: `qk_groups` share q and k, `kv_heads` k and v by groups of heads
         self.q_heads, self.k_heads, self.v_heads = node.query_heads, node.key_heads, node.value_heads
-        bias = node.qkv_bias
+        bias, self.qkv_clip = node.qkv_bias, node.qkv_clip
         self.q_proj = nn.Linear(d_in, self.q_heads * self.d_qk, bias=bias)
         self.k_proj = nn.Linear(d_in, self.k_heads * self.d_qk, bias=bias)
         self.v_proj = nn.Linear(d_in, self.v_heads * self.d_v, bias=bias)
@@ -104,6 +104,10 @@ class ProjectedMixer(Mixer):
         y = y.view(B, L, heads or self.heads, width).transpose(1, 2)
         return self._expand(y) if expand else y
 
+    def _clipped(self, t: Tensor) -> Tensor:
+        """A projection's output clamped to [-qkv_clip, qkv_clip] (DBRX), or as it is."""
+        return t if self.qkv_clip is None else t.clamp(-self.qkv_clip, self.qkv_clip)
+
     def _normalized(self, t: Tensor, name: str, full: bool = False) -> Tensor:
         """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps ``norm_eps``), or
         for ``rmsnorm_full`` over the whole projection (B, L, heads * d_qk), called with ``full``; for
@@ -137,7 +141,7 @@ class ProjectedMixer(Mixer):
             return t
 
         x = convolved("x", x)
-        streams = {name: convolved(name, projection(x))
+        streams = {name: convolved(name, self._clipped(projection(x)))
                    for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj))}
         q, k = full_precision(streams["q"]), full_precision(streams["k"])
         v = full_precision(streams["v"]) if widen_values else streams["v"]

@@ -107,6 +107,8 @@ class MixerComponent(Component):
     `gate_before_norm` (whose groups span several heads)."""
     qkv_bias: bool = False
     """Biases on the q, k and v projections and the output gate's (Qwen2; Llama's `attention_bias`)."""
+    qkv_clip: Annotated[float, Field(gt=0, le=1e4)] | None = None
+    """Clamp each q, k and v projection's output to [-clip, clip] before anything reads it (DBRX's `clip_qkv`)."""
     out_bias: bool = False
     """A bias on the output projection (Llama's `attention_bias`)."""
 

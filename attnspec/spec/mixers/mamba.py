@@ -29,7 +29,7 @@ class MambaMixer(MixerComponent):
     decoding state is h (d_inner x N) and the convolution's last width - 1 inputs."""
 
     kind: Literal["mamba"]
-    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope",
+    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope", "qkv_clip",
                                                  "output_gate", "group_norm", "norm_span", "norm_center",
                                                  "gate_before_norm", "shared_norm_weight", "skip")
     """Its output gate silu(z) and D skip are fixed; the rest are the attention-like families' parts."""

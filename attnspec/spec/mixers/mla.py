@@ -26,7 +26,7 @@ class MlaMixer(MixerComponent):
     the output projection."""
 
     kind: Literal["mla"]
-    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope",
+    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope", "qkv_clip",
                                                  "output_gate", "group_norm", "norm_span", "norm_center",
                                                  "gate_before_norm", "shared_norm_weight", "skip", "conv")
     kv_rank: Count(limits.MAX_D_MODEL)

@@ -26,7 +26,7 @@ class ParallelMixer(MixerComponent):
     does, with their states side by side."""
 
     kind: Literal["parallel"]
-    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope",
+    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope", "qkv_clip",
                                                  "output_gate", "gate_rank", "group_norm", "norm_span", "norm_center",
                                                  "gate_before_norm", "shared_norm_weight", "skip", "conv", "qkv_bias",
                                                  "out_bias", "heads", "d_qk", "d_v")

@@ -30,7 +30,7 @@ class RglruMixer(MixerComponent):
     (RecurrentGemma has both)."""
 
     kind: Literal["rglru"]
-    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope",
+    not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope", "qkv_clip",
                                                  "output_gate", "group_norm", "norm_span", "norm_center",
                                                  "gate_before_norm", "shared_norm_weight", "skip", "gate_rank")
     single_stream: ClassVar[str] = "the RG-LRU"

@@ -209,8 +209,11 @@ class Model(nn.Module):
         head = spec.head
         self.head_kind = head.kind
         self.pooling = getattr(head, "pooling", None)
+        self.head_bias = None
         if head.kind == "lm":
             self.head = None if head.tied else nn.Linear(d, spec.input.vocab_size, bias=head.bias)
+            # a tied head's own bias (CTRL's): the embedding table it reads has none
+            self.head_bias = nn.Parameter(torch.zeros(spec.input.vocab_size)) if head.tied and head.bias else None
         elif head.kind == "classifier":
             self.head = nn.Linear(d, head.classes)
         else:
@@ -358,6 +361,7 @@ class Model(nn.Module):
     def _head(self, x: Tensor) -> Tensor:
         if self.head_kind == "lm":
             logits = x @ self.embed.weight.T if self.head is None else self.head(x)
+            logits = logits if self.head_bias is None else logits + self.head_bias
             logits = logits if self.head_scale == 1.0 else logits * self.head_scale
             return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
         if self.head_kind == "classifier":

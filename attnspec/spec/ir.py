@@ -210,7 +210,8 @@ class LmHead(Node):
     """Cap the logits smoothly, cap * tanh(logits / cap), after `scale` (Gemma 2's
     `final_logit_softcapping`); unset: no cap."""
     bias: bool = False
-    """A bias on the logits, before `scale` (an untied head's: Phi, GPT-J)."""
+    """A bias on the logits, before `scale` (an untied head's: Phi, GPT-J; a tied head's own vector beside the
+    embedding it reads: CTRL)."""
 
     def default_scale(self, d_model: int, version: int = 2) -> float:
         """The scale an unset ``scale`` resolves to (always 1 in a version-1 spec)."""

@@ -39,8 +39,6 @@ def _model_rules(spec: Spec) -> Iterator[Violation]:
     if isinstance(spec.head, LmHead) and not isinstance(spec.input, TokenInput):
         yield ("head",), ("an `lm` head predicts tokens, but the input is real-valued features; "
                           "use `head: {kind: classifier, classes: N}` or `head: none`, or token input")
-    if isinstance(spec.head, LmHead) and spec.head.tied and spec.head.bias:
-        yield ("head", "bias"), "a tied head reads the embedding table, which has no bias: untie it (`tied: false`)"
 
 
 def _is_power_of_two(n: int) -> bool:

@@ -2308,6 +2308,19 @@ def test_a_dbrx_config_attnspec_cannot_hold_to_transformers_is_refused_by_its_ne
         spec_from_checkpoint(tmp_path)
 
 
+def test_ctrl_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """CTRL: scaled embeddings plus sin/cos sinusoids, pre-norm biased attention and ReLU MLPs (their LayerNorms at
+    eps 1e-6 whatever the config says, the final one at its `layer_norm_epsilon`), and a tied head with a
+    perturbed bias."""
+    from transformers import CTRLConfig, CTRLLMHeadModel
+
+    config = CTRLConfig(vocab_size=VOCAB, n_embd=32, n_head=4, n_layer=2, dff=48, n_positions=64,
+                        layer_norm_epsilon=1e-3)
+    spec = _holds_to(_perturbed(lambda: CTRLLMHeadModel(config)), tmp_path / "checkpoint", "ctrl")
+    assert spec.position.kind == "sinusoidal" and spec.head.tied and spec.head.bias
+    assert spec_blocks(spec)[0].norm.eps == 1e-6 and spec.final_norm.eps == 1e-3
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

@@ -252,3 +252,17 @@ def test_an_xielu_mlp_is_its_definition_forward_and_backward():
 def test_xielu_is_a_dense_mlp_s_alone():
     with pytest.raises(SpecError, match="activation"):
         _model("blocks[*].mlp={kind: moe, experts: 2, top_k: 1, hidden: 8, activation: xielu}")
+
+
+def test_a_tied_head_with_a_bias_adds_its_own_vector_to_the_embedding_s_logits():
+    """`head: {tied: true, bias: true}` (CTRL's): logits = h E^T + b, b a parameter of its own (the embedding table
+    has no bias), trained, and seen by decoding."""
+    biased = _model("head.tied=true", "head.bias=true")
+    plain = _model("head.tied=true")
+    with torch.no_grad():
+        biased.head_bias.copy_(torch.randn_like(biased.head_bias))
+        hidden = plain(TOKENS)  # the same weights: only the bias differs (the seed draws them alike)
+        assert torch.allclose(biased(TOKENS), hidden + biased.head_bias, rtol=1e-12, atol=1e-12)
+        _decodes_as_it_computes(biased)
+    biased(TOKENS).sum().backward()
+    assert biased.head_bias.grad is not None and biased.head is None

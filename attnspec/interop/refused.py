@@ -50,6 +50,8 @@ DECODERS_OF_ENCODER_DECODERS = frozenset({"bart", "bigbird_pegasus", "blenderbot
                                           "prophetnet", "trocr", "whisper"})
 """Decoders that cross-attend to an encoder's output (text, speech, images or audio codes)."""
 
+INKLING = ("a relative position bias computed from learned relative states (`d_rel`, `rel_extent`) and logits "
+           "scaled logarithmically past `log_scaling_n_floor`")
 SPARSE_ATTENTION = ("DeepSeek Sparse Attention: a learned indexer (`index_n_heads` heads of its own) choosing the "
                     "`index_topk` keys each query attends to, which attnspec's sparse parts do not choose by a learned "
                     "score")
@@ -92,8 +94,7 @@ LACKS: dict[str, tuple[str, str]] = {
                                   "loop with its own cache, and nGPT's normalised residual interpolation"),
     "hrm_text": ("H_cycles", "the Hierarchical Reasoning Model's nested recurrence of two layer stacks "
                              "(`H_cycles` x `L_cycles`)"),
-    "inkling_text": ("d_rel", "a relative position bias computed from learned relative states (`d_rel`, "
-                              "`rel_extent`) and logits scaled logarithmically past `log_scaling_n_floor`"),
+    "inkling_text": ("d_rel", INKLING),
     "llama4_text": ("attention_chunk_size", "attention within chunks of `attention_chunk_size` (not a sliding "
                                             "window), an L2 norm of q and k, and queries scaled by position on its "
                                             "layers without RoPE (`attn_temperature_tuning`)"),
@@ -124,6 +125,35 @@ LACKS: dict[str, tuple[str, str]] = {
                          "or swish) and a tanh soft-cap on the router's logits (`moe_router_logit_softcapping`)"),
     "zaya": ("model_type", "compressed convolutional attention (queries and keys compressed and convolved before "
                            "attention) and learned residual scaling"),
+    "dots3_note_text": ("index_topk", SPARSE_ATTENTION),
+    "dots3_note": ("text_config.index_topk", "in its text model, " + SPARSE_ATTENTION),
+    "minimax_m3_vl_text": ("index_topk_blocks", "a lightning indexer choosing `index_topk_blocks` blocks of keys for "
+                                                "each query (block-sparse attention)"),
+    "inkling2_text": ("d_rel", INKLING),
+    "inkling2_loop_text": ("d_rel", INKLING + ", and layers run in loops"),
+    "gemma4_unified_text": ("num_kv_shared_layers", "key/value caches shared across layers (`num_kv_shared_layers`)"),
+    "gemma4_unified": ("text_config.num_kv_shared_layers", "in its text model, key/value caches shared across layers "
+                                                           "(`num_kv_shared_layers`), and audio and vision inputs"),
+    "gemma4_assistant": ("text_config.num_kv_shared_layers", "a draft model reading its target model's key/value "
+                                                             "caches in every layer (`num_kv_shared_layers`)"),
+    "gemma4_unified_assistant": ("text_config.num_kv_shared_layers", "a draft model reading its target model's "
+                                                                     "key/value caches in every layer"),
+    "longcat_flash": ("zero_expert_num", "zero-computation experts (`zero_expert_num`: a token routed there passes "
+                                         "unchanged) and two attentions and MLPs in each layer"),
+    "bailing_hybrid": ("kda_safe_gate", "Kimi Delta Attention with a forget gate bounded below (`kda_safe_gate`, "
+                                        "`kda_lower_bound`; attnspec's KDA gate is unbounded)"),
+    "phi4_multimodal": ("model_type", "vision and speech LoRA adapters inside its language model's layers, chosen "
+                                      "by each input's modality"),
+    "moshi": ("model_type", "a speech model: a temporal transformer over text and audio-codebook tokens with a depth "
+                            "transformer at each step"),
+    "moss_transcribe_diarize": ("model_type", "a speech recognition model: an audio encoder's features spliced "
+                                              "into its decoder's input"),
+    "git": ("model_type", "GIT's image-to-text decoder: BERT-style post-norm layers with absolute positions whose "
+                          "prompt is an image encoder's tokens"),
+    "zamba": ("model_type", "Zamba's shared attention block reading the hidden state concatenated with the original "
+                            "embeddings (2 x hidden_size) between Mamba-1 layers"),
+    "modernbert-decoder": ("model_type", "ModernBERT's prediction head (a dense layer, activation and LayerNorm "
+                                         "before the decoder) and its embedding norm"),
 }
 """Decoder-only types whose missing part is known: type -> (the config field that asks for it, the part)."""
 

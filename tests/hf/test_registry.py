@@ -81,7 +81,7 @@ def test_the_snapshot_of_transformers_causal_lm_types_is_the_installed_mapping()
     ({"model_type": "newdecoder", "is_encoder_decoder": True}, "is the decoder of an encoder-decoder"),
     ({"model_type": "kolibri1"}, "`model_type`: kolibri1 needs a router choosing experts by their raw logits"),
     ({"model_type": "doge"}, "`keep_window_size`: doge needs dynamic mask attention"),
-    ({"model_type": "zamba"}, "`model_type`: zamba is a decoder-only type no attnspec family maps yet"),
+    ({"model_type": "lara_mini"}, "`model_type`: lara_mini is a decoder-only type no attnspec family maps yet"),
     ({"model_type": "x" * 500}, "is not a causal language model type of transformers 5.24"),
     ({"model_type": ["llama"]}, "is not a causal language model type"),
 ])

@@ -176,6 +176,9 @@ class Wrapper:
     unapplied: tuple[str, ...] = ()
     """Fields of the text config the multimodal model does not apply (Gemma 3's logit soft-cap is
     Gemma3ForCausalLM's alone)."""
+    oracle: str | None = None
+    """The transformers class import-hf's check holds the import to, where AutoModelForCausalLM's class for the
+    type does not read a release's weights (Emu3ForCausalLM leaves every one of them unloaded)."""
 
     def stored_name(self, name: str) -> str:
         """A text model's tensor name as the release stores it."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from attnspec.errors import shorten
+from attnspec.interop.checkpoint import read_config
 
 PROMPT_TOKENS = 8
 NEW_TOKENS = 8
@@ -107,8 +108,13 @@ def compare(checkpoint: Path | str, ours: Ours | ImportCheck) -> ImportCheck:
         return ours
     import transformers
 
+    from attnspec.interop.registry import wrappers
+
+    wrapper = wrappers().get(read_config(Path(checkpoint)).get("model_type"))
+    loader = getattr(transformers, wrapper.oracle) if wrapper is not None and wrapper.oracle else \
+        transformers.AutoModelForCausalLM
     try:
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        theirs = loader.from_pretrained(
             str(checkpoint), dtype=ours.dtype, local_files_only=True, use_safetensors=True, trust_remote_code=False)
     except Exception as error:  # noqa: BLE001 - transformers' own failure is a reason, not a crash
         return ImportCheck(skipped=f"transformers could not load it as a causal LM ({type(error).__name__}: "

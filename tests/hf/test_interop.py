@@ -366,7 +366,7 @@ def test_an_impossible_mixture_of_experts_is_a_located_refusal_and_nothing_is_wr
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"model_type": "ctrl"}, ["model_type", "ctrl is a decoder-only type no attnspec family maps yet"]),
+    ({"model_type": "lara_mini"}, ["model_type", "lara_mini is a decoder-only type no attnspec family maps yet"]),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0}}, ["rope_type", "longrope"]),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": -2}}, ["factor", "positive"]),
     ({"hidden_act": "quick_gelu"}, ["hidden_act", "quick_gelu"]),
@@ -2319,6 +2319,53 @@ def test_ctrl_computes_transformers_logits_decodes_alike_and_exports_as_itself(t
     spec = _holds_to(_perturbed(lambda: CTRLLMHeadModel(config)), tmp_path / "checkpoint", "ctrl")
     assert spec.position.kind == "sinusoidal" and spec.head.tied and spec.head.bias
     assert spec_blocks(spec)[0].norm.eps == 1e-6 and spec.final_norm.eps == 1e-3
+
+
+def test_the_language_model_of_a_got_ocr2_release_imports_logit_equal(tmp_path):
+    """GOT-OCR 2.0: its Qwen2 language model's config and ``language_model.`` tensors import (the vision tower and
+    projector are left unread) and compute GotOcr2ForConditionalGeneration's logits on text."""
+    from transformers import GotOcr2Config, GotOcr2ForConditionalGeneration
+
+    text = dict(model_type="qwen2", vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    vision = dict(hidden_size=16, output_channels=16, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                  patch_size=16, global_attn_indexes=[0], mlp_dim=16)
+    reference = _perturbed(lambda: GotOcr2ForConditionalGeneration(GotOcr2Config(text_config=text,
+                                                                                 vision_config=vision)))
+    reference.save_pretrained(tmp_path / "checkpoint")
+    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "got_ocr2"
+    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
+    assert model_type == "qwen2" and spec_blocks(spec)[0].mixer.qkv_bias
+    model = _imported(tmp_path / "checkpoint", model_type)
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+
+
+def test_the_language_model_of_an_emu3_release_imports_and_checks_itself_against_the_class_that_reads_it(tmp_path):
+    """Emu3: its Llama language model's config and ``text_model.`` tensors import (the VQ image tokenizer is left
+    unread) and compute Emu3ForConditionalGeneration's logits on text; import-hf's check loads that class, since
+    transformers' Emu3ForCausalLM reads none of a release's weights (it would compare against random ones)."""
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    from attnspec.interop.check import compare, our_side
+
+    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    vq = dict(embed_dim=32, codebook_size=16, latent_channels=32, base_channels=32, channel_multiplier=[1, 1],
+              num_res_blocks=1, attn_resolutions=[])
+    reference = _perturbed(lambda: Emu3ForConditionalGeneration(Emu3Config(text_config=text, vq_config=vq,
+                                                                           vocabulary_map={})))
+    reference.save_pretrained(tmp_path / "checkpoint")
+    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "emu3"
+    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
+    assert model_type == "llama"
+    model = _imported(tmp_path / "checkpoint", model_type)
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+    check = compare(tmp_path / "checkpoint", our_side(model))
+    assert check.skipped is None and check.relative_logit_diff < BOUND and check.tokens_agree == check.new_tokens
 
 
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnspec.interop.architecture import (Architecture, Link, Row, attention_links, block_prefix, common_fields,
-                                           compress_layers, expanded_blocks, glu_links, glu_node, head_node, lm_links,
-                                           rename, rmsnorm_node, rope_config)
+from attnspec.interop.architecture import (Architecture, Link, Row, Wrapper, attention_links, block_prefix,
+                                           common_fields, compress_layers, expanded_blocks, glu_links, glu_node,
+                                           head_node, lm_links, rename, rmsnorm_node, rope_config)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.spec import limits
 
@@ -31,6 +31,13 @@ class LlamaFamily(Architecture):
     """EXAONE 3's checkpoints keep their GPT-2-like names (transformers' conversion_mapping renames them)."""
     config_fields = {"exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
                                 "activation_function": "hidden_act"}}
+    wrappers = {"got_ocr2": Wrapper("qwen2", {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."},
+                                    ("vision_tower.", "multi_modal_projector.")),
+                "emu3": Wrapper("llama", {"model.": "text_model.model.", "lm_head.": "text_model.lm_head."},
+                                ("vqmodel.",), oracle="Emu3ForConditionalGeneration")}
+    """GOT-OCR 2.0 is a Qwen2 reading an image encoder's tokens, Emu3 a Llama reading a VQ model's image tokens
+    (left unread; transformers' causal-LM class for emu3 loads none of a release's weights, so its check holds the
+    import to Emu3ForConditionalGeneration)."""
     export_order = ("mistral", "qwen3", "qwen2", "llama", *ALIASES)
     """A Llama-family spec with a window is a Mistral, with QK-norm a Qwen3, with q/k/v biases a Qwen2; an
     alias is written only where ``--model-type`` names it (llama states the same spec first)."""
@@ -53,6 +60,15 @@ class LlamaFamily(Architecture):
         Row(("qwen3",),
             "QK-norm (`qk_norm: rmsnorm`)",
             "as llama"),
+        Row(("got_ocr2",),
+            "the OCR release's language model: `text_config` and the `language_model.` tensors, as `qwen2`; the "
+            "vision tower and projector are not read",
+            "images: attnspec models are text models"),
+        Row(("emu3",),
+            "the release's language model: `text_config` and the `text_model.` tensors, as `llama` (held to "
+            "Emu3ForConditionalGeneration: transformers' Emu3ForCausalLM reads none of a release's weights); the VQ "
+            "image tokenizer is not read",
+            "images: attnspec models are text models"),
         Row(("internlm3", "iquestcoder", "exaone"),
             "as llama: transformers' model of these types is LlamaForCausalLM itself (EXAONE 3's tensors and "
             "config fields under their released names: `transformer.h.N.attn.attention.*`, `num_layers`)",

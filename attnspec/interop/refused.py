@@ -58,8 +58,6 @@ SPARSE_ATTENTION = ("DeepSeek Sparse Attention: a learned indexer (`index_n_head
 """What DeepSeek-V3.2's sparse attention needs (its successors' too)."""
 
 LACKS: dict[str, tuple[str, str]] = {
-    "kolibri1": ("model_type", "a router choosing experts by their raw logits plus a correction bias and weighting "
-                               "them by the logits' sigmoid (attnspec's sigmoid router adds the bias to the sigmoid)"),
     "rwkv": ("model_type", "RWKV's WKV time mixing (token shift, a per-channel decay with a bonus for the current "
                            "token), which is no attnspec mixer yet"),
     "phimoe": ("model_type", "the SparseMixer router (experts chosen and weighted by masked softmaxes, not top-k of "

@@ -136,6 +136,7 @@ class MoeMlp(nn.Module):
         self.groups, self.top_groups = node.groups, node.top_groups or node.groups
         self.router = nn.Linear(d_model, node.experts, bias=node.router_bias)
         self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
+        self.bias_on_logits = node.score_bias_on_logits  # Kolibri: the bias added to the logits to choose
         expert = SimpleNamespace(hidden=node.hidden, expansion=1, activation=node.activation, bias=node.expert_bias,
                                  gated=node.gated, glu_limit=node.glu_limit)
         self.routed = nn.ModuleList(Mlp(expert, d_model=d_model) for _ in range(node.experts))
@@ -166,7 +167,8 @@ class MoeMlp(nn.Module):
         logits = self.router(x)
         logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
         scores = logits.softmax(-1) if self.softmax else logits.sigmoid()
-        choosing = scores + self.score_bias.to(scores.dtype) if self.score_bias is not None else scores
+        choosing = scores if self.score_bias is None else \
+            (logits if self.bias_on_logits else scores) + self.score_bias.to(scores.dtype)
         if self.top_groups < self.groups:  # choose within the groups whose two best scores sum highest
             grouped = choosing.view(-1, self.groups, self.experts // self.groups)
             kept = grouped.topk(2, dim=-1).values.sum(-1).topk(self.top_groups, dim=-1).indices

@@ -127,6 +127,9 @@ class MoeMlp(ChannelMixerComponent):
     score_bias: bool = False
     """A learnt per-expert bias added to the scores to choose the experts, not to weight them
     (DeepSeek-V3's `e_score_correction_bias`)."""
+    score_bias_on_logits: bool = False
+    """Add the correction bias to the router's logits rather than its scores to choose (Kolibri's router: top-k of
+    logits + bias, weighted by the chosen logits' sigmoid). Needs `score_bias`."""
     groups: Count(limits.MAX_EXPERTS) = 1
     """Group-limited routing (DeepSeek-V3's `n_group`): the experts form this many equal groups, and each
     token chooses its experts from the `top_groups` groups whose two best choosing scores sum highest."""
@@ -150,6 +153,8 @@ class MoeMlp(ChannelMixerComponent):
     def problems(self) -> Iterator[tuple[tuple, str]]:
         if self.glu_limit is not None and not self.gated:
             yield ("glu_limit",), "glu_limit clamps a GLU's two branches: remove it or keep `gated: true`"
+        if self.score_bias_on_logits and not self.score_bias:
+            yield ("score_bias_on_logits",), "score_bias_on_logits places the correction bias: set `score_bias: true`"
         if self.top_k > self.experts:
             yield ("top_k",), f"top_k = {self.top_k} chooses more experts than the {self.experts} there are"
         if self.experts % self.groups:

@@ -2368,6 +2368,29 @@ def test_the_language_model_of_an_emu3_release_imports_and_checks_itself_against
     assert check.skipped is None and check.relative_logit_diff < BOUND and check.tokens_agree == check.new_tokens
 
 
+def test_kolibri1_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Kolibri 1: EXAONE 4.0's attention (windowed RoPE layers, a global layer without positions) in GLM-4's four
+    norms, experts chosen by the logits plus a perturbed correction bias and weighted by their sigmoid,
+    renormalised, beside a shared expert; its released tensor names."""
+    from transformers import Kolibri1Config, Kolibri1ForCausalLM
+
+    config = Kolibri1Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=5, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=4,
+                            moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=4,
+                            num_experts_per_tok=2, norm_topk_prob=True)
+
+    def build():
+        model = Kolibri1ForCausalLM(config)
+        for layer in model.model.layers:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4) * 2)
+        return model
+
+    spec = _holds_to(_perturbed(build), tmp_path / "checkpoint", "kolibri1")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.window for b in blocks] == [4, 4, 4, 4, None] and blocks[4].mixer.position.kind == "none"
+    assert blocks[0].norm_placement == "sandwich" and blocks[0].mlp.score_bias_on_logits
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

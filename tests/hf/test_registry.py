@@ -79,7 +79,7 @@ def test_the_snapshot_of_transformers_causal_lm_types_is_the_installed_mapping()
     ({"model_type": "bert"}, "`model_type`: bert is an encoder"),
     ({"model_type": "bart", "is_encoder_decoder": True}, "`model_type`: bart is the decoder of an encoder-decoder"),
     ({"model_type": "newdecoder", "is_encoder_decoder": True}, "is the decoder of an encoder-decoder"),
-    ({"model_type": "kolibri1"}, "`model_type`: kolibri1 needs a router choosing experts by their raw logits"),
+    ({"model_type": "phimoe"}, "`model_type`: phimoe needs the SparseMixer router"),
     ({"model_type": "doge"}, "`keep_window_size`: doge needs dynamic mask attention"),
     ({"model_type": "lara_mini"}, "`model_type`: lara_mini is a decoder-only type no attnspec family maps yet"),
     ({"model_type": "x" * 500}, "is not a causal language model type of transformers 5.24"),

@@ -27,6 +27,9 @@ CASES = {
     # Nemotron-H / DeepSeek-V3: 8 experts in 4 groups, a token chooses from the best 2 groups; plain experts
     "grouped-plain": dict(experts=8, top_k=3, hidden=4, gated=False, activation="relu2", scoring="sigmoid",
                           score_bias=True, groups=4, top_groups=2, shared=1, shared_hidden=6),
+    # Kolibri: sigmoid scores, chosen by logits + correction bias, renormalised, one shared expert
+    "kolibri": dict(experts=6, top_k=2, hidden=4, scoring="sigmoid", score_bias=True, score_bias_on_logits=True,
+                    shared=1, shared_hidden=5),
     # gpt-oss: a biased router, biased experts, clamped GLUs of x σ(1.702 x) (a limit the inputs cross)
     "gpt-oss": dict(experts=5, top_k=2, hidden=6, activation="quick_gelu", router_bias=True, expert_bias=True,
                     glu_limit=0.4),
@@ -51,7 +54,7 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
     for t in range(x.shape[0]):
         logits = node.router.weight @ x[t] + (node.router.bias if node.router.bias is not None else 0)
         scores = logits.softmax(-1) if node.softmax else logits.sigmoid()
-        choosing = scores + (node.score_bias if node.score_bias is not None else 0)
+        choosing = (logits if node.bias_on_logits else scores) + (node.score_bias if node.score_bias is not None else 0)
         size = node.experts // node.groups  # a group's score: the sum of its two best choosing scores
         group_scores = [float(choosing[g * size:(g + 1) * size].sort(descending=True).values[:2].sum())
                         for g in range(node.groups)]
@@ -94,6 +97,10 @@ def test_both_orders_of_work_equal_the_per_token_reference(case):
     assert (eager - expected).abs().max() <= 1e-12 * scale
     assert (dense - expected).abs().max() <= 1e-12 * scale
     assert not torch.isnan(eager).any()
+    if case == "kolibri":  # the bias on the logits chooses other experts than the same bias on the scores would
+        logits = module.router(x.reshape(-1, 8))
+        on_scores = (logits.sigmoid() + module.score_bias).topk(2, dim=-1).indices.sort(-1).values
+        assert not torch.equal(on_scores, chosen.sort(-1).values)
     if case == "gpt-oss":  # the clamps act on these inputs, above and below
         pre = torch.stack([expert.up(x) for expert in module.routed]), torch.stack([e.gate(x) for e in module.routed])
         assert (pre[0] > 0.4).any() and (pre[1] < -0.4).any() and (pre[1] > 0.4).any()

@@ -55,6 +55,11 @@ class Olmo2(Architecture):
     """OLMo's QK-norm: over the whole q and k projections."""
     PLACEMENT = "output"
     """The blocks' ``norm_placement``: OLMo 2's x + norm(f(x)) (a member in Llama's pre-norm places: ``pre``)."""
+    NORM_NAMES = {"pre": (("input_layernorm", "norm1"), ("post_attention_layernorm", "norm2")),
+                  "output": (("post_attention_layernorm", "norm1"), ("post_feedforward_layernorm", "norm2")),
+                  "sandwich": (("input_layernorm", "norm1"), ("post_self_attn_layernorm", "post_norm1"),
+                               ("post_attention_layernorm", "norm2"), ("post_mlp_layernorm", "post_norm2"))}
+    """Each placement's norms as transformers names them (GLM-4's four for the sandwich) and as attnspec does."""
 
     def layer_types(self, config: Config, model_type: str, layers: int) -> tuple[list[str], int | None]:
         """Each layer's type (``full_attention`` or ``sliding_attention``) and the sliding window."""
@@ -104,12 +109,10 @@ class Olmo2(Architecture):
         for index, block in enumerate(expanded_blocks(spec)):
             theirs, ours = f"model.layers.{index}.", block_prefix(index)
             links += attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
-            norms = ("input_layernorm", "post_attention_layernorm") if self.PLACEMENT == "pre" else \
-                ("post_attention_layernorm", "post_feedforward_layernorm")
             links += [rename(f"{theirs}self_attn.q_norm.weight", f"{ours}mixer.qk_norm.q"),
-                      rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k"),
-                      rename(f"{theirs}{norms[0]}.weight", f"{ours}norm1.weight"),
-                      rename(f"{theirs}{norms[1]}.weight", f"{ours}norm2.weight")]
+                      rename(f"{theirs}self_attn.k_norm.weight", f"{ours}mixer.qk_norm.k")]
+            links += [rename(f"{theirs}{name}.weight", f"{ours}{norm}.weight")
+                      for name, norm in self.NORM_NAMES[self.PLACEMENT]]
             links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
         return links
 

@@ -119,8 +119,6 @@ LACKS: dict[str, tuple[str, str]] = {
                                             "types) and learned prompt embeddings"),
     "mllama": ("text_config.cross_attention_layers", "cross-attention layers reading an image encoder's output "
                                                      "between its self-attention layers"),
-    "laguna": ("gating", "a softplus output gate (one per head or per element; attnspec's output gates are sigmoid "
-                         "or swish) and a tanh soft-cap on the router's logits (`moe_router_logit_softcapping`)"),
     "zaya": ("model_type", "compressed convolutional attention (queries and keys compressed and convolved before "
                            "attention) and learned residual scaling"),
     "dots3_note_text": ("index_topk", SPARSE_ATTENTION),

@@ -137,6 +137,7 @@ class MoeMlp(nn.Module):
         self.router = nn.Linear(d_model, node.experts, bias=node.router_bias)
         self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
         self.bias_on_logits = node.score_bias_on_logits  # Kolibri: the bias added to the logits to choose
+        self.router_softcap = node.router_softcap
         expert = SimpleNamespace(hidden=node.hidden, expansion=1, activation=node.activation, bias=node.expert_bias,
                                  gated=node.gated, glu_limit=node.glu_limit)
         self.routed = nn.ModuleList(Mlp(expert, d_model=d_model) for _ in range(node.experts))
@@ -166,6 +167,8 @@ class MoeMlp(nn.Module):
         in float32 or wider. With groups, only the ``top_groups`` best groups' experts are chosen from."""
         logits = self.router(x)
         logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+        if self.router_softcap is not None:  # Laguna's: cap * tanh(logits / cap)
+            logits = self.router_softcap * torch.tanh(logits / self.router_softcap)
         scores = logits.softmax(-1) if self.softmax else logits.sigmoid()
         choosing = scores if self.score_bias is None else \
             (logits if self.bias_on_logits else scores) + self.score_bias.to(scores.dtype)

@@ -144,6 +144,9 @@ class MoeMlp(ChannelMixerComponent):
     """Scale the shared experts' output by sigmoid(w_s . x) (Qwen's `shared_expert_gate`)."""
     router_bias: bool = False
     """A learnt bias on the router's logits, which chooses and weights alike (GPT-OSS's router)."""
+    router_softcap: Annotated[float, Field(gt=0, le=1e4)] | None = None
+    """Cap the router's logits smoothly, cap * tanh(logits / cap), before they are scored (Laguna's
+    `moe_router_logit_softcapping`); unset: no cap."""
     expert_bias: bool = False
     """Biases on the routed experts' projections (GPT-OSS's)."""
     glu_limit: Annotated[float, Field(gt=0, le=1e4)] | None = None

@@ -2391,6 +2391,40 @@ def test_kolibri1_computes_transformers_logits_decodes_alike_and_exports_as_itse
     assert blocks[0].norm_placement == "sandwich" and blocks[0].mlp.score_bias_on_logits
 
 
+@pytest.mark.parametrize("gating, cap", [(True, 0.5), ("per-element", 0.0)])
+def test_laguna_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, gating, cap):
+    """Laguna: heads per layer (4, 6, 4), RoPE per layer type (half of each head on the global layers), a window on the
+    sliding layer, a softplus output gate per head or per channel, a dense first layer then experts of soft-capped
+    logits (a cap the perturbed logits reach) with a perturbed correction bias, renormalised and scaled, beside a
+    shared expert."""
+    from transformers import LagunaConfig, LagunaForCausalLM
+
+    config = LagunaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                          sliding_window=4, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                          num_experts=4, num_experts_per_tok=2, gating=gating, moe_router_logit_softcapping=cap,
+                          moe_routed_scaling_factor=1.5, num_attention_heads_per_layer=[4, 6, 4],
+                          layer_types=["full_attention", "sliding_attention", "full_attention"])
+
+    def build():
+        model = LagunaForCausalLM(config)
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(4))
+        return model
+
+    reference = _perturbed(build)
+    if cap:
+        with torch.no_grad():  # the cap acts on these inputs (the layer's normed input is of the same scale)
+            assert (reference.model.layers[1].mlp.gate.weight @ reference.model.embed_tokens(_tokens())[0].T
+                    ).abs().max() > cap
+    spec = _holds_to(reference, tmp_path / "checkpoint", "laguna")
+    mixers = [b.mixer for b in spec_blocks(spec)]
+    assert [m.heads for m in mixers] == [4, 6, 4] and [m.window for m in mixers] == [None, 4, None]
+    assert mixers[0].position.rotary_fraction == 0.5 and mixers[1].position.rotary_fraction == 1.0
+    assert mixers[0].output_gate == "softplus" and mixers[0].gate_per_head == (gating is True)
+    assert spec_blocks(spec)[1].mlp.router_softcap == (cap or None)
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

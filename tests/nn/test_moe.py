@@ -27,6 +27,9 @@ CASES = {
     # Nemotron-H / DeepSeek-V3: 8 experts in 4 groups, a token chooses from the best 2 groups; plain experts
     "grouped-plain": dict(experts=8, top_k=3, hidden=4, gated=False, activation="relu2", scoring="sigmoid",
                           score_bias=True, groups=4, top_groups=2, shared=1, shared_hidden=6),
+    # Laguna: sigmoid scores of soft-capped logits (a cap the logits reach), correction bias, scaled, shared expert
+    "laguna": dict(experts=5, top_k=2, hidden=4, scoring="sigmoid", score_bias=True, router_softcap=0.5,
+                   routed_scale=1.5, shared=1, shared_hidden=6),
     # Kolibri: sigmoid scores, chosen by logits + correction bias, renormalised, one shared expert
     "kolibri": dict(experts=6, top_k=2, hidden=4, scoring="sigmoid", score_bias=True, score_bias_on_logits=True,
                     shared=1, shared_hidden=5),
@@ -53,6 +56,8 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):
         logits = node.router.weight @ x[t] + (node.router.bias if node.router.bias is not None else 0)
+        if node.router_softcap is not None:
+            logits = node.router_softcap * torch.tanh(logits / node.router_softcap)
         scores = logits.softmax(-1) if node.softmax else logits.sigmoid()
         choosing = (logits if node.bias_on_logits else scores) + (node.score_bias if node.score_bias is not None else 0)
         size = node.experts // node.groups  # a group's score: the sum of its two best choosing scores
@@ -97,6 +102,8 @@ def test_both_orders_of_work_equal_the_per_token_reference(case):
     assert (eager - expected).abs().max() <= 1e-12 * scale
     assert (dense - expected).abs().max() <= 1e-12 * scale
     assert not torch.isnan(eager).any()
+    if case == "laguna":  # the cap acts: some logits are past it
+        assert (module.router(x.reshape(-1, 8)).abs() > 0.5).any()
     if case == "kolibri":  # the bias on the logits chooses other experts than the same bias on the scores would
         logits = module.router(x.reshape(-1, 8))
         on_scores = (logits.sigmoid() + module.score_bias).topk(2, dim=-1).indices.sort(-1).values

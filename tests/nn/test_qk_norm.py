@@ -170,3 +170,42 @@ def test_clamped_projections_are_the_definition_in_every_mode_and_through_decodi
         for t in range(4, 12):
             logits, *state = decoded.step(tokens[:, t], *state)
             assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind, per_head", [("softplus", True), ("softplus", False), ("sigmoid", True)])
+def test_an_output_gate_of_each_kind_and_width_is_its_definition_and_decodes(kind, per_head):
+    """`output_gate: softplus` (Laguna's) and `gate_per_head` (one value per head): y_h * act(w_h . x) over each head's
+    channels, or y * act(W_g x) per channel, against attention written out (1e-12), with gradients, and through the
+    key/value cache."""
+    model = _mixer(output_gate=kind, gate_per_head=per_head).eval()
+    mixer = model.blocks[0].mixer
+    assert mixer.gate.out_features == (HEADS if per_head else HEADS * D_QK)
+    x = torch.randn(2, 11, D_MODEL, dtype=torch.float64, requires_grad=True)
+    B, L, _ = x.shape
+    q, k = _rope(mixer.q_proj(x).view(B, L, HEADS, D_QK).transpose(1, 2)), \
+        _rope(mixer.k_proj(x).view(B, L, KV_HEADS, D_QK).transpose(1, 2))
+    v = mixer.v_proj(x).view(B, L, KV_HEADS, D_QK).transpose(1, 2)
+    k, v = k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1)
+    scores = (q @ k.transpose(-1, -2) / D_QK ** 0.5).masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1),
+                                                                 float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2)  # (B, L, H, d)
+    act = {"softplus": torch.nn.functional.softplus, "sigmoid": torch.sigmoid}[kind]
+    g = act(mixer.gate(x))
+    gated = y * g.unsqueeze(-1) if per_head else y * g.view(B, L, HEADS, D_QK)
+    reference = mixer.out_proj(gated.reshape(B, L, HEADS * D_QK))
+    ours = mixer(x, "quadratic")
+    assert torch.allclose(ours, reference, rtol=0, atol=1e-12)
+    cotangent = torch.randn_like(ours)
+    assert torch.allclose(torch.autograd.grad(ours, x, cotangent)[0], torch.autograd.grad(reference, x, cotangent)[0],
+                          rtol=0, atol=1e-10)
+    tokens = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full, (logits, *state) = model(tokens), model.prefill(tokens[:, :3])
+        for t in range(3, 10):
+            logits, *state = model.step(tokens[:, t], *state)
+            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-10)
+
+
+def test_a_per_head_gate_needs_an_output_gate():
+    with pytest.raises(SpecError, match="gate_per_head"):
+        _mixer(gate_per_head=True)

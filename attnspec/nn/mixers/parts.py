@@ -61,7 +61,8 @@ class ProjectedMixer(Mixer):
         gated = node.output_gate != "none"
         # a low-rank gate W_b W_a (`gate_rank`): gate_down is W_a, gate W_b
         self.gate_down = nn.Linear(d_in, node.gate_rank, bias=False) if gated and node.gate_rank else None
-        self.gate = nn.Linear(node.gate_rank or d_in, self.heads * self.d_v, bias=bias) if gated else None
+        gate_width = self.heads if node.gate_per_head else self.heads * self.d_v  # Laguna's: one value per head
+        self.gate = nn.Linear(node.gate_rank or d_in, gate_width, bias=bias) if gated else None
         self.gate_kind = node.output_gate
         norm_width = self.d_v if node.shared_norm_weight else self.heads * self.d_v
         self.norm_weight = nn.Parameter(torch.ones(norm_width)) if node.group_norm else None
@@ -179,7 +180,8 @@ class ProjectedMixer(Mixer):
             o = o * (self.norm_weight if self.norm_weight.shape[0] == H * Dv else self.norm_weight.repeat(H))
         if self.gate is not None:
             g = self.gate(x if self.gate_down is None else self.gate_down(x))
-            o = o * (torch.sigmoid(g) if self.gate_kind == "sigmoid" else F.silu(g))
+            g = {"sigmoid": torch.sigmoid, "swish": F.silu, "softplus": F.softplus}[self.gate_kind](g)
+            o = o * g if g.shape[-1] == o.shape[-1] else (o.view(B, L, H, Dv) * g.unsqueeze(-1)).view(B, L, H * Dv)
         if self.gate_before_norm:  # Mamba2: RMSNorm(y silu(z)) over each group of H / qk_groups heads
             o = self._rms_normalized(o.view(B, L, self.q_heads, -1)).view(B, L, H * Dv) * self.norm_weight
         return self.out_proj(o.to(x.dtype))  # the kernels' float32 back to a half-precision model's dtype

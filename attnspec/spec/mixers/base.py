@@ -17,7 +17,7 @@ from attnspec.spec.convs import Conv, NoConv
 
 
 Mode = Literal["auto", "recurrent", "scan", "chunk", "quadratic"]
-OutputGate = Literal["none", "sigmoid", "swish"]
+OutputGate = Literal["none", "sigmoid", "swish", "softplus"]
 
 
 class MixerComponent(Component):
@@ -59,7 +59,11 @@ class MixerComponent(Component):
     scale: PositiveFloat | None = None
     """Multiplier on q.k; defaults to 1/sqrt(d_qk) for exp/softmax kernels and 1 otherwise."""
     output_gate: OutputGate = "none"
-    """Gate on the mixer output before the output projection: y * act(W_g x)."""
+    """Gate on the mixer output before the output projection: y * act(W_g x), act a sigmoid, SiLU (`swish`) or
+    softplus (Laguna's, unbounded above)."""
+    gate_per_head: bool = False
+    """One gate value per head (W_g `heads` rows wide), multiplying every channel of its head (Laguna's
+    `gating: per-head`); false: one per channel."""
     gate_rank: Count(limits.MAX_HEAD_WIDTH) | None = None
     """A low-rank output gate W_g = W_b W_a of this inner width (Kimi Linear's g_a, g_b); unset: full rank."""
     group_norm: bool = False
@@ -259,6 +263,9 @@ class MixerComponent(Component):
         if self.qk_norm_after_rope and self.qk_norm not in ("rmsnorm", "layernorm"):
             yield ("qk_norm_after_rope",), ("qk_norm_after_rope places a per-head QK-norm after RoPE: set "
                                             "`qk_norm: rmsnorm` or `layernorm`, or remove it")
+        if self.gate_per_head and (self.output_gate == "none" or self.gate_before_norm):
+            yield ("gate_per_head",), ("gate_per_head shapes the output gate: set `output_gate`, without "
+                                       "`gate_before_norm` (whose gate is inside the norm)")
         if self.gate_rank is not None and self.output_gate == "none":
             yield ("gate_rank",), "gate_rank factors the output gate's projection: set `output_gate` too"
         if self.gate_before_norm and not (self.group_norm and self.output_gate == "swish"):

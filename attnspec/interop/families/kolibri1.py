@@ -40,7 +40,8 @@ class Kolibri1(Exaone4):
     def mlp_node(self, config: Config) -> dict:
         field = "num_local_experts" if "num_local_experts" in config.data else "num_experts"  # as transformers saves it
         experts, chosen = expert_counts(config, field, 384, "num_experts_per_tok", 6)
-        return {"kind": "moe", "experts": experts, "top_k": chosen, "hidden": config.count("moe_intermediate_size", 512),
+        return {"kind": "moe", "experts": experts, "top_k": chosen,
+                "hidden": config.count("moe_intermediate_size", 512),
                 "scoring": "sigmoid", "score_bias": True, "score_bias_on_logits": True,
                 "normalize": config.get("norm_topk_prob", bool, False),
                 "activation": config.activation(allowed=("silu",)), "shared": 1,

@@ -44,7 +44,8 @@ class Laguna(LlamaFamily):
                                 "are not an attnspec MoE (transformers' Laguna refuses them too); false imports")
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         _, kv_heads, head_dim = config.attention_heads(head_dim=self.HEAD_DIM)
-        heads = config.get("num_attention_heads_per_layer", list, None) or [config.count("num_attention_heads")] * layers
+        heads = config.get("num_attention_heads_per_layer", list, None) or \
+            [config.count("num_attention_heads")] * layers
         if len(heads) != layers or not all(isinstance(h, int) and not isinstance(h, bool) and 0 < h <= limits.MAX_HEADS
                                            and h % kv_heads == 0 for h in heads):
             raise config.refuse("num_attention_heads_per_layer", f"must give each of the {layers} layers a head count "
@@ -79,8 +80,8 @@ class Laguna(LlamaFamily):
         cap = config.number("moe_router_logit_softcapping", 0.0)
         if cap < 0:
             raise config.refuse("moe_router_logit_softcapping", "must be 0 (no cap) or positive")
-        return {"kind": "moe", "experts": experts, "top_k": chosen, "hidden": config.count("moe_intermediate_size", 512),
-                "scoring": "sigmoid", "score_bias": True, "normalize": True,
+        return {"kind": "moe", "experts": experts, "top_k": chosen,
+                "hidden": config.count("moe_intermediate_size", 512), "scoring": "sigmoid", "score_bias": True, "normalize": True,
                 "routed_scale": config.number("moe_routed_scaling_factor", 1.0, positive=True),
                 **({"router_softcap": cap} if cap else {}), "activation": config.activation(allowed=("silu",)),
                 "shared": 1, "shared_hidden": config.count("shared_expert_intermediate_size", 512)}
@@ -93,7 +94,10 @@ class Laguna(LlamaFamily):
             raise NotExpressible("laguna is softmax attention with RoPE in every block")
         windows = [m.window for m in mixers]
         types = ["full_attention" if w is None else "sliding_attention" for w in windows]
-        rope_of = lambda m: {**rope_config(m.position), "partial_rotary_factor": m.position.rotary_fraction}  # noqa: E731
+
+        def rope_of(mixer) -> dict:
+            return {**rope_config(mixer.position), "partial_rotary_factor": mixer.position.rotary_fraction}
+
         rope = {}
         for layer_type, mixer in zip(types, mixers):
             rope.setdefault(layer_type, rope_of(mixer))

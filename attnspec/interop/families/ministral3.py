@@ -36,9 +36,10 @@ class Ministral3(LlamaFamily):
         beta, period = parameters.get("llama_4_scaling_beta"), parameters.get("original_max_position_embeddings")
         if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and 0 <= beta <= 100) \
                 or not (is_positive(period) and float(period).is_integer()):
-            raise config.refuse("rope_parameters.llama_4_scaling_beta", "Ministral 3's attention scales its queries by "
-                                "`llama_4_scaling_beta` (a number from 0 to 100) per `original_max_position_embeddings` "
-                                f"(a positive whole number) positions; got {shorten(beta)} and {shorten(period)}")
+            raise config.refuse("rope_parameters.llama_4_scaling_beta", "Ministral 3's attention scales its queries "
+                                "by `llama_4_scaling_beta` (a number from 0 to 100) per "
+                                "`original_max_position_embeddings` (a positive whole number) positions; got "
+                                f"{shorten(beta)} and {shorten(period)}")
         scale = {"query_scale_beta": float(beta), "query_scale_period": int(period)} if beta else {}
         return self.assembled(config, [{**b, "mixer": {**b["mixer"], "position": {**b["mixer"]["position"], **scale}}}
                                        for b in blocks], eps)

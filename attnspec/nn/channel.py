@@ -33,15 +33,16 @@ class RMSNorm(nn.Module):
 
     def __init__(self, node, *, dim: int, **_):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim)) if node.affine else None  # `affine: false`: none (nanochat)
         self.eps = node.eps
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype not in (torch.bfloat16, torch.float16):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+            normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+            return normed if self.weight is None else normed * self.weight
         wide = x.float()
         normed = (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (self.weight * normed).to(x.dtype)
+        return normed if self.weight is None else (self.weight * normed).to(x.dtype)
 
 
 @register("norm", "none")

@@ -144,6 +144,8 @@ class RotaryPosition(Position):
         angle = t.unsqueeze(-1) * frequencies  # (L, half) or (B, L, half)
         angle = angle.view(1, 1, L, half) if angle.dim() == 2 else angle.unsqueeze(1)
         cos, sin = torch.cos(angle), torch.sin(angle)
+        if self.node.reverse:  # a turn by -angle
+            sin = -sin
         if self.cos_sin_scale != 1.0:
             cos, sin = cos * self.cos_sin_scale, sin * self.cos_sin_scale
         return torch.cat([cos, cos], -1).to(dtype), torch.cat([-sin, sin], -1).to(dtype)

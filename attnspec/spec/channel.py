@@ -33,6 +33,8 @@ class RmsNormNode(NormComponent):
 
     kind: Literal["rmsnorm"]
     eps: Annotated[float, Field(gt=0, le=1)] = 1e-6
+    affine: bool = True
+    """false: no weight, the normalisation alone (nanochat's norms)."""
 
 
 class NoNorm(NormComponent):

@@ -70,6 +70,9 @@ class RotaryPosition(PositionComponent):
     interleaved: bool = False
     """Pair adjacent channels (2i, 2i + 1) instead of (i, i + r/2) (GPT-J's layout; DeepSeek-V3's
     `rope_interleave`)."""
+    reverse: bool = False
+    """Turn each pair the other way, by -t / base^(2i/r) (nanochat's rotate_half is [x2, -x1]): scores depend on
+    the offset between positions all the same."""
     scaling: Literal["none", "linear", "llama3", "yarn", "dynamic"] = "none"
     """How the frequencies f_i = base^(-2i/r) are stretched for contexts past the trained one:
     `linear` f_i / factor (position interpolation); `llama3` f_i / factor for wavelengths past

@@ -2425,6 +2425,20 @@ def test_laguna_computes_transformers_logits_decodes_alike_and_exports_as_itself
     assert spec_blocks(spec)[1].mlp.router_softcap == (cap or None)
 
 
+def test_nanochat_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """nanochat: weightless RMSNorms on the embeddings, each sub-layer and the output, RoPE turning the other way then
+    a weightless QK-norm, a squared-ReLU MLP, soft-capped logits (a cap of 3 the perturbed logits reach)."""
+    from transformers import NanoChatConfig, NanoChatForCausalLM
+
+    config = NanoChatConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                            final_logit_softcapping=3.0)
+    spec = _holds_to(_perturbed(lambda: NanoChatForCausalLM(config)), tmp_path / "checkpoint", "nanochat")
+    mixer = spec_blocks(spec)[0].mixer
+    assert mixer.position.reverse and mixer.qk_norm == "rmsnorm_unweighted" and mixer.qk_norm_after_rope
+    assert not spec.final_norm.affine and spec.input.norm.kind == "rmsnorm" and spec.head.softcap == 3.0
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

@@ -266,3 +266,16 @@ def test_a_tied_head_with_a_bias_adds_its_own_vector_to_the_embedding_s_logits()
         _decodes_as_it_computes(biased)
     biased(TOKENS).sum().backward()
     assert biased.head_bias.grad is not None and biased.head is None
+
+
+def test_an_rmsnorm_without_a_weight_is_the_normalisation_alone():
+    """`rmsnorm` with `affine: false` (nanochat's, everywhere): x / rms(x), no parameter; the same model as one whose
+    norms hold weights of 1, through decoding."""
+    plain = _model("blocks[*].norm={kind: rmsnorm, affine: false}", "final_norm={kind: rmsnorm, affine: false}")
+    weighted = _model("blocks[*].norm={kind: rmsnorm}", "final_norm={kind: rmsnorm}")
+    assert not any("norm" in name and "mixer" not in name for name, _ in plain.named_parameters())
+    with torch.no_grad():
+        assert torch.allclose(plain(TOKENS), weighted(TOKENS), rtol=1e-12, atol=1e-12)
+        x = torch.randn(3, 16, dtype=torch.float64)
+        assert torch.allclose(plain.final_norm(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt(), atol=1e-14)
+        _decodes_as_it_computes(plain)

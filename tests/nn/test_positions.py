@@ -50,13 +50,14 @@ def test_causal_by_autograd(text):
     check_causal_by_autograd(text)
 
 
-def _reference_rope(x, base):
-    """Rotate pairs (i, i + d/2) by t / base^(2i/d), written as a complex product (float64)."""
+def _reference_rope(x, base, direction: int = 1):
+    """Rotate pairs (i, i + d/2) by t / base^(2i/d) (``direction`` -1: the other way), written as a complex product
+    (float64)."""
     L, d = x.shape[-2], x.shape[-1]
     half = d // 2
     t = torch.arange(L, dtype=torch.float64).view(-1, 1)
     angle = t * base ** (-torch.arange(half, dtype=torch.float64) / half)
-    z = torch.complex(x[..., :half], x[..., half:]) * torch.exp(1j * angle)
+    z = torch.complex(x[..., :half], x[..., half:]) * torch.exp(1j * direction * angle)
     return torch.cat([z.real, z.imag], dim=-1)
 
 
@@ -75,6 +76,23 @@ def test_rope_softmax_equals_the_definition_and_depends_only_on_offsets():
     a_q, a_k = mixer.position.rotate(q, k, 0)
     b_q, b_k = mixer.position.rotate(q, k, 1000)
     assert torch.allclose(a_q @ a_k.transpose(-1, -2), b_q @ b_k.transpose(-1, -2), atol=1e-9)
+
+
+def test_rope_turning_the_other_way_is_the_conjugate_rotation_in_every_mode_and_depends_only_on_offsets():
+    """`reverse: true` (nanochat's rotate_half [x2, -x1]): each pair turned by -t / base^(2i/d), against the complex
+    product by exp(-i angle); scores still depend only on t - s; modes, decoding and causality as any RoPE."""
+    mixer = _mixer("softmax(heads=2, position=rope(reverse=true))")
+    x = torch.randn(2, 29, 24, dtype=torch.float64)
+    q, k, v = (mixer._heads(projection(x), 12) for projection in (mixer.q_proj, mixer.k_proj, mixer.v_proj))
+    scores = (_reference_rope(q, 10000.0, -1) @ _reference_rope(k, 10000.0, -1).transpose(-1, -2)) / math.sqrt(12)
+    scores = scores.masked_fill(torch.ones(29, 29, dtype=torch.bool).triu(1), float("-inf"))
+    assert _close(mixer(x), mixer._output(torch.softmax(scores, -1) @ v, x))
+    assert not _close(mixer(x), _mixer("softmax(heads=2, position=rope)")(x))  # the direction changes the function
+    a_q, a_k = mixer.position.rotate(q, k, 0)
+    b_q, b_k = mixer.position.rotate(q, k, 1000)
+    assert torch.allclose(a_q @ a_k.transpose(-1, -2), b_q @ b_k.transpose(-1, -2), atol=1e-9)
+    check_modes_agree_and_step_equals_forward("linear(heads=3, feature_map=elu1, position=rope(reverse=true))")
+    check_causal_by_autograd("softmax(heads=2, position=rope(reverse=true))")
 
 
 def test_a_query_scale_is_the_definition_in_every_mode_through_decoding_and_packed_documents():

@@ -38,11 +38,11 @@ def _rope(t: torch.Tensor) -> torch.Tensor:
     return t * cos + rotated * sin
 
 
-def _normalized(t: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """A LayerNorm (with ``bias``) or an RMSNorm (without) over each head's channels."""
+def _normalized(t: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """A LayerNorm (with ``bias``) or an RMSNorm (without; no ``weight``: unweighted) over each head's channels."""
     if bias is not None:
         t = t - t.mean(-1, keepdim=True)
-    t = t / torch.sqrt((t * t).mean(-1, keepdim=True) + eps) * weight
+    t = t / torch.sqrt((t * t).mean(-1, keepdim=True) + eps) * (1 if weight is None else weight)
     return t if bias is None else t + bias
 
 
@@ -52,8 +52,9 @@ def _queries_keys(mixer, x: torch.Tensor, after: bool) -> tuple[torch.Tensor, to
     B, L, _ = x.shape
     heads = lambda t, h: t.view(B, L, h, D_QK).transpose(1, 2)  # noqa: E731
     q, k = heads(mixer.q_proj(x), HEADS), heads(mixer.k_proj(x), KV_HEADS)
-    bias = mixer.qk_norm_bias
-    norm = lambda t, n: _normalized(t, mixer.qk_norm[n], None if bias is None else bias[n], 1e-5)  # noqa: E731
+    bias, weight = mixer.qk_norm_bias, mixer.qk_norm
+    norm = lambda t, n: _normalized(t, None if weight is None else weight[n], None if bias is None else bias[n],  # noqa: E731
+                                    1e-5)
     if after:
         return norm(_rope(q), "q"), norm(_rope(k), "k")
     return _rope(norm(q, "q")), _rope(norm(k, "k"))
@@ -70,7 +71,8 @@ def _attention(mixer, x: torch.Tensor, after: bool) -> torch.Tensor:
     return mixer.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, L, HEADS * D_QK))
 
 
-@pytest.mark.parametrize("kind, after", [("layernorm", False), ("layernorm", True), ("rmsnorm", True)])
+@pytest.mark.parametrize("kind, after", [("layernorm", False), ("layernorm", True), ("rmsnorm", True),
+                                         ("rmsnorm_unweighted", True)])
 def test_softmax_attention_with_each_qk_norm_is_its_definition_forward_and_backward(kind, after):
     """Outputs to 1e-12 (float64 rounding of the same sums) and gradients of the input and the norm's
     weights and biases to 1e-10."""
@@ -79,14 +81,15 @@ def test_softmax_attention_with_each_qk_norm_is_its_definition_forward_and_backw
     ours, reference = mixer(x, "quadratic"), _attention(mixer, x, after)
     assert torch.allclose(ours, reference, rtol=0, atol=1e-12) and reference.abs().max() > 0.1
     weights = [p for n, p in mixer.named_parameters() if "qk_norm" in n]
-    assert len(weights) == (4 if kind == "layernorm" else 2)
+    assert len(weights) == {"layernorm": 4, "rmsnorm": 2, "rmsnorm_unweighted": 0}[kind]
     cotangent = torch.randn_like(reference)
     for mine, theirs in zip(torch.autograd.grad(ours, [x, *weights], cotangent),
                             torch.autograd.grad(reference, [x, *weights], cotangent)):
         assert torch.allclose(mine, theirs, rtol=0, atol=1e-10)
-    # the placement matters here: normalising before RoPE computes something else (the norm's weight
-    # is not the same in every channel, so it does not commute with the rotation)
-    assert (ours - _attention(mixer, x, not after)).abs().max() > 1e-3
+    # the placement matters where the norm has a weight (not the same in every channel, it does not commute with the
+    # rotation); an unweighted RMSNorm over the whole head does, so either placement computes the same
+    other = (ours - _attention(mixer, x, not after)).abs().max()
+    assert other > 1e-3 if kind != "rmsnorm_unweighted" else other < 1e-12
 
 
 @pytest.mark.parametrize("kind, after", [("layernorm", True), ("rmsnorm", True)])

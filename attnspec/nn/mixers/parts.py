@@ -53,7 +53,8 @@ class ProjectedMixer(Mixer):
         self.qk_norm_after_rope = node.qk_norm_after_rope
         widths = (self.q_heads * self.d_qk, self.k_heads * self.d_qk) if self.qk_norm_full else (self.d_qk, self.d_qk)
         self.qk_norm = nn.ParameterDict({name: nn.Parameter(torch.ones(width)) for name, width in zip("qk", widths)}
-                                        ) if node.qk_norm != "none" else None
+                                        ) if node.qk_norm not in ("none", "rmsnorm_unweighted") else None
+        self.qk_norm_unweighted = node.qk_norm == "rmsnorm_unweighted"
         self.qk_norm_bias = nn.ParameterDict({name: nn.Parameter(torch.zeros(self.d_qk)) for name in "qk"}
                                              ) if node.qk_norm == "layernorm" else None
         self.cache_capacity = node.cache_capacity(max_len)  # positions a key/value decoding cache holds, or None
@@ -113,6 +114,8 @@ class ProjectedMixer(Mixer):
         """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps ``norm_eps``), or
         for ``rmsnorm_full`` over the whole projection (B, L, heads * d_qk), called with ``full``; for
         ``layernorm`` the mean is subtracted first and the stream's bias added last."""
+        if self.qk_norm_unweighted and not full:
+            return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps)
         if self.qk_norm is None or full != self.qk_norm_full:
             return t
         if self.qk_norm_bias is not None:

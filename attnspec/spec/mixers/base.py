@@ -86,11 +86,12 @@ class MixerComponent(Component):
     kv_heads: Count(limits.MAX_HEADS) | None = None
     """Keys and values shared by groups of query heads: grouped-query attention (1: multi-query). Unset:
     one per head. The decoding cache holds kv_heads heads."""
-    qk_norm: Literal["none", "rmsnorm", "rmsnorm_full", "layernorm"] = "none"
+    qk_norm: Literal["none", "rmsnorm", "rmsnorm_full", "layernorm", "rmsnorm_unweighted"] = "none"
     """RMSNorm of each query and key head (a learnt weight per channel, shared by the heads), before
     positions and features (Qwen3); `rmsnorm_full`: of the whole query and key projections, every head
     together, a weight per channel of the projection (OLMo 2 and 3); `layernorm`: a LayerNorm of each head,
-    the mean subtracted first, with a learnt weight and bias per channel shared by the heads (Persimmon)."""
+    the mean subtracted first, with a learnt weight and bias per channel shared by the heads (Persimmon);
+    `rmsnorm_unweighted`: each head's RMSNorm without a weight (nanochat's, Llama 4's L2 norm)."""
     qk_norm_after_rope: bool = False
     """Normalise q and k after RoPE rotates them rather than before (Hunyuan V1); needs a per-head
     `qk_norm` (`rmsnorm` or `layernorm`)."""
@@ -260,9 +261,9 @@ class MixerComponent(Component):
         if self.qk_groups is not None and self.kv_heads is not None:
             yield ("kv_heads",), ("kv_heads shares keys and values, qk_groups queries and keys: a mixer takes one "
                                   "of them")
-        if self.qk_norm_after_rope and self.qk_norm not in ("rmsnorm", "layernorm"):
+        if self.qk_norm_after_rope and self.qk_norm not in ("rmsnorm", "layernorm", "rmsnorm_unweighted"):
             yield ("qk_norm_after_rope",), ("qk_norm_after_rope places a per-head QK-norm after RoPE: set "
-                                            "`qk_norm: rmsnorm` or `layernorm`, or remove it")
+                                            "`qk_norm: rmsnorm`, `layernorm` or `rmsnorm_unweighted`, or remove it")
         if self.gate_per_head and (self.output_gate == "none" or self.gate_before_norm):
             yield ("gate_per_head",), ("gate_per_head shapes the output gate: set `output_gate`, without "
                                        "`gate_before_norm` (whose gate is inside the norm)")

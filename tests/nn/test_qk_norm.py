@@ -53,8 +53,9 @@ def _queries_keys(mixer, x: torch.Tensor, after: bool) -> tuple[torch.Tensor, to
     heads = lambda t, h: t.view(B, L, h, D_QK).transpose(1, 2)  # noqa: E731
     q, k = heads(mixer.q_proj(x), HEADS), heads(mixer.k_proj(x), KV_HEADS)
     bias, weight = mixer.qk_norm_bias, mixer.qk_norm
-    norm = lambda t, n: _normalized(t, None if weight is None else weight[n], None if bias is None else bias[n],  # noqa: E731
-                                    1e-5)
+
+    def norm(t: torch.Tensor, stream: str) -> torch.Tensor:
+        return _normalized(t, None if weight is None else weight[stream], None if bias is None else bias[stream], 1e-5)
     if after:
         return norm(_rope(q), "q"), norm(_rope(k), "k")
     return _rope(norm(q, "q")), _rope(norm(k, "k"))

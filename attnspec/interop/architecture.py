@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnspec.interop.config import Config, NotExpressible
+from attnspec.interop.config import Config
 
 if TYPE_CHECKING:
     import torch
@@ -30,11 +30,7 @@ if TYPE_CHECKING:
 
 
 def rope_config(position) -> dict:
-    """A rotary position node as transformers 5's ``rope_parameters`` (a query scale is Ministral 3's alone: its
-    family writes it; others refuse it rather than drop it)."""
-    if position.query_scale_beta:
-        raise NotExpressible("a query scale growing with the position (`query_scale_beta`) is Ministral 3's "
-                             "(`llama_4_scaling_beta`); export as ministral3")
+    """A rotary position node as transformers 5's ``rope_parameters``."""
     parameters: dict[str, Any] = {"rope_type": "default" if position.scaling == "none" else position.scaling,
                                   "rope_theta": position.base}
     if position.scaling != "none":

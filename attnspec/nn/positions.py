@@ -110,10 +110,6 @@ class RotaryPosition(Position):
             q, k = torch.cat([q_rot, q[..., r:]], -1), torch.cat([k_rot, k[..., r:]], -1)
         else:
             q, k = self._rotate(q, k, offset, self.d_qk)
-        if self.node.query_scale_beta:  # Llama 4's: 1 + β ln(1 + floor(t / period)), (1 or B, 1, L, 1)
-            t = positions(q.shape[2], offset, q.device, torch.float64)
-            scale = 1 + self.node.query_scale_beta * torch.log1p(torch.floor(t / self.node.query_scale_period))
-            q = q * (scale.view(1, 1, -1, 1) if scale.dim() == 1 else scale.unsqueeze(1).unsqueeze(-1)).to(q.dtype)
         return q, k
 
     def _rotate(self, q: Tensor, k: Tensor, offset: Tensor | int, width: int) -> tuple[Tensor, Tensor]:

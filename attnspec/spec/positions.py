@@ -101,11 +101,6 @@ class RotaryPosition(PositionComponent):
     """yarn: round the ramp's ends to whole dimensions (transformers' default)."""
     attention_factor: Annotated[float, Field(gt=0, le=100)] | None = None
     """yarn: the multiplier on cos and sin (default 0.1 ln(factor) + 1; DeepSeek's mscale ratio)."""
-    query_scale_beta: Annotated[float, Field(ge=0, le=100)] = 0.0
-    """Queries times 1 + β ln(1 + floor(t / query_scale_period)) after the rotation: attention sharper by steps
-    past each period of positions (Llama 4's scaling, Ministral 3's `llama_4_scaling_beta`). 0: none."""
-    query_scale_period: Annotated[int, Field(gt=0, le=limits.MAX_LEN)] | None = None
-    """The positions per step of `query_scale_beta` (Ministral 3: `original_max_position_embeddings`)."""
     acts_on: ClassVar[str] = "qk"
 
     @property
@@ -129,9 +124,6 @@ class RotaryPosition(PositionComponent):
         if self.scaling == "none" and (self.factor != 1.0 or self.original_max_len is not None):
             yield ("scaling",), ("factor and original_max_len stretch a scaled rope: set scaling (linear, llama3, yarn, "
                                  "dynamic)")
-        if (self.query_scale_beta > 0) != (self.query_scale_period is not None):
-            yield ("query_scale_period",), ("a query scale needs both its β (query_scale_beta > 0) and its period "
-                                            "(query_scale_period): set both or neither")
         if d_qk is not None and self.rotary_fraction == 1 and d_qk % 2:
             yield (), f"rope rotates pairs of query/key channels, so d_qk must be even, got {d_qk}"
         elif d_qk is not None and (self.rotary_width(d_qk) % 2 or self.rotary_width(d_qk) == 0):

@@ -2261,9 +2261,9 @@ def test_ministral3_scales_its_queries_by_position_and_exports_as_itself(tmp_pat
                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
                               sliding_window=window, rope_parameters=rope)
     spec = _holds_to(_perturbed(lambda: Ministral3ForCausalLM(config)), tmp_path / "checkpoint", "ministral3")
-    position = spec_blocks(spec)[0].mixer.position
-    assert (position.query_scale_beta, position.query_scale_period) == (rope["llama_4_scaling_beta"],
-                                                                        rope["original_max_position_embeddings"])
+    mixer = spec_blocks(spec)[0].mixer
+    assert (mixer.query_scale_beta, mixer.query_scale_period) == (rope["llama_4_scaling_beta"],
+                                                                  rope["original_max_position_embeddings"])
     assert spec_blocks(spec)[0].mixer.window == window
 
 

@@ -96,10 +96,11 @@ def test_rope_turning_the_other_way_is_the_conjugate_rotation_in_every_mode_and_
 
 
 def test_a_query_scale_is_the_definition_in_every_mode_through_decoding_and_packed_documents():
-    """`query_scale_beta`/`query_scale_period`: queries times 1 + β ln(1 + floor(t / P)) after RoPE (Llama 4's,
-    Ministral 3's), against the definition (softmax), in every mode of a linear mixer reading the same queries,
-    with gradients, through the decoding step, and restarting with each packed document's positions."""
-    mixer = _mixer("softmax(heads=2, position=rope(query_scale_beta=0.7, query_scale_period=5))")
+    """`query_scale_beta`/`query_scale_period`/`query_scale_offset`: queries times 1 + β ln(1 + floor((t + o) / P))
+    after RoPE (Ministral 3's) or without positions (Llama 4's NoPE layers, from t + 1), against the definition
+    (softmax), in every mode of a linear mixer reading the same queries, with gradients, through the decoding step,
+    and restarting with each packed document's positions."""
+    mixer = _mixer("softmax(heads=2, position=rope, query_scale_beta=0.7, query_scale_period=5)")
     x = torch.randn(2, 23, 24, dtype=torch.float64, requires_grad=True)
     q, k, v = (mixer._heads(projection(x), 12) for projection in (mixer.q_proj, mixer.k_proj, mixer.v_proj))
     t = torch.arange(23, dtype=torch.float64).view(-1, 1)
@@ -114,7 +115,12 @@ def test_a_query_scale_is_the_definition_in_every_mode_through_decoding_and_pack
                           rtol=0, atol=1e-10)
     assert not _close(ours, _mixer("softmax(heads=2, position=rope)")(x))  # the scale changes the function
     check_modes_agree_and_step_equals_forward(
-        "linear(heads=3, feature_map=elu1, position=rope(query_scale_beta=0.5, query_scale_period=4))")
+        "linear(heads=3, feature_map=elu1, position=rope, query_scale_beta=0.5, query_scale_period=4)")
+    nope = _mixer("softmax(heads=2, position=none, query_scale_beta=0.4, query_scale_period=3, query_scale_offset=1)")
+    q, k, v = (nope._heads(projection(x), 12) for projection in (nope.q_proj, nope.k_proj, nope.v_proj))
+    scores = (q * (1 + 0.4 * torch.log(1 + torch.floor((t + 1) / 3)))) @ k.transpose(-1, -2) / math.sqrt(12)
+    scores = scores.masked_fill(torch.ones(23, 23, dtype=torch.bool).triu(1), float("-inf"))
+    assert _close(nope(x), nope._output(torch.softmax(scores, -1) @ v, x))
     # packed documents: positions restart at each document, and so does the scale
     from attnspec.ops.documents import from_ids
 

@@ -12,7 +12,7 @@ from attnspec.interop.families.llama import LlamaFamily
 class Ministral3(LlamaFamily):
     """Ministral 3: Mistral's layers (a window in every layer where ``sliding_window`` is set) whose queries,
     after RoPE (YaRN by default), are scaled by 1 + β ln(1 + floor(t / original_max_position_embeddings)), β its
-    ``rope_parameters.llama_4_scaling_beta`` (the rope node's `query_scale_beta`, `query_scale_period`)."""
+    ``rope_parameters.llama_4_scaling_beta`` (the mixer's `query_scale_beta`, `query_scale_period`)."""
 
     ALIASES: dict[str, str] = {}
     model_types = ("ministral3",)
@@ -23,7 +23,7 @@ class Ministral3(LlamaFamily):
     rows = (
         Row(("ministral3",),
             "mistral's layers with queries scaled past each `original_max_position_embeddings` positions by "
-            "`llama_4_scaling_beta` (`query_scale_beta`, `query_scale_period` on the rope)",
+            "`llama_4_scaling_beta` (`query_scale_beta`, `query_scale_period`)",
             "as llama"),
     )
 
@@ -41,8 +41,7 @@ class Ministral3(LlamaFamily):
                                 "`original_max_position_embeddings` (a positive whole number) positions; got "
                                 f"{shorten(beta)} and {shorten(period)}")
         scale = {"query_scale_beta": float(beta), "query_scale_period": int(period)} if beta else {}
-        return self.assembled(config, [{**b, "mixer": {**b["mixer"], "position": {**b["mixer"]["position"], **scale}}}
-                                       for b in blocks], eps)
+        return self.assembled(config, [{**b, "mixer": {**b["mixer"], **scale}} for b in blocks], eps)
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)
@@ -53,16 +52,14 @@ class Ministral3(LlamaFamily):
                 or blocks[0].mlp.bias:
             raise NotExpressible("ministral3 is the same bias-free softmax attention with RoPE in every block")
         position = first.position
-        if position.query_scale_beta and position.scaling in ("llama3", "yarn") \
-                and position.original_max_len != position.query_scale_period:
+        if first.query_scale_beta and position.scaling in ("llama3", "yarn") \
+                and position.original_max_len != first.query_scale_period or first.query_scale_offset:
             raise NotExpressible("ministral3 reads one original_max_position_embeddings for its RoPE scaling and its "
-                                 "query scale: they must be equal")
-        plain = position.model_copy(update={"query_scale_beta": 0.0, "query_scale_period": None})
-        config = {**self.shared_fields(spec, first.model_copy(update={"position": plain})),
-                  "sliding_window": first.window}
+                                 "query scale (counted from t): they must be equal")
+        config = {**self.shared_fields(spec, first), "sliding_window": first.window}
         rope = config["rope_parameters"]  # transformers reads both fields whatever β is (β = 0 scales by 1)
-        rope.update(llama_4_scaling_beta=position.query_scale_beta,
-                    original_max_position_embeddings=position.query_scale_period
+        rope.update(llama_4_scaling_beta=first.query_scale_beta,
+                    original_max_position_embeddings=first.query_scale_period
                     or rope.get("original_max_position_embeddings", spec.max_len))
         return config
 

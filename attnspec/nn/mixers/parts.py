@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnspec.nn.mixers.base import Mixer, check_position_held, check_prompt_fits, full_precision, positions_held
-from attnspec.nn.positions import build_position
+from attnspec.nn.positions import build_position, positions
 from attnspec.nn.registry import build
 from attnspec.ops.documents import Documents, same_document
 from attnspec.ops.linear import Decay, combine_decays
@@ -43,6 +43,8 @@ class ProjectedMixer(Mixer):
         # heads of distinct queries, keys and values: `qk_groups` share q and k, `kv_heads` k and v by groups of heads
         self.q_heads, self.k_heads, self.v_heads = node.query_heads, node.key_heads, node.value_heads
         bias, self.qkv_clip = node.qkv_bias, node.qkv_clip
+        self.query_scale = (node.query_scale_beta, node.query_scale_period, node.query_scale_offset) \
+            if node.query_scale_beta else None
         self.q_proj = nn.Linear(d_in, self.q_heads * self.d_qk, bias=bias)
         self.k_proj = nn.Linear(d_in, self.k_heads * self.d_qk, bias=bias)
         self.v_proj = nn.Linear(d_in, self.v_heads * self.d_v, bias=bias)
@@ -156,6 +158,11 @@ class ProjectedMixer(Mixer):
         q, k = self.position.rotate(q, k, offset)
         if self.qk_norm_after_rope:
             q, k = self._normalized(q, "q"), self._normalized(k, "k")
+        if self.query_scale is not None:  # Llama 4's: 1 + β ln(1 + floor((t + offset) / period)), (1 or B, 1, L, 1)
+            beta, period, shift = self.query_scale
+            t = positions(q.shape[2], offset, q.device, torch.float64) + shift
+            scale = 1 + beta * torch.log1p(torch.floor(t / period))
+            q = q * (scale.view(1, 1, -1, 1) if scale.dim() == 1 else scale.unsqueeze(1).unsqueeze(-1)).to(q.dtype)
         return q, k, self._heads(v, self.d_v, self.v_heads, expand), tuple(new_state[name] for name in self.conv.widths)
 
     def _decay(self, x: Tensor) -> Decay | None:
@@ -204,7 +211,30 @@ class ProjectedMixer(Mixer):
 class KeyValueCache:
     """Softmax attention and decoding through a key/value cache, for a :class:`ProjectedMixer` family
     that sets ``self.window`` (None, or a sliding window served by a ring buffer), ``self.softcap`` (None, or
-    a tanh soft-cap on the scores) and ``self.sinks`` (None, or a sink logit per head: a parameter (H,))."""
+    a tanh soft-cap on the scores) and ``self.sinks`` (None, or a sink logit per head: a parameter (H,)), and
+    may set ``self.chunk`` (attention within chunks of that many positions, served by a ring of one chunk)."""
+
+    chunk: int | None = None
+
+    def _chunk_mask(self, L: int, device, documents: Documents | None = None) -> Tensor | None:
+        """(B or 1, 1, L, L) bool: pair (i, j) within one chunk (positions counted from each document's start where
+        ``documents`` are packed), None without chunks."""
+        if self.chunk is None:
+            return None
+        positions = documents.positions if documents is not None else torch.arange(L, device=device).view(1, L)
+        chunks = torch.div(positions, self.chunk, rounding_mode="floor")
+        return (chunks.unsqueeze(-1) == chunks.unsqueeze(-2)).unsqueeze(1)
+
+    @staticmethod
+    def _joined(*masks: Tensor | None) -> Tensor | None:
+        """The pairs every given mask allows (None: no mask), broadcast to (B, 1, L, L)."""
+        present = [m for m in masks if m is not None]
+        if not present:
+            return None
+        joined = present[0]
+        for mask in present[1:]:
+            joined = joined & mask
+        return joined
 
     def _softmax_attention(self, x: Tensor, documents: Documents | None = None) -> tuple[Tensor, Tensor]:
         """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window: x (B, L, d)
@@ -213,9 +243,12 @@ class KeyValueCache:
         q, k, v, _ = self._project(x, expand=False, documents=documents)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
+        mask = self._joined(None if documents is None else same_document(documents.ids),
+                            self._chunk_mask(x.shape[1], x.device, documents))
+        if mask is not None and mask.shape[0] != x.shape[0]:
+            mask = mask.expand(x.shape[0], -1, -1, -1)
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
-                              mask=None if documents is None else same_document(documents.ids), softcap=self.softcap,
-                              sinks=self.sinks)
+                              mask=mask, softcap=self.softcap, sinks=self.sinks)
         return o, v
 
     # -- decoding through a key/value cache (softmax attention and the exp kernel)
@@ -224,7 +257,8 @@ class KeyValueCache:
         :attr:`cache_capacity` (``max_len``) positions, or ``capacity`` of them where given (a generation
         of n tokens after a prompt of T needs T + n: a cache sized to it is allocated, filled and read
         at that size, not at ``max_len``)."""
-        return self.cache_capacity if self.window is not None else positions_held(self.cache_capacity, capacity)
+        ring = self.window is not None or self.chunk is not None
+        return self.cache_capacity if ring else positions_held(self.cache_capacity, capacity)
 
     def _init_cache(self, batch: int, dtype: torch.dtype, device, capacity: int | None = None) -> tuple[Tensor, ...]:
         """Empty cache: keys (batch, kv heads, C, d_qk), values (batch, kv heads, C, d_v), decay bias
@@ -240,10 +274,12 @@ class KeyValueCache:
         q, k, v, conv_state = self._project(x, expand=False)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
+        mask = self._chunk_mask(x.shape[1], x.device)
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
-                              softcap=self.softcap, sinks=self.sinks)
+                              mask=None if mask is None else mask.expand(x.shape[0], -1, -1, -1), softcap=self.softcap,
+                              sinks=self.sinks)
         C = self._cache_positions(capacity)
-        if self.window is None:
+        if self.window is None and self.chunk is None:
             check_prompt_fits(x.shape[1], C)
         keys, values = cache_of(k, C).to(x.dtype), cache_of(v, C).to(x.dtype)
         if log_a is None:
@@ -256,7 +292,7 @@ class KeyValueCache:
 
     def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""
-        if self.window is None:  # a full cache: its capacity is its slots (max_len, or a generation's length)
+        if self.window is None and self.chunk is None:  # a full cache: its capacity is its slots
             check_position_held(position, state[0].shape[2], "full softmax attention", "give the mixer a `window`")
         x = x_t.unsqueeze(1)
         # The values only enter the cache, and the output comes out in the cache's dtype: widened to float32
@@ -268,7 +304,7 @@ class KeyValueCache:
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[:, :, 0, 0]
         o, cache = softmax_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state[:3], position, log_a=log_a, scale=self.scale,
-                                softcap=self.softcap, sinks=self.sinks)
+                                softcap=self.softcap, sinks=self.sinks, chunked=self.chunk is not None)
         if self.output_stages:
             o = full_precision(o)
         y = self._output(o.unsqueeze(2), x, v)

@@ -18,6 +18,7 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
     def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         self.window = node.window  # a sliding window: its cache is a ring buffer
+        self.chunk = node.chunk  # chunked attention: its cache is a ring of one chunk
         self.softcap = node.softcap
         self.sinks = torch.nn.Parameter(torch.zeros(self.heads)) if node.sinks else None
         self.transition = build("transition", node.transition, d_model=self.d_in, heads=self.heads, d_qk=self.d_qk)

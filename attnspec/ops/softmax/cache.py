@@ -78,7 +78,7 @@ def read_lengths(capacity: int) -> list[int]:
 
 def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor, *, log_a: Tensor | None = None,
                  scale: float | None = None, softcap: float | None = None,
-                 sinks: Tensor | None = None) -> tuple[Tensor, Cache]:
+                 sinks: Tensor | None = None, chunked: bool = False) -> tuple[Tensor, Cache]:
     """Attend from one new position over the cache, after writing its key and value into it in place.
 
     Args:
@@ -93,6 +93,8 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
         scale: score multiplier, default ``Dk ** -0.5``.
         softcap: a tanh soft-cap on the scaled scores (:func:`attnspec.ops.softmax.softmax_attention`'s).
         sinks: ``(H,)`` a sink logit per head joining the softmax (``softmax_attention``'s), or None.
+        chunked: the cache is a ring of one chunk (chunked attention): a position reads the slots its own chunk
+            wrote, 0 .. position % C, rather than every slot written.
 
     Returns:
         ``o`` ``(B, H, Dv)`` and the cache (the same tensors, with this position written).
@@ -106,7 +108,7 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
                          f"{tuple(values.shape)}, {tuple(bias.shape)}; got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     # the slots are the same for every layer of the step: computed once (per_step)
-    slots = shared("softmax cache slots", (position, capacity), lambda: _slots(position, capacity))
+    slots = shared("softmax cache slots", (position, capacity, chunked), lambda: _slots(position, capacity, chunked))
     # Written by index (index_put_), not scatter_ (AOTInductor runs an in-place scatter as a copy of the
     # whole cache, scattered, copied back: 46 ms a step for a 64 MB cache), and once per cache: this
     # position's entry of each row, and zeros in the slots a step reads that their row has not written
@@ -145,11 +147,12 @@ class _Slots(NamedTuple):
     graph alone, whose read picks its length by it."""
 
 
-def _slots(position: Tensor, capacity: int) -> _Slots:
+def _slots(position: Tensor, capacity: int, chunked: bool = False) -> _Slots:
     """The slots of a step at ``position`` (B,): it writes slot position % C, and every slot before
-    it is written (all C of a ring that wrapped)."""
+    it is written (all C of a ring that wrapped; with ``chunked``, those of its chunk: slots 0 .. position % C,
+    as a chunk of C positions starts at slot 0)."""
     this = (torch.arange(position.shape[0], device=position.device), _as(position % capacity, torch.long))
-    filled = torch.clamp(position + 1, max=capacity)  # (B,)
+    filled = position % capacity + 1 if chunked else torch.clamp(position + 1, max=capacity)  # (B,)
     if torch.compiler.is_dynamo_compiling():
         return _Slots(this, 0, None, None, None, filled)
     if torch.compiler.is_exporting():  # one program for every position: the counts stay data

@@ -112,6 +112,15 @@ class MixerComponent(Component):
     `gate_before_norm` (whose groups span several heads)."""
     qkv_bias: bool = False
     """Biases on the q, k and v projections and the output gate's (Qwen2; Llama's `attention_bias`)."""
+    query_scale_beta: Annotated[float, Field(ge=0, le=100)] = 0.0
+    """Queries times 1 + β ln(1 + floor((t + query_scale_offset) / query_scale_period)) after the positions act:
+    attention sharpened by steps past each period of positions (Llama 4's temperature tuning on its layers without
+    RoPE; Ministral 3's `llama_4_scaling_beta`). 0: none."""
+    query_scale_period: Annotated[int, Field(gt=0, le=limits.MAX_LEN)] | None = None
+    """The positions per step of `query_scale_beta` (Ministral 3: `original_max_position_embeddings`; Llama 4:
+    `floor_scale`)."""
+    query_scale_offset: Annotated[int, Field(ge=0, le=limits.MAX_LEN)] = 0
+    """Added to the position before it is divided (Llama 4 counts from t + 1)."""
     qkv_clip: Annotated[float, Field(gt=0, le=1e4)] | None = None
     """Clamp each q, k and v projection's output to [-clip, clip] before anything reads it (DBRX's `clip_qkv`)."""
     out_bias: bool = False
@@ -264,6 +273,9 @@ class MixerComponent(Component):
         if self.qk_norm_after_rope and self.qk_norm not in ("rmsnorm", "layernorm", "rmsnorm_unweighted"):
             yield ("qk_norm_after_rope",), ("qk_norm_after_rope places a per-head QK-norm after RoPE: set "
                                             "`qk_norm: rmsnorm`, `layernorm` or `rmsnorm_unweighted`, or remove it")
+        if (self.query_scale_beta > 0) != (self.query_scale_period is not None):
+            yield ("query_scale_period",), ("a query scale needs both its β (query_scale_beta > 0) and its period "
+                                            "(query_scale_period): set both or neither")
         if self.gate_per_head and (self.output_gate == "none" or self.gate_before_norm):
             yield ("gate_per_head",), ("gate_per_head shapes the output gate: set `output_gate`, without "
                                        "`gate_before_norm` (whose gate is inside the norm)")

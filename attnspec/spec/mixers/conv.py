@@ -25,8 +25,9 @@ class GatedConvMixer(MixerComponent):
 
     kind: Literal["gated_conv"]
     not_applicable: ClassVar[tuple[str, ...]] = ("heads", "kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope",
-                                                 "qkv_clip", "output_gate", "gate_per_head", "group_norm", "norm_span",
-                                                 "norm_center", "gate_before_norm", "shared_norm_weight", "skip")
+                                                 "qkv_clip", "query_scale_beta", "output_gate", "gate_per_head",
+                                                 "group_norm", "norm_span", "norm_center", "gate_before_norm",
+                                                 "shared_norm_weight", "skip")
     single_stream: ClassVar[str] = "a gated convolution"
     conv_optional: ClassVar[bool] = False
     conv: Conv = Field(default_factory=lambda: ShortConv(kind="short", width=3, projections=["v"]))

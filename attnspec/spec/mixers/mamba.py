@@ -30,8 +30,9 @@ class MambaMixer(MixerComponent):
 
     kind: Literal["mamba"]
     not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope", "qkv_clip",
-                                                 "output_gate", "gate_per_head", "group_norm", "norm_span",
-                                                 "norm_center", "gate_before_norm", "shared_norm_weight", "skip")
+                                                 "query_scale_beta", "output_gate", "gate_per_head", "group_norm",
+                                                 "norm_span", "norm_center", "gate_before_norm", "shared_norm_weight",
+                                                 "skip")
     """Its output gate silu(z) and D skip are fixed; the rest are the attention-like families' parts."""
     single_stream: ClassVar[str] = "Mamba's scan"
     d_inner: Count(limits.MAX_INNER) | None = None

@@ -27,9 +27,9 @@ class MlaMixer(MixerComponent):
 
     kind: Literal["mla"]
     not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope", "qkv_clip",
-                                                 "output_gate", "gate_per_head", "group_norm", "norm_span",
-                                                 "norm_center", "gate_before_norm", "shared_norm_weight", "skip",
-                                                 "conv")
+                                                 "query_scale_beta", "output_gate", "gate_per_head", "group_norm",
+                                                 "norm_span", "norm_center", "gate_before_norm", "shared_norm_weight",
+                                                 "skip", "conv")
     kv_rank: Count(limits.MAX_D_MODEL)
     """Width of the latent c_t (`kv_lora_rank`)."""
     q_rank: Count(limits.MAX_D_MODEL) | None = None

@@ -27,9 +27,10 @@ class ParallelMixer(MixerComponent):
 
     kind: Literal["parallel"]
     not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope", "qkv_clip",
-                                                 "output_gate", "gate_per_head", "gate_rank", "group_norm",
-                                                 "norm_span", "norm_center", "gate_before_norm", "shared_norm_weight",
-                                                 "skip", "conv", "qkv_bias", "out_bias", "heads", "d_qk", "d_v")
+                                                 "query_scale_beta", "output_gate", "gate_per_head", "gate_rank",
+                                                 "group_norm", "norm_span", "norm_center", "gate_before_norm",
+                                                 "shared_norm_weight", "skip", "conv", "qkv_bias", "out_bias", "heads",
+                                                 "d_qk", "d_v")
     """Every part belongs to a branch: set it there."""
     # a list of the `mixer` slot's components, typed so where the slot is declared (attnspec.spec.mixers)
     branches: Annotated[list[Any], Field(min_length=2, max_length=8)]

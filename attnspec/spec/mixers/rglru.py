@@ -31,9 +31,9 @@ class RglruMixer(MixerComponent):
 
     kind: Literal["rglru"]
     not_applicable: ClassVar[tuple[str, ...]] = ("kv_heads", "qk_groups", "qk_norm", "qk_norm_after_rope", "qkv_clip",
-                                                 "output_gate", "gate_per_head", "group_norm", "norm_span",
-                                                 "norm_center", "gate_before_norm", "shared_norm_weight", "skip",
-                                                 "gate_rank")
+                                                 "query_scale_beta", "output_gate", "gate_per_head", "group_norm",
+                                                 "norm_span", "norm_center", "gate_before_norm", "shared_norm_weight",
+                                                 "skip", "gate_rank")
     single_stream: ClassVar[str] = "the RG-LRU"
     width: Count(limits.MAX_INNER) | None = None
     """Channels of the recurrence (RecurrentGemma's `lru_width`); unset: d_model. `heads` divides it into

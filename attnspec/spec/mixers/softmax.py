@@ -24,6 +24,10 @@ class SoftmaxMixer(MixerComponent):
     window: Count(limits.MAX_LEN) | None = None
     """Sliding window: each position attends to the `window` most recent positions, itself included
     (causal only). Decoding keeps a ring buffer of that many keys and values: constant memory."""
+    chunk: Count(limits.MAX_LEN) | None = None
+    """Chunked attention (Llama 4's `attention_chunk_size`): position t attends to the positions s <= t of its own
+    chunk of `chunk` positions, floor(s / chunk) = floor(t / chunk) (causal only; not with a window). Decoding
+    keeps one chunk's keys and values: constant memory."""
     softcap: PositiveFloat | None = None
     """A tanh soft-cap on the attention logits (Gemma 2): each scaled score s becomes
     `softcap * tanh(s / softcap)` before the mask, the decay bias and the softmax."""
@@ -46,10 +50,11 @@ class SoftmaxMixer(MixerComponent):
     def cache_capacity(self, max_len: int) -> int | None:
         # A window's ring holds the whole window even when it is longer than max_len: decoding goes
         # on past max_len (a window is unbounded), and every position within the window is read then.
-        return self.window if self.window is not None else max_len
+        # a chunk's ring, likewise, holds a whole chunk
+        return self.window if self.window is not None else self.chunk if self.chunk is not None else max_len
 
     def decode_limit(self, max_len: int) -> int | None:
-        return None if self.window is not None else max_len  # a ring buffer never fills
+        return None if self.window is not None or self.chunk is not None else max_len  # a ring never fills
 
     def mode_problem(self, mode: str) -> str:
         return (f"softmax attention has no finite feature expansion, so it can only be computed quadratically; "
@@ -64,9 +69,15 @@ class SoftmaxMixer(MixerComponent):
         yield from _softmax_decay_problems(self.transition)
         if self.window is not None and not self.causal:
             yield ("window",), "a sliding window looks back over past positions, so it needs `causal: true`"
+        if self.chunk is not None and not self.causal:
+            yield ("chunk",), "chunked attention looks back within a chunk, so it needs `causal: true`"
+        if self.chunk is not None and self.window is not None:
+            yield ("chunk",), "a mixer attends within a window or within chunks: remove one of `window` and `chunk`"
 
     def describe(self) -> str:
         parts = [f"window {self.window}"] if self.window is not None else []
+        if self.chunk is not None:
+            parts.append(f"chunks of {self.chunk}")
         if self.softcap is not None:
             parts.append(f"logits capped at {self.softcap:g}")
         if self.sinks:

@@ -91,17 +91,11 @@ LACKS: dict[str, tuple[str, str]] = {
     "hrm_text": ("H_cycles", "the Hierarchical Reasoning Model's nested recurrence of two layer stacks "
                              "(`H_cycles` x `L_cycles`)"),
     "inkling_text": ("d_rel", INKLING),
-    "llama4_text": ("attention_chunk_size", "attention within chunks of `attention_chunk_size` (not a sliding "
-                                            "window), an L2 norm of q and k, and queries scaled by position on its "
-                                            "layers without RoPE (`attn_temperature_tuning`)"),
     "gemma3n_text": ("hidden_size_per_layer_input", "per-layer input embeddings, AltUp's predicted and corrected "
                                                     "residual streams, LAuReL's low-rank residual, key/value "
                                                     "caches shared across layers and activation sparsity"),
     "gemma4_text": ("hidden_size_per_layer_input", "per-layer input embeddings and key/value caches shared across "
                                                    "layers (`num_kv_shared_layers`)"),
-    "llama4": ("text_config.attention_chunk_size", "in its text model, attention within chunks (not a sliding "
-                                                   "window), an L2 norm of q and k, and queries scaled by position on "
-                                                   "its layers without RoPE"),
     "gemma3n": ("text_config.hidden_size_per_layer_input", "in its text model, per-layer input embeddings, AltUp's "
                                                            "residual streams, LAuReL's low-rank residual and key/value "
                                                            "caches shared across layers"),

@@ -118,8 +118,8 @@ class MoeMlp(nn.Module):
     """A mixture of experts (:class:`attnspec.spec.channel.MoeMlp`) over x (..., d_model) -> (..., d_model).
 
     Weights: ``router.weight`` (E, d) (and ``router.bias`` (E,) with ``router_bias``); ``score_bias`` (E,), a
-    buffer (it chooses, it is not trained by the loss); ``routed.{e}`` the experts, each an :class:`Mlp` (one module per expert, as released
-    checkpoints store them); ``shared`` (a GLU MLP) and ``shared_gate`` (1, d).
+    buffer (it chooses, it is not trained by the loss); ``routed.{e}`` the experts, each an :class:`Mlp` (one
+    module per expert, as released checkpoints store them); ``shared`` (a GLU MLP) and ``shared_gate`` (1, d).
 
     Eager calls send each expert only the tokens routed to it; compiled and exported graphs compute
     every expert on every token and weight the unchosen by 0 (no shape depends on the routing), the
@@ -139,6 +139,7 @@ class MoeMlp(nn.Module):
         self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
         self.bias_on_logits = node.score_bias_on_logits  # Kolibri: the bias added to the logits to choose
         self.router_softcap = node.router_softcap
+        self.weight_inputs = node.weight_inputs  # Llama 4: E(w x) rather than w E(x)
         expert = SimpleNamespace(hidden=node.hidden, expansion=1, activation=node.activation, bias=node.expert_bias,
                                  gated=node.gated, glu_limit=node.glu_limit)
         self.routed = nn.ModuleList(Mlp(expert, d_model=d_model) for _ in range(node.experts))
@@ -203,7 +204,9 @@ class MoeMlp(nn.Module):
         out = torch.zeros_like(x)
         for index in chosen.unique().tolist():
             token, slot = torch.where(chosen == index)
-            out.index_add_(0, token, self.routed[index](x[token]) * weights[token, slot, None])
+            weight = weights[token, slot, None]
+            expert = self.routed[index]
+            out.index_add_(0, token, expert(x[token] * weight) if self.weight_inputs else expert(x[token]) * weight)
         return out
 
     def every_expert(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
@@ -211,6 +214,11 @@ class MoeMlp(nn.Module):
         depends on the routing (what compiled and exported graphs run)."""
         dense = torch.zeros(x.shape[0], self.experts, dtype=x.dtype, device=x.device).scatter(1, chosen, weights)
         out = torch.zeros_like(x)
+        if self.weight_inputs:  # E(w x) of the chosen: an unchosen expert's E(0) is masked, not assumed 0
+            picked = torch.zeros_like(dense).scatter(1, chosen, 1.0)
+            for index, expert in enumerate(self.routed):
+                out = out + picked[:, index:index + 1] * expert(dense[:, index:index + 1] * x)
+            return out
         for index, expert in enumerate(self.routed):
             out = out + dense[:, index:index + 1] * expert(x)
         return out

@@ -146,6 +146,9 @@ class MoeMlp(ChannelMixerComponent):
     """Scale the shared experts' output by sigmoid(w_s . x) (Qwen's `shared_expert_gate`)."""
     router_bias: bool = False
     """A learnt bias on the router's logits, which chooses and weights alike (GPT-OSS's router)."""
+    weight_inputs: bool = False
+    """Each chosen expert reads its input times its weight, E(w x), rather than its output being weighted, w E(x)
+    (Llama 4's experts)."""
     router_softcap: Annotated[float, Field(gt=0, le=1e4)] | None = None
     """Cap the router's logits smoothly, cap * tanh(logits / cap), before they are scored (Laguna's
     `moe_router_logit_softcapping`); unset: no cap."""

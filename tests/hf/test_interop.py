@@ -2439,6 +2439,53 @@ def test_nanochat_computes_transformers_logits_decodes_alike_and_exports_as_itse
     assert not spec.final_norm.affine and spec.input.norm.kind == "rmsnorm" and spec.head.softcap == 3.0
 
 
+def _llama4_text(**changes):
+    return {**dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=16, intermediate_size_mlp=48, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                   num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=4,
+                   floor_scale=4, attn_scale=0.3), **changes}
+
+
+@pytest.mark.parametrize("changes", [{}, {"use_qk_norm": False, "attn_temperature_tuning": False,
+                                          "attention_chunk_size": None, "num_experts_per_tok": 2}])
+def test_llama4_text_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, changes):
+    """Llama 4: three RoPE layers (interleaved pairs, an unweighted QK-norm after RoPE, attention within chunks of 4
+    over 21 positions) and a fourth without positions whose queries grow by 0.3 ln(1 + floor((t + 1) / 4)); experts
+    on layers 1 and 3 (the top logit's sigmoid weighting the expert's input, a shared expert), a dense GLU on 0 and
+    2; and the same without QK-norm, tuning or chunks, two experts per token."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    spec = _holds_to(_perturbed(lambda: Llama4ForCausalLM(Llama4TextConfig(**_llama4_text(**changes)))),
+                     tmp_path / "checkpoint", "llama4_text")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.position.kind for b in blocks] == ["rope", "rope", "rope", "none"]
+    assert [b.mlp.kind for b in blocks] == ["glu", "moe", "glu", "moe"] and blocks[1].mlp.weight_inputs
+    if not changes:
+        assert blocks[0].mixer.chunk == 4 and blocks[0].mixer.qk_norm == "rmsnorm_unweighted"
+        assert (blocks[3].mixer.query_scale_beta, blocks[3].mixer.query_scale_offset) == (0.3, 1)
+
+
+def test_the_text_model_of_a_multimodal_llama4_release_imports_logit_equal(tmp_path):
+    """Llama 4's multimodal release: its text config and ``language_model.`` tensors import (the vision model and
+    projector are left unread) and compute its language model's logits on text (transformers 5.24's
+    Llama4ForConditionalGeneration fails on text alone, reading `image_outputs` its language model does not
+    return, so the test reads the language model it holds)."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+                  patch_size=8, vision_output_dim=16, projector_input_dim=16, projector_output_dim=16)
+    reference = _perturbed(lambda: Llama4ForConditionalGeneration(Llama4Config(text_config=_llama4_text(),
+                                                                               vision_config=vision)))
+    reference.save_pretrained(tmp_path / "checkpoint")
+    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "llama4"
+    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
+    assert model_type == "llama4_text"
+    model = _imported(tmp_path / "checkpoint", model_type)
+    tokens = _tokens()
+    with torch.no_grad():
+        assert _relative(model(tokens), reference.language_model(input_ids=tokens).logits) < BOUND
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

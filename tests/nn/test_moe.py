@@ -27,6 +27,9 @@ CASES = {
     # Nemotron-H / DeepSeek-V3: 8 experts in 4 groups, a token chooses from the best 2 groups; plain experts
     "grouped-plain": dict(experts=8, top_k=3, hidden=4, gated=False, activation="relu2", scoring="sigmoid",
                           score_bias=True, groups=4, top_groups=2, shared=1, shared_hidden=6),
+    # Llama 4: the top-1 logit's sigmoid multiplies the expert's input, beside a shared expert
+    "llama4": dict(experts=4, top_k=1, hidden=5, scoring="sigmoid", normalize=False, weight_inputs=True, shared=1,
+                   shared_hidden=5),
     # Laguna: sigmoid scores of soft-capped logits (a cap the logits reach), correction bias, scaled, shared expert
     "laguna": dict(experts=5, top_k=2, hidden=4, scoring="sigmoid", score_bias=True, router_softcap=0.5,
                    routed_scale=1.5, shared=1, shared_hidden=6),
@@ -72,11 +75,13 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
         for e, w in zip(chosen, weights * node.routed_scale):
             expert = node.routed[e]  # attnspec's GLU: down(act(up x) * gate x)
             affine = lambda layer, v: layer.weight @ v + (layer.bias if layer.bias is not None else 0)  # noqa: E731
-            up = affine(expert.up, x[t])
+            given = x[t] * w if node.weight_inputs else x[t]  # Llama 4: the expert reads w x, its output unweighted
+            w = 1.0 if node.weight_inputs else w
+            up = affine(expert.up, given)
             limit = expert.glu_limit  # gpt-oss: act(min(up, limit)) * (clamp(gate, -limit, limit) + 1)
             hidden = expert.activation(up if limit is None else up.clamp(max=limit))
             if expert.gate is not None:
-                gate = affine(expert.gate, x[t])
+                gate = affine(expert.gate, given)
                 hidden = hidden * (gate if limit is None else gate.clamp(-limit, limit) + 1)
             out[t] += w * affine(expert.down, hidden)
         if node.shared is not None:

@@ -62,7 +62,6 @@ LACKS: dict[str, tuple[str, str]] = {
                            "token), which is no attnspec mixer yet"),
     "phimoe": ("model_type", "the SparseMixer router (experts chosen and weighted by masked softmaxes, not top-k of "
                              "one softmax)"),
-    "gpt_neox_japanese": ("model_type", "attention and the MLP in parallel, with a bias added after the residual"),
     "diffllama": ("model_type", "differential attention (the difference of two softmax maps, weighted by a learned "
                                 "lambda)"),
     "jetmoe": ("model_type", "a mixture of attention heads (experts over attention projections)"),

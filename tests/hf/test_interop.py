@@ -2486,6 +2486,22 @@ def test_the_text_model_of_a_multimodal_llama4_release_imports_logit_equal(tmp_p
         assert _relative(model(tokens), reference.language_model(input_ids=tokens).logits) < BOUND
 
 
+def test_gpt_neox_japanese_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """GPT-NeoX Japanese: packed attention without biases in sequential pre-norm blocks, a perturbed bias on the last
+    block's attention output alone, a bias-free MLP twice as wide, a tied head."""
+    from transformers import GPTNeoXJapaneseConfig, GPTNeoXJapaneseForCausalLM
+
+    config = GPTNeoXJapaneseConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                   intermediate_multiple_size=2, max_position_embeddings=64,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1000.0,
+                                                    "partial_rotary_factor": 0.5})
+    spec = _holds_to(_perturbed(lambda: GPTNeoXJapaneseForCausalLM(config)), tmp_path / "checkpoint",
+                     "gpt_neox_japanese")
+    blocks = spec_blocks(spec)
+    assert [b.mixer.out_bias for b in blocks] == [False, False, True] and blocks[0].mlp.hidden == 64
+    assert blocks[0].mixer.position.rotary_fraction == 0.5 and spec.head.tied
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

@@ -89,7 +89,8 @@ class GptNeoX(Architecture):
             links += [rename(f"{attention}dense.{kind}", f"{ours}mixer.out_proj.{kind}")
                       for kind in ("weight", "bias")[:1 + block.mixer.out_bias]]
             links += [rename(f"{theirs}mlp.dense_{t}.{p}", f"{ours}mlp.{o}.{p}")
-                      for t, o in (("h_to_4h", "up"), ("4h_to_h", "down")) for p in ("weight", "bias")[:1 + block.mlp.bias]]
+                      for t, o in (("h_to_4h", "up"), ("4h_to_h", "down"))
+                      for p in ("weight", "bias")[:1 + block.mlp.bias]]
             links += [rename(f"{theirs}{t}.{p}", f"{ours}{o}.{p}") for t, o in
                       (("input_layernorm", "norm1"), ("post_attention_layernorm", "norm2")) for p in ("weight", "bias")]
         return links

@@ -2502,6 +2502,27 @@ def test_gpt_neox_japanese_computes_transformers_logits_decodes_alike_and_export
     assert blocks[0].mixer.position.rotary_fraction == 0.5 and spec.head.tied
 
 
+@pytest.mark.parametrize("scale", [None, 0.5])
+def test_cohere_compass_text_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, scale):
+    """Cohere Compass's text model: Command R7B's parallel blocks, windowed layers with RoPE in halves (its
+    multimodal RoPE on text) and a global layer whose layer type maps RoPE to null, the logits scaled or not."""
+    from transformers import CohereCompassForCausalLM, CohereCompassTextConfig
+
+    config = CohereCompassTextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     sliding_window=4, logit_scale=scale, eos_token_id=2, bos_token_id=1,
+                                     pad_token_id=0,
+                                     layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                                     rope_parameters={"sliding_attention": {"rope_type": "default",
+                                                                            "rope_theta": 1000.0},
+                                                      "full_attention": None})
+    spec = _holds_to(_perturbed(lambda: CohereCompassForCausalLM(config)), tmp_path / "checkpoint",
+                     "cohere_compass_text")
+    mixers = [b.mixer for b in spec_blocks(spec)]
+    assert [m.position.kind for m in mixers] == ["rope", "rope", "rope", "none"] and not mixers[0].position.interleaved
+    assert spec.head.scale == (scale or 1.0) and spec_blocks(spec)[0].parallel == "shared_norm"
+
+
 def test_mimo_v2_flash_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
     """MiMo-V2-Flash: values narrower than queries (scaled by ``attention_value_scale``), partial RoPE per layer
     type, windowed layers with twice the key/value heads and perturbed sinks, a dense first layer, then

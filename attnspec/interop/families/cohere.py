@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Link, Row, common_fields, compress_layers, expanded_blocks, head_node
+from attnspec.interop.architecture import (Link, Row, common_fields, compress_layers, expanded_blocks, head_node,
+                                           rope_config)
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 
@@ -102,4 +103,66 @@ class Cohere2(Cohere):
                 "layer_types": ["full_attention" if w is None else "sliding_attention" for w in windows]}
 
 
-ARCHITECTURES = (Cohere(), Cohere2())
+class CohereCompass(Cohere2):
+    """Cohere's Compass text model (``cohere_compass_text``): Command R7B's parallel blocks with RoPE on the layer
+    types ``rope_parameters`` gives parameters (pairs in halves, not interleaved: its multimodal RoPE reduces to
+    plain RoPE on text) and none on those it maps to null, windows on the ``sliding_attention`` layers, the logits
+    times ``logit_scale`` (1 where unset)."""
+
+    model_types = ("cohere_compass_text",)
+    causal_lm = {"cohere_compass_text": "CohereCompassForCausalLM"}
+    rows = (
+        Row(("cohere_compass_text",),
+            "cohere2's parallel blocks with RoPE (pairs in halves) per layer type where `rope_parameters` gives it "
+            "and none where null, windows on `sliding_attention` layers, `logit_scale` (1 unset)",
+            "as cohere"),
+    )
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        parameters = config.get("rope_parameters", dict, None)
+        if parameters is None:
+            raise config.refuse("rope_parameters", "Compass gives RoPE parameters per layer type (null: no "
+                                "positions); a config without them is not one transformers reads")
+        return super().spec(Config({**config.data, "logit_scale": config.data.get("logit_scale") or 1.0},
+                                   config.source), model_type)
+
+    def per_layer(self, config: Config, blocks: list[dict]) -> list[dict]:
+        window = config.count("sliding_window", 4096)
+        types = config.attention_layer_types(len(blocks), ["full_attention"] * len(blocks))
+        parameters = config.get("rope_parameters", dict)
+        head_dim = blocks[0]["mixer"]["d_qk"]
+        layers = []
+        for block, layer_type in zip(blocks, types):
+            rotated = parameters.get(layer_type) is not None
+            mixer = {**block["mixer"], "position": config.rope(head_dim, layer_type=layer_type) if rotated
+                     else {"kind": "none"}}
+            if layer_type == "sliding_attention":
+                mixer["window"] = window
+            layers.append({**block, "mixer": mixer})
+        return layers
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        windows = [block.mixer.window for block in blocks]
+        types = ["full_attention" if w is None else "sliding_attention" for w in windows]
+        rope: dict = {}
+        for layer_type, block in zip(types, blocks):
+            position = block.mixer.position
+            here = rope_config(position) if getattr(position, "kind", None) == "rope" else None
+            if getattr(position, "interleaved", False) or rope.setdefault(layer_type, here) != here:
+                raise NotExpressible("cohere_compass_text has one RoPE (pairs in halves) or none per layer type")
+        if len({w for w in windows if w is not None}) > 1:
+            raise NotExpressible("cohere_compass_text has one window")
+        rotated = next((b for b in blocks if getattr(b.mixer.position, "kind", None) == "rope"), None)
+        if rotated is None:
+            raise NotExpressible("cohere_compass_text rotates some layer type: a spec without RoPE is no Compass")
+        # Command R's checks and fields, from a block as they read it (interleaved; its own RoPE is written above)
+        interleaved = rotated.mixer.position.model_copy(update={"interleaved": True})
+        shaped = spec.model_copy(update={"layers": [rotated.model_copy(update={"mixer": rotated.mixer.model_copy(
+            update={"window": None, "position": interleaved})})] * len(blocks)})
+        config = Cohere.config(self, shaped, "cohere")
+        return {**config, "sliding_window": next((w for w in windows if w), 4096), "layer_types": types,
+                "rope_parameters": rope}
+
+
+ARCHITECTURES = (Cohere(), Cohere2(), CohereCompass())

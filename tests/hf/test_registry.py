@@ -47,8 +47,8 @@ def test_import_hf_and_export_hf_help_name_every_registered_type():
 
     from attnspec.cli.app import app
 
-    imported = CliRunner().invoke(app, ["import-hf", "--help"], terminal_width=400).stdout
-    exported = CliRunner().invoke(app, ["export-hf", "--help"], terminal_width=400).stdout
+    imported = CliRunner().invoke(app, ["import-hf", "--help"], terminal_width=4000).stdout
+    exported = CliRunner().invoke(app, ["export-hf", "--help"], terminal_width=4000).stdout
     words = lambda text: set(text.replace(",", " ").replace(".", " ").replace("(", " ").replace(")", " ").split())
     assert set(imported_types()) <= words(imported)
     assert set(architectures()) <= words(exported)

@@ -604,6 +604,22 @@ def _holds_to(reference, directory, model_type: str, modes=("chunk",), generate:
     return spec
 
 
+def _text_model_holds_to(reference, directory, release: str, text_type: str, text_logits=None):
+    """Save the multimodal ``reference`` (a ``release`` type), import its text model (as ``text_type``, the other
+    tensors left unread) and hold its logits on text to the reference's (``text_logits(tokens)`` where the release's
+    own forward cannot take text alone). Returns the imported (spec, model)."""
+    reference.save_pretrained(directory)
+    assert json.loads((directory / "config.json").read_text())["model_type"] == release
+    _, spec, model_type = spec_from_checkpoint(directory)
+    assert model_type == text_type
+    model = _imported(directory, model_type)
+    tokens = _tokens()
+    with torch.no_grad():
+        expected = text_logits(tokens) if text_logits else reference(input_ids=tokens).logits
+        assert _relative(model(tokens), expected) < BOUND
+    return spec, model
+
+
 EVERY_MODE = ("chunk", "recurrent", "scan", "quadratic")
 
 
@@ -683,14 +699,7 @@ def test_the_text_model_of_a_multimodal_qwen3_5_imports_logit_equal(tmp_path, re
                   temporal_patch_size=1, spatial_merge_size=1)
     config = getattr(transformers, f"Qwen3_5{moe}Config")(text_config=text, vision_config=vision)
     reference = _perturbed(lambda: getattr(transformers, f"Qwen3_5{moe}ForConditionalGeneration")(config))
-    reference.save_pretrained(tmp_path / "checkpoint")
-    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == release
-    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
-    assert model_type == f"{release}_text"
-    model = _imported(tmp_path / "checkpoint", model_type)
-    tokens = _tokens()
-    with torch.no_grad():
-        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+    spec, model = _text_model_holds_to(reference, tmp_path / "checkpoint", release, f"{release}_text")
 
 
 def test_gemma_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
@@ -1630,14 +1639,7 @@ def test_the_text_model_of_a_multimodal_gemma3_imports_logit_equal(tmp_path):
                   patch_size=4)
     reference = _perturbed(lambda: Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision,
                                                                                mm_tokens_per_image=4)))
-    reference.save_pretrained(tmp_path / "checkpoint")
-    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "gemma3"
-    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
-    assert model_type == "gemma3_text"
-    model = _imported(tmp_path / "checkpoint", model_type)
-    tokens = _tokens()
-    with torch.no_grad():
-        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+    spec, model = _text_model_holds_to(reference, tmp_path / "checkpoint", "gemma3", "gemma3_text")
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -2186,14 +2188,8 @@ def test_the_language_model_of_a_fuyu_release_imports_logit_equal(tmp_path):
     text = dict(model_type="persimmon", vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                 num_attention_heads=4, max_position_embeddings=64)
     reference = _perturbed(lambda: FuyuForCausalLM(FuyuConfig(text_config=text, hidden_size=32, patch_size=4)))
-    reference.save_pretrained(tmp_path / "checkpoint")
-    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "fuyu"
-    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
-    assert model_type == "persimmon" and spec_blocks(spec)[0].mixer.qk_norm == "layernorm"
-    model = _imported(tmp_path / "checkpoint", model_type)
-    tokens = _tokens()
-    with torch.no_grad():
-        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+    spec, model = _text_model_holds_to(reference, tmp_path / "checkpoint", "fuyu", "persimmon")
+    assert spec_blocks(spec)[0].mixer.qk_norm == "layernorm"
 
 
 @pytest.mark.parametrize("model_type", ["apertus", "apertus1p5_text"])
@@ -2270,8 +2266,8 @@ def test_ministral3_scales_its_queries_by_position_and_exports_as_itself(tmp_pat
 @pytest.mark.parametrize("clip, normalize", [(0.3, 1.0), (8.0, None)])
 def test_dbrx_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, clip, normalize):
     """DBRX: GQA attention whose fused q/k/v are clamped (at 0.3, where the perturbed projections cross it, or
-    at a released 8), experts stored as three (experts x ffn, d) tensors (w2 transposed per expert), renormalised or not,
-    under LayerNorms without biases; its nested attn_config and ffn_config."""
+    at a released 8), experts stored as three (experts x ffn, d) tensors (w2 transposed per expert), renormalised or
+    not, under LayerNorms without biases; its nested attn_config and ffn_config."""
     from transformers import DbrxConfig, DbrxForCausalLM
 
     config = DbrxConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
@@ -2332,14 +2328,8 @@ def test_the_language_model_of_a_got_ocr2_release_imports_logit_equal(tmp_path):
                   patch_size=16, global_attn_indexes=[0], mlp_dim=16)
     reference = _perturbed(lambda: GotOcr2ForConditionalGeneration(GotOcr2Config(text_config=text,
                                                                                  vision_config=vision)))
-    reference.save_pretrained(tmp_path / "checkpoint")
-    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "got_ocr2"
-    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
-    assert model_type == "qwen2" and spec_blocks(spec)[0].mixer.qkv_bias
-    model = _imported(tmp_path / "checkpoint", model_type)
-    tokens = _tokens()
-    with torch.no_grad():
-        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+    spec, model = _text_model_holds_to(reference, tmp_path / "checkpoint", "got_ocr2", "qwen2")
+    assert spec_blocks(spec)[0].mixer.qkv_bias
 
 
 def test_the_language_model_of_an_emu3_release_imports_and_checks_itself_against_the_class_that_reads_it(tmp_path):
@@ -2356,14 +2346,7 @@ def test_the_language_model_of_an_emu3_release_imports_and_checks_itself_against
               num_res_blocks=1, attn_resolutions=[])
     reference = _perturbed(lambda: Emu3ForConditionalGeneration(Emu3Config(text_config=text, vq_config=vq,
                                                                            vocabulary_map={})))
-    reference.save_pretrained(tmp_path / "checkpoint")
-    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "emu3"
-    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
-    assert model_type == "llama"
-    model = _imported(tmp_path / "checkpoint", model_type)
-    tokens = _tokens()
-    with torch.no_grad():
-        assert _relative(model(tokens), reference(input_ids=tokens).logits) < BOUND
+    spec, model = _text_model_holds_to(reference, tmp_path / "checkpoint", "emu3", "llama")
     check = compare(tmp_path / "checkpoint", our_side(model))
     assert check.skipped is None and check.relative_logit_diff < BOUND and check.tokens_agree == check.new_tokens
 
@@ -2440,10 +2423,10 @@ def test_nanochat_computes_transformers_logits_decodes_alike_and_exports_as_itse
 
 
 def _llama4_text(**changes):
-    return {**dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=16, intermediate_size_mlp=48, num_hidden_layers=4,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-                   num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, attention_chunk_size=4,
-                   floor_scale=4, attn_scale=0.3), **changes}
+    return {**dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=16, intermediate_size_mlp=48,
+                   num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                   max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                   attention_chunk_size=4, floor_scale=4, attn_scale=0.3), **changes}
 
 
 @pytest.mark.parametrize("changes", [{}, {"use_qk_norm": False, "attn_temperature_tuning": False,
@@ -2476,14 +2459,8 @@ def test_the_text_model_of_a_multimodal_llama4_release_imports_logit_equal(tmp_p
                   patch_size=8, vision_output_dim=16, projector_input_dim=16, projector_output_dim=16)
     reference = _perturbed(lambda: Llama4ForConditionalGeneration(Llama4Config(text_config=_llama4_text(),
                                                                                vision_config=vision)))
-    reference.save_pretrained(tmp_path / "checkpoint")
-    assert json.loads((tmp_path / "checkpoint" / "config.json").read_text())["model_type"] == "llama4"
-    _, spec, model_type = spec_from_checkpoint(tmp_path / "checkpoint")
-    assert model_type == "llama4_text"
-    model = _imported(tmp_path / "checkpoint", model_type)
-    tokens = _tokens()
-    with torch.no_grad():
-        assert _relative(model(tokens), reference.language_model(input_ids=tokens).logits) < BOUND
+    spec, model = _text_model_holds_to(reference, tmp_path / "checkpoint", "llama4", "llama4_text",
+                                         text_logits=lambda tokens: reference.language_model(input_ids=tokens).logits)
 
 
 def test_gpt_neox_japanese_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):

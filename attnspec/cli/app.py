@@ -776,10 +776,18 @@ def _settle_garbage_collection() -> None:
     process, and Python's default thresholds traverse them in a full collection several times while it
     loads, and once more as the interpreter exits (0.3-0.6 s of the 2 s ``attnspec run`` takes to its first
     token, ``benchmarks/main_job.py``). Young collections every 50,000 allocations rather than 700 still
-    free cycles within a training step; ``gc.freeze`` at exit leaves what the process held to the OS."""
+    free cycles within a training step; freezing the heap at exit leaves what the process held to the OS."""
     gc.set_threshold(50_000, 20, 100)
-    atexit.unregister(gc.freeze)  # once, however often main() runs in one process (the tests call it)
-    atexit.register(gc.freeze)  # registered first, so it runs after every other exit handler
+    atexit.unregister(_freeze_at_exit)  # once, however often main() runs in one process (the tests call it)
+    atexit.register(_freeze_at_exit)  # registered first, so it runs after every other exit handler
+
+
+def _freeze_at_exit() -> None:
+    """Skip the interpreter's last full collection (``gc.freeze``), unless Triton is loaded: its nanobind bindings
+    print every object a skipped collection leaves behind as a leak, lines of noise after a command's one-line
+    error (the commands that compile load it; ``attnspec run`` does not)."""
+    if "triton" not in sys.modules:
+        gc.freeze()
 
 
 def main() -> None:

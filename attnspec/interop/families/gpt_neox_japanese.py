@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import (Link, Row, block_prefix, common_fields, compress_layers, expanded_blocks,
+from attnspec.interop.architecture import (Link, Row, common_fields, compress_layers, expanded_blocks,
                                            head_node, rename, rope_config)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.interop.families.gpt_neox import GptNeoX

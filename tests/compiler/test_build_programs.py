@@ -117,13 +117,31 @@ FAMILIES = {
              "group_norm": True, "norm_span": "group", "output_gate": "swish"},
             {"kind": "softmax", "heads": 2, "window": 8, "softcap": 2.0,
              "position": {"kind": "rope", "scaling": "dynamic", "factor": 2.0, "original_max_len": 16}}]},
-         "mlp": "none", "norm": "rmsnorm"}],
-    "final_norm": "rmsnorm"}
+         "mlp": "none", "norm": "rmsnorm"},
+        {"mixer": {"kind": "softmax", "heads": 2, "kv_heads": 1, "chunk": 4, "qk_norm": "rmsnorm_unweighted",
+                   "qk_norm_after_rope": True, "qkv_clip": 2.0, "output_gate": "softplus", "gate_per_head": True,
+                   "position": {"kind": "rope", "interleaved": True, "reverse": True}},
+         "mlp": {"kind": "moe", "experts": 4, "hidden": 12, "activation": "quick_gelu", "router_bias": True,
+                 "expert_bias": True, "glu_limit": 1.0, "router_softcap": 2.0, "scoring": "sigmoid", "score_bias": True,
+                 "score_bias_on_logits": True},
+         "norm": {"kind": "rmsnorm", "affine": False}},
+        {"mixer": {"kind": "softmax", "heads": 2, "qk_norm": "layernorm", "position": {"kind": "none"},
+                   "query_scale_beta": 0.5, "query_scale_period": 3, "query_scale_offset": 1},
+         "mlp": {"kind": "moe", "experts": 3, "top_k": 1, "hidden": 8, "scoring": "sigmoid", "normalize": False,
+                 "weight_inputs": True, "shared": 1}, "norm": "rmsnorm"},
+        {"mixer": {"kind": "softmax", "heads": 2, "qk_norm": "rmsnorm", "qk_norm_after_rope": True,
+                   "position": {"kind": "rope"}},
+         "mlp": {"kind": "mlp", "hidden": 24, "activation": "xielu"}, "norm": "rmsnorm"}],
+    "final_norm": "rmsnorm", "head": {"kind": "lm", "tied": True, "bias": True}}
 """Every part the released models brought, in one spec: latent attention, the RG-LRU, a block without a
 mixer holding grouped experts, the gated convolution, Mamba-1, QK-norm over the whole width, KDA's shared
 A and low-rank gate, MiniMax's lightning attention, xLSTM's mLSTM, Falcon-H1's parallel branches (Mamba2
 with a norm per group beside windowed attention with dynamic NTK RoPE), sandwich, output and normed-residual
-placements."""
+placements; and the parts the zoo's later types brought: chunked attention (Llama 4) with a weightless QK-norm after a
+reversed RoPE (nanochat), clamped q/k/v (DBRX), a softplus gate per head (Laguna), gpt-oss's and Kolibri's routers
+and clamped experts under a weightless norm, Persimmon's LayerNorm QK-norm on a layer without positions whose queries
+grow with the position (Llama 4), experts reading weighted inputs, Hunyuan's QK-norm after RoPE, Apertus's xIELU,
+CTRL's biased tied head."""
 
 
 @pytest.mark.slow  # one build with its compile check and exports (about a minute on 2 cores)

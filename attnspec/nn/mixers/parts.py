@@ -245,7 +245,7 @@ class KeyValueCache:
         log_a = None if decay is None else decay.log_mag[..., 0]
         mask = self._joined(None if documents is None else same_document(documents.ids),
                             self._chunk_mask(x.shape[1], x.device, documents))
-        if mask is not None and mask.shape[0] != x.shape[0]:
+        if mask is not None:  # (1 or B, 1, L, L) to (B, ...): expanded always, so no graph guards the batch
             mask = mask.expand(x.shape[0], -1, -1, -1)
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
                               mask=mask, softcap=self.softcap, sinks=self.sinks)

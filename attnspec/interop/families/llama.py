@@ -161,14 +161,16 @@ class LlamaFamily(Architecture):
             theirs, ours = f"model.layers.{index}.", block_prefix(index)
             mixer = block.mixer
             links += self.projection_links(mixer, f"{theirs}self_attn.", f"{ours}mixer.")
-            if mixer.qk_norm != "none":
+            if mixer.qk_norm not in ("none", "rmsnorm_unweighted"):  # an unweighted norm has no tensor
                 links += [rename(f"{theirs}self_attn.{name}.weight", f"{ours}mixer.qk_norm.{stream}")
                           for stream, name in zip("qk", self.QK_NORM_NAMES)]
             links += [rename(f"{theirs}{name}.weight", f"{ours}{norm}.weight")
                       for name, norm in zip(self.NORM_NAMES, ("norm1", "norm2"))]
-            links += self.mlp_links(block.mlp, f"{theirs}mlp.", f"{ours}mlp.")
+            links += self.mlp_links(block.mlp, f"{theirs}{self.MLP_NAME}.", f"{ours}mlp.")
         return links
 
+    MLP_NAME = "mlp"
+    """A layer's name for its MLP (Llama 4's ``feed_forward``)."""
     NORM_NAMES = ("input_layernorm", "post_attention_layernorm")
     """A layer's names for the norms before its attention and before its MLP (Apertus's ``attention_layernorm``,
     ``feedforward_layernorm``)."""

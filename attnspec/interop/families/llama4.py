@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from attnspec.errors import shorten
-from attnspec.interop.architecture import (Link, Row, Wrapper, attention_links, block_prefix, expanded_blocks,
-                                           expert_counts, glu_links, lm_links, rename, rmsnorm_node, rope_config)
+from attnspec.interop.architecture import (Link, Row, Wrapper, expanded_blocks, expert_counts, glu_links,
+                                           rename, rmsnorm_node, rope_config)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.interop.families.llama import LlamaFamily
 from attnspec.spec import limits
@@ -29,6 +29,7 @@ class Llama4(LlamaFamily):
                                   {"model.": "language_model.model.", "lm_head.": "language_model.lm_head."},
                                   ("vision_model.", "multi_modal_projector."))}
     HEAD_DIM = 128
+    MLP_NAME = "feed_forward"
 
     rows = (
         Row(("llama4_text",),
@@ -141,16 +142,6 @@ class Llama4(LlamaFamily):
                 "moe_layers": [i for i, m in enumerate(mlps) if m.kind == "moe"], "num_local_experts": moe.experts,
                 "num_experts_per_tok": moe.top_k, "intermediate_size": moe.hidden,
                 "intermediate_size_mlp": dense.hidden if dense is not None else moe.hidden}
-
-    def links(self, spec) -> list[Link]:
-        links = lm_links(spec, "model.embed_tokens.weight", "model.norm.weight")
-        for index, block in enumerate(expanded_blocks(spec)):
-            theirs, ours = f"model.layers.{index}.", block_prefix(index)
-            links += attention_links(f"{theirs}self_attn.", f"{ours}mixer.", block.mixer.qkv_bias)
-            links += [rename(f"{theirs}input_layernorm.weight", f"{ours}norm1.weight"),
-                      rename(f"{theirs}post_attention_layernorm.weight", f"{ours}norm2.weight")]
-            links += self.mlp_links(block.mlp, f"{theirs}feed_forward.", f"{ours}mlp.")
-        return links
 
     def mlp_links(self, mlp, theirs: str, ours: str) -> list[Link]:
         if mlp.kind != "moe":

@@ -52,10 +52,12 @@ class Block(nn.Module):
     calls a shared block (``shared_use``) adds its output to the mixer's input: x + f(norm(x + P S(..)))."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None,
-                 shared_use: SharedUse | None = None):
+                 shared_use: SharedUse | None = None, depth: int = 0):
         super().__init__()
         # d_in: the mixer's input width where a shared block reads [hidden, embeddings] (its mixer projects it)
         wide = {"d_in": d_in} if d_in not in (None, d_model) else {}
+        if node.mixer.reads_depth:  # a part whose initial value follows depth (differential attention's λ_init)
+            wide["depth"] = depth
         self.shared_use = shared_use
         self.mixer = build("mixer", node.mixer, d_model=d_model, max_len=max_len, seed=seed, **wide)
         self.mlp = None if node.mlp.is_identity else build("mlp", node.mlp, d_model=d_model)
@@ -203,7 +205,8 @@ class Model(nn.Module):
         for i, (_, node) in enumerate(iter_blocks(spec, expand=True)):
             use = node.shared
             call = None if use is None else SharedUse(use, shared[use.name], self.shared_blocks[use.name], d_model=d)
-            blocks.append(Block(node, d_model=d, max_len=spec.max_len, seed=spec.seed + 7919 * i, shared_use=call))
+            blocks.append(Block(node, d_model=d, max_len=spec.max_len, seed=spec.seed + 7919 * i, shared_use=call,
+                                depth=i))
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = build("norm", spec.final_norm, dim=d)
         head = spec.head

@@ -17,9 +17,10 @@ class ParallelMixer(Mixer):
     """y = Σ_b w_b branch_b(x). Setting ``mode`` hands each branch the mode it runs then (the IR's
     :meth:`~attnspec.spec.mixers.parallel.ParallelMixer.branch_mode`, tabled at build)."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int):
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, depth: int = 0):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed)
-        self.branches = nn.ModuleList(build("mixer", branch, d_model=d_model, max_len=max_len, seed=seed + 104729 * i)
+        self.branches = nn.ModuleList(build("mixer", branch, d_model=d_model, max_len=max_len, seed=seed + 104729 * i,
+                                            **({"depth": depth} if branch.reads_depth else {}))
                                       for i, branch in enumerate(node.branches))
         # block mode -> each branch's mode, from the IR's one rule
         self.branch_modes = {mode: tuple(node.branch_mode(branch, mode) for branch in node.branches)

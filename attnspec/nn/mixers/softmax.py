@@ -1,11 +1,15 @@
 """Softmax attention: GQA, QK-norm, rotary or ALiBi positions, a real decay as additive log-bias, a
-sliding window, a logit soft-cap, attention sinks and an output gate; decoded through a key/value cache (a ring buffer for a window)."""
+sliding window, a logit soft-cap, attention sinks, differential attention's paired maps and an output gate;
+decoded through a key/value cache (a ring buffer for a window)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 
+from attnspec.nn.mixers.base import full_precision
 from attnspec.nn.mixers.parts import KeyValueCache, ProjectedMixer
 from attnspec.nn.registry import build, register
 from attnspec.ops.documents import Documents
@@ -15,13 +19,23 @@ from attnspec.ops.documents import Documents
 class SoftmaxMixer(KeyValueCache, ProjectedMixer):
     """Softmax attention; a real per-head decay becomes an additive log-bias (GateLoop sec. 3.4)."""
 
-    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None):
+    def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None, depth: int = 0):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         self.window = node.window  # a sliding window: its cache is a ring buffer
         self.chunk = node.chunk  # chunked attention: its cache is a ring of one chunk
         self.softcap = node.softcap
         self.sinks = torch.nn.Parameter(torch.zeros(self.heads)) if node.sinks else None
         self.transition = build("transition", node.transition, d_model=self.d_in, heads=self.heads, d_qk=self.d_qk)
+        self.differential = node.differential
+        if self.differential:
+            # value heads pair up, kv heads 2i and 2i + 1 side by side: the v projection's rows as they are, read as
+            # half the heads at twice the width (the attention, its cache and its GQA reads then need nothing else)
+            self.v_heads, self.d_v = self.v_heads // 2, 2 * self.d_v
+            self.lambdas = torch.nn.ParameterDict({name: torch.nn.Parameter(torch.randn(self.d_qk) * 0.1)
+                                                   for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})
+            # float64, so that a float64 model holds it exactly (a float32 model has it cast); (1,), as a 0-d
+            # float64 tensor is a number to torch.compile, which then traces every graph twice
+            self.register_buffer("lambda_init", torch.tensor([0.8 - 0.6 * math.exp(-0.3 * depth)], dtype=torch.float64))
 
     takes_documents = True
 
@@ -29,6 +43,21 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
         self._checked_mode(mode)
         o, v = self._softmax_attention(x, documents)
         return self._output(o, x, v)
+
+    def _output(self, o: Tensor, x: Tensor, v: Tensor | None = None) -> Tensor:
+        return super()._output(self._differences(o) if self.differential else o, x, v)
+
+    def _differences(self, o: Tensor) -> Tensor:
+        """Differential attention's pairs: o (B, H, L, 2 Dv), query head 2gi + s g + t the map s of pair
+        (i, t) -> (B, H / 2, L, 2 Dv), RMS-normalised (A_first V - λ A_second V) (1 - λ_init), pair gi + t."""
+        B, H, L, width = o.shape
+        lambdas = {name: full_precision(weight) for name, weight in self.lambdas.items()}
+        lam = (torch.exp((lambdas["lambda_q1"] * lambdas["lambda_k1"]).sum())
+               - torch.exp((lambdas["lambda_q2"] * lambdas["lambda_k2"]).sum()) + self.lambda_init)
+        pairs = o.view(B, self.v_heads, 2, H // (2 * self.v_heads), L, width)
+        y = (pairs[:, :, 0] - lam.to(o.dtype) * pairs[:, :, 1]).reshape(B, H // 2, L, width)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+        return y * (1 - self.lambda_init).to(y.dtype)
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None,
                    capacity: int | None = None) -> tuple[Tensor, ...]:

@@ -339,6 +339,12 @@ class MixerComponent(Component):
         """Positions a ``cache`` decoding state holds (None: no cache)."""
         return None
 
+    @property
+    def reads_depth(self) -> bool:
+        """Its module is told the block's depth (its index in the model, from 0) at construction: a part whose
+        initial value follows depth (differential attention's λ_init)."""
+        return False
+
     def decode_limit(self, max_len: int) -> int | None:
         """The most positions one sequence can reach by decoding (None: unbounded): a full cache, or
         the inputs a ``prefix`` state keeps, hold :meth:`cache_capacity` of them."""

@@ -91,6 +91,10 @@ class ParallelMixer(MixerComponent):
         limits_ = [c for branch in self.branches if (c := branch.decode_limit(max_len)) is not None]
         return min(limits_) if limits_ else None
 
+    @property
+    def reads_depth(self) -> bool:
+        return any(branch.reads_depth for branch in self.branches)
+
     def sub_mixers(self) -> list[tuple[tuple, MixerComponent]]:
         return [(("branches", index), branch) for index, branch in enumerate(self.branches)]
 

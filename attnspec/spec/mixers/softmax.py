@@ -35,6 +35,21 @@ class SoftmaxMixer(MixerComponent):
     """Attention sinks (gpt-oss, Granite SWA): a learned logit per head joins each query's softmax as a key
     with no value, so the weights on the real keys sum to less than 1 (parameter `sinks`, (heads,), zeros
     at initialisation)."""
+    differential: bool = False
+    """Differential attention (Ye et al. 2024, DIFF Transformer): key heads pair up, 2i with 2i + 1, and with
+    them their query groups, head by head (with g = heads / kv_heads, query head 2gi + t pairs with
+    2gi + g + t; without shared keys, head 2i with 2i + 1); each pair p attends with the difference of its two
+    softmax maps, (A_first - λ A_second) V_i, over one value head of 2 d_v (value heads i: kv heads 2i and
+    2i + 1's values side by side, so the projections keep their shapes). Each pair's output is RMS-normalised
+    over its 2 d_v channels (no weight; eps `norm_eps`) and scaled by 1 - λ_init, the pairs' outputs then
+    merged (heads x d_v wide) into the output projection. λ = exp(λ_q1·λ_k1) - exp(λ_q2·λ_k2) + λ_init, from
+    four learnt vectors of d_qk (`lambda_q1`, `lambda_k1`, `lambda_q2`, `lambda_k2`, drawn from N(0, 0.1²))
+    and λ_init = 0.8 - 0.6 exp(-0.3 l) at the block's depth l (from 0), held as a buffer. Needs an even number
+    of key/value heads."""
+
+    @property
+    def reads_depth(self) -> bool:
+        return self.differential
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
         return {"quadratic": softmax_cost(L, self.heads, self.d_qk, self.d_v)}
@@ -73,6 +88,20 @@ class SoftmaxMixer(MixerComponent):
             yield ("chunk",), "chunked attention looks back within a chunk, so it needs `causal: true`"
         if self.chunk is not None and self.window is not None:
             yield ("chunk",), "a mixer attends within a window or within chunks: remove one of `window` and `chunk`"
+        if self.differential:
+            yield from self._differential_problems()
+
+    def _differential_problems(self) -> Iterator[tuple[tuple, str]]:
+        if self.key_heads % 2:
+            yield ("differential",), (f"differential attention pairs key heads, and there are {self.key_heads}: "
+                                      "use an even `kv_heads` (or `heads` without shared keys)")
+        if self.qk_groups is not None:
+            yield ("differential",), ("differential attention pairs key/value heads; it takes `kv_heads`, not "
+                                      "`qk_groups`")
+        for name in ("group_norm", "gate_per_head", "skip"):
+            if getattr(self, name):
+                yield (name,), (f"differential attention normalises each pair of heads itself, whose outputs are "
+                                f"{self.heads // 2} heads of 2 d_v: remove `{name}`")
 
     def describe(self) -> str:
         parts = [f"window {self.window}"] if self.window is not None else []
@@ -82,6 +111,8 @@ class SoftmaxMixer(MixerComponent):
             parts.append(f"logits capped at {self.softcap:g}")
         if self.sinks:
             parts.append("sinks")
+        if self.differential:
+            parts.append("differential")
         if self.kv_heads is not None:
             parts.append(f"{self.kv_heads} kv heads")
         if not self.transition.is_identity:

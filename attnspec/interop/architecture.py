@@ -78,7 +78,8 @@ class Link:
     which nothing reads); with ``alternate``, the two halves of each slice's rows taken in turn, row by row
     (GPT-OSS's fused experts: gate and up projections alternate); with ``flat``, the ``stack`` slices (after their
     transpose) stored end to end as rows, (stack * rows, columns) (DBRX's w2: each expert's down projection
-    transposed, one under another).
+    transposed, one under another); with ``order``, ours' rows in len(order) equal blocks are theirs' blocks
+    ``order[b]`` for b in turn (a head layout of transformers' own: DiffLlama's pairs of heads).
     """
 
     theirs: str
@@ -93,13 +94,14 @@ class Link:
     lead: int = 0
     alternate: bool = False
     flat: bool = False
+    order: tuple[int, ...] | None = None
 
     @property
     def plain(self) -> bool:
         """One attnspec tensor that is the transformers tensor itself (a rename)."""
         return (len(self.ours) == 1 and self.groups == 1 and self.offset == 0.0 and not self.conv and self.stack == 1
                 and self.view is None and not self.log and not self.transpose and not self.lead and not self.alternate
-                and not self.flat)
+                and not self.flat and self.order is None)
 
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
@@ -111,6 +113,9 @@ class Link:
         joined = torch.cat([part for group in zip(*parts) for part in group]) - self.offset
         if self.log:
             joined = torch.exp(joined)
+        if self.order is not None:  # our block b is their block order[b]
+            inverse = sorted(range(len(self.order)), key=self.order.__getitem__)
+            joined = joined.unflatten(0, (len(self.order), -1))[list(inverse)].flatten(0, 1)
         if self.view is not None:  # the same numbers in transformers' shape (Kimi's A_log (1, 1, H, 1))
             return joined.reshape(self.view)
         if self.stack > 1:
@@ -133,6 +138,8 @@ class Link:
         import torch
 
         tensor = tensor[self.lead:]
+        if self.order is not None:
+            tensor = tensor.unflatten(0, (len(self.order), -1))[list(self.order)].flatten(0, 1)
         if self.flat and self.stack > 1:
             tensor = tensor.reshape(self.stack, -1, tensor.shape[-1])
         if self.transpose:

@@ -67,6 +67,13 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None,
                            f"model takes and its caches hold), got {shorten(max_len)}")
     config = read_config(directory)
     source = f"{directory}/config.json"
+    quantization = config.get("quantization_config")
+    if quantization is not None:  # packed integers, scales beside the weights: nothing attnspec's maps read
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise InteropError(f"{source}: `quantization_config`: a quantised checkpoint"
+                           f"{f' (quant_method {shorten(method)})' if isinstance(method, str) else ''}; attnspec imports "
+                           "unquantised weights: save the model dequantised in transformers (`model.dequantize()` "
+                           "where its method has it) or import the release's full-precision weights")
     model_type = config.get("model_type")
     wrapper = wrappers().get(model_type) if isinstance(model_type, str) else None
     if wrapper is not None:  # the text model of a multimodal release

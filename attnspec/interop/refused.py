@@ -62,12 +62,9 @@ LACKS: dict[str, tuple[str, str]] = {
                            "token), which is no attnspec mixer yet"),
     "phimoe": ("model_type", "the SparseMixer router (experts chosen and weighted by masked softmaxes, not top-k of "
                              "one softmax)"),
-    "diffllama": ("model_type", "differential attention (the difference of two softmax maps, weighted by a learned "
-                                "lambda)"),
     "jetmoe": ("model_type", "a mixture of attention heads (experts over attention projections)"),
     "reformer": ("attn_layers", "LSH attention and local chunked attention"),
     "xlnet": ("model_type", "permutation language modelling with two-stream relative attention"),
-    "bitnet": ("model_type", "BitNet's ternary-quantised linear maps and their sub-layer norms"),
     "deepseek_v32": ("index_topk", SPARSE_ATTENTION),
     "glm_moe_dsa": ("index_topk", SPARSE_ATTENTION),
     "axk2": ("index_topk", SPARSE_ATTENTION),

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnspec.nn.registry import register
+from attnspec.nn.registry import build, register
 
 
 @register("norm", "layernorm")
@@ -78,8 +78,8 @@ class XIELU(nn.Module):
 @register("mlp", "mlp", "glu")
 class Mlp(nn.Module):
     """``W2 act(W1 x)``, or with a gate (``glu``) ``W2 (act(W1 x) * W3 x)``, clamped where ``glu_limit`` is set
-    (``W2 (act(min(W1 x, limit)) * (clamp(W3 x, -limit, limit) + 1))``); hidden width ``hidden`` or
-    expansion * d_model."""
+    (``W2 (act(min(W1 x, limit)) * (clamp(W3 x, -limit, limit) + 1))``), the hidden normalised before W2 where
+    ``inner_norm`` is set; hidden width ``hidden`` or expansion * d_model."""
 
     aux_loss: Tensor | None = None  # a dense MLP has no load-balancing loss (MoeMlp's protocol)
 
@@ -91,6 +91,9 @@ class Mlp(nn.Module):
         self.gate = nn.Linear(d_model, hidden, bias=node.bias) if node.gated else None
         self.down = nn.Linear(hidden, d_model, bias=node.bias)
         self.glu_limit = node.glu_limit
+        # a norm of the hidden width before `down` (BitNet's); experts' (plain namespaces) is None
+        inner = node.inner_norm
+        self.inner_norm = None if inner is None or inner.is_identity else build("norm", inner, dim=hidden)
 
     def projections(self) -> list[nn.Linear]:
         """Its linear maps (``down`` writes into the residual stream)."""
@@ -108,9 +111,10 @@ class Mlp(nn.Module):
         h = self.up(x)
         if self.glu_limit is None:
             h = self.activation(h)
-            return self.down(h if self.gate is None else h * self.gate(x))
-        linear = self.gate(x).clamp(-self.glu_limit, self.glu_limit) + 1
-        return self.down(self.activation(h.clamp(max=self.glu_limit)) * linear)
+            h = h if self.gate is None else h * self.gate(x)
+        else:
+            h = self.activation(h.clamp(max=self.glu_limit)) * (self.gate(x).clamp(-self.glu_limit, self.glu_limit) + 1)
+        return self.down(h if self.inner_norm is None else self.inner_norm(h))
 
 
 @register("mlp", "moe")
@@ -141,10 +145,11 @@ class MoeMlp(nn.Module):
         self.router_softcap = node.router_softcap
         self.weight_inputs = node.weight_inputs  # Llama 4: E(w x) rather than w E(x)
         expert = SimpleNamespace(hidden=node.hidden, expansion=1, activation=node.activation, bias=node.expert_bias,
-                                 gated=node.gated, glu_limit=node.glu_limit)
+                                 gated=node.gated, glu_limit=node.glu_limit, inner_norm=None)
         self.routed = nn.ModuleList(Mlp(expert, d_model=d_model) for _ in range(node.experts))
         shared = SimpleNamespace(hidden=node.shared_hidden or node.shared * node.hidden, expansion=1,
-                                 activation=node.activation, bias=False, gated=node.gated, glu_limit=node.glu_limit)
+                                 activation=node.activation, bias=False, gated=node.gated, glu_limit=node.glu_limit,
+                                 inner_norm=None)
         self.shared = Mlp(shared, d_model=d_model) if node.shared else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if node.shared and node.shared_gate else None
         self.aux_loss: Tensor | None = None

@@ -79,6 +79,8 @@ class _Feedforward(ChannelMixerComponent):
     """A third projection multiplies the activation (GLU)."""
     glu_limit: Annotated[float, Field(gt=0, le=1e4)] | None = None
     """A clamped GLU (GPT-OSS's): W2 (act(min(W1 x, limit)) * (clamp(W3 x, -limit, limit) + 1)). Needs a GLU."""
+    inner_norm: Norm = Field(default_factory=lambda: NoNorm(kind="none"))
+    """A norm of the hidden width before W2: W2 norm(act(W1 x) * W3 x) (BitNet's `ffn_sub_norm`); `none`: no norm."""
 
     def problems(self) -> Iterator[tuple[tuple, str]]:
         if self.glu_limit is not None and not self.gated:

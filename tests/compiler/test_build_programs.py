@@ -130,8 +130,8 @@ FAMILIES = {
          "mlp": {"kind": "moe", "experts": 3, "top_k": 1, "hidden": 8, "scoring": "sigmoid", "normalize": False,
                  "weight_inputs": True, "shared": 1}, "norm": "rmsnorm"},
         {"mixer": {"kind": "softmax", "heads": 2, "qk_norm": "rmsnorm", "qk_norm_after_rope": True,
-                   "position": {"kind": "rope"}},
-         "mlp": {"kind": "mlp", "hidden": 24, "activation": "xielu"}, "norm": "rmsnorm"}],
+                   "differential": True, "position": {"kind": "rope"}},
+         "mlp": {"kind": "mlp", "hidden": 24, "activation": "xielu", "inner_norm": "rmsnorm"}, "norm": "rmsnorm"}],
     "final_norm": "rmsnorm", "head": {"kind": "lm", "tied": True, "bias": True}}
 """Every part the released models brought, in one spec: latent attention, the RG-LRU, a block without a
 mixer holding grouped experts, the gated convolution, Mamba-1, QK-norm over the whole width, KDA's shared
@@ -140,8 +140,8 @@ with a norm per group beside windowed attention with dynamic NTK RoPE), sandwich
 placements; and the parts the zoo's later types brought: chunked attention (Llama 4) with a weightless QK-norm after a
 reversed RoPE (nanochat), clamped q/k/v (DBRX), a softplus gate per head (Laguna), gpt-oss's and Kolibri's routers
 and clamped experts under a weightless norm, Persimmon's LayerNorm QK-norm on a layer without positions whose queries
-grow with the position (Llama 4), experts reading weighted inputs, Hunyuan's QK-norm after RoPE, Apertus's xIELU,
-CTRL's biased tied head."""
+grow with the position (Llama 4), experts reading weighted inputs, Hunyuan's QK-norm after RoPE in differential
+attention (DiffLlama), Apertus's xIELU under BitNet's norm of the hidden, CTRL's biased tied head."""
 
 
 @pytest.mark.slow  # one build with its compile check and exports (about a minute on 2 cores)

@@ -2535,3 +2535,46 @@ def test_a_config_without_head_dim_takes_its_config_class_default(tmp_path, mode
     assert data.pop("head_dim") == 128
     (tmp_path / "config.json").write_text(json.dumps(data))
     assert {block.mixer.d_qk for block in spec_blocks(spec_from_checkpoint(tmp_path)[1])} == {128}
+
+
+@pytest.mark.parametrize("heads, kv_heads, bias", [(6, 2, False), (4, 4, True)])
+def test_diffllama_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, heads, kv_heads, bias):
+    """DiffLlama's differential attention: transformers' pairs (heads p and p + heads / 2, over kv heads p // g and
+    p // g + kv_heads / 2) reordered into attnspec's on import and back on export; three query heads per key head
+    (g = 3) and none shared with biases; λ's vectors perturbed, λ_init by depth over three layers."""
+    from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
+
+    config = DiffLlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=48, num_hidden_layers=3,
+                             num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=64,
+                             attention_bias=bias)
+    spec = _holds_to(_perturbed(lambda: DiffLlamaForCausalLM(config)), tmp_path / "checkpoint", "diffllama")
+    assert all(block.mixer.differential for block in spec_blocks(spec))
+
+
+def test_diffllama_with_odd_key_value_heads_is_refused_by_field(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "diffllama", **SMALL, "num_key_value_heads": 1}))
+    with pytest.raises(InteropError, match="num_key_value_heads.*even"):
+        spec_from_checkpoint(tmp_path)
+
+
+def test_bitnet_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """BitNet unquantised: the attention's output normalised over every head before o_proj, the MLP's hidden before
+    down_proj (both norms' weights perturbed), a squared-ReLU GLU."""
+    from transformers import BitNetConfig, BitNetForCausalLM
+
+    config = BitNetConfig(**SMALL)
+    spec = _holds_to(_perturbed(lambda: BitNetForCausalLM(config)), tmp_path / "checkpoint", "bitnet")
+    block = spec_blocks(spec)[0]
+    assert (block.mixer.group_norm, block.mixer.norm_span, block.mlp.inner_norm.kind) == (True, "full", "rmsnorm")
+
+
+@pytest.mark.parametrize("method", ["bitnet", "fp8", None])
+def test_a_quantised_checkpoint_is_refused_by_field_whatever_its_type(tmp_path, method):
+    """A `quantization_config` (BitNet b1.58's ternary weights, DeepSeek's FP8 blocks, GPTQ's integers) stores
+    tensors attnspec's maps do not read: refused by field, naming the method, before anything else is read."""
+    config = {"model_type": "bitnet" if method == "bitnet" else "llama", **SMALL,
+              "quantization_config": {"quant_method": method} if method else "yes"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    named = f" \\(quant_method '{method}'\\)" if method else ";"
+    with pytest.raises(InteropError, match=f"quantization_config`: a quantised checkpoint{named}"):
+        spec_from_checkpoint(tmp_path)

@@ -279,3 +279,30 @@ def test_an_rmsnorm_without_a_weight_is_the_normalisation_alone():
         x = torch.randn(3, 16, dtype=torch.float64)
         assert torch.allclose(plain.final_norm(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt(), atol=1e-14)
         _decodes_as_it_computes(plain)
+
+
+@pytest.mark.parametrize("norm", ["{kind: rmsnorm, eps: 1.0e-5}", "{kind: layernorm}"])
+def test_an_mlp_s_inner_norm_normalises_its_hidden_before_the_down_projection(norm):
+    """`inner_norm` (BitNet's `ffn_sub_norm`): W2 norm(act(W1 x) * W3 x) with the norm's own weight over the hidden
+    width, written out in float64 (values to 1e-12, gradients of the input and the norm's weight to 1e-10), and the
+    model's decoding sees it."""
+    model = _model(f"blocks[*].mlp={{kind: glu, hidden: 12, activation: relu2, bias: false, inner_norm: {norm}}}")
+    mlp = model.blocks[0].mlp
+    with torch.no_grad():
+        mlp.inner_norm.weight.copy_(torch.rand(12, dtype=torch.float64) + 0.5)
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    hidden = F.relu(mlp.up(x)).square() * mlp.gate(x)
+    if "rmsnorm" in norm:
+        normed = hidden / hidden.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() * mlp.inner_norm.weight
+    else:
+        centred = hidden - hidden.mean(-1, keepdim=True)
+        normed = centred / centred.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() * mlp.inner_norm.weight \
+            + mlp.inner_norm.bias
+    ours, reference = mlp(x), mlp.down(normed)
+    assert torch.allclose(ours, reference, rtol=0, atol=1e-12)
+    cotangent = torch.randn_like(ours)
+    inputs = [x, mlp.inner_norm.weight]
+    mine, theirs = torch.autograd.grad(ours, inputs, cotangent), torch.autograd.grad(reference, inputs, cotangent)
+    assert all(torch.allclose(m, t, rtol=0, atol=1e-10) for m, t in zip(mine, theirs))
+    with torch.no_grad():
+        _decodes_as_it_computes(model)

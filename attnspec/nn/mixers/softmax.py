@@ -33,9 +33,11 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
             self.v_heads, self.d_v = self.v_heads // 2, 2 * self.d_v
             self.lambdas = torch.nn.ParameterDict({name: torch.nn.Parameter(torch.randn(self.d_qk) * 0.1)
                                                    for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})
-            # float64, so that a float64 model holds it exactly (a float32 model has it cast); (1,), as a 0-d
-            # float64 tensor is a number to torch.compile, which then traces every graph twice
-            self.register_buffer("lambda_init", torch.tensor([0.8 - 0.6 * math.exp(-0.3 * depth)], dtype=torch.float64))
+            # a fixed function of depth (not in the weights, as ALiBi's slopes); float64, so that a float64 model
+            # holds it exactly (a float32 model has it cast); (1,), as a 0-d float64 tensor is a number to
+            # torch.compile, which then traces every graph twice
+            self.register_buffer("lambda_init", torch.tensor([0.8 - 0.6 * math.exp(-0.3 * depth)], dtype=torch.float64),
+                                 persistent=False)
 
     takes_documents = True
 

@@ -44,7 +44,7 @@ class SoftmaxMixer(MixerComponent):
     over its 2 d_v channels (no weight; eps `norm_eps`) and scaled by 1 - λ_init, the pairs' outputs then
     merged (heads x d_v wide) into the output projection. λ = exp(λ_q1·λ_k1) - exp(λ_q2·λ_k2) + λ_init, from
     four learnt vectors of d_qk (`lambda_q1`, `lambda_k1`, `lambda_q2`, `lambda_k2`, drawn from N(0, 0.1²))
-    and λ_init = 0.8 - 0.6 exp(-0.3 l) at the block's depth l (from 0), held as a buffer. Needs an even number
+    and λ_init = 0.8 - 0.6 exp(-0.3 l) at the block's depth l (from 0; not a weight). Needs an even number
     of key/value heads."""
 
     @property

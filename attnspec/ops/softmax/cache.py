@@ -78,7 +78,8 @@ def read_lengths(capacity: int) -> list[int]:
 
 def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor, *, log_a: Tensor | None = None,
                  scale: float | None = None, softcap: float | None = None,
-                 sinks: Tensor | None = None, chunked: bool = False) -> tuple[Tensor, Cache]:
+                 sinks: Tensor | None = None, chunked: bool = False,
+                 selected: Tensor | None = None) -> tuple[Tensor, Cache]:
     """Attend from one new position over the cache, after writing its key and value into it in place.
 
     Args:
@@ -95,6 +96,8 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
         sinks: ``(H,)`` a sink logit per head joining the softmax (``softmax_attention``'s), or None.
         chunked: the cache is a ring of one chunk (chunked attention): a position reads the slots its own chunk
             wrote, 0 .. position % C, rather than every slot written.
+        selected: ``(B, C)`` bool or None: the slots this query may read, of those written (a sparse attention's
+            choice: DeepSeek's indexer); every row must select at least one written slot.
 
     Returns:
         ``o`` ``(B, H, Dv)`` and the cache (the same tensors, with this position written).
@@ -124,9 +127,9 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
     read = _Read(Dk ** -0.5 if scale is None else scale, (H, k_heads, v_heads), softcap)
     q, read_bias = _as(q, keys.dtype), None if log_a is None else bias
     if slots.filled is not None:  # torch.compile cannot take a length from the data (capture_scalar_outputs)
-        o = _read_bucketed(q, keys, values, read_bias, slots.filled, read, read_lengths(capacity), sinks)
+        o = _read_bucketed(q, keys, values, read_bias, slots.filled, read, read_lengths(capacity), sinks, selected)
     else:
-        o = read.prefix(q, keys, values, read_bias, slots.valid, slots.most, sinks=sinks)
+        o = read.prefix(q, keys, values, read_bias, slots.valid, slots.most, sinks=sinks, selected=selected)
     return _as(o.reshape(B, H, Dv), v.dtype), (keys, values, bias)
 
 
@@ -182,27 +185,29 @@ def _entries(x: Tensor, dtype: torch.dtype, cleared: int) -> Tensor:
 
 
 def _read_bucketed(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, filled: Tensor, read: _Read,
-                   lengths: list[int], sinks: Tensor | None = None) -> Tensor:
+                   lengths: list[int], sinks: Tensor | None = None, selected: Tensor | None = None) -> Tensor:
     """``read.prefix`` at the shortest of ``lengths`` slots that holds ``filled.max()``, chosen by data
     (nested ``torch.cond``, one static branch per length); every row masked by ``filled`` by value (a
     branch may not write its inputs, so unwritten slots are masked in a copy)."""
-    has_bias, has_sinks = bias is not None, sinks is not None
+    # a cond's operands are tensors: the optional ones (bias, sinks, selected) are there or not, known when tracing
+    present = tuple(t is not None for t in (bias, sinks, selected))
 
-    def optional(extra: tuple) -> tuple[Tensor | None, Tensor | None]:  # (bias, sinks) from a cond's operands
-        return (extra[0] if has_bias else None), (extra[-1] if has_sinks else None)
+    def optional(extra: tuple) -> list[Tensor | None]:  # [bias, sinks, selected] from a cond's operands
+        given = iter(extra)
+        return [next(given) if there else None for there in present]
 
     def prefix(n: int):
         def read_prefix(q, keys, values, filled, *extra):
-            bias, sinks = optional(extra)
-            return read.prefix(q, keys, values, bias, _written_mask(filled, n), n, by_value=True, sinks=sinks)
+            bias, sinks, selected = optional(extra)
+            return read.prefix(q, keys, values, bias, _written_mask(filled, n), n, by_value=True, sinks=sinks,
+                               selected=selected)
         return read_prefix
 
-    # a cond's operands are tensors: the optional ones are there or not, known when tracing
-    operands = (q, keys, values, filled) + ((bias,) if has_bias else ()) + ((sinks,) if has_sinks else ())
+    operands = (q, keys, values, filled) + tuple(t for t in (bias, sinks, selected) if t is not None)
     if len(lengths) == 1:
         return prefix(lengths[0])(*operands)
     longer = lambda q, keys, values, filled, *extra: _read_bucketed(  # noqa: E731
-        q, keys, values, optional(extra)[0], filled, read, lengths[1:], optional(extra)[1])
+        q, keys, values, optional(extra)[0], filled, read, lengths[1:], *optional(extra)[1:])
     return torch.cond(filled.max() <= lengths[0], prefix(lengths[0]), longer, operands)
 
 
@@ -222,10 +227,10 @@ class _Read(NamedTuple):
     softcap: float | None = None
 
     def prefix(self, q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, valid: Tensor | None, n,
-               by_value: bool = False, sinks: Tensor | None = None) -> Tensor:
+               by_value: bool = False, sinks: Tensor | None = None, selected: Tensor | None = None) -> Tensor:
         """Softmax attention of ``q`` (B, H, Dk) over the first ``n`` cache slots (B, H_k, C, Dk) and
-        (B, H_v, C, Dv), plus ``bias`` (B, H, C) where given, only the slots ``valid`` (B, n) where given, with a
-        sink logit per head (``sinks`` (H,)) in each softmax where given.
+        (B, H_v, C, Dv), plus ``bias`` (B, H, C) where given, only the slots ``valid`` (B, n) where given and
+        ``selected`` (B, C) where given, with a sink logit per head (``sinks`` (H,)) in each softmax where given.
         A slot not valid has weight exactly 0; ``by_value`` also replaces its score and zeroes its value
         (a copy), so that not even a NaN there reaches the output. Shared key/value heads are read in
         place (no copy per query head). Returns (B, H_v, H / H_v, Dv)."""
@@ -234,6 +239,8 @@ class _Read(NamedTuple):
             if isinstance(size, torch.SymInt):  # pins a traced read's head counts (a plain size is known already)
                 torch._check(size == expected)
         keys, values, bias = keys[:, :, :n], values[:, :, :n], None if bias is None else bias[:, :, :n]
+        if selected is not None:  # a sparse attention's choice among the written slots
+            valid = selected[:, :n] if valid is None else valid & selected[:, :n]
         if k_heads == v_heads and not by_value and self.softcap is None and sinks is None:
             # one fused call, a key head's H / H_k query heads its "positions"
             mask = None if bias is None else bias.reshape(-1, k_heads, H // k_heads, n)

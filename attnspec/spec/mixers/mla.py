@@ -6,8 +6,31 @@ from typing import ClassVar, Iterator, Literal
 
 from attnspec.spec import limits
 from attnspec.spec.family import Cost, softmax_cost
-from attnspec.spec.nodes import Count
+from attnspec.spec.nodes import Count, Node
 from attnspec.spec.mixers.base import MixerComponent
+
+
+class SparseIndexer(Node):
+    """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2): each query attends only to the `topk` earlier
+    positions (itself included) whose index score is highest, every key where fewer are there. The score of key s
+    for query t is
+
+        I_t,s = Σ_h w_t,h ReLU(q^I_t,h · k^I_s / sqrt(d_head)),   w_t = W_w u_t / sqrt(heads)
+        q^I_t,h = RoPE(W_qI,h c^Q_t),   k^I_s = RoPE(LayerNorm(W_kI u_s))   (d_head each)
+
+    with c^Q_t the query's normalised latent (so the mixer needs `q_rank`), the rotation on the first `rope_dim`
+    channels in halves (not interleaved; the mixer's RoPE base and scaling), the LayerNorm with weight and bias
+    (eps 1e-6). Decoding caches k^I beside the latent. The choice is not differentiable: the indexer's weights
+    receive no gradient from the model's loss (DeepSeek trains them by a loss of their own)."""
+
+    heads: Count(limits.MAX_HEADS)
+    """Heads of the indexer's queries (`index_n_heads`)."""
+    d_head: Count(limits.MAX_HEAD_WIDTH)
+    """Width of its queries and of its one key per position (`index_head_dim`)."""
+    topk: Count(limits.MAX_LEN)
+    """Positions each query attends to (`index_topk`)."""
+    rope_dim: Count(limits.MAX_HEAD_WIDTH) | None = None
+    """Channels of the indexer's queries and keys that RoPE turns (its first ones); unset: the mixer's `rope_dim`."""
 
 
 class MlaMixer(MixerComponent):
@@ -37,6 +60,9 @@ class MlaMixer(MixerComponent):
     rope_dim: Count(limits.MAX_HEAD_WIDTH) = 64
     """Channels of each query and key head that carry RoPE (`qk_rope_head_dim`); the first d_qk - rope_dim
     carry none (`qk_nope_head_dim`)."""
+    indexer: SparseIndexer | None = None
+    """DeepSeek Sparse Attention: a lightning indexer choosing the keys each query attends to (`SparseIndexer`);
+    unset: every earlier key."""
 
     def modes(self) -> tuple[str, ...]:
         return ("quadratic",)
@@ -71,12 +97,25 @@ class MlaMixer(MixerComponent):
             yield ("position", "rotary_fraction"), "the RoPE part is `rope_dim` channels: leave rotary_fraction at 1"
         if self.rope_dim % 2:
             yield ("rope_dim",), f"RoPE turns channels in pairs: rope_dim must be even, got {self.rope_dim}"
+        if self.indexer is not None:
+            yield from self._indexer_problems()
         if d_qk is not None and self.rope_dim >= d_qk:
             yield ("rope_dim",), (f"rope_dim {self.rope_dim} leaves no channels for the latent's keys in d_qk {d_qk}: "
                                   "d_qk is the nope part plus rope_dim")
 
+    def _indexer_problems(self) -> Iterator[tuple[tuple, str]]:
+        rope = self.indexer.rope_dim or self.rope_dim
+        if self.q_rank is None:
+            yield ("indexer",), "the indexer's queries read the query's latent: set `q_rank`"
+        if not self.causal:
+            yield ("indexer",), "the indexer chooses among earlier positions: it needs `causal: true`"
+        if rope % 2 or rope > self.indexer.d_head:
+            yield ("indexer", "rope_dim"), (f"the indexer's RoPE turns channel pairs within its d_head "
+                                            f"{self.indexer.d_head}: an even rope_dim at most that, got {rope}")
+
     def describe(self) -> str:
-        return f"mla[latent {self.kv_rank}, rope {self.rope_dim}] {self.on_heads()}"
+        sparse = f", top {self.indexer.topk} keys" if self.indexer is not None else ""
+        return f"mla[latent {self.kv_rank}, rope {self.rope_dim}{sparse}] {self.on_heads()}"
 
 
-__all__ = ["MlaMixer"]
+__all__ = ["MlaMixer", "SparseIndexer"]

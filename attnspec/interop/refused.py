@@ -52,10 +52,10 @@ DECODERS_OF_ENCODER_DECODERS = frozenset({"bart", "bigbird_pegasus", "blenderbot
 
 INKLING = ("a relative position bias computed from learned relative states (`d_rel`, `rel_extent`) and logits "
            "scaled logarithmically past `log_scaling_n_floor`")
-SPARSE_ATTENTION = ("DeepSeek Sparse Attention: a learned indexer (`index_n_heads` heads of its own) choosing the "
-                    "`index_topk` keys each query attends to, which attnspec's sparse parts do not choose by a learned "
-                    "score")
-"""What DeepSeek-V3.2's sparse attention needs (its successors' too)."""
+DOTS3 = ("latent attention with a sigmoid gate per head (`g_proj`), an RMSNorm of the shared RoPE key "
+         "(`k_rope_only_layernorm`), latents rescaled by sqrt(hidden / rank) and sliding-window latent layers "
+         "(`layer_types`) beside its DeepSeek Sparse Attention ones")
+"""What dots.llm3's text model needs beyond DeepSeek Sparse Attention."""
 
 LACKS: dict[str, tuple[str, str]] = {
     "rwkv": ("model_type", "RWKV's WKV time mixing (token shift, a per-channel decay with a bonus for the current "
@@ -65,9 +65,10 @@ LACKS: dict[str, tuple[str, str]] = {
     "jetmoe": ("model_type", "a mixture of attention heads (experts over attention projections)"),
     "reformer": ("attn_layers", "LSH attention and local chunked attention"),
     "xlnet": ("model_type", "permutation language modelling with two-stream relative attention"),
-    "deepseek_v32": ("index_topk", SPARSE_ATTENTION),
-    "glm_moe_dsa": ("index_topk", SPARSE_ATTENTION),
-    "axk2": ("index_topk", SPARSE_ATTENTION),
+    "axk2": ("gated_norm_rank", "RMSNorms followed by a low-rank sigmoid gate of their output (`gated_norm_rank`) and a "
+                                "query projection reading the query latent before and after its norm side by side, "
+                                "fused with a sigmoid output gate (`q_gate_proj`), beside its DeepSeek Sparse "
+                                "Attention"),
     "deepseek_v4": ("hc_mult", "hyper-connections (`hc_mult` residual streams mixed by learned maps) and compressed "
                                "sparse attention (keys pooled per `layer_types` and chosen by an indexer)"),
     "hy_v4": ("hc_mult", "hyper-connections (`hc_mult` residual streams mixed by learned maps) and a sparse-attention "
@@ -109,8 +110,8 @@ LACKS: dict[str, tuple[str, str]] = {
                                                      "between its self-attention layers"),
     "zaya": ("model_type", "compressed convolutional attention (queries and keys compressed and convolved before "
                            "attention) and learned residual scaling"),
-    "dots3_note_text": ("index_topk", SPARSE_ATTENTION),
-    "dots3_note": ("text_config.index_topk", "in its text model, " + SPARSE_ATTENTION),
+    "dots3_note_text": ("layer_types", DOTS3),
+    "dots3_note": ("text_config.layer_types", "in its text model, " + DOTS3),
     "minimax_m3_vl_text": ("index_topk_blocks", "a lightning indexer choosing `index_topk_blocks` blocks of keys for "
                                                 "each query (block-sparse attention)"),
     "inkling2_text": ("d_rel", INKLING),

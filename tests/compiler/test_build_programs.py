@@ -91,7 +91,8 @@ FAMILIES = {
     "name": "families", "input": {"kind": "tokens", "vocab_size": 64}, "d_model": 32, "max_len": 128,
     "layers": [
         {"mixer": {"kind": "mla", "heads": 2, "d_qk": 12, "d_v": 8, "kv_rank": 8, "q_rank": 6, "rope_dim": 4,
-                   "position": {"kind": "rope", "interleaved": True}},
+                   "position": {"kind": "rope", "interleaved": True},
+                   "indexer": {"heads": 4, "d_head": 8, "topk": 5}},
          "mlp": {"kind": "glu", "hidden": 48}, "norm": "rmsnorm", "norm_placement": "sandwich"},
         {"mixer": {"kind": "rglru", "heads": 2, "width": 24, "qkv_bias": True, "out_bias": True}, "mlp": "none",
          "norm": "rmsnorm"},
@@ -133,9 +134,9 @@ FAMILIES = {
                    "differential": True, "position": {"kind": "rope"}},
          "mlp": {"kind": "mlp", "hidden": 24, "activation": "xielu", "inner_norm": "rmsnorm"}, "norm": "rmsnorm"}],
     "final_norm": "rmsnorm", "head": {"kind": "lm", "tied": True, "bias": True}}
-"""Every part the released models brought, in one spec: latent attention, the RG-LRU, a block without a
-mixer holding grouped experts, the gated convolution, Mamba-1, QK-norm over the whole width, KDA's shared
-A and low-rank gate, MiniMax's lightning attention, xLSTM's mLSTM, Falcon-H1's parallel branches (Mamba2
+"""Every part the released models brought, in one spec: latent attention with DeepSeek's sparse attention, the
+RG-LRU, a block without a mixer holding grouped experts, the gated convolution, Mamba-1, QK-norm over the whole
+width, KDA's shared A and low-rank gate, MiniMax's lightning attention, xLSTM's mLSTM, Falcon-H1's parallel branches (Mamba2
 with a norm per group beside windowed attention with dynamic NTK RoPE), sandwich, output and normed-residual
 placements; and the parts the zoo's later types brought: chunked attention (Llama 4) with a weightless QK-norm after a
 reversed RoPE (nanochat), clamped q/k/v (DBRX), a softplus gate per head (Laguna), gpt-oss's and Kolibri's routers

@@ -2578,3 +2578,51 @@ def test_a_quantised_checkpoint_is_refused_by_field_whatever_its_type(tmp_path, 
     named = f" \\(quant_method '{method}'\\)" if method else ";"
     with pytest.raises(InteropError, match=f"quantization_config`: a quantised checkpoint{named}"):
         spec_from_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v32", "glm_moe_dsa"])
+def test_deepseek_sparse_attention_computes_transformers_logits_and_exports_as_itself(tmp_path, model_type):
+    """DeepSeek-V3.2 and GLM-5: DeepSeek-V3's layers (YaRN, a query latent, a dense first layer then grouped experts)
+    with the lightning indexer choosing 4 of the up to 21 earlier keys per query (16 index heads, so that exact ties
+    of the ReLU'd scores, whose order transformers' and attnspec's top-k may break differently, are rare), its RoPE
+    in halves (V3.2) or interleaved (GLM-5), the indexer's keys cached in decoding."""
+    import transformers
+
+    names = {"deepseek_v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM"),
+             "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM")}[model_type]
+    fields = dict(SMALL, num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=12, q_lora_rank=10,
+                  qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5, n_routed_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=12, n_group=2, topk_group=1, first_k_dense_replace=1,
+                  routed_scaling_factor=2.5, n_shared_experts=1, index_n_heads=16, index_head_dim=8, index_topk=4,
+                  rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                   "beta_fast": 32.0, "beta_slow": 1.0})
+
+    def build():
+        model = getattr(transformers, names[1])(getattr(transformers, names[0])(**fields))
+        with torch.no_grad():
+            for layer in model.model.layers[1:]:
+                layer.mlp.gate.e_score_correction_bias.copy_(torch.tensor([0.2, -0.3, 0.0, 0.1]))
+        return model
+
+    spec = _holds_to(_perturbed(build), tmp_path / "checkpoint", model_type)
+    blocks = spec_blocks(spec)
+    assert [(b.mixer.kind, b.mixer.indexer.topk, b.mlp.kind) for b in blocks] == [
+        ("mla", 4, "glu"), ("mla", 4, "moe"), ("mla", 4, "moe")]
+    assert blocks[0].mixer.indexer.interleaved == (model_type == "glm_moe_dsa")
+
+
+def test_glm_moe_dsa_layers_sharing_a_choice_of_keys_are_refused_by_field(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "glm_moe_dsa", **SMALL, "num_hidden_layers": 3, "kv_lora_rank": 12, "q_lora_rank": 10,
+        "qk_rope_head_dim": 4, "qk_nope_head_dim": 6, "v_head_dim": 5, "indexer_types": ["full", "shared", "full"]}))
+    with pytest.raises(InteropError, match=r"indexer_types` \(layers 1\).*shared"):
+        spec_from_checkpoint(tmp_path)
+
+
+def test_deepseek_v32_without_a_query_latent_is_refused_by_field(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v32", **SMALL, "q_lora_rank": None,
+                                                      "kv_lora_rank": 12, "qk_rope_head_dim": 4,
+                                                      "qk_nope_head_dim": 6, "v_head_dim": 5}))
+    with pytest.raises(InteropError, match="q_lora_rank.*indexer"):
+        spec_from_checkpoint(tmp_path)

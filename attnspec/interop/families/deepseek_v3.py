@@ -330,4 +330,96 @@ class MiniCPM3(Youtu):
                 "dim_model_base": round(base), "tie_word_embeddings": spec.head.tied}
 
 
-ARCHITECTURES = (DeepseekV3(), DeepseekV2(), SarvamMla(), Glm4MoeLite(), Youtu(), MiniCPM3())
+
+
+class DeepseekV32(Glm4MoeLite):
+    """DeepSeek-V3.2: DeepSeek-V3's model with DeepSeek Sparse Attention in every layer (latent attention whose
+    queries read the keys a lightning indexer chooses: the `mla` mixer's `indexer`), each layer's MLP named in
+    ``mlp_layer_types`` (by default the first ``first_k_dense_replace`` dense)."""
+
+    model_types = ("deepseek_v32",)
+    causal_lm = {"deepseek_v32": "DeepseekV32ForCausalLM"}
+
+    rows = (Row(("deepseek_v32",),
+                "deepseek_v3's layers with DeepSeek Sparse Attention (`indexer`: `index_n_heads` heads of "
+                "`index_head_dim` scoring the earlier keys, each query reading its `index_topk` best; the indexer's "
+                "keys cached beside the latent in decoding), each layer's MLP dense or experts by `mlp_layer_types`",
+                "no `q_lora_rank` (the indexer reads the query's latent); RoPE not interleaved; as deepseek_v3"),)
+
+    def sparse_layers(self, config: Config, layers: int) -> list[bool]:
+        if config.get("mlp_layer_types", list, None) is not None:
+            return super().sparse_layers(config, layers)
+        return DeepseekV3.sparse_layers(self, config, layers)
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        if config.get("rope_interleave", bool, True) is not True:
+            raise config.refuse("rope_interleave", "DeepSeek-V3.2 rotates interleaved pairs; true imports")
+        if config.data.get("q_lora_rank") is None:
+            raise config.refuse("q_lora_rank", "DeepSeek Sparse Attention's indexer reads the query's latent: set it")
+        data = super().spec(config, model_type)
+        indexer = {"heads": config.count("index_n_heads", self.INDEX_HEADS),
+                   "d_head": config.count("index_head_dim", 128),
+                   "topk": config.count("index_topk", 2048, limit=limits.MAX_LEN), "interleaved": self.INTERLEAVED}
+
+        def indexed(layer: dict) -> dict:
+            if "layers" in layer:  # a repeated group
+                return {**layer, "layers": [indexed(inner) for inner in layer["layers"]]}
+            return {**layer, "mixer": {**layer["mixer"], "indexer": indexer}}
+        return {**data, "layers": [indexed(layer) for layer in data["layers"]]}
+
+    def config(self, spec, model_type: str) -> dict:
+        blocks = expanded_blocks(spec)
+        indexer = getattr(blocks[0].mixer, "indexer", None)
+        if (indexer is None or any(getattr(b.mixer, "indexer", None) != indexer for b in blocks)
+                or indexer.rope_dim not in (None, blocks[0].mixer.rope_dim) or indexer.interleaved != self.INTERLEAVED):
+            raise NotExpressible("deepseek_v32 has one indexer, turning the main attention's RoPE channels, in every "
+                                 "layer")
+        config = super().config(spec, model_type)
+        if not config.pop("rope_interleave", True):
+            raise NotExpressible("deepseek_v32 rotates interleaved pairs")
+        return {**config, "index_n_heads": indexer.heads, "index_head_dim": indexer.d_head,
+                "index_topk": indexer.topk}
+
+    INDEX_HEADS = 64
+    """``index_n_heads``' default in the type's config class."""
+    INTERLEAVED = False
+    """The indexer's RoPE turns interleaved pairs (GLM-MoE-DSA's) rather than halves."""
+
+    def links(self, spec) -> list[Link]:
+        links = super().links(spec)
+        for index, _ in enumerate(expanded_blocks(spec)):
+            theirs, ours = f"model.layers.{index}.self_attn.indexer.", f"{block_prefix(index)}mixer.indexer."
+            links += [rename(f"{theirs}{name}", f"{ours}{name}") for name in
+                      ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight")]
+        return links
+
+
+class GlmMoeDsa(DeepseekV32):
+    """GLM-5 (``glm_moe_dsa``): DeepSeek-V3.2's model whose indexer turns interleaved RoPE pairs; a layer that reuses
+    an earlier layer's choice of keys (``indexer_types`` naming it ``shared``) is refused."""
+
+    model_types = ("glm_moe_dsa",)
+    causal_lm = {"glm_moe_dsa": "GlmMoeDsaForCausalLM"}
+    INDEX_HEADS = 32
+    INTERLEAVED = True
+
+    rows = (Row(("glm_moe_dsa",),
+                "deepseek_v32's model, the indexer's RoPE on interleaved pairs (`interleaved: true`)",
+                "layers reusing an earlier layer's choice of keys (`indexer_types` `shared`, or an `index_topk_freq` "
+                "above 1): attnspec's blocks choose their own; as deepseek_v32"),)
+
+    def spec(self, config: Config, model_type: str) -> dict:
+        layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
+        kinds = config.get("indexer_types", list, None) or ["full"] * layers
+        if len(kinds) != layers or any(kind != "full" for kind in kinds):
+            shared = [i for i, kind in enumerate(kinds) if kind != "full"]
+            raise config.refuse("indexer_types", "a layer reusing an earlier layer's choice of keys (`shared`) is not "
+                                "an attnspec block, which chooses its own: every layer `full` imports", shared)
+        return super().spec(config, model_type)
+
+    def config(self, spec, model_type: str) -> dict:
+        return {**super().config(spec, model_type), "indexer_types": ["full"] * len(expanded_blocks(spec))}
+
+
+ARCHITECTURES = (DeepseekV3(), DeepseekV2(), SarvamMla(), Glm4MoeLite(), Youtu(), MiniCPM3(), DeepseekV32(),
+                 GlmMoeDsa())

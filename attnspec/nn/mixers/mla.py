@@ -31,9 +31,10 @@ class LightningIndexer(nn.Module):
         self.wk = nn.Linear(d_model, self.d_head, bias=False)
         self.k_norm = nn.LayerNorm(self.d_head, eps=1e-6)
         self.weights_proj = nn.Linear(d_model, self.heads, bias=False)
-        # the mixer's RoPE turning the first `rope` channels in halves (DeepSeek's indexer: not interleaved)
-        halves = position.model_copy(update={"interleaved": False}) if position.kind == "rope" else position
-        self.position = build_position(halves, heads=self.heads, d_qk=self.rope, d_model=d_model, max_len=max_len)
+        # the mixer's RoPE turning the first `rope` channels, in halves (DeepSeek-V3.2's) or interleaved pairs (GLM's)
+        if position.kind == "rope":
+            position = position.model_copy(update={"interleaved": node.interleaved})
+        self.position = build_position(position, heads=self.heads, d_qk=self.rope, d_model=d_model, max_len=max_len)
 
     def project(self, u: Tensor, c_q: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor, Tensor]:
         """u (B, L, d_model), the query latent c_q (B, L, q_rank) -> its queries (B, heads, L, d_head), their

@@ -19,7 +19,7 @@ class SparseIndexer(Node):
         q^I_t,h = RoPE(W_qI,h c^Q_t),   k^I_s = RoPE(LayerNorm(W_kI u_s))   (d_head each)
 
     with c^Q_t the query's normalised latent (so the mixer needs `q_rank`), the rotation on the first `rope_dim`
-    channels in halves (not interleaved; the mixer's RoPE base and scaling), the LayerNorm with weight and bias
+    channels (in halves, or `interleaved` pairs; the mixer's RoPE base and scaling), the LayerNorm with weight and bias
     (eps 1e-6). Decoding caches k^I beside the latent. The choice is not differentiable: the indexer's weights
     receive no gradient from the model's loss (DeepSeek trains them by a loss of their own)."""
 
@@ -31,6 +31,9 @@ class SparseIndexer(Node):
     """Positions each query attends to (`index_topk`)."""
     rope_dim: Count(limits.MAX_HEAD_WIDTH) | None = None
     """Channels of the indexer's queries and keys that RoPE turns (its first ones); unset: the mixer's `rope_dim`."""
+    interleaved: bool = False
+    """RoPE turns adjacent pairs of those channels (GLM-MoE-DSA's indexer) rather than their two halves
+    (DeepSeek-V3.2's)."""
 
 
 class MlaMixer(MixerComponent):

@@ -58,8 +58,6 @@ DOTS3 = ("latent attention with a sigmoid gate per head (`g_proj`), an RMSNorm o
 """What dots.llm3's text model needs beyond DeepSeek Sparse Attention."""
 
 LACKS: dict[str, tuple[str, str]] = {
-    "rwkv": ("model_type", "RWKV's WKV time mixing (token shift, a per-channel decay with a bonus for the current "
-                           "token), which is no attnspec mixer yet"),
     "phimoe": ("model_type", "the SparseMixer router (experts chosen and weighted by masked softmaxes, not top-k of "
                              "one softmax)"),
     "jetmoe": ("model_type", "a mixture of attention heads (experts over attention projections)"),

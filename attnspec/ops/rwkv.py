@@ -109,7 +109,8 @@ def wkv_chunk(w: Tensor, u: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tensor:
     sums, weights = (scaled * v).sum(2), scaled.sum(2)  # (B, n, C) each, normalised by top
     c = torch.arange(n, device=k.device)
     gap = (c.view(-1, 1) - c.view(1, -1) - 1).to(wide)  # chunks between query chunk c and key chunk c'
-    earlier = top.squeeze(2).view(B, 1, 1, n, C) - (gap.view(1, n, 1, n, 1) * T + local.to(wide).view(1, 1, T, 1, 1)) * w
+    distance = gap.view(1, n, 1, n, 1) * T + local.to(wide).view(1, 1, T, 1, 1)  # (c - c' - 1) T + t
+    earlier = top.squeeze(2).view(B, 1, 1, n, C) - distance * w
     earlier = earlier.masked_fill((c.view(-1, 1) <= c.view(1, -1)).view(1, n, 1, n, 1), float("-inf"))
     # the result does not depend on the shift: no gradient goes through it
     shift = torch.maximum(within.amax(3), earlier.amax(3)).detach().unsqueeze(3)  # (B, n, T, 1, C)

@@ -2626,3 +2626,30 @@ def test_deepseek_v32_without_a_query_latent_is_refused_by_field(tmp_path):
                                                       "qk_nope_head_dim": 6, "v_head_dim": 5}))
     with pytest.raises(InteropError, match="q_lora_rank.*indexer"):
         spec_from_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("rescale_every", [0, 1, 2])
+def test_rwkv_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, rescale_every):
+    """RWKV-4: every layer's time mixing (WKV in each of its modes) and channel mixing, the decays, bonuses and
+    token-shift mixes perturbed; transformers' inference rescaling (weights divided by 2^(i // R), the hidden state
+    halved after every R-th layer) reproduced as residual scales, and none."""
+    from transformers import RwkvConfig, RwkvForCausalLM
+
+    # (transformers' decoding state is hidden_size wide: it fails for another attention_hidden_size)
+    config = RwkvConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, attention_hidden_size=32,
+                        intermediate_size=40, context_length=64, rescale_every=rescale_every)
+    reference = _perturbed(lambda: RwkvForCausalLM(config))
+    spec = _holds_to(reference, tmp_path / "checkpoint", "rwkv", modes=("chunk", "quadratic", "recurrent"),
+                     generate=False)
+    assert [b.mixer.kind for b in spec_blocks(spec)] == ["rwkv", "rwkv_channel"] * 3
+    # transformers' one-token step broadcasts a batch's (B, d) shift state against (B, 1, d) inputs: its generate is
+    # right for one row alone. Two rows are held to its full pass's greedy choice, one row to its generate too.
+    model, prompt = _imported(tmp_path / "checkpoint", "rwkv"), _tokens(length=9)
+    with torch.no_grad():
+        greedy = prompt
+        for _ in range(NEW_TOKENS):
+            greedy = torch.cat([greedy, reference(greedy).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        assert torch.equal(model.generate(prompt, NEW_TOKENS, temperature=0.0), greedy)
+        one = reference.generate(prompt[:1], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                                 attention_mask=torch.ones_like(prompt[:1]))
+        assert torch.equal(one, greedy[:1])

@@ -139,6 +139,7 @@ class MoeMlp(nn.Module):
         self.experts, self.top_k = node.experts, node.top_k
         self.softmax, self.normalize, self.routed_scale = node.scoring == "softmax", node.normalize, node.routed_scale
         self.groups, self.top_groups = node.groups, node.top_groups or node.groups
+        self.group_max = node.group_score == "max"  # DeepSeek-V2's groups ranked by their best score
         self.router = nn.Linear(d_model, node.experts, bias=node.router_bias)
         self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
         self.bias_on_logits = node.score_bias_on_logits  # Kolibri: the bias added to the logits to choose
@@ -179,9 +180,10 @@ class MoeMlp(nn.Module):
         scores = logits.softmax(-1) if self.softmax else logits.sigmoid()
         choosing = scores if self.score_bias is None else \
             (logits if self.bias_on_logits else scores) + self.score_bias.to(scores.dtype)
-        if self.top_groups < self.groups:  # choose within the groups whose two best scores sum highest
+        if self.top_groups < self.groups:  # choose within the groups ranked highest (two best scores' sum, or best)
             grouped = choosing.view(-1, self.groups, self.experts // self.groups)
-            kept = grouped.topk(2, dim=-1).values.sum(-1).topk(self.top_groups, dim=-1).indices
+            ranks = grouped.amax(-1) if self.group_max else grouped.topk(2, dim=-1).values.sum(-1)
+            kept = ranks.topk(self.top_groups, dim=-1).indices
             mask = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter(1, kept, True)
             choosing = grouped.masked_fill(~mask.unsqueeze(-1), float("-inf")).view_as(choosing)
         chosen = choosing.topk(self.top_k, dim=-1).indices

@@ -136,9 +136,12 @@ class MoeMlp(ChannelMixerComponent):
     logits + bias, weighted by the chosen logits' sigmoid). Needs `score_bias`."""
     groups: Count(limits.MAX_EXPERTS) = 1
     """Group-limited routing (DeepSeek-V3's `n_group`): the experts form this many equal groups, and each
-    token chooses its experts from the `top_groups` groups whose two best choosing scores sum highest."""
+    token chooses its experts from the `top_groups` groups ranked highest (`group_score`)."""
     top_groups: Count(limits.MAX_EXPERTS) | None = None
     """Groups each token chooses from (`topk_group`); unset: every group."""
+    group_score: Literal["top2_sum", "max"] = "top2_sum"
+    """How a group is ranked: the sum of its two best choosing scores (DeepSeek-V3's), or its best one
+    (DeepSeek-V2's `group_limited_greedy`)."""
     shared: Annotated[int, Field(ge=0, le=limits.MAX_EXPERTS)] = 0
     """Shared experts every token passes through (as one MLP of width `shared_hidden`, gated as the
     routed experts are)."""
@@ -174,7 +177,7 @@ class MoeMlp(ChannelMixerComponent):
         elif self.top_groups is not None and self.top_groups * self.experts // self.groups < self.top_k:
             yield ("top_groups",), (f"{self.top_groups} groups of {self.experts // self.groups} experts hold fewer than "
                                     f"top_k = {self.top_k}")
-        elif self.groups > 1 and self.experts // self.groups < 2:
+        elif self.groups > 1 and self.experts // self.groups < 2 and self.group_score == "top2_sum":
             yield ("groups",), "a group is scored by its two best experts: groups need at least 2 experts each"
         if not self.shared and (self.shared_hidden is not None or self.shared_gate):
             yield ("shared",), "shared_hidden and shared_gate describe shared experts: set `shared` to their number"

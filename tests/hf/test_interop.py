@@ -1760,24 +1760,26 @@ def test_minicpm3_computes_transformers_logits_decodes_alike_and_exports_as_itse
         (False, pytest.approx(1.4 / 2 ** 0.5), 3.0, 0.25)
 
 
-@pytest.mark.parametrize("q_lora_rank", [10, None])
-def test_deepseek_v2_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, q_lora_rank):
+@pytest.mark.parametrize("q_lora_rank, method", [(10, "greedy"), (None, "greedy"), (10, "group_limited_greedy")])
+def test_deepseek_v2_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path, q_lora_rank, method):
     """DeepSeek-V2: V3's latent attention (its pairs rotated as complex numbers, YaRN's mscale), a dense first
-    layer, then softmax-scored greedy top-2 of 4 experts, not renormalised, times the routed scale, beside
-    two shared experts; with a query latent and with V2-Lite's full query."""
+    layer, then softmax-scored greedy top-2 of 6 experts, not renormalised, times the routed scale, beside
+    two shared experts; with a query latent and with V2-Lite's full query; and with group_limited_greedy, the
+    experts chosen from the 2 of 3 groups whose best score is highest."""
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
     config = DeepseekV2Config(**{**SMALL, "num_hidden_layers": 3, "num_key_value_heads": 4}, kv_lora_rank=12,
                               q_lora_rank=q_lora_rank, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5,
-                              n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
+                              n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=12,
                               first_k_dense_replace=1, routed_scaling_factor=2.5, n_shared_experts=2,
-                              norm_topk_prob=True, pad_token_id=0,
+                              norm_topk_prob=True, pad_token_id=0, topk_method=method, n_group=3, topk_group=2,
                               rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
                                                "original_max_position_embeddings": 16, "mscale": 1.0,
                                                "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0})
     spec = _holds_to(_perturbed(lambda: DeepseekV2ForCausalLM(config)), tmp_path / "checkpoint", "deepseek_v2")
     moe = spec_blocks(spec)[1].mlp
     assert (moe.scoring, moe.normalize, moe.shared, moe.routed_scale) == ("softmax", False, 2, 2.5)
+    assert (moe.groups, moe.group_score) == ((3, "max") if method == "group_limited_greedy" else (1, "top2_sum"))
 
 
 def test_kimi_linear_computes_transformers_logits_in_every_mode_and_decodes_alike(tmp_path):

@@ -27,6 +27,9 @@ CASES = {
     # Nemotron-H / DeepSeek-V3: 8 experts in 4 groups, a token chooses from the best 2 groups; plain experts
     "grouped-plain": dict(experts=8, top_k=3, hidden=4, gated=False, activation="relu2", scoring="sigmoid",
                           score_bias=True, groups=4, top_groups=2, shared=1, shared_hidden=6),
+    # DeepSeek-V2's group_limited_greedy: softmax scores, 6 experts in 3 groups ranked by their best, 2 groups kept
+    "deepseek-v2-groups": dict(experts=6, top_k=2, hidden=4, normalize=False, routed_scale=1.5, groups=3, top_groups=2,
+                               group_score="max", shared=1),
     # Llama 4: the top-1 logit's sigmoid multiplies the expert's input, beside a shared expert
     "llama4": dict(experts=4, top_k=1, hidden=5, scoring="sigmoid", normalize=False, weight_inputs=True, shared=1,
                    shared_hidden=5),
@@ -63,8 +66,9 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
             logits = node.router_softcap * torch.tanh(logits / node.router_softcap)
         scores = logits.softmax(-1) if node.softmax else logits.sigmoid()
         choosing = (logits if node.bias_on_logits else scores) + (node.score_bias if node.score_bias is not None else 0)
-        size = node.experts // node.groups  # a group's score: the sum of its two best choosing scores
-        group_scores = [float(choosing[g * size:(g + 1) * size].sort(descending=True).values[:2].sum())
+        size = node.experts // node.groups  # a group's score: the sum of its two best choosing scores, or its best
+        group_scores = [float(choosing[g * size:(g + 1) * size].sort(descending=True).values[:1 if node.group_max
+                                                                                          else 2].sum())
                         for g in range(node.groups)]
         kept = sorted(range(node.groups), key=lambda g: -group_scores[g])[:node.top_groups]
         allowed = [e for e in range(node.experts) if e // size in kept]

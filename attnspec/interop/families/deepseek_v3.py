@@ -184,8 +184,8 @@ def mla_links(mixer, theirs: str, ours: str) -> list[Link]:
 
 
 class DeepseekV2(DeepseekV3):
-    """DeepSeek-V2: V3's layers with V2's router: softmax scores, the top ``num_experts_per_tok`` (greedy;
-    ``group_limited_greedy`` ranks groups by their best score, which attnspec's groups do not) times
+    """DeepSeek-V2: V3's layers with V2's router: softmax scores, the top ``num_experts_per_tok`` (greedy, or with
+    ``group_limited_greedy`` from the ``topk_group`` of ``n_group`` groups whose best score is highest) times
     ``routed_scaling_factor``, never renormalised (transformers' V2 router ignores ``norm_topk_prob``)."""
 
     model_types = ("deepseek_v2",)
@@ -193,21 +193,25 @@ class DeepseekV2(DeepseekV3):
 
     rows = (
         Row(("deepseek_v2",),
-            "deepseek_v3's layers with V2's experts: softmax scores, greedy top-k times `routed_scaling_factor`, "
-            "not renormalised, beside the shared experts; RoPE on the decoupled part always interleaved",
-            "`topk_method: group_limited_greedy` (groups ranked by their best score); `mlp_bias`"),
+            "deepseek_v3's layers with V2's experts: softmax scores, greedy top-k (with `topk_method: "
+            "group_limited_greedy`, from the `topk_group` groups ranked by their best score: `group_score: max`) "
+            "times `routed_scaling_factor`, not renormalised, beside the shared experts; RoPE on the decoupled part "
+            "always interleaved",
+            "`topk_method` other than greedy and group_limited_greedy; `mlp_bias`"),
     )
 
     @staticmethod
     def experts(config: Config) -> dict:
         method = config.get("topk_method", str, "greedy")
-        if method != "greedy":
-            raise config.refuse("topk_method", f"{shorten(method)}: attnspec's expert groups rank a group by the sum "
-                                "of its best two scores, DeepSeek-V2's by its best; greedy imports")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise config.refuse("topk_method", f"{shorten(method)}: greedy and group_limited_greedy import")
         if config.get("mlp_bias", bool, False):
             raise config.refuse("mlp_bias", "DeepSeek-V2's experts take no biases; false imports")
+        groups = {"groups": config.count("n_group", limit=limits.MAX_EXPERTS),
+                  "top_groups": config.count("topk_group", limit=limits.MAX_EXPERTS), "group_score": "max"} \
+            if method == "group_limited_greedy" else {}
         return {**shared_experts(config), "top_k": config.count("num_experts_per_tok", 6), "scoring": "softmax",
-                "normalize": False, "routed_scale": config.number("routed_scaling_factor", 1.0)}
+                "normalize": False, "routed_scale": config.number("routed_scaling_factor", 1.0), **groups}
 
     def spec(self, config: Config, model_type: str) -> dict:
         if config.get("rope_interleave", bool, True) is not True:
@@ -217,10 +221,14 @@ class DeepseekV2(DeepseekV3):
     def config(self, spec, model_type: str) -> dict:
         config = super().config(spec, model_type)
         moe = next((b.mlp for b in expanded_blocks(spec) if b.mlp.kind == "moe"), None)
-        if moe is not None and (moe.scoring != "softmax" or moe.normalize or moe.score_bias or moe.groups != 1):
-            raise NotExpressible("deepseek_v2's experts are softmax-scored, greedy and not renormalised")
+        if moe is not None and (moe.scoring != "softmax" or moe.normalize or moe.score_bias
+                                or (moe.groups != 1 and moe.group_score != "max")):
+            raise NotExpressible("deepseek_v2's experts are softmax-scored, greedy (groups ranked by their best) and "
+                                 "not renormalised")
         if not config.pop("rope_interleave"):
             raise NotExpressible("deepseek_v2 rotates interleaved pairs")
+        if moe is not None and moe.groups != 1:
+            return {**config, "topk_method": "group_limited_greedy"}
         return {**config, "topk_method": "greedy", "n_group": None, "topk_group": None}
 
 

@@ -79,7 +79,9 @@ class Link:
     (GPT-OSS's fused experts: gate and up projections alternate); with ``flat``, the ``stack`` slices (after their
     transpose) stored end to end as rows, (stack * rows, columns) (DBRX's w2: each expert's down projection
     transposed, one under another); with ``order``, ours' rows in len(order) equal blocks are theirs' blocks
-    ``order[b]`` for b in turn (a head layout of transformers' own: DiffLlama's pairs of heads).
+    ``order[b]`` for b in turn (a head layout of transformers' own: DiffLlama's pairs of heads); with ``across``,
+    ours are read transposed first, their columns the rows above (JetMoE's experts' output projections, side by side
+    in attnspec's one output projection, one (d, width) slice each in transformers').
     """
 
     theirs: str
@@ -95,13 +97,14 @@ class Link:
     alternate: bool = False
     flat: bool = False
     order: tuple[int, ...] | None = None
+    across: bool = False
 
     @property
     def plain(self) -> bool:
         """One attnspec tensor that is the transformers tensor itself (a rename)."""
         return (len(self.ours) == 1 and self.groups == 1 and self.offset == 0.0 and not self.conv and self.stack == 1
                 and self.view is None and not self.log and not self.transpose and not self.lead and not self.alternate
-                and not self.flat and self.order is None)
+                and not self.flat and self.order is None and not self.across)
 
     def join(self, tensors: list[Tensor]) -> Tensor:
         """attnspec -> transformers."""
@@ -109,6 +112,8 @@ class Link:
 
         if self.plain:  # a rename (a scalar, such as xIELU's β, has no rows to chunk); a copy, as the others are
             return tensors[0].clone()
+        if self.across:
+            tensors = [t.transpose(0, 1) for t in tensors]
         parts = [t.chunk(self.groups) for t in tensors]
         joined = torch.cat([part for group in zip(*parts) for part in group]) - self.offset
         if self.log:
@@ -136,6 +141,12 @@ class Link:
     def split(self, tensor: Tensor, shapes: list[torch.Size]) -> list[Tensor]:
         """transformers -> attnspec, into tensors of ``shapes``."""
         import torch
+
+        if self.across:  # the parts as ours transposed, then each turned back
+            from dataclasses import replace
+
+            flipped = [torch.Size((shape[1], shape[0], *shape[2:])) for shape in shapes]
+            return [part.transpose(0, 1).contiguous() for part in replace(self, across=False).split(tensor, flipped)]
 
         tensor = tensor[self.lead:]
         if self.order is not None:

@@ -60,7 +60,6 @@ DOTS3 = ("latent attention with a sigmoid gate per head (`g_proj`), an RMSNorm o
 LACKS: dict[str, tuple[str, str]] = {
     "phimoe": ("model_type", "the SparseMixer router (experts chosen and weighted by masked softmaxes, not top-k of "
                              "one softmax)"),
-    "jetmoe": ("model_type", "a mixture of attention heads (experts over attention projections)"),
     "reformer": ("attn_layers", "LSH attention and local chunked attention"),
     "xlnet": ("model_type", "permutation language modelling with two-stream relative attention"),
     "axk2": ("gated_norm_rank", "RMSNorms followed by a low-rank sigmoid gate of their output (`gated_norm_rank`) and a "

@@ -123,7 +123,8 @@ class MoeMlp(nn.Module):
 
     Weights: ``router.weight`` (E, d) (and ``router.bias`` (E,) with ``router_bias``); ``score_bias`` (E,), a
     buffer (it chooses, it is not trained by the loss); ``routed.{e}`` the experts, each an :class:`Mlp` (one
-    module per expert, as released checkpoints store them); ``shared`` (a GLU MLP) and ``shared_gate`` (1, d).
+    module per expert, as released checkpoints store them); ``shared`` (a GLU MLP) and ``shared_gate`` (1, d);
+    ``output_bias`` (d,) with ``output_bias``.
 
     Eager calls send each expert only the tokens routed to it; compiled and exported graphs compute
     every expert on every token and weight the unchosen by 0 (no shape depends on the routing), the
@@ -153,6 +154,7 @@ class MoeMlp(nn.Module):
                                  inner_norm=None)
         self.shared = Mlp(shared, d_model=d_model) if node.shared else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if node.shared and node.shared_gate else None
+        self.output_bias = nn.Parameter(torch.zeros(d_model)) if node.output_bias else None  # JetMoE's
         self.aux_loss: Tensor | None = None
         self.expert_counts: Tensor | None = None
 
@@ -203,6 +205,8 @@ class MoeMlp(nn.Module):
         if self.shared is not None:
             shared = self.shared(flat)
             out = out + (torch.sigmoid(self.shared_gate(flat)) * shared if self.shared_gate is not None else shared)
+        if self.output_bias is not None:
+            out = out + self.output_bias.to(out.dtype)
         return out.reshape(x.shape)
 
     def routed_experts(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:

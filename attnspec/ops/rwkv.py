@@ -117,7 +117,12 @@ def wkv_chunk(w: Tensor, u: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tensor:
     within, earlier = torch.exp(within - shift), torch.exp(earlier - shift)
     numerator = (within * v.unsqueeze(2)).sum(3) + (earlier * sums.view(B, 1, 1, n, C)).sum(3)
     denominator = within.sum(3) + (earlier * weights.view(B, 1, 1, n, C)).sum(3)
-    return (numerator / denominator).view(B, n * T, C)[:, :L].to(v.dtype)
+    out = (numerator / denominator).view(B, n * T, C)
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():  # a gather: a slice would make the program
+        out = out.index_select(1, torch.arange(L, device=out.device))  # prove L <= T ceil(L / T), which it cannot
+    else:
+        out = out[:, :L]
+    return out.to(v.dtype)
 
 
 def final_state(w: Tensor, k: Tensor, v: Tensor) -> State:

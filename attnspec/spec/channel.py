@@ -159,6 +159,8 @@ class MoeMlp(ChannelMixerComponent):
     `moe_router_logit_softcapping`); unset: no cap."""
     expert_bias: bool = False
     """Biases on the routed experts' projections (GPT-OSS's)."""
+    output_bias: bool = False
+    """One learnt bias added to the mixture's output, whichever experts a token chose (JetMoE's)."""
     glu_limit: Annotated[float, Field(gt=0, le=1e4)] | None = None
     """Clamped GLU experts (GPT-OSS's `swiglu_limit`): W2 (act(min(W1 x, limit)) * (clamp(W3 x, -limit, limit) +
     1)), the shared experts too. Needs `gated: true`."""

@@ -2655,3 +2655,17 @@ def test_rwkv_computes_transformers_logits_decodes_alike_and_exports_as_itself(t
         one = reference.generate(prompt[:1], max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
                                  attention_mask=torch.ones_like(prompt[:1]))
         assert torch.equal(one, greedy[:1])
+
+
+def test_jetmoe_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """JetMoE: 2 of 4 attention experts per token over shared keys and values (queries and output projections stored
+    (experts, out, in)), 2 of 4 GLU experts (their halves fused), a bias on each mixture's output, RMSNorms whose eps
+    differs between the layers (1e-6, fixed) and the final norm (`rms_norm_eps`)."""
+    from transformers import JetMoeConfig, JetMoeForCausalLM
+
+    config = JetMoeConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_key_value_heads=2, kv_channels=8,
+                          intermediate_size=24, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                          rms_norm_eps=1e-3)
+    spec = _holds_to(_perturbed(lambda: JetMoeForCausalLM(config)), tmp_path / "checkpoint", "jetmoe")
+    block = spec_blocks(spec)[0]
+    assert (block.mixer.query_experts.experts, block.mlp.output_bias, spec.final_norm.eps) == (4, True, 1e-3)

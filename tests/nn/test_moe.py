@@ -42,6 +42,8 @@ CASES = {
     # gpt-oss: a biased router, biased experts, clamped GLUs of x σ(1.702 x) (a limit the inputs cross)
     "gpt-oss": dict(experts=5, top_k=2, hidden=6, activation="quick_gelu", router_bias=True, expert_bias=True,
                     glu_limit=0.4),
+    # JetMoE: softmax over the top-2 logits, one bias on the mixture's output
+    "jetmoe": dict(experts=4, top_k=2, hidden=5, output_bias=True),
 }
 
 
@@ -93,6 +95,8 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
             hidden = shared.activation(shared.up.weight @ x[t])
             s = shared.down.weight @ (hidden * (shared.gate.weight @ x[t]) if shared.gate is not None else hidden)
             out[t] += torch.sigmoid(node.shared_gate.weight @ x[t])[0] * s if node.shared_gate is not None else s
+        if node.output_bias is not None:
+            out[t] += node.output_bias
     return out
 
 
@@ -105,7 +109,7 @@ def test_both_orders_of_work_equal_the_per_token_reference(case):
     eager = module(x)
     _, chosen, weights = module.route(x.reshape(-1, 8))
     dense = module.every_expert(x.reshape(-1, 8), chosen, weights).reshape(x.shape)
-    if module.shared is not None:
+    if module.shared is not None or module.output_bias is not None:  # what is not routed: the eager call's
         dense = dense + (eager - module.routed_experts(x.reshape(-1, 8), chosen, weights).reshape(x.shape))
     scale = expected.abs().max()
     assert (eager - expected).abs().max() <= 1e-12 * scale

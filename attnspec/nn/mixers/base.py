@@ -57,7 +57,7 @@ class Mixer(nn.Module):
         self.modes: tuple[str, ...] = node.modes()
         self.reference_mode = node.reference_mode  # what verification holds the other modes to
         self.has_step = node.has_step
-        self.heads, self.d_qk, self.d_v = node.heads, node.d_qk, node.d_v
+        self.heads, self.d_qk, self.d_v = node.output_heads, node.d_qk, node.d_v
         self.causal, self.scale, self.max_len, self.d_model = node.causal, node.scale, max_len, d_model
         self.chunk_size = node.chunk_size
         self.mode = node.mode if node.mode != "auto" else self.modes[0]

@@ -38,6 +38,9 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
             # torch.compile, which then traces every graph twice
             self.register_buffer("lambda_init", torch.tensor([0.8 - 0.6 * math.exp(-0.3 * depth)], dtype=torch.float64),
                                  persistent=False)
+        self.query_experts = node.query_experts
+        if self.query_experts is not None:  # JetMoE's: the q and output projections hold every expert side by side
+            self.router = torch.nn.Linear(self.d_in, self.query_experts.experts, bias=False)
 
     takes_documents = True
 
@@ -46,8 +49,33 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
         o, v = self._softmax_attention(x, documents)
         return self._output(o, x, v)
 
+    def _project(self, x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
+        q, k, v, conv_state = super()._project(x, *args, **kwargs)
+        return (q if self.query_experts is None else self._by_key(q, True)), k, v, conv_state
+
     def _output(self, o: Tensor, x: Tensor, v: Tensor | None = None) -> Tensor:
+        if self.query_experts is not None:
+            o = self._gated_experts(self._by_key(o, False), x)
         return super()._output(self._differences(o) if self.differential else o, x, v)
+
+    def _by_key(self, t: Tensor, forward: bool) -> Tensor:
+        """Expert-major heads (expert e's head h at e H + h, as the projections hold them) to key-major ones (the
+        query heads of each key head consecutive, as grouped attention reads them), or back: (B, E H, L, D)."""
+        B, heads, L, D = t.shape
+        E, kv = self.query_experts.experts, self.k_heads
+        grouped = (B, E, kv, heads // (E * kv), L, D) if forward else (B, kv, E, heads // (E * kv), L, D)
+        return t.reshape(grouped).transpose(1, 2).reshape(B, heads, L, D)
+
+    def _gated_experts(self, o: Tensor, x: Tensor) -> Tensor:
+        """Each expert's heads of o (B, E H, L, Dv), expert-major, times its gate for each token: the softmax of the
+        router's ``top_k`` largest logits of x (B, L, d) at the experts chosen, 0 elsewhere."""
+        B, heads, L, D = o.shape
+        E, top_k = self.query_experts.experts, self.query_experts.top_k
+        logits = full_precision(self.router(x))
+        chosen = logits.topk(top_k, dim=-1)
+        gates = torch.zeros_like(logits).scatter(-1, chosen.indices, torch.softmax(chosen.values, dim=-1))
+        return (o.view(B, E, heads // E, L, D) * gates.transpose(1, 2).unsqueeze(2).unsqueeze(-1).to(o.dtype)
+                ).view(B, heads, L, D)
 
     def _differences(self, o: Tensor) -> Tensor:
         """Differential attention's pairs: o (B, H, L, 2 Dv), query head 2gi + s g + t the map s of pair

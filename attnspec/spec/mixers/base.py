@@ -324,6 +324,12 @@ class MixerComponent(Component):
         return self.qk_groups or self.kv_heads or self.heads
 
     @property
+    def output_heads(self) -> int:
+        """Heads whose outputs the output projection reads: ``heads`` (a mixture of attention experts reads every
+        expert's)."""
+        return self.heads
+
+    @property
     def value_heads(self) -> int:
         """Heads of distinct values: ``kv_heads`` where they are shared, else ``heads``."""
         return self.kv_heads or self.heads

@@ -9,9 +9,24 @@ from pydantic import Field
 
 from attnspec.spec import limits
 from attnspec.spec.family import Cost, softmax_cost
-from attnspec.spec.nodes import Count, PositiveFloat
+from attnspec.spec.nodes import Count, Node, PositiveFloat
 from attnspec.spec.transitions import NoTransition, Transition
 from attnspec.spec.mixers.base import MixerComponent, _softmax_decay_problems
+
+
+class QueryExperts(Node):
+    """A mixture of attention experts (JetMoE's MoA, Zhang et al. 2022's mixture of attention heads): `experts` pairs
+    of a query projection (`heads` heads) and an output projection, sharing the keys and values; each token's
+    router chooses `top_k` of them and weights them by a softmax over the chosen logits of W_r x_t:
+
+        y_t = Σ_{e chosen} g_t,e W_o^e Attn(W_q^e x_t, K, V)
+
+    Computed with every expert's queries (the unchosen weighted by 0): one attention of experts x heads query heads,
+    its key/value cache the shared keys' alone. Parameters: `router.weight` (experts, d); the q projection's and the
+    output projection's experts side by side (expert e's rows, and columns, the e-th `heads` x d block)."""
+
+    experts: Count(limits.MAX_EXPERTS)
+    top_k: Count(limits.MAX_EXPERTS)
 
 
 class SoftmaxMixer(MixerComponent):
@@ -47,12 +62,25 @@ class SoftmaxMixer(MixerComponent):
     and λ_init = 0.8 - 0.6 exp(-0.3 l) at the block's depth l (from 0; not a weight). Needs an even number
     of key/value heads."""
 
+    query_experts: QueryExperts | None = None
+    """A mixture of attention experts (`QueryExperts`, JetMoE's): each token's queries and output projection from
+    the `top_k` of `query_experts.experts` its router chooses; unset: one query projection."""
+
     @property
     def reads_depth(self) -> bool:
         return self.differential
 
+    @property
+    def query_heads(self) -> int:
+        experts = self.query_experts.experts if self.query_experts is not None else 1
+        return experts * super().query_heads
+
+    @property
+    def output_heads(self) -> int:
+        return self.query_heads if self.query_experts is not None else self.heads
+
     def mode_costs(self, L: int) -> dict[str, Cost]:
-        return {"quadratic": softmax_cost(L, self.heads, self.d_qk, self.d_v)}
+        return {"quadratic": softmax_cost(L, self.output_heads, self.d_qk, self.d_v)}
 
     @property
     def has_step(self) -> bool:
@@ -90,6 +118,19 @@ class SoftmaxMixer(MixerComponent):
             yield ("chunk",), "a mixer attends within a window or within chunks: remove one of `window` and `chunk`"
         if self.differential:
             yield from self._differential_problems()
+        if self.query_experts is not None:
+            yield from self._query_expert_problems()
+
+    def _query_expert_problems(self) -> Iterator[tuple[tuple, str]]:
+        experts = self.query_experts
+        if experts.top_k > experts.experts:
+            yield ("query_experts", "top_k"), f"top_k = {experts.top_k} chooses more than the {experts.experts} experts"
+        for name in ("qk_groups", "differential", "sinks", "output_gate", "group_norm", "skip"):
+            if getattr(self, name) not in (None, False, "none"):
+                yield (name,), (f"a mixture of attention experts has no `{name}` (each expert is plain attention): "
+                                "remove it")
+        if not self.transition.is_identity:
+            yield ("transition",), "a mixture of attention experts has no decay: remove the transition"
 
     def _differential_problems(self) -> Iterator[tuple[tuple, str]]:
         if self.key_heads % 2:
@@ -113,6 +154,8 @@ class SoftmaxMixer(MixerComponent):
             parts.append("sinks")
         if self.differential:
             parts.append("differential")
+        if self.query_experts is not None:
+            parts.append(f"{self.query_experts.top_k} of {self.query_experts.experts} query experts")
         if self.kv_heads is not None:
             parts.append(f"{self.kv_heads} kv heads")
         if not self.transition.is_identity:

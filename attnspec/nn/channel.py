@@ -121,7 +121,8 @@ class Mlp(nn.Module):
 class MoeMlp(nn.Module):
     """A mixture of experts (:class:`attnspec.spec.channel.MoeMlp`) over x (..., d_model) -> (..., d_model).
 
-    Weights: ``router.weight`` (E, d) (and ``router.bias`` (E,) with ``router_bias``); ``score_bias`` (E,), a
+    Weights: ``router.weight`` (E + Z, d), Z the zero-computation experts (and ``router.bias`` (E + Z,) with
+    ``router_bias``); ``score_bias`` (E + Z,), a
     buffer (it chooses, it is not trained by the loss); ``routed.{e}`` the experts, each an :class:`Mlp` (one
     module per expert, as released checkpoints store them); ``shared`` (a GLU MLP) and ``shared_gate`` (1, d);
     ``output_bias`` (d,) with ``output_bias``.
@@ -138,11 +139,13 @@ class MoeMlp(nn.Module):
     def __init__(self, node, *, d_model: int, **_):
         super().__init__()
         self.experts, self.top_k = node.experts, node.top_k
+        # the router's choices: the experts, then the zero-computation ones (LongCat's: w x, no weights)
+        self.choices = node.experts + node.zero_experts
         self.softmax, self.normalize, self.routed_scale = node.scoring == "softmax", node.normalize, node.routed_scale
         self.groups, self.top_groups = node.groups, node.top_groups or node.groups
         self.group_max = node.group_score == "max"  # DeepSeek-V2's groups ranked by their best score
-        self.router = nn.Linear(d_model, node.experts, bias=node.router_bias)
-        self.register_buffer("score_bias", torch.zeros(node.experts) if node.score_bias else None)
+        self.router = nn.Linear(d_model, self.choices, bias=node.router_bias)
+        self.register_buffer("score_bias", torch.zeros(self.choices) if node.score_bias else None)
         self.bias_on_logits = node.score_bias_on_logits  # Kolibri: the bias added to the logits to choose
         self.router_softcap = node.router_softcap
         self.weight_inputs = node.weight_inputs  # Llama 4: E(w x) rather than w E(x)
@@ -216,6 +219,9 @@ class MoeMlp(nn.Module):
         for index in chosen.unique().tolist():
             token, slot = torch.where(chosen == index)
             weight = weights[token, slot, None]
+            if index >= self.experts:  # a zero-computation expert: the input, weighted
+                out.index_add_(0, token, x[token] * weight)
+                continue
             expert = self.routed[index]
             out.index_add_(0, token, expert(x[token] * weight) if self.weight_inputs else expert(x[token]) * weight)
         return out
@@ -223,8 +229,8 @@ class MoeMlp(nn.Module):
     def every_expert(self, x: Tensor, chosen: Tensor, weights: Tensor) -> Tensor:
         """The same sum with every expert run on every token, the unchosen weighted by 0: no shape
         depends on the routing (what compiled and exported graphs run)."""
-        dense = torch.zeros(x.shape[0], self.experts, dtype=x.dtype, device=x.device).scatter(1, chosen, weights)
-        out = torch.zeros_like(x)
+        dense = torch.zeros(x.shape[0], self.choices, dtype=x.dtype, device=x.device).scatter(1, chosen, weights)
+        out = dense[:, self.experts:].sum(-1, keepdim=True) * x  # the zero-computation experts' w x (0 without)
         if self.weight_inputs:  # E(w x) of the chosen: an unchosen expert's E(0) is masked, not assumed 0
             picked = torch.zeros_like(dense).scatter(1, chosen, 1.0)
             for index, expert in enumerate(self.routed):
@@ -236,9 +242,9 @@ class MoeMlp(nn.Module):
 
     def _record(self, scores: Tensor, chosen: Tensor) -> None:
         """The load-balancing loss of this call (differentiable in the scores) and the tokens per expert."""
-        counts = torch.zeros(self.experts, dtype=scores.dtype, device=scores.device)
+        counts = torch.zeros(self.choices, dtype=scores.dtype, device=scores.device)
         counts.scatter_add_(0, chosen.reshape(-1), torch.ones_like(chosen.reshape(-1), dtype=scores.dtype))
         share = counts / max(chosen.shape[0], 1)  # f_e: the share of tokens routed to e (they sum to top_k)
-        self.aux_loss = self.experts * (share.detach() * scores.mean(0)).sum()
+        self.aux_loss = self.choices * (share.detach() * scores.mean(0)).sum()
         self.expert_counts = counts.detach()
 

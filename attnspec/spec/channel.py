@@ -115,6 +115,9 @@ class MoeMlp(ChannelMixerComponent):
     kind: Literal["moe"]
     experts: Count(limits.MAX_EXPERTS)
     """Routed experts."""
+    zero_experts: Annotated[int, Field(ge=0, le=limits.MAX_EXPERTS)] = 0
+    """Zero-computation experts beside them (LongCat-Flash's `zero_expert_num`): the router scores experts +
+    zero_experts choices, and a token that chooses one of the last zero_experts passes through it unchanged, w x."""
     top_k: Count(limits.MAX_EXPERTS) = 2
     """Experts each token is routed to."""
     hidden: Count(limits.MAX_EXPANSION * limits.MAX_D_MODEL)
@@ -170,8 +173,11 @@ class MoeMlp(ChannelMixerComponent):
             yield ("glu_limit",), "glu_limit clamps a GLU's two branches: remove it or keep `gated: true`"
         if self.score_bias_on_logits and not self.score_bias:
             yield ("score_bias_on_logits",), "score_bias_on_logits places the correction bias: set `score_bias: true`"
-        if self.top_k > self.experts:
-            yield ("top_k",), f"top_k = {self.top_k} chooses more experts than the {self.experts} there are"
+        if self.top_k > self.experts + self.zero_experts:
+            yield ("top_k",), (f"top_k = {self.top_k} chooses more experts than the {self.experts + self.zero_experts} "
+                               "there are")
+        if self.zero_experts and self.groups != 1:
+            yield ("zero_experts",), "zero-computation experts join no group: remove `groups` or `zero_experts`"
         if self.experts % self.groups:
             yield ("groups",), f"{self.experts} experts cannot form {self.groups} equal groups; use a divisor"
         elif self.top_groups is not None and self.top_groups > self.groups:

@@ -135,7 +135,7 @@ FAMILIES = {
          "mlp": {"kind": "mlp", "hidden": 24, "activation": "xielu", "inner_norm": "rmsnorm"}, "norm": "rmsnorm"},
         {"mixer": {"kind": "softmax", "heads": 2, "kv_heads": 1, "out_bias": True, "position": {"kind": "rope"},
                    "query_experts": {"experts": 3, "top_k": 2}},
-         "mlp": {"kind": "moe", "experts": 3, "hidden": 8, "output_bias": True}, "norm": "rmsnorm"},
+         "mlp": {"kind": "moe", "experts": 3, "zero_experts": 1, "hidden": 8, "output_bias": True}, "norm": "rmsnorm"},
         {"mixer": {"kind": "rwkv", "width": 12, "chunk_size": 8}, "mlp": "none", "norm": "layernorm"},
         {"mixer": {"kind": "rwkv_channel", "hidden": 20}, "mlp": "none", "norm": "layernorm", "skip_scale": 0.5,
          "residual_scale": 0.5}],
@@ -149,7 +149,7 @@ reversed RoPE (nanochat), clamped q/k/v (DBRX), a softplus gate per head (Laguna
 and clamped experts under a weightless norm, Persimmon's LayerNorm QK-norm on a layer without positions whose queries
 grow with the position (Llama 4), experts reading weighted inputs, Hunyuan's QK-norm after RoPE in differential
 attention (DiffLlama), Apertus's xIELU under BitNet's norm of the hidden, JetMoE's attention experts and biased
-experts, RWKV-4's time and channel mixing (with its halving), CTRL's biased tied head."""
+experts (with a LongCat zero-computation expert), RWKV-4's time and channel mixing (with its halving), CTRL's biased tied head."""
 
 
 @pytest.mark.slow  # one build with its compile check and exports (about a minute on 2 cores)

@@ -42,6 +42,9 @@ CASES = {
     # gpt-oss: a biased router, biased experts, clamped GLUs of x σ(1.702 x) (a limit the inputs cross)
     "gpt-oss": dict(experts=5, top_k=2, hidden=6, activation="quick_gelu", router_bias=True, expert_bias=True,
                     glu_limit=0.4),
+    # LongCat-Flash: 4 experts and 3 zero-computation ones (a token routed there passes as w x), softmax scores
+    # chosen with a correction bias, not renormalised, scaled
+    "longcat": dict(experts=4, zero_experts=3, top_k=3, hidden=5, score_bias=True, normalize=False, routed_scale=1.5),
     # JetMoE: softmax over the top-2 logits, one bias on the mixture's output
     "jetmoe": dict(experts=4, top_k=2, hidden=5, output_bias=True),
 }
@@ -68,17 +71,20 @@ def reference(module: MoeMlp, x: torch.Tensor) -> torch.Tensor:
             logits = node.router_softcap * torch.tanh(logits / node.router_softcap)
         scores = logits.softmax(-1) if node.softmax else logits.sigmoid()
         choosing = (logits if node.bias_on_logits else scores) + (node.score_bias if node.score_bias is not None else 0)
-        size = node.experts // node.groups  # a group's score: the sum of its two best choosing scores, or its best
+        size = node.choices // node.groups  # a group's score: the sum of its two best choosing scores, or its best
         group_scores = [float(choosing[g * size:(g + 1) * size].sort(descending=True).values[:1 if node.group_max
                                                                                           else 2].sum())
                         for g in range(node.groups)]
         kept = sorted(range(node.groups), key=lambda g: -group_scores[g])[:node.top_groups]
-        allowed = [e for e in range(node.experts) if e // size in kept]
+        allowed = [e for e in range(node.choices) if e // size in kept]
         chosen = sorted(allowed, key=lambda e: -float(choosing[e]))[:node.top_k]
         weights = scores[chosen]
         if node.normalize:
             weights = weights / weights.sum()
         for e, w in zip(chosen, weights * node.routed_scale):
+            if e >= node.experts:  # a zero-computation expert passes the input, weighted
+                out[t] += w * x[t]
+                continue
             expert = node.routed[e]  # attnspec's GLU: down(act(up x) * gate x)
             affine = lambda layer, v: layer.weight @ v + (layer.bias if layer.bias is not None else 0)  # noqa: E731
             given = x[t] * w if node.weight_inputs else x[t]  # Llama 4: the expert reads w x, its output unweighted
@@ -115,6 +121,8 @@ def test_both_orders_of_work_equal_the_per_token_reference(case):
     assert (eager - expected).abs().max() <= 1e-12 * scale
     assert (dense - expected).abs().max() <= 1e-12 * scale
     assert not torch.isnan(eager).any()
+    if case == "longcat":  # zero-computation experts are chosen by some tokens, and real ones by others
+        assert (chosen >= 4).any() and (chosen < 4).any()
     if case == "laguna":  # the cap acts: some logits are past it
         assert (module.router(x.reshape(-1, 8)).abs() > 0.5).any()
     if case == "kolibri":  # the bias on the logits chooses other experts than the same bias on the scores would

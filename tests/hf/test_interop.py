@@ -2669,3 +2669,20 @@ def test_jetmoe_computes_transformers_logits_decodes_alike_and_exports_as_itself
     spec = _holds_to(_perturbed(lambda: JetMoeForCausalLM(config)), tmp_path / "checkpoint", "jetmoe")
     block = spec_blocks(spec)[0]
     assert (block.mixer.query_experts.experts, block.mlp.output_bias, spec.final_norm.eps) == (4, True, 1e-3)
+
+
+def test_lara_mini_computes_transformers_logits_decodes_alike_and_exports_as_itself(tmp_path):
+    """Lara Mini: Gated DeltaNet layers (their input projections fused in one stored `in_proj`, value heads sharing
+    key heads), windowed rotary attention and global position-free attention in its default order, experts in every
+    layer with one ungated shared expert (stored fused), plain RMSNorms, a tied head."""
+    from transformers import LaraMiniConfig, LaraMiniForCausalLM
+
+    config = LaraMiniConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=5, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8,
+                            linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=12,
+                            shared_expert_intermediate_size=12, num_experts=4, num_experts_per_tok=2,
+                            sliding_window=4, max_position_embeddings=64, eos_token_id=2)
+    spec = _holds_to(_perturbed(lambda: LaraMiniForCausalLM(config)), tmp_path / "checkpoint", "lara_mini",
+                     modes=("chunk", "recurrent"))
+    assert [b.mixer.kind for b in spec_blocks(spec)] == ["delta", "softmax", "delta", "softmax", "softmax"]
+    assert [getattr(b.mixer, "window", None) for b in spec_blocks(spec)] == [None, 4, None, None, 4]

@@ -43,7 +43,6 @@ class Qwen3Next(Architecture):
         if unknown:
             raise config.refuse("layer_types", f"{types[unknown[0]]!r} is not linear_attention or full_attention",
                                 unknown)
-        act = config.activation(allowed=("silu",))
         heads, kv_heads, head_dim = config.attention_heads()
         bias = config.get("attention_bias", bool, False)
         attention = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qk_norm": "rmsnorm",
@@ -51,6 +50,18 @@ class Qwen3Next(Architecture):
                      "qkv_bias": bias, "out_bias": bias}
         if kv_heads != heads:
             attention["kv_heads"] = kv_heads
+        delta = self.delta_mixer(config, eps)
+        dense = glu_node(config) if len(moe) < layers else None  # an all-MoE config need not state intermediate_size
+        experts_mlp = self._experts(config, experts) if moe else None
+        blocks = [{"mixer": delta if t == "linear_attention" else attention,
+                   "mlp": experts_mlp if i in moe else dense, "norm": rmsnorm_node(eps)} for i, t in enumerate(types)]
+        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
+                "head": head_node(config, False)}
+
+    @staticmethod
+    def delta_mixer(config: Config, eps: float) -> dict:
+        """The Gated DeltaNet of its ``linear_*`` fields: l2-normalised q and k (grouped by key heads), a Mamba-style
+        gate per head, SiLU short convolutions of q, k and v, and a gated norm of one weight shared by the heads."""
         v_heads, k_heads = config.count("linear_num_value_heads"), config.count("linear_num_key_heads")
         if v_heads % k_heads:
             raise config.refuse("linear_num_key_heads", f"{v_heads} value heads cannot share {k_heads} key heads "
@@ -59,16 +70,26 @@ class Qwen3Next(Architecture):
                  "d_v": config.count("linear_value_head_dim"), "feature_map": "l2norm",
                  "transition": {"kind": "mamba", "per": "head"},
                  "conv": {"kind": "short", "width": config.count("linear_conv_kernel_dim", 4),
-                          "projections": ["q", "k", "v"], "activation": act},
+                          "projections": ["q", "k", "v"], "activation": config.activation(allowed=("silu",))},
                  "group_norm": True, "shared_norm_weight": True, "output_gate": "swish", "norm_eps": eps}
         if k_heads != v_heads:
             delta["qk_groups"] = k_heads
-        dense = glu_node(config) if len(moe) < layers else None  # an all-MoE config need not state intermediate_size
-        experts_mlp = self._experts(config, experts) if moe else None
-        blocks = [{"mixer": delta if t == "linear_attention" else attention,
-                   "mlp": experts_mlp if i in moe else dense, "norm": rmsnorm_node(eps)} for i, t in enumerate(types)]
-        return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
-                "head": head_node(config, False)}
+        return delta
+
+    @staticmethod
+    def delta_config(delta) -> dict:
+        """A Gated DeltaNet's ``linear_*`` fields (the inverse of :meth:`delta_mixer`)."""
+        return {"linear_num_value_heads": delta.heads, "linear_num_key_heads": delta.qk_groups or delta.heads,
+                "linear_key_head_dim": delta.d_qk, "linear_value_head_dim": delta.d_v,
+                "linear_conv_kernel_dim": delta.conv.width}
+
+    @staticmethod
+    def delta_links(theirs: str, ours: str) -> list[Link]:
+        """A Gated DeltaNet's tensors besides its input projections and its norm."""
+        return [Link(f"{theirs}conv1d.weight", tuple(f"{ours}mixer.conv.filters.{n}" for n in "qkv"), conv=True),
+                rename(f"{theirs}dt_bias", f"{ours}mixer.transition.dt_bias"),
+                rename(f"{theirs}A_log", f"{ours}mixer.transition.A_log"),
+                rename(f"{theirs}out_proj.weight", f"{ours}mixer.out_proj.weight")]
 
     @staticmethod
     def _experts(config: Config, experts: int) -> dict:
@@ -107,9 +128,7 @@ class Qwen3Next(Architecture):
                 "attention_bias": attention.qkv_bias,
                 "rope_parameters": {**rope_config(attention.position),
                                     "partial_rotary_factor": attention.position.rotary_fraction},
-                "linear_num_value_heads": delta.heads, "linear_num_key_heads": delta.qk_groups or delta.heads,
-                "linear_key_head_dim": delta.d_qk, "linear_value_head_dim": delta.d_v,
-                "linear_conv_kernel_dim": delta.conv.width,
+                **self.delta_config(delta),
                 "layer_types": ["linear_attention" if b.mixer.kind == "delta" else "full_attention" for b in blocks]}
 
     @staticmethod
@@ -129,11 +148,7 @@ class Qwen3Next(Architecture):
             if mixer.kind == "delta":
                 m = f"{theirs}linear_attn."
                 links += self._projection_links(mixer, m, ours)
-                links += [Link(f"{m}conv1d.weight", tuple(f"{ours}mixer.conv.filters.{n}" for n in "qkv"), conv=True),
-                          rename(f"{m}dt_bias", f"{ours}mixer.transition.dt_bias"),
-                          rename(f"{m}A_log", f"{ours}mixer.transition.A_log"),
-                          rename(f"{m}norm.weight", f"{ours}mixer.norm_weight"),
-                          rename(f"{m}out_proj.weight", f"{ours}mixer.out_proj.weight")]
+                links += [rename(f"{m}norm.weight", f"{ours}mixer.norm_weight"), *self.delta_links(m, ours)]
             else:
                 a = f"{theirs}self_attn."
                 # q_proj holds each head's query then its gate: groups of one head

@@ -366,7 +366,7 @@ def test_an_impossible_mixture_of_experts_is_a_located_refusal_and_nothing_is_wr
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"model_type": "lara_mini"}, ["model_type", "lara_mini is a decoder-only type no attnspec family maps yet"]),
+    ({"model_type": "phimoe"}, ["model_type", "phimoe needs the SparseMixer router"]),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0}}, ["rope_type", "longrope"]),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": -2}}, ["factor", "positive"]),
     ({"hidden_act": "quick_gelu"}, ["hidden_act", "quick_gelu"]),

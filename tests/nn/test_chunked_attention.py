@@ -11,6 +11,7 @@ import torch
 import attnspec
 from attnspec.errors import SpecError
 from attnspec.ops.documents import from_ids
+from tests.nn.decoding import assert_compiled_step_equals_full_pass
 
 CHUNK = 4
 SPEC = {"name": "chunked", "input": {"kind": "tokens", "vocab_size": 50}, "d_model": 16, "max_len": 64,
@@ -64,20 +65,8 @@ def test_decoding_through_a_ring_of_one_chunk_continues_the_full_pass(prompt):
 
 def test_the_compiled_step_reads_its_chunk_without_recompiling():
     """One graph (fullgraph) serves every position, across two chunk boundaries, and equals the full pass."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    model = _model()
     tokens = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(2))
-    counter = CompileCounterWithBackend("aot_eager")
-    torch._dynamo.reset()
-    with torch.no_grad():
-        full = model(tokens)
-        step = torch.compile(model.step, fullgraph=True, dynamic=False, backend=counter)
-        state = model.init_state(2)
-        for t in range(10):
-            logits, *state = step(tokens[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-9), t
-    assert counter.frame_count == 1
+    assert_compiled_step_equals_full_pass(_model(), tokens)
 
 
 def test_packed_documents_count_chunks_from_each_document_s_start():

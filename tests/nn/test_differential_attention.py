@@ -13,6 +13,7 @@ import torch
 
 import attnspec
 from attnspec.errors import SpecError
+from tests.nn.decoding import assert_compiled_step_equals_full_pass, assert_decodes_as_full_pass
 
 D = 24
 SPEC = {"name": "differential", "input": {"kind": "tokens", "vocab_size": 50}, "d_model": D, "max_len": 64,
@@ -94,32 +95,13 @@ def test_lambda_init_follows_depth():
 @pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize("prompt", [1, 5])
 def test_decoding_through_the_cache_continues_the_full_pass(window, prompt):
-    model = _model(layers=2, window=window)
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(tokens)
-        logits, *state = model.prefill(tokens[:, :prompt])
-        assert torch.allclose(logits[:, -1], full[:, prompt - 1], rtol=0, atol=1e-10)
-        for t in range(prompt, 12):
-            logits, *state = model.step(tokens[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-10), t
+    assert_decodes_as_full_pass(_model(layers=2, window=window), tokens, prompt)
 
 
 def test_the_compiled_step_equals_the_full_pass_without_recompiling():
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    model = _model(layers=2)
     tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(2))
-    counter = CompileCounterWithBackend("aot_eager")
-    torch._dynamo.reset()
-    with torch.no_grad():
-        full = model(tokens)
-        step = torch.compile(model.step, fullgraph=True, dynamic=False, backend=counter)
-        state = model.init_state(2)
-        for t in range(8):
-            logits, *state = step(tokens[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-9), t
-    assert counter.frame_count == 1
+    assert_compiled_step_equals_full_pass(_model(layers=2), tokens)
 
 
 def test_the_pairs_change_the_function():

@@ -11,6 +11,7 @@ import torch
 
 import attnspec
 from attnspec.errors import SpecError
+from tests.nn.decoding import assert_compiled_step_equals_full_pass, assert_decodes_as_full_pass
 
 D, E, TOP_K = 24, 4, 2
 MIXER = {"kind": "softmax", "heads": 4, "kv_heads": 2, "d_qk": 6, "d_v": 5, "out_bias": True,
@@ -71,34 +72,15 @@ def test_the_output_at_a_position_reads_no_later_position():
 
 @pytest.mark.parametrize("prompt", [1, 6])
 def test_decoding_through_the_shared_keys_cache_continues_the_full_pass(prompt):
-    model = _model(layers=2)
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(tokens)
-        logits, *state = model.prefill(tokens[:, :prompt])
-        assert torch.allclose(logits[:, -1], full[:, prompt - 1], rtol=0, atol=1e-10)
-        caches = [t for t in state if t.dim() == 4]  # keys and values (B, heads, C, d) of each layer
-        assert caches and all(t.shape[1] == 2 for t in caches)  # the 2 shared key heads, not every expert's
-        for t in range(prompt, 12):
-            logits, *state = model.step(tokens[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-10), t
+    state = assert_decodes_as_full_pass(_model(layers=2), tokens, prompt)
+    caches = [t for t in state if t.dim() == 4]  # keys and values (B, heads, C, d) of each layer
+    assert caches and all(t.shape[1] == 2 for t in caches)  # the 2 shared key heads, not every expert's
 
 
 def test_the_compiled_step_equals_the_full_pass_without_recompiling():
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    model = _model(layers=2)
     tokens = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(2))
-    counter = CompileCounterWithBackend("aot_eager")
-    torch._dynamo.reset()
-    with torch.no_grad():
-        full = model(tokens)
-        step = torch.compile(model.step, fullgraph=True, dynamic=False, backend=counter)
-        state = model.init_state(2)
-        for t in range(8):
-            logits, *state = step(tokens[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-9), t
-    assert counter.frame_count == 1
+    assert_compiled_step_equals_full_pass(_model(layers=2), tokens)
 
 
 @pytest.mark.parametrize("fields, where", [({"query_experts": {"experts": 2, "top_k": 3}}, "query_experts.top_k"),

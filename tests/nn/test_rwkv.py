@@ -13,6 +13,7 @@ import torch
 import attnspec
 from attnspec.errors import SpecError
 from attnspec.ops import rwkv as wkv
+from tests.nn.decoding import assert_compiled_step_equals_full_pass, assert_decodes_as_full_pass
 
 D = 16
 
@@ -138,15 +139,8 @@ def test_the_output_at_a_position_reads_no_later_position():
 
 @pytest.mark.parametrize("prompt", [1, 5])
 def test_decoding_continues_the_full_pass(prompt):
-    model = _model()
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(tokens)
-        logits, *state = model.prefill(tokens[:, :prompt])
-        assert torch.allclose(logits[:, -1], full[:, prompt - 1], rtol=0, atol=1e-10)
-        for t in range(prompt, 12):
-            logits, *state = model.step(tokens[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-10), t
+    assert_decodes_as_full_pass(_model(), tokens, prompt)
 
 
 def test_the_compiled_step_and_the_compiled_chunks_neither_recompile_nor_differ():
@@ -156,16 +150,9 @@ def test_the_compiled_step_and_the_compiled_chunks_neither_recompile_nor_differ(
 
     model = _model()
     tokens = torch.randint(0, 50, (2, 22), generator=torch.Generator().manual_seed(2))
-    torch._dynamo.reset()
+    assert_compiled_step_equals_full_pass(model, tokens[:, :8].contiguous())
     with torch.no_grad():
         full = model(tokens)
-        counter = CompileCounterWithBackend("aot_eager")
-        step = torch.compile(model.step, fullgraph=True, dynamic=False, backend=counter)
-        state = model.init_state(2)
-        for t in range(8):
-            logits, *state = step(tokens[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-9), t
-        assert counter.frame_count == 1
         counter = CompileCounterWithBackend("aot_eager")
         compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=counter)
         first = None

@@ -12,6 +12,7 @@ import torch
 import attnspec
 from attnspec.errors import SpecError
 from attnspec.ops.documents import from_ids
+from tests.nn.decoding import assert_compiled_step_equals_full_pass, assert_decodes_as_full_pass
 
 D, TOPK = 32, 3
 MIXER = {"kind": "mla", "heads": 2, "d_qk": 12, "d_v": 8, "rope_dim": 4, "kv_rank": 10, "q_rank": 12,
@@ -101,33 +102,14 @@ def test_the_output_at_a_position_reads_no_later_position():
 
 @pytest.mark.parametrize("prompt", [1, 4, 9])
 def test_decoding_with_the_indexer_s_cache_continues_the_full_pass(prompt):
-    model = _model(layers=2)
     tokens = torch.randint(0, 50, (2, 14), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(tokens)
-        logits, *state = model.prefill(tokens[:, :prompt])
-        assert torch.allclose(logits[:, -1], full[:, prompt - 1], rtol=0, atol=1e-10)
-        assert any(t.dim() == 3 and t.shape[-1] == 8 for t in state)  # the indexer's keys (B, C, d_head)
-        for t in range(prompt, 14):
-            logits, *state = model.step(tokens[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-10), t
+    state = assert_decodes_as_full_pass(_model(layers=2), tokens, prompt)
+    assert any(t.dim() == 3 and t.shape[-1] == 8 for t in state)  # the indexer's keys (B, C, d_head)
 
 
 def test_the_compiled_step_equals_the_full_pass_without_recompiling():
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    model = _model(layers=2)
     tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(2))
-    counter = CompileCounterWithBackend("aot_eager")
-    torch._dynamo.reset()
-    with torch.no_grad():
-        full = model(tokens)
-        step = torch.compile(model.step, fullgraph=True, dynamic=False, backend=counter)
-        state = model.init_state(2)
-        for t in range(9):
-            logits, *state = step(tokens[:, t], *state)
-            assert torch.allclose(logits, full[:, t], rtol=0, atol=1e-9), t
-    assert counter.frame_count == 1
+    assert_compiled_step_equals_full_pass(_model(layers=2), tokens)
 
 
 def test_packed_documents_choose_within_their_own_document():

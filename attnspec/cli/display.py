@@ -301,7 +301,10 @@ class TrainingDisplay:
         elif event == "start":
             sharing = f" sharded ({record['parallel']})" if record.get("parallel") == "fsdp" else ""
             recomputing = f", recomputing {record['recomputed']} block(s)" if record.get("recomputed") else ""
-            line = (f"training {record['parameters']:,} parameters on {record['device']} "
+            trained = record.get("trained", record["parameters"])
+            frozen = f" ({trained:,} trained, {record['parameters'] - trained:,} frozen)" \
+                if trained != record["parameters"] else ""
+            line = (f"training {record['parameters']:,} parameters{frozen} on {record['device']} "
                     f"({record['world_size']} process(es){sharing}{recomputing}, modes {', '.join(record['plan'])} "
                     f"({'measured' if record.get('planning') == 'measured' else 'cost model'}), "
                     f"{'compiled' if record['compiled'] else 'eager'}), from step {record['step']}")

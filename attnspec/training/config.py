@@ -98,6 +98,12 @@ class TrainConfig(Node):
     """Distil a teacher model's logits (and, with `hidden`, its blocks' outputs) into this one; eager."""
     groups: dict[Annotated[str, Field(max_length=100)], GroupOverride] = Field(default_factory=dict)
     """Per-slot (`transition`) or per-kind (`transition.data`) overrides of the optimiser facts."""
+    freeze: Annotated[list[Annotated[str, Field(min_length=1, max_length=400)]], Field(max_length=256)] = Field(
+        default_factory=list)
+    """Parameters this run does not train, by name as a build's manifest and a run's checkpoints name them
+    (`blocks.3.mixer.q_proj.weight`), each pattern a glob (`*` any characters: `embed.*`, `blocks.*.mlp.*`). Each
+    pattern must name at least one parameter, and one parameter at least must stay trained; the count trained is
+    printed at the start and recorded in run.json. Empty: every parameter trains."""
     eval_every: Annotated[int, Field(ge=0, le=limits.MAX_STEPS)] = 100
     """Evaluate on the test set every N steps (0: only at the end)."""
     test_examples: Count(MAX_TEST_EXAMPLES) = 512

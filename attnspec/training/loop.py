@@ -37,7 +37,8 @@ from attnspec.io import VERSION
 from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
 from attnspec.training.config import TrainConfig, load_config
-from attnspec.training.optim import learning_rate, make_optimizer, parameter_groups, set_learning_rate
+from attnspec.training.optim import (frozen_parameters, learning_rate, make_optimizer, parameter_groups,
+                                     set_learning_rate)
 from attnspec.training.recompute import blocks_to_recompute, recompute_blocks
 from attnspec.training.tasks import IGNORE, Task
 from attnspec.training.tasks.base import learned
@@ -167,10 +168,15 @@ class Trainer:
         if self.compiled and self.dist.sharded:  # FSDP gathers around each block: compile the blocks, not the step
             for block in self.model.blocks:
                 block.forward = torch.compile(block.forward, fullgraph=True, dynamic=False)
+        # frozen before the wrapping: DDP's reducer and FSDP's shards take requires_grad as they find it
+        self.frozen = frozen_parameters(self.model, config.freeze)
+        for name, parameter in self.model.named_parameters():
+            parameter.requires_grad_(name not in self.frozen)
         self.recomputed = blocks_to_recompute(config.activation_checkpointing, len(self.model.blocks))
         recompute_blocks(self.model, self.recomputed)
         self.wrapped = self.dist.wrap(self.model, bfloat16)  # before the optimiser: FSDP replaces the parameters
-        self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()})
+        self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()},
+                                       self.frozen)
         self.names = [name for group in self.groups for name in group.names]
         self.optimizer = make_optimizer(self.model, self.groups, lr=config.lr, weight_decay=config.weight_decay,
                                         betas=tuple(config.betas))
@@ -257,7 +263,9 @@ class Trainer:
         config, task = self.config, self.config.task
         self.on_progress({"event": "start", "step": self.start, "steps": config.steps, "plan": self.plan.full_modes,
                           "planning": config.planning,
-                          "parameters": sum(p.numel() for p in self.model.parameters()), "device": str(self.device),
+                          "parameters": sum(p.numel() for p in self.model.parameters()),
+                          "trained": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+                          "device": str(self.device),
                           "compiled": self.compiled, "world_size": self.dist.world_size,
                           "parallel": self.config.parallel if self.dist.active else None,
                           "recomputed": len(self.recomputed),
@@ -447,7 +455,8 @@ class Trainer:
         record = {"format": rundir.FORMAT, "attnspec_version": VERSION, "torch_version": torch.__version__,
                   "status": status, "step": step, "world_size": self.dist.world_size, "device": str(self.device),
                   "compiled": self.compiled, "spec": spec_to_data(self.spec, minimal=False), "config": config_data,
-                  "plan": self.plan.to_json(), "groups": [group.to_json() for group in self.groups]}
+                  "plan": self.plan.to_json(), "groups": [group.to_json() for group in self.groups],
+                  "frozen": sorted(self.frozen)}
         if self.data_identity is not None:
             record["data"] = self.data_identity
         if self.weights_fit is not None:

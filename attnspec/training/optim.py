@@ -9,16 +9,19 @@ set by :func:`attnspec.nn.registry.build` from the IR class). Its group is decid
   projections train at 0.8x, its paper's 1e-4 vs 1.25e-4).
 
 The training configuration overrides both per slot (``transition``) or per slot and kind
-(``transition.data``), the more specific key winning.
+(``transition.data``), the more specific key winning, and leaves out the parameters it freezes (``freeze``).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from attnspec.errors import Problem, SpecError
 
 
 @dataclass
@@ -35,11 +38,35 @@ class Group:
                 "parameters": self.names}
 
 
-def parameter_groups(model: nn.Module, overrides: dict | None = None) -> list[Group]:
-    """Group the model's parameters by (weight decay, lr multiplier), in a stable order.
+def frozen_parameters(model: nn.Module, patterns: list[str]) -> set[str]:
+    """The names of ``model``'s parameters that the globs ``patterns`` match (``freeze``: not trained).
+
+    Raises:
+        SpecError: located at ``freeze[i]``, for a pattern that names no parameter, or at ``freeze`` when the
+            patterns leave nothing to train.
+    """
+    names = [name for name, _ in model.named_parameters()]
+    frozen: set[str] = set()
+    for index, pattern in enumerate(patterns):
+        matched = {name for name in names if fnmatch.fnmatchcase(name, pattern)}
+        if not matched:
+            near = ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
+            raise SpecError(Problem(f"{pattern!r} names no parameter of this model (its names: {near}); a pattern is "
+                                    "a glob over them, `*` any characters", path=f"freeze[{index}]",
+                                    source="training configuration"))
+        frozen |= matched
+    if names and len(frozen) == len(names):
+        raise SpecError(Problem("these patterns freeze every parameter: nothing would be trained; leave some out",
+                                path="freeze", source="training configuration"))
+    return frozen
+
+
+def parameter_groups(model: nn.Module, overrides: dict | None = None, frozen: set[str] = frozenset()) -> list[Group]:
+    """Group the model's trained parameters (all but ``frozen``) by (weight decay, lr multiplier), in a stable
+    order.
 
     ``overrides``: ``{"transition": {"weight_decay": bool, "lr_multiplier": float}, "transition.data": ...}``
-    (each value may give either field). Returns the groups, each parameter in exactly one.
+    (each value may give either field). Returns the groups, each trained parameter in exactly one.
     """
     overrides = overrides or {}
     owner: dict[str, tuple] = {}
@@ -49,6 +76,8 @@ def parameter_groups(model: nn.Module, overrides: dict | None = None) -> list[Gr
             owner[prefix] = facts
     groups: dict[tuple[bool, float], Group] = {}
     for name, parameter in model.named_parameters():
+        if name in frozen:
+            continue
         facts = _owner_of(name, owner)
         decay, multiplier, label = True, 1.0, "default"
         if facts is not None:

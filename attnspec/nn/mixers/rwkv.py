@@ -79,8 +79,10 @@ class RwkvMixer(_TokenShift, Mixer):
         return torch.exp(full_precision(self.time_decay)), full_precision(self.time_first), k, v, r
 
     def forward(self, x: Tensor, mode: str | None = None) -> Tensor:
-        mode = self._checked_mode(mode)
-        w, u, k, v, r = self._streams(x)
+        return self._mixed_output(self._checked_mode(mode), *self._streams(x))
+
+    def _mixed_output(self, mode: str, w: Tensor, u: Tensor, k: Tensor, v: Tensor, r: Tensor) -> Tensor:
+        """W_o (σ(r) ⊙ WKV(k, v)) with WKV computed in ``mode``: (B, L, C) streams -> (B, L, d_model)."""
         out = wkv.wkv_chunk(w, u, k, v, self.chunk_size) if mode == "chunk" else \
             wkv.wkv_quadratic(w, u, k, v) if mode == "quadratic" else wkv.wkv_recurrent(w, u, k, v)[0]
         return self.output(r * out)
@@ -94,7 +96,7 @@ class RwkvMixer(_TokenShift, Mixer):
 
     def prefill(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         w, u, k, v, r = self._streams(x)
-        return self.forward(x), wkv.final_state(w, k, v) + (x[:, -1],)
+        return self._mixed_output(self.mode, w, u, k, v, r), wkv.final_state(w, k, v) + (x[:, -1],)
 
     def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
         w, u, k, v, r = self._streams(x_t.unsqueeze(1), state[3])

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from attnspec.interop.architecture import Architecture, Link, Row, block_prefix, compress_layers, expanded_blocks, \
-    rename
+from attnspec.interop.architecture import (Architecture, Link, Row, block_prefix, common_fields, compress_layers,
+                                           expanded_blocks, rename)
 from attnspec.interop.config import Config, NotExpressible
 from attnspec.spec import limits
 
@@ -49,9 +49,9 @@ class Rwkv(Architecture):
             blocks += [{"mixer": time, "mlp": "none", "norm": norm, "residual_scale": scale},
                        {"mixer": channel, "mlp": "none", "norm": norm,
                         "residual_scale": scale / 2 if halved else scale, "skip_scale": 0.5 if halved else 1.0}]
-        return {"input": {"kind": "tokens", "vocab_size": config.count("vocab_size"), "norm": norm}, "d_model": d,
-                "max_len": config.count("context_length", 1024, limit=limits.MAX_LEN),
-                "dtype": "float32", "layers": compress_layers(blocks),
+        common = common_fields(config)  # (its dtype: a bfloat16 release stays bfloat16)
+        return {**common, "input": {**common["input"], "norm": norm},
+                "max_len": config.count("context_length", 1024, limit=limits.MAX_LEN), "layers": compress_layers(blocks),
                 "final_norm": {"kind": "layernorm", "eps": FINAL_EPS},
                 "head": {"kind": "lm", "tied": config.get("tie_word_embeddings", bool, False), "scale": 1.0}}
 

@@ -396,9 +396,10 @@ def part_text(component: Component) -> str:
 def _value_text(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, dict):
-        return value.get("kind", "") + (" (" + ", ".join(f"{k} {_value_text(v)}" for k, v in value.items()
-                                                          if k != "kind") + ")" if len(value) > 1 else "")
+    if isinstance(value, dict):  # a component "kind (fields)"; a plain node (an indexer) its fields alone
+        fields = ", ".join(f"{k} {_value_text(v)}" for k, v in value.items() if k != "kind")
+        kind = value.get("kind", "")
+        return f"{kind} ({fields})" if kind and fields else kind or fields
     if isinstance(value, list):
         return "[" + ", ".join(_value_text(v) for v in value) + "]"
     return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -543,6 +543,9 @@ def train(
     init_weights_map: Optional[List[str]] = typer.Option(None, "--init-weights-map", metavar="FROM=TO",
                                                          help="Rename --init-weights' tensors by name prefix before "
                                                               "they fit (repeatable; the longest prefix applies)."),
+    freeze: Optional[List[str]] = typer.Option(None, "--freeze", metavar="PATTERN",
+                                               help="Keep the parameters this glob names as they start, e.g. "
+                                                    "--freeze 'embed.*' (repeatable; config `freeze`)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in -o from its latest checkpoint."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Launch N data-parallel processes with torchrun."),
     parallel: Optional[str] = typer.Option(None, "--parallel", help="How --nproc processes share the model: ddp "
@@ -570,7 +573,7 @@ def train(
              "warmup_steps": warmup_steps,
              "test_examples": test_examples, "checkpoint_every": checkpoint_every, "precision": precision,
              "weight_decay": weight_decay, "init_weights": init_weights,
-             "init_weights_map": _prefix_renames(init_weights_map),
+             "init_weights_map": _prefix_renames(init_weights_map), "freeze": list(freeze) if freeze else None,
              "compile": None if compile_ is None else ("on" if compile_ else "off"), "parallel": parallel,
              "activation_checkpointing": _whole_or_word(activation_checkpointing),
              "tensorboard": True if tensorboard else None}

@@ -60,3 +60,19 @@ def test_a_freeze_that_names_nothing_or_everything_is_a_located_error_and_writes
                        task_overrides=MQAR, output=tmp_path / "run", steps=2, freeze=patterns)
     assert where in str(refused.value) and words in str(refused.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_cli_freezes_by_flag_and_counts_it(tmp_path):
+    import subprocess
+    import sys
+
+    args = ["train", str(SPECS / "softmax-transformer.yaml"), *[a for o in TINY + ["position=learned"]
+                                                                  for a in ("--set", o)],
+            "--task", "mqar", *[a for o in MQAR for a in ("--task-set", o)], "--steps", "2", "--eval-every", "0",
+            "--test-examples", "8", "--batch", "4", "--freeze", "embed.*", "--freeze", "blocks.*.mlp.*",
+            "-o", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-m", "attnspec", *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert " trained, " in done.stdout and " frozen) on " in done.stdout
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["config"]["freeze"] == ["embed.*", "blocks.*.mlp.*"] and "embed.weight" in record["frozen"]

@@ -1,5 +1,5 @@
-"""Shared by the tests that hold a part's decoding to its full pass: a prefill then one step per token, eager and
-compiled (fullgraph, one graph for every position)."""
+"""Shared by the tests that hold a part's decoding to its full pass (a prefill then one step per token, eager and
+compiled: fullgraph, one graph for every position) and its causality."""
 
 from __future__ import annotations
 
@@ -35,3 +35,13 @@ def assert_compiled_step_equals_full_pass(model, tokens: torch.Tensor, atol: flo
             logits, *state = step(tokens[:, t], *state)
             assert torch.allclose(logits, full[:, t], rtol=0, atol=atol), t
     assert counter.frame_count == 1
+
+
+def assert_reads_no_later_position(mixer, length: int, cut: int, width: int) -> None:
+    """A causal mixer's outputs before position ``cut`` are unchanged when the inputs from ``cut`` on change
+    (float64 inputs (1, length, width))."""
+    x = torch.randn(1, length, width, dtype=torch.float64)
+    changed = x.clone()
+    changed[:, cut:] = torch.randn(1, length - cut, width, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(mixer(x)[:, :cut], mixer(changed)[:, :cut])

@@ -39,13 +39,17 @@ class DeepseekV3(Architecture):
     def spec(self, config: Config, model_type: str) -> dict:
         layers = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS)
         eps = config.number("rms_norm_eps", 1e-6)
-        attention = mla_mixer(config)
+        attention = self.attention(config)
         sparse = self.sparse_layers(config, layers)
         moe = self.experts(config) if any(sparse) else None
         blocks = [{"mixer": attention, "mlp": moe if sparse[i] else glu_node(config), "norm": rmsnorm_node(eps),
                    **self.block_fields(config, layers)} for i in range(layers)]
         return {**common_fields(config), "layers": compress_layers(blocks), "final_norm": rmsnorm_node(eps),
                 "head": head_node(config, self.TIED)}
+
+    def attention(self, config: Config) -> dict:
+        """Every layer's latent attention (a member adds its parts: DeepSeek-V3.2's indexer)."""
+        return mla_mixer(config)
 
     def block_fields(self, config: Config, layers: int) -> dict:
         """Block fields a member sets in every block (none for DeepSeek-V3)."""
@@ -364,16 +368,13 @@ class DeepseekV32(Glm4MoeLite):
             raise config.refuse("rope_interleave", "DeepSeek-V3.2 rotates interleaved pairs; true imports")
         if config.data.get("q_lora_rank") is None:
             raise config.refuse("q_lora_rank", "DeepSeek Sparse Attention's indexer reads the query's latent: set it")
-        data = super().spec(config, model_type)
+        return super().spec(config, model_type)
+
+    def attention(self, config: Config) -> dict:
         indexer = {"heads": config.count("index_n_heads", self.INDEX_HEADS),
                    "d_head": config.count("index_head_dim", 128),
                    "topk": config.count("index_topk", 2048, limit=limits.MAX_LEN), "interleaved": self.INTERLEAVED}
-
-        def indexed(layer: dict) -> dict:
-            if "layers" in layer:  # a repeated group
-                return {**layer, "layers": [indexed(inner) for inner in layer["layers"]]}
-            return {**layer, "mixer": {**layer["mixer"], "indexer": indexer}}
-        return {**data, "layers": [indexed(layer) for layer in data["layers"]]}
+        return {**super().attention(config), "indexer": indexer}
 
     def config(self, spec, model_type: str) -> dict:
         blocks = expanded_blocks(spec)

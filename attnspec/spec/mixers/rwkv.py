@@ -3,7 +3,6 @@ each a mixer, since each looks back one position (token shift)."""
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar, Iterator, Literal
 
 from attnspec.spec import limits
@@ -94,9 +93,10 @@ class RwkvChannelMixer(MixerComponent):
         return {"d_qk": 1, "d_v": 1, "hidden": self.hidden or 4 * d_model}
 
     def mode_costs(self, L: int) -> dict[str, Cost]:
+        # per position, W_k and W_v (hidden x d each) and W_r (d x d); d_model is not known here, so the maps are
+        # counted per model channel (the cost ranks this family's one mode, and a block's sum, not absolute time)
         hidden = self.hidden or 1
-        d = max(1, math.isqrt(hidden))  # d_model is not known here: the cost only ranks this family's one mode
-        return {"quadratic": Cost(macs=L * hidden * 2 * d, bytes=L * hidden * 2 * BYTES, state_bytes=d * BYTES,
+        return {"quadratic": Cost(macs=3 * L * hidden, bytes=2 * L * hidden * BYTES, state_bytes=0,
                                   sequential_steps=3)}
 
     @property

@@ -47,8 +47,10 @@ def _compile_options(limit: int = 8) -> dict:
     return options
 
 
-def _run_block(block: nn.Module, x: torch.Tensor, embeddings: torch.Tensor | None, documents=None) -> torch.Tensor:
-    return block(x, None, embeddings) if documents is None else block(x, None, embeddings, documents=documents)
+def _run_block(block: nn.Module, x: torch.Tensor, embeddings: torch.Tensor | None, documents=None, kv=None,
+               lend: bool = False):
+    extra = ({} if documents is None else {"documents": documents}) | ({} if kv is None else {"kv": kv})
+    return block(x, None, embeddings, lend=True, **extra) if lend else block(x, None, embeddings, **extra)
 
 
 class _RegionalBlock(nn.Module):
@@ -59,10 +61,10 @@ class _RegionalBlock(nn.Module):
         self.block, self.compiled = block, compiled
 
     def forward(self, x: torch.Tensor, mode: str | None = None, embeddings: torch.Tensor | None = None,
-                documents=None) -> torch.Tensor:
+                documents=None, kv=None, lend: bool = False):
         assert mode is None, "the regional check runs each block in its planned mode"
         with size_oblivious():
-            return self.compiled(self.block, x, embeddings, documents)
+            return self.compiled(self.block, x, embeddings, documents, kv, lend)
 
 
 @contextlib.contextmanager

@@ -50,7 +50,7 @@ class PlanLayer(_Strict):
     path: Text
     mixer: Text
     full_mode: Mode
-    decode_mode: Literal["recurrent", "cache", "prefix"] | None
+    decode_mode: Literal["recurrent", "cache", "borrowed", "prefix"] | None
     cost: dict[Text, float]
     reason: Text
     candidates: dict[Text, float]

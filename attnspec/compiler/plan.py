@@ -88,6 +88,8 @@ class LayerPlan:
 DECODING = {
     "recurrent": ("a constant-size state", "memory constant in the position"),
     "cache": ("a key/value cache of {cache:,} positions, allocated once", "memory per position, up to the cache"),
+    "borrowed": ("none of its own: it reads the cache of the block that lends it keys and values, {cache:,} "
+                 "positions", "cross-layer key/value sharing (`kv_from`): the keys and values are an earlier block's"),
     "prefix": ("the mixer's inputs, {cache:,} positions, rerun each token",
                "exact, but a full pass per token (the sparse support needs every earlier key)"),
     None: ("-", "no decoding step: non-causal"),

@@ -83,22 +83,25 @@ def verify_model(model: Model, length: int | None = None, batch: int = 2, seed: 
         block64 = copy.deepcopy(block).double().eval()
         x, embeddings = (torch.randn(batch, length, model.spec.d_model, generator=generator, dtype=torch.float64)
                          .to(device) for _ in range(2))
+        sharing = _lent_example(block.mixer, batch, length, generator, device)
         planned, reference = block.mixer.mode, block.mixer.reference_mode
         with torch.no_grad():
             block64.mixer.mode = reference
-            expected = block64(x, None, embeddings)
+            expected = block64(x, None, embeddings, **sharing)
             scale = expected.abs().max().clamp_min(1e-300).item()
             for mode in block64.mixer.modes:
                 if mode == reference:
                     continue
                 block64.mixer.mode = mode
-                got = block64(x, None, embeddings)
+                got = block64(x, None, embeddings, **sharing)
                 abs_diff = (got - expected).abs().max().item()
                 rows.append(VerifyRow(f"blocks[{index}]", mode, abs_diff, abs_diff / scale, TOLERANCE,
                                       bool(abs_diff / scale <= TOLERANCE and torch.isfinite(got).all()), len(indices)))
             dtype = model.embed.weight.dtype
             if dtype in HALF:
-                got = block(x.to(dtype), None, embeddings.to(dtype)).double()
+                # lent keys and values come in float32 (the attention's own are widened so)
+                got = block(x.to(dtype), None, embeddings.to(dtype),
+                            **{name: tuple(t.float() for t in kv) for name, kv in sharing.items()}).double()
                 abs_diff = (got - expected).abs().max().item()
                 rows.append(VerifyRow(f"blocks[{index}]", f"{planned} in {str(dtype).removeprefix('torch.')}",
                                       abs_diff, abs_diff / scale, HALF_TOLERANCE[dtype],
@@ -106,6 +109,15 @@ def verify_model(model: Model, length: int | None = None, batch: int = 2, seed: 
                                       len(indices)))
         del block64
     return VerifyReport(rows)
+
+
+def _lent_example(mixer, batch: int, length: int, generator: torch.Generator, device) -> dict:
+    """For an attention reading another block's keys and values (``kv_from``), random ones to read in float64
+    (``{"kv": (keys (B, H_k, L, Dk), values (B, H_v, L, Dv))}``: the block is verified alone); else nothing."""
+    if not getattr(mixer, "borrows_kv", False):
+        return {}
+    return {"kv": tuple(torch.randn(batch, heads, length, width, generator=generator, dtype=torch.float64).to(device)
+                        for heads, width in ((mixer.k_heads, mixer.d_qk), (mixer.v_heads, mixer.d_v)))}
 
 
 def non_finite_problem(model: Model, length: int | None = None, seed: int = 0) -> str | None:
@@ -130,9 +142,9 @@ def non_finite_problem(model: Model, length: int | None = None, seed: int = 0) -
     # one sequence: whether a dtype overflows shows in any; at 360M the whole model's forward is most of this
     inputs = example_input(model, 1, length, torch.Generator().manual_seed(seed))
     first: list[int] = []
-    hooks = [block.register_forward_hook(
+    hooks = [block.register_forward_hook(  # (a block lending its keys and values returns them second)
         lambda module, args, output, index=index: first.append(index)
-        if not first and not bool(torch.isfinite(output).all()) else None)
+        if not first and not bool(torch.isfinite(output[0] if isinstance(output, tuple) else output).all()) else None)
         for index, block in enumerate(model.blocks)]
     try:
         with torch.no_grad():

@@ -37,7 +37,7 @@ from attnspec.nn.shared import SharedUse
 from attnspec.ops.documents import Documents
 from attnspec.ops.documents import check as check_documents
 from attnspec.ops.per_step import one_step
-from attnspec.spec.walk import iter_blocks
+from attnspec.spec.walk import iter_blocks, kv_sources
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HALF = (torch.bfloat16, torch.float16)
@@ -102,20 +102,31 @@ class Block(nn.Module):
         return x + mix(h) + self.mlp(h if self.norm2 is None else self.norm2(x))
 
     def forward(self, x: Tensor, mode: str | None = None, embeddings: Tensor | None = None,
-                documents: Documents | None = None) -> Tensor:
+                documents: Documents | None = None, kv: tuple[Tensor, Tensor] | None = None,
+                lend: bool = False) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
         """x (B, L, d_in) -> (B, L, d_model); ``embeddings`` (B, L, d_model): the model's first hidden state,
         which a shared block reading [hidden, embeddings] takes beside x; ``documents``: packed documents,
-        each computed as if alone (only mixers that take them are handed them)."""
+        each computed as if alone (only mixers that take them are handed them). Cross-layer key/value
+        sharing: ``kv``, the keys and values an earlier block lent, for an attention with ``kv_from``;
+        ``lend``: also return this block's attention's own (``lends_kv``), (x, (keys, values))."""
         feed = None if self.shared_use is None else self.shared_use(x, embeddings, documents)
-        extra = {} if documents is None else {"documents": documents}
+        extra = ({} if documents is None else {"documents": documents}) | ({} if kv is None else {"kv": kv})
+        lent = {}
+
+        def mix(h: Tensor) -> Tensor:
+            if not lend:
+                return self.mixer(h, mode, **extra)
+            y, lent["kv"] = self.mixer(h, mode, lend=True, **extra)
+            return y
+
         if self.parallel:
-            return self._parallel(x, lambda h: self.mixer(h, mode, **extra))
-        if self.norm1 is not None:
-            x = self._sublayer(x, lambda h: self.mixer(h, mode, **extra), self.norm1, self.mixer_residual,
-                               self.post_norm1, self.mixer_scales, feed)
-        if self.mlp is not None:
-            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
-        return x
+            x = self._parallel(x, mix)
+        else:
+            if self.norm1 is not None:
+                x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales, feed)
+            if self.mlp is not None:
+                x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
+        return (x, lent["kv"]) if lend else x
 
     @property
     def has_step(self) -> bool:
@@ -143,40 +154,50 @@ class Block(nn.Module):
         own = self.mixer.state_size(length)
         return own if self.shared_use is None else own + self.shared_use.tied_view.state_size(length)
 
-    def step(self, x: Tensor, state: tuple[Tensor, ...], position: Tensor,
-             embeddings: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """One position: x (B, d_in) and the block's state -> (B, d_model) and its new state."""
+    def step(self, x: Tensor, state: tuple[Tensor, ...], position: Tensor, embeddings: Tensor | None = None,
+             kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One position: x (B, d_in) and the block's state -> (B, d_model) and its new state. ``kv``: the cache
+        (keys, values) of the block that lends them, after its step, for an attention with ``kv_from``."""
         feed, shared_state = None, ()
         if self.shared_use is not None:
             count = len(state) - self.shared_use.state_count
             state, (feed, shared_state) = state[:count], self.shared_use.step(x, embeddings, state[count:], position)
-        x, state = self._stateful(x, lambda h: self.mixer.step(h, state, position), feed)
+        sharing = {} if kv is None else {"kv": kv}
+        x, state, _ = self._stateful(x, lambda h: self.mixer.step(h, state, position, **sharing), feed)
         return x, state + shared_state
 
-    def prefill(self, x: Tensor, embeddings: Tensor | None = None,
-                capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def prefill(self, x: Tensor, embeddings: Tensor | None = None, capacity: int | None = None,
+                kv: tuple[Tensor, Tensor] | None = None, lend: bool = False) -> tuple:
         """A whole prompt: x (B, L, d_in) -> (B, L, d_model) and the block's state after it (full caches of
-        ``capacity`` positions if given, else ``max_len``)."""
+        ``capacity`` positions if given, else ``max_len``); ``kv`` and ``lend`` as :meth:`forward`'s (with
+        ``lend``, the attention's keys and values over the prompt come third)."""
         feed, shared_state = None, ()
         if self.shared_use is not None:
             feed, shared_state = self.shared_use.prefill(x, embeddings, capacity)
-        x, state = self._stateful(x, lambda h: self.mixer.prefill(h, **holding(self.mixer, capacity)), feed)
-        return x, state + shared_state
+        sharing = ({} if kv is None else {"kv": kv}) | ({"lend": True} if lend else {})
+        x, state, lent = self._stateful(
+            x, lambda h: self.mixer.prefill(h, **holding(self.mixer, capacity), **sharing), feed)
+        return (x, state + shared_state, lent) if lend else (x, state + shared_state)
 
-    def _stateful(self, x: Tensor, mixer_call, feed: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+    def _stateful(self, x: Tensor, mixer_call, feed: Tensor | None = None
+                  ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, Tensor] | None]:
+        """The block around ``mixer_call`` (h -> (y, state) or (y, state, lent keys and values)): its output,
+        the mixer's state and what it lent."""
         box = {}
 
         def mix(h: Tensor) -> Tensor:
-            y, box["state"] = mixer_call(h)
+            y, box["state"], *lent = mixer_call(h)
+            box["lent"] = lent[0] if lent else None
             return y
 
         if self.parallel:
-            return self._parallel(x, mix), tuple(box.get("state", ()))
-        if self.norm1 is not None:
-            x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales, feed)
-        if self.mlp is not None:
-            x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
-        return x, tuple(box.get("state", ()))
+            x = self._parallel(x, mix)
+        else:
+            if self.norm1 is not None:
+                x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales, feed)
+            if self.mlp is not None:
+                x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
+        return x, tuple(box.get("state", ())), box.get("lent")
 
 
 class Model(nn.Module):
@@ -208,6 +229,10 @@ class Model(nn.Module):
             blocks.append(Block(node, d_model=d, max_len=spec.max_len, seed=spec.seed + 7919 * i, shared_use=call,
                                 depth=i))
         self.blocks = nn.ModuleList(blocks)
+        # cross-layer key/value sharing: the block each block's attention reads keys and values from, and the
+        # blocks read so (their forward and prefill hand over their attention's keys and values too)
+        self.kv_sources = kv_sources(spec)
+        self.kv_lenders = frozenset(source for source in self.kv_sources if source is not None)
         self.final_norm = build("norm", spec.final_norm, dim=d)
         head = spec.head
         self.head_kind = head.kind
@@ -330,8 +355,13 @@ class Model(nn.Module):
         x = embeddings = self.position.embed(self._embedded(inputs), offset)
         outputs = []
         packed = {} if documents is None else {"documents": documents}  # blocks wrapped by the compile check too
-        for block in self.blocks:
-            x = block(x, mode, embeddings, **packed)
+        lent: dict[int, tuple[Tensor, Tensor]] = {}  # block index -> the keys and values it lends
+        for index, (block, source) in enumerate(zip(self.blocks, self.kv_sources)):
+            sharing = {} if source is None else {"kv": lent[source]}
+            if index in self.kv_lenders:
+                x, lent[index] = block(x, mode, embeddings, **packed, **sharing, lend=True)
+            else:
+                x = block(x, mode, embeddings, **packed, **sharing)
             outputs.append(x)
         out = self._head(self.final_norm(x))
         return (out, tuple(outputs)) if hidden_states else out
@@ -506,8 +536,13 @@ class Model(nn.Module):
             torch._assert_async((state[0] <= capacity).all(), "the prompt is longer than the decoding state's "
                                 "capacity (the positions its caches hold); allocate the state for the prompt and "
                                 "the tokens to generate")
-        for block in self.blocks:
-            x, block_state = block.prefill(x, embeddings, capacity)
+        lent: dict[int, tuple[Tensor, Tensor]] = {}  # block index -> the keys and values it lends (forward's)
+        for index, (block, source) in enumerate(zip(self.blocks, self.kv_sources)):
+            sharing = {} if source is None else {"kv": lent[source]}
+            if index in self.kv_lenders:
+                x, block_state, lent[index] = block.prefill(x, embeddings, capacity, lend=True, **sharing)
+            else:
+                x, block_state = block.prefill(x, embeddings, capacity, **sharing)
             # contiguous (conv windows are slices, recurrent states transposes): a compiled step package
             # reads its state with the strides it was traced with. Traced, a copy: .contiguous() would
             # guard on the batch (a size-1 batch is contiguous either way). Written into a given state, its
@@ -555,13 +590,17 @@ class Model(nn.Module):
                 if axis is not None:
                     torch._check(tensor.shape[1 + axis] == capacity)
         x = embeddings = self.position.embed(self._embedded(token).unsqueeze(1), position).squeeze(1)
+        lent: dict[int, tuple[Tensor, Tensor]] = {}  # block index -> its key/value cache, for the blocks that read it
         with one_step():  # what every block derives alike from the position, derived once (ops.per_step)
-            for block, count in zip(self.blocks, self.state_layout()):
+            for index, (block, count, source) in enumerate(zip(self.blocks, self.state_layout(), self.kv_sources)):
                 block_state, rest = tuple(rest[:count]), rest[count:]
-                x, new_state = block.step(x, block_state, position, embeddings)
+                sharing = {} if source is None else {"kv": lent[source]}
+                x, new_state = block.step(x, block_state, position, embeddings, **sharing)
                 for old, new in zip(block_state, new_state):
                     if new is not old:  # a state the block computed afresh (recurrent states, convolution windows)
                         old.copy_(new)
+                if index in self.kv_lenders:  # its attention's cache comes first, written in place this step
+                    lent[index] = block_state[:2]
         position.add_(1)
         return (self._head(self.final_norm(x)), *state)
 

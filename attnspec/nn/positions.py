@@ -44,7 +44,7 @@ class Position(nn.Module):
     def embed(self, x: Tensor, offset: Tensor | int = 0) -> Tensor:
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor | None, offset: Tensor | int = 0) -> tuple[Tensor, Tensor | None]:
         return q, k
 
     def decay(self, x: Tensor) -> Decay | None:
@@ -103,23 +103,21 @@ class RotaryPosition(Position):
         self.cos_sin_scale = node.cos_sin_scale
         self.config = json.dumps(node.model_dump(), sort_keys=True, default=str)  # what its angles follow
 
-    def rotate(self, q: Tensor, k: Tensor, offset: Tensor | int = 0) -> tuple[Tensor, Tensor]:
-        if self.rotary < self.d_qk:
-            r = self.rotary
-            q_rot, k_rot = self._rotate(q[..., :r], k[..., :r], offset, r)
-            q, k = torch.cat([q_rot, q[..., r:]], -1), torch.cat([k_rot, k[..., r:]], -1)
-        else:
-            q, k = self._rotate(q, k, offset, self.d_qk)
-        return q, k
-
-    def _rotate(self, q: Tensor, k: Tensor, offset: Tensor | int, width: int) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor | None, offset: Tensor | int = 0) -> tuple[Tensor, Tensor | None]:
+        """q, k (B, heads, L, d_qk) rotated at positions offset.. (k None: an attention reading keys another
+        block rotated, `kv_from`)."""
+        r = self.rotary
         # the same angles for every layer of a decoding step: computed once (ops.per_step)
-        cos, sin = shared("rope angles", (offset, q.shape[2], width, self.config, q.dtype, q.device),
-                          lambda: self._cos_sin(offset, q.shape[2], width, q.dtype, q.device))
-        if self.node.interleaved:  # pairs (2i, 2i + 1): gathered into halves, rotated, put back in place
-            rotate = lambda x: _rotate_half(x, cos, sin)  # noqa: E731
-            return _interleaved(q, rotate), _interleaved(k, rotate)
-        return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+        cos, sin = shared("rope angles", (offset, q.shape[2], r, self.config, q.dtype, q.device),
+                          lambda: self._cos_sin(offset, q.shape[2], r, q.dtype, q.device))
+
+        def turned(x: Tensor) -> Tensor:  # the first r channels rotated, the rest as they are
+            rotated = x[..., :r] if r < self.d_qk else x
+            rotated = _interleaved(rotated, lambda y: _rotate_half(y, cos, sin)) if self.node.interleaved \
+                else _rotate_half(rotated, cos, sin)  # interleaved: pairs (2i, 2i + 1) gathered into halves
+            return torch.cat([rotated, x[..., r:]], -1) if r < self.d_qk else rotated
+
+        return turned(q), None if k is None else turned(k)
 
     def _cos_sin(self, offset: Tensor | int, L: int, width: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
         """cos and sin of the angles, laid out for :func:`_rotate_half`: [cos, cos] and [-sin, sin] (1, 1, L,

@@ -23,7 +23,7 @@ from pydantic import Discriminator, Field, Tag
 
 from attnspec.spec import limits
 from attnspec.spec.components import slot_fields_of
-from attnspec.spec.nodes import Component, Count, Node, NonNegativeFloat, PositiveFloat, Seed, fixed_union
+from attnspec.spec.nodes import Component, Count, Node, NonNegativeFloat, PositiveFloat, Seed, ShareName, fixed_union
 from attnspec.spec.features import (AogluFeatures, Elu1Features, ExpFeatures, FeatureMap, FeatureMapComponent,
                                     GluFeatures, IdentityFeatures, L2NormFeatures, OgluFeatures, PerformerFeatures,
                                     ReluFeatures, SiluFeatures, SoftplusFeatures, SoftplusLinearFeatures)
@@ -109,9 +109,6 @@ class Block(Node):
 
         (skip_mixer, skip_mlp), (out_mixer, out_mlp) = pair(self.skip_scale), pair(self.residual_scale)
         return (skip_mixer, out_mixer), (skip_mlp, out_mlp)
-
-
-ShareName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
 class SharedUse(Node):

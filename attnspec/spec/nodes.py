@@ -20,6 +20,8 @@ def Count(limit: int) -> Any:
 
 
 Seed = Annotated[int, Field(ge=0, le=limits.MAX_SEED)]
+ShareName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+"""A name blocks refer to one another by (a shared block's, lent keys and values')."""
 
 
 class Node(BaseModel):

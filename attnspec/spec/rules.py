@@ -9,7 +9,7 @@ fields); this module holds the model-level and block-level rules and walks the b
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 from attnspec.spec import limits
 from attnspec.spec.ir import Block, Group, LmHead, Spec, TokenInput, iter_blocks
@@ -21,6 +21,7 @@ def check_rules(spec: Spec) -> list[Violation]:
     """All rule violations of a structurally valid spec, in document order."""
     found: list[Violation] = list(_model_rules(spec))
     found.extend(_shared_rules(spec))
+    found.extend(_kv_sharing_rules(spec))
     for path, block in iter_blocks(spec):
         found.extend(_block_rules(spec, block, path))
     return found
@@ -99,6 +100,52 @@ def _shared_rules(spec: Spec) -> Iterator[Violation]:
         elif block.norm_placement != "pre":
             yield path + ("norm_placement",), ("a block calling a shared block adds its output before the mixer's "
                                                f"norm, which `pre` placement has; this block's is `{block.norm_placement}`")
+
+
+def _kv_sharing_rules(spec: Spec) -> Iterator[Violation]:
+    """Every attention that reads lent keys and values (`kv_from`) has a lender of that name before it, of its
+    key/value heads, widths, causality and window, in every copy of its `repeat` groups; lending and borrowing
+    are a block's own mixer's (not a shared block's, nor a parallel mixer's branch's)."""
+    SHARING = ("lends_kv", "kv_from")
+    for i, shared in enumerate(spec.shared):
+        for name in SHARING:
+            if getattr(shared.block.mixer, name, None) is not None:
+                yield ("shared", i, "block", "mixer", name), (f"a shared block's attention cannot `{name}`: "
+                                                              "each of its calls would read one another's")
+    lenders: dict[str, Any] = {}  # name -> the latest lending mixer, in execution order
+    seen: set[tuple] = set()  # a block in a `repeat` group is checked in every copy, reported once
+    for path, block in iter_blocks(spec, expand=True):
+        mixer = block.mixer
+        for below, sub in mixer.sub_mixers():
+            for name in SHARING:
+                if getattr(sub, name, None) is not None:
+                    yield path + ("mixer",) + below + (name,), (f"a parallel mixer's branch cannot `{name}`: lend "
+                                                                "or read keys and values in a block's own attention")
+        name = getattr(mixer, "kv_from", None)
+        if name is not None and path not in seen:
+            lender = lenders.get(name)
+            at = path + ("mixer", "kv_from")
+            if lender is None:
+                seen.add(path)
+                yield at, (f"no earlier block lends keys and values as '{name}': set `lends_kv: {name}` on the "
+                           "attention of a block before this one")
+            else:
+                for field in ("key_heads", "value_heads", "d_qk", "d_v", "causal", "window", "chunk"):
+                    mine, theirs = (_resolved(spec, one, field) for one in (mixer, lender))
+                    if mine != theirs and path not in seen:
+                        seen.add(path)
+                        what = {"key_heads": "kv_heads", "value_heads": "kv_heads"}.get(field, field)
+                        yield at, (f"the keys and values lent as '{name}' have {field} = {theirs}, and this "
+                                   f"attention's {field} is {mine}: set its `{what}` to the lender's")
+        if getattr(mixer, "lends_kv", None) is not None:
+            lenders[mixer.lends_kv] = mixer
+
+
+def _resolved(spec: Spec, mixer, field: str) -> Any:
+    """A mixer's ``field`` as the model builds it (``d_qk`` and ``d_v`` derived from d_model where unset)."""
+    if field in ("d_qk", "d_v"):
+        return (mixer.resolved_widths(spec.d_model) or {}).get(field, getattr(mixer, field))
+    return getattr(mixer, field)
 
 
 def input_width(spec: Spec, shared) -> int:

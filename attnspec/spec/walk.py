@@ -26,6 +26,20 @@ def iter_blocks(spec: Any, expand: bool = False) -> list[tuple[tuple[Any, ...], 
     return found
 
 
+def kv_sources(spec: Any) -> list[int | None]:
+    """For each block in execution order, the index of the block whose attention's keys and values it reads
+    (its mixer's ``kv_from``: the latest earlier block that ``lends_kv`` under that name), or None."""
+    latest: dict[str, int] = {}
+    sources: list[int | None] = []
+    for index, (_, block) in enumerate(iter_blocks(spec, expand=True)):
+        borrowed = getattr(block.mixer, "kv_from", None)
+        sources.append(None if borrowed is None else latest[borrowed])
+        lent = getattr(block.mixer, "lends_kv", None)
+        if lent is not None:
+            latest[lent] = index
+    return sources
+
+
 def block_labels(spec: Any) -> list[str]:
     """Each block's label in execution order, ``blocks[i] (written path)``, the written path marking
     the copy of every ``repeat`` group around it (``layers[0]#1.layers[2]``: the third block of the

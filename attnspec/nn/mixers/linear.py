@@ -58,7 +58,7 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
     def forward(self, x: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
         mode = self._checked_mode(mode)
         if self.softmax_kernel:
-            o, v = self._softmax_attention(x, documents)
+            o, _, v = self._softmax_attention(x, documents)
             return self._output(o, x, v)
         q, k, v, decay, log_scale, _ = self._prepare(x, documents=documents)
         q, k, v = autocast_dtype(q), autocast_dtype(k), autocast_dtype(v)
@@ -74,7 +74,7 @@ class LinearMixer(KeyValueCache, ProjectedMixer):
         """The planned mode over the prompt, and its final state in the step's layout (exp features: the
         key/value cache, of ``capacity`` positions if given)."""
         if self.softmax_kernel:
-            return self._cache_prefill(x, capacity)
+            return self._cache_prefill(x, capacity)[:2]
         q, k, v, decay, log_scale, conv_state = self._prepare(x)
         q, k, v = autocast_dtype(q), autocast_dtype(k), autocast_dtype(v)
         o, final = linear_attention(q, k, v, decay, causal=True, normalize=self.normalize, eps=self.eps,

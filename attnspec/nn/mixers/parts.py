@@ -46,18 +46,22 @@ class ProjectedMixer(Mixer):
         self.query_scale = (node.query_scale_beta, node.query_scale_period, node.query_scale_offset) \
             if node.query_scale_beta else None
         self.q_proj = nn.Linear(d_in, self.q_heads * self.d_qk, bias=bias)
-        self.k_proj = nn.Linear(d_in, self.k_heads * self.d_qk, bias=bias)
-        self.v_proj = nn.Linear(d_in, self.v_heads * self.d_v, bias=bias)
+        # an attention reading another block's keys and values (`kv_from`) projects queries alone
+        projects_kv = getattr(node, "projects_kv", True)
+        self.borrows_kv = not projects_kv
+        self.k_proj = nn.Linear(d_in, self.k_heads * self.d_qk, bias=bias) if projects_kv else None
+        self.v_proj = nn.Linear(d_in, self.v_heads * self.d_v, bias=bias) if projects_kv else None
         # RMSNorm of each q and k head before positions (Qwen3's q_norm/k_norm: one weight shared by the heads)
         # (`rmsnorm_full`: OLMo's, over the whole projection, a weight per channel of it; `layernorm`:
         # Persimmon's, centred and with a bias; `qk_norm_after_rope`: Hunyuan V1's, after the rotation)
         self.qk_norm_full = node.qk_norm == "rmsnorm_full"
         self.qk_norm_after_rope = node.qk_norm_after_rope
         widths = (self.q_heads * self.d_qk, self.k_heads * self.d_qk) if self.qk_norm_full else (self.d_qk, self.d_qk)
-        self.qk_norm = nn.ParameterDict({name: nn.Parameter(torch.ones(width)) for name, width in zip("qk", widths)}
+        normed = "qk" if projects_kv else "q"
+        self.qk_norm = nn.ParameterDict({name: nn.Parameter(torch.ones(width)) for name, width in zip(normed, widths)}
                                         ) if node.qk_norm not in ("none", "rmsnorm_unweighted") else None
         self.qk_norm_unweighted = node.qk_norm == "rmsnorm_unweighted"
-        self.qk_norm_bias = nn.ParameterDict({name: nn.Parameter(torch.zeros(self.d_qk)) for name in "qk"}
+        self.qk_norm_bias = nn.ParameterDict({name: nn.Parameter(torch.zeros(self.d_qk)) for name in normed}
                                              ) if node.qk_norm == "layernorm" else None
         self.cache_capacity = node.cache_capacity(max_len)  # positions a key/value decoding cache holds, or None
         self.out_proj = nn.Linear(self.heads * self.d_v, d_model, bias=node.out_bias)
@@ -94,7 +98,10 @@ class ProjectedMixer(Mixer):
     def state_size(self, length: int) -> int:
         """Numbers one sequence carries from its past at ``length``: the decoding state of a mixer
         with a recurrent form, else the keys and values of the positions it attends to
-        (``min(length, cache capacity) * kv_heads * (d_qk + d_v)``)."""
+        (``min(length, cache capacity) * kv_heads * (d_qk + d_v)``); none of its own for an attention reading
+        another block's (`kv_from`)."""
+        if self.borrows_kv:
+            return 0
         if self.has_step and self.cache_capacity is None:
             return sum(t.numel() for t in self.init_state(1))
         seen = min(length, self.cache_capacity or length)
@@ -112,10 +119,12 @@ class ProjectedMixer(Mixer):
         """A projection's output clamped to [-qkv_clip, qkv_clip] (DBRX), or as it is."""
         return t if self.qkv_clip is None else t.clamp(-self.qkv_clip, self.qkv_clip)
 
-    def _normalized(self, t: Tensor, name: str, full: bool = False) -> Tensor:
+    def _normalized(self, t: Tensor | None, name: str, full: bool = False) -> Tensor | None:
         """``qk_norm``: RMSNorm over each head's channels with the stream's weight (eps ``norm_eps``), or
         for ``rmsnorm_full`` over the whole projection (B, L, heads * d_qk), called with ``full``; for
-        ``layernorm`` the mean is subtracted first and the stream's bias added last."""
+        ``layernorm`` the mean is subtracted first and the stream's bias added last (None: no keys, `kv_from`)."""
+        if t is None:
+            return None
         if self.qk_norm_unweighted and not full:
             return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.norm_eps)
         if self.qk_norm is None or full != self.qk_norm_full:
@@ -129,7 +138,8 @@ class ProjectedMixer(Mixer):
                  expand: bool = True, documents: Documents | None = None, widen_values: bool = True
                  ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
         """q, k (B, H, L, d_qk) normalised (``qk_norm``) and rotated at positions offset.. (or rotated, then
-        normalised: ``qk_norm_after_rope``), v (B, H, L, d_v),
+        normalised: ``qk_norm_after_rope``), v (B, H, L, d_v) (k and v None for an attention without their
+        projections: `kv_from`),
         and the convolutions' new state (one tensor per stream; ``conv_state`` continues a sequence,
         None starts one); in full precision (a half-precision model's widened), but v in the projection's
         dtype where not ``widen_values``. ``expand=False`` leaves shared keys and values at their own head
@@ -148,11 +158,14 @@ class ProjectedMixer(Mixer):
 
         x = convolved("x", x)
         streams = {name: convolved(name, self._clipped(projection(x)))
-                   for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj))}
-        q, k = full_precision(streams["q"]), full_precision(streams["k"])
-        v = full_precision(streams["v"]) if widen_values else streams["v"]
+                   for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj))
+                   if projection is not None}
+        q, k = (full_precision(streams[name]) if name in streams else None for name in "qk")
+        v = streams.get("v")
+        v = full_precision(v) if widen_values and v is not None else v
         q, k = self._normalized(q, "q", full=True), self._normalized(k, "k", full=True)
-        q, k = self._heads(q, self.d_qk, self.q_heads), self._heads(k, self.d_qk, self.k_heads, expand)
+        q = self._heads(q, self.d_qk, self.q_heads)
+        k = None if k is None else self._heads(k, self.d_qk, self.k_heads, expand)
         if not self.qk_norm_after_rope:
             q, k = self._normalized(q, "q"), self._normalized(k, "k")
         q, k = self.position.rotate(q, k, offset)
@@ -163,7 +176,8 @@ class ProjectedMixer(Mixer):
             t = positions(q.shape[2], offset, q.device, torch.float64) + shift
             scale = 1 + beta * torch.log1p(torch.floor(t / period))
             q = q * (scale.view(1, 1, -1, 1) if scale.dim() == 1 else scale.unsqueeze(1).unsqueeze(-1)).to(q.dtype)
-        return q, k, self._heads(v, self.d_v, self.v_heads, expand), tuple(new_state[name] for name in self.conv.widths)
+        v = None if v is None else self._heads(v, self.d_v, self.v_heads, expand)
+        return q, k, v, tuple(new_state[name] for name in self.conv.widths)
 
     def _decay(self, x: Tensor) -> Decay | None:
         """The transition's decay joined with the position scheme's (ALiBi), in full precision."""
@@ -236,11 +250,14 @@ class KeyValueCache:
             joined = joined & mask
         return joined
 
-    def _softmax_attention(self, x: Tensor, documents: Documents | None = None) -> tuple[Tensor, Tensor]:
+    def _softmax_attention(self, x: Tensor, documents: Documents | None = None,
+                           kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Softmax attention with the mixer's (real, per-head) decay as log-bias and its window: x (B, L, d)
-        -> (o (B, H, L, Dv), the values (B, H_v, L, Dv)). Shared keys and values stay shared (GQA).
-        ``documents``: each position attends within its own document."""
+        -> (o (B, H, L, Dv), the keys (B, H_k, L, Dk) and values (B, H_v, L, Dv) it read). Shared keys and
+        values stay shared (GQA). ``documents``: each position attends within its own document. ``kv``: the
+        keys and values another block lent (`kv_from`), read in place of this mixer's own."""
         q, k, v, _ = self._project(x, expand=False, documents=documents)
+        k, v = (k, v) if kv is None else kv
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
         mask = self._joined(None if documents is None else same_document(documents.ids),
@@ -249,7 +266,7 @@ class KeyValueCache:
             mask = mask.expand(x.shape[0], -1, -1, -1)
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
                               mask=mask, softcap=self.softcap, sinks=self.sinks)
-        return o, v
+        return o, k, v
 
     # -- decoding through a key/value cache (softmax attention and the exp kernel)
     def _cache_positions(self, capacity: int | None) -> int:
@@ -262,22 +279,32 @@ class KeyValueCache:
 
     def _init_cache(self, batch: int, dtype: torch.dtype, device, capacity: int | None = None) -> tuple[Tensor, ...]:
         """Empty cache: keys (batch, kv heads, C, d_qk), values (batch, kv heads, C, d_v), decay bias
-        (batch, H, C), then one (batch, w - 1, C) tensor per convolved stream; C = :meth:`_cache_positions`."""
+        (batch, H, C), then one (batch, w - 1, C) tensor per convolved stream; C = :meth:`_cache_positions`.
+        Only the convolutions' for an attention reading another block's cache (`kv_from`)."""
+        if self.borrows_kv:
+            return self.conv.init_state(batch, dtype, device)
         cache = empty_cache(batch, self.heads, self.k_heads, self.v_heads, self._cache_positions(capacity), self.d_qk,
                             self.d_v, dtype, device)
         return cache + self.conv.init_state(batch, dtype, device)
 
-    def _cache_prefill(self, x: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """Softmax attention over the prompt (planned mode), and the cache of its last C positions
+    def _cache_prefill(self, x: Tensor, capacity: int | None = None, kv: tuple[Tensor, Tensor] | None = None
+                       ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, Tensor] | None]:
+        """Softmax attention over the prompt (planned mode), the cache of its last C positions
         (:meth:`_cache_positions`): slot p % C holds position p's key and value, and the decay bias
-        sum_{s=p+1..L-1} log a_s (a suffix sum, accurate however long the prompt)."""
+        sum_{s=p+1..L-1} log a_s (a suffix sum, accurate however long the prompt), and the keys and values
+        (B, H_k, L, Dk), (B, H_v, L, Dv) for the blocks that read them (`lends_kv`). ``kv``: another block's,
+        read in place of this mixer's own (`kv_from`): its cache is the lender's, so it keeps none."""
         q, k, v, conv_state = self._project(x, expand=False)
+        if kv is not None:
+            k, v = kv
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[..., 0]
         mask = self._chunk_mask(x.shape[1], x.device)
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
                               mask=None if mask is None else mask.expand(x.shape[0], -1, -1, -1), softcap=self.softcap,
                               sinks=self.sinks)
+        if kv is not None:
+            return self._output(o, x, v), conv_state, None
         C = self._cache_positions(capacity)
         if self.window is None and self.chunk is None:
             check_prompt_fits(x.shape[1], C)
@@ -288,27 +315,32 @@ class KeyValueCache:
             suffix = torch.flip(torch.cumsum(torch.flip(log_a, [-1]), -1), [-1])  # sum_{s=p..L-1} log a_s
             after = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], -1)  # sum_{s=p+1..L-1}
             bias = cache_of(after.unsqueeze(-1), C)[..., 0].to(x.dtype)
-        return self._output(o, x, v), (keys, values, bias) + conv_state
+        return self._output(o, x, v), (keys, values, bias) + conv_state, (k, v)
 
-    def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""
+    def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor,
+                    kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state).
+        ``kv``: another block's cache (keys, values), holding this position already (its lender stepped first):
+        read, not written (`kv_from`); the state is then the convolutions' alone."""
+        cache, conv_past = (state[:3], state[3:]) if kv is None else (kv + (None,), state)
         if self.window is None and self.chunk is None:  # a full cache: its capacity is its slots
-            check_position_held(position, state[0].shape[2], "full softmax attention", "give the mixer a `window`")
+            check_position_held(position, cache[0].shape[2], "full softmax attention", "give the mixer a `window`")
         x = x_t.unsqueeze(1)
         # The values only enter the cache, and the output comes out in the cache's dtype: widened to float32
         # only for a float32 cache (a prefilled one is the model's half dtype), and the output only for
         # stages that compute in float32. Equal to widening both always (bfloat16 widens exactly), with 4
         # conversions fewer per layer and token.
-        q, k, v, conv_state = self._project(x, position, state[3:], expand=False, widen_values=False)
-        v = v if v.dtype == state[1].dtype else full_precision(v)
+        q, k, v, conv_state = self._project(x, position, conv_past, expand=False, widen_values=False)
+        v = v if v is None or v.dtype == cache[1].dtype else full_precision(v)
         decay = self._decay(x)
         log_a = None if decay is None else decay.log_mag[:, :, 0, 0]
-        o, cache = softmax_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state[:3], position, log_a=log_a, scale=self.scale,
-                                softcap=self.softcap, sinks=self.sinks, chunked=self.chunk is not None)
+        o, cache = softmax_step(q[:, :, 0], None if k is None else k[:, :, 0], None if v is None else v[:, :, 0],
+                                cache, position, log_a=log_a, scale=self.scale, softcap=self.softcap, sinks=self.sinks,
+                                chunked=self.chunk is not None)
         if self.output_stages:
             o = full_precision(o)
         y = self._output(o.unsqueeze(2), x, v)
-        return y[:, 0], cache + conv_state
+        return y[:, 0], (() if kv is not None else cache) + conv_state
 
 
 class PrefixRerun:

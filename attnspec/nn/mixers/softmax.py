@@ -9,6 +9,7 @@ import math
 import torch
 from torch import Tensor
 
+from attnspec.errors import ShapeError
 from attnspec.nn.mixers.base import full_precision
 from attnspec.nn.mixers.parts import KeyValueCache, ProjectedMixer
 from attnspec.nn.registry import build, register
@@ -44,10 +45,25 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
 
     takes_documents = True
 
-    def forward(self, x: Tensor, mode: str | None = None, documents: Documents | None = None) -> Tensor:
+    def forward(self, x: Tensor, mode: str | None = None, documents: Documents | None = None,
+                kv: tuple[Tensor, Tensor] | None = None, lend: bool = False
+                ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x (B, L, d_model) -> (B, L, d_model). ``kv``: the keys (B, H_k, L, Dk) and values (B, H_v, L, Dv)
+        another block lent, which an attention with ``kv_from`` reads (and needs); ``lend``: also return this
+        attention's own, for the blocks that read them (``lends_kv``)."""
         self._checked_mode(mode)
-        o, v = self._softmax_attention(x, documents)
-        return self._output(o, x, v)
+        self._check_kv(kv)
+        o, k, v = self._softmax_attention(x, documents, kv)
+        y = self._output(o, x, v)
+        return (y, (k, v)) if lend else y
+
+    def _check_kv(self, kv) -> None:
+        """Refuse a call of an attention that reads another block's keys and values without them (or with them
+        where it has its own), naming what to call instead."""
+        if (kv is None) == self.borrows_kv:
+            raise ShapeError("this attention reads the keys and values of the block that lends them (`kv_from`): run "
+                             "it through the model, which hands them over" if kv is None else
+                             "this attention projects its own keys and values; it takes no `kv`")
 
     def _project(self, x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
         q, k, v, conv_state = super()._project(x, *args, **kwargs)
@@ -94,10 +110,17 @@ class SoftmaxMixer(KeyValueCache, ProjectedMixer):
         """The key/value cache (:meth:`KeyValueCache._init_cache`), of ``capacity`` positions if given."""
         return self._init_cache(batch, dtype, device, capacity)
 
-    def prefill(self, x: Tensor, capacity: int | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """Attention over the prompt and the cache it leaves (:meth:`KeyValueCache._cache_prefill`)."""
-        return self._cache_prefill(x, capacity)
+    def prefill(self, x: Tensor, capacity: int | None = None, kv: tuple[Tensor, Tensor] | None = None,
+                lend: bool = False) -> tuple:
+        """Attention over the prompt and the cache it leaves (:meth:`KeyValueCache._cache_prefill`); ``kv``
+        and ``lend`` as :meth:`forward`'s (with ``lend``, the keys and values come third)."""
+        self._check_kv(kv)
+        y, state, own = self._cache_prefill(x, capacity, kv)
+        return (y, state, own) if lend else (y, state)
 
-    def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state)."""
-        return self._cache_step(x_t, state, position)
+    def step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor,
+             kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state).
+        ``kv``: the lender's cache (keys, values) after its step, for an attention with ``kv_from``."""
+        self._check_kv(kv)
+        return self._cache_step(x_t, state, position, kv)

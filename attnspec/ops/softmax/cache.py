@@ -85,10 +85,11 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
     Args:
         q: ``(B, H, Dk)`` the query at ``position``.
         k: ``(B, H_k, Dk)``, v: ``(B, H_v, Dv)``: its key and value (H_k and H_v divide H; query head h
-            reads key head ``h // (H / H_k)``: grouped-query attention).
+            reads key head ``h // (H / H_k)``: grouped-query attention); both None to read a cache that holds
+            this position already, written by the layer that lends it (cross-layer sharing), without writing.
         cache: ``(keys, values, bias)`` as :func:`empty_cache` makes them, holding positions before this one;
             updated in place (nothing the size of the cache is allocated). Without ``log_a`` the bias is
-            neither read nor written: a mixer without decay never has one.
+            neither read nor written (it may be None): a mixer without decay never has one.
         position: ``(B,)`` int64, the absolute position of this token (0 for the first).
         log_a: ``(B, H)`` real log-decay of this position, or None (no decay).
         scale: score multiplier, default ``Dk ** -0.5``.
@@ -105,13 +106,18 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
     keys, values, bias = cache
     B, H, Dk = q.shape
     k_heads, v_heads, capacity, Dv = keys.shape[1], values.shape[1], keys.shape[2], values.shape[-1]
-    if (k.shape != (B, k_heads, Dk) or v.shape != (B, v_heads, Dv) or H % k_heads or H % v_heads
-            or values.shape[2] != capacity or bias.shape != (B, H, capacity)):
+    writes = k is not None or v is not None
+    if ((writes and (k is None or v is None or k.shape != (B, k_heads, Dk) or v.shape != (B, v_heads, Dv)))
+            or keys.shape[0] != B or keys.shape[3] != Dk or H % k_heads or H % v_heads or values.shape[2] != capacity
+            or (log_a is not None and (bias is None or bias.shape != (B, H, capacity)))):
         raise ShapeError(f"q (B, H, Dk), k (B, H_k, Dk), v (B, H_v, Dv) must fit the cache {tuple(keys.shape)}, "
-                         f"{tuple(values.shape)}, {tuple(bias.shape)}; got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+                         f"{tuple(values.shape)}, {None if bias is None else tuple(bias.shape)}; got "
+                         f"{tuple(q.shape)}, {None if k is None else tuple(k.shape)}, {None if v is None else tuple(v.shape)}")
     # the slots are the same for every layer of the step: computed once (per_step)
     slots = shared("softmax cache slots", (position, capacity, chunked), lambda: _slots(position, capacity, chunked))
+    if not writes:  # a borrowed cache: its lender wrote this position, and zeroed the slots read yet unwritten
+        return _read(q, keys, values, None, slots, read_lengths(capacity), Dk ** -0.5 if scale is None else scale,
+                     softcap, sinks, selected, B, H, Dv, values.dtype)
     # Written by index (index_put_), not scatter_ (AOTInductor runs an in-place scatter as a copy of the
     # whole cache, scattered, copied back: 46 ms a step for a 64 MB cache), and once per cache: this
     # position's entry of each row, and zeros in the slots a step reads that their row has not written
@@ -124,13 +130,22 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
     if log_a is not None:
         bias.add_(log_a.unsqueeze(-1).to(bias.dtype))  # one more decay between every written slot and now
         bias.transpose(1, 2).index_put_(slots.targets, torch.zeros((), dtype=bias.dtype, device=bias.device))
-    read = _Read(Dk ** -0.5 if scale is None else scale, (H, k_heads, v_heads), softcap)
-    q, read_bias = _as(q, keys.dtype), None if log_a is None else bias
+    o, _ = _read(q, keys, values, None if log_a is None else bias, slots, read_lengths(capacity),
+                 Dk ** -0.5 if scale is None else scale, softcap, sinks, selected, B, H, Dv, v.dtype)
+    return o, (keys, values, bias)
+
+
+def _read(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, slots: "_Slots", lengths: list[int],
+          scale: float, softcap: float | None, sinks: Tensor | None, selected: Tensor | None, B: int, H: int, Dv: int,
+          dtype: torch.dtype) -> tuple[Tensor, Cache]:
+    """The read of :func:`softmax_step` over the written ``slots``: o (B, H, Dv) in ``dtype``, and the cache read."""
+    read = _Read(scale, (H, keys.shape[1], values.shape[1]), softcap)
+    q = _as(q, keys.dtype)
     if slots.filled is not None:  # torch.compile cannot take a length from the data (capture_scalar_outputs)
-        o = _read_bucketed(q, keys, values, read_bias, slots.filled, read, read_lengths(capacity), sinks, selected)
+        o = _read_bucketed(q, keys, values, bias, slots.filled, read, lengths, sinks, selected)
     else:
-        o = read.prefix(q, keys, values, read_bias, slots.valid, slots.most, sinks=sinks, selected=selected)
-    return _as(o.reshape(B, H, Dv), v.dtype), (keys, values, bias)
+        o = read.prefix(q, keys, values, bias, slots.valid, slots.most, sinks=sinks, selected=selected)
+    return _as(o.reshape(B, H, Dv), dtype), (keys, values, bias)
 
 
 class _Slots(NamedTuple):

@@ -337,8 +337,8 @@ class MixerComponent(Component):
     @property
     def decode_mode(self) -> str | None:
         """How one token is decoded: ``recurrent`` (a constant-size state), ``cache`` (a key/value cache of
-        :meth:`cache_capacity` positions), ``prefix`` (the inputs so far, the mixer rerun over them) or
-        None (no decoding step)."""
+        :meth:`cache_capacity` positions), ``borrowed`` (another block's cache, read: cross-layer sharing),
+        ``prefix`` (the inputs so far, the mixer rerun over them) or None (no decoding step)."""
         return "recurrent" if self.has_step else None
 
     def cache_capacity(self, max_len: int) -> int | None:

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from attnspec.spec import limits
 from attnspec.spec.family import Cost, softmax_cost
-from attnspec.spec.nodes import Count, Node, PositiveFloat
+from attnspec.spec.nodes import Count, Node, PositiveFloat, ShareName
 from attnspec.spec.transitions import NoTransition, Transition
 from attnspec.spec.mixers.base import MixerComponent, _softmax_decay_problems
 
@@ -66,9 +66,24 @@ class SoftmaxMixer(MixerComponent):
     """A mixture of attention experts (`QueryExperts`, JetMoE's): each token's queries and output projection from
     the `top_k` of `query_experts.experts` its router chooses; unset: one query projection."""
 
+    lends_kv: ShareName | None = None
+    """Lends this attention's keys and values, as its own attention reads them (after `qk_norm` and positions), to
+    the later blocks whose attention says `kv_from` with this name, until a later block lends under the name."""
+    kv_from: ShareName | None = None
+    """Cross-layer key/value sharing (Gemma 3n and 4's `num_kv_shared_layers`; Brandon et al. 2024's cross-layer
+    attention): this attention's queries read the keys and values of the latest earlier block that `lends_kv`
+    under this name, and it has no key or value projection (nor a key norm) of its own. Its decoding state is
+    the lender's cache, read, not written; its key/value heads and widths, `causal`, `window` and `chunk` must
+    be the lender's."""
+
     @property
     def reads_depth(self) -> bool:
         return self.differential
+
+    @property
+    def projects_kv(self) -> bool:
+        """Whether it projects keys and values of its own (not when it reads another block's: `kv_from`)."""
+        return self.kv_from is None
 
     @property
     def query_heads(self) -> int:
@@ -88,7 +103,7 @@ class SoftmaxMixer(MixerComponent):
 
     @property
     def decode_mode(self) -> str | None:
-        return "cache" if self.causal else None
+        return None if not self.causal else "cache" if self.kv_from is None else "borrowed"
 
     def cache_capacity(self, max_len: int) -> int | None:
         # A window's ring holds the whole window even when it is longer than max_len: decoding goes
@@ -120,6 +135,25 @@ class SoftmaxMixer(MixerComponent):
             yield from self._differential_problems()
         if self.query_experts is not None:
             yield from self._query_expert_problems()
+        if self.kv_from is not None:
+            yield from self._borrowed_kv_problems()
+        if self.lends_kv is not None and self.differential:
+            yield ("lends_kv",), ("differential attention reads its values as pairs of heads, which another "
+                                  "attention would not: lend keys and values from plain attention")
+
+    def _borrowed_kv_problems(self) -> Iterator[tuple[tuple, str]]:
+        if self.lends_kv is not None:
+            yield ("lends_kv",), (f"this attention reads the keys and values lent as '{self.kv_from}', so it has "
+                                  "none of its own to lend: let later blocks read that name too")
+        if not self.transition.is_identity:
+            yield ("transition",), ("an attention reading another block's keys and values (`kv_from`) reads its "
+                                    "cache, which holds no decay of its own: remove the transition")
+        for name in ("differential", "query_experts", "skip"):
+            if getattr(self, name) not in (None, False):
+                yield (name,), f"an attention reading another block's keys and values (`kv_from`) has no `{name}`"
+        if set(self.conv.streams()) & {"k", "v"}:
+            yield ("conv",), ("an attention reading another block's keys and values (`kv_from`) projects none to "
+                              "convolve: convolve `x` or `q` only")
 
     def _query_expert_problems(self) -> Iterator[tuple[tuple, str]]:
         experts = self.query_experts
@@ -156,6 +190,10 @@ class SoftmaxMixer(MixerComponent):
             parts.append("differential")
         if self.query_experts is not None:
             parts.append(f"{self.query_experts.top_k} of {self.query_experts.experts} query experts")
+        if self.lends_kv is not None:
+            parts.append(f"lends kv as '{self.lends_kv}'")
+        if self.kv_from is not None:
+            parts.append(f"kv from '{self.kv_from}'")
         if self.kv_heads is not None:
             parts.append(f"{self.kv_heads} kv heads")
         if not self.transition.is_identity:

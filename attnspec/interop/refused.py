@@ -86,15 +86,10 @@ LACKS: dict[str, tuple[str, str]] = {
                              "(`H_cycles` x `L_cycles`)"),
     "inkling_text": ("d_rel", INKLING),
     "gemma3n_text": ("hidden_size_per_layer_input", "per-layer input embeddings, AltUp's predicted and corrected "
-                                                    "residual streams, LAuReL's low-rank residual, key/value "
-                                                    "caches shared across layers and activation sparsity"),
-    "gemma4_text": ("hidden_size_per_layer_input", "per-layer input embeddings and key/value caches shared across "
-                                                   "layers (`num_kv_shared_layers`)"),
+                                                    "residual streams, LAuReL's low-rank residual and activation "
+                                                    "sparsity"),
     "gemma3n": ("text_config.hidden_size_per_layer_input", "in its text model, per-layer input embeddings, AltUp's "
-                                                           "residual streams, LAuReL's low-rank residual and key/value "
-                                                           "caches shared across layers"),
-    "gemma4": ("text_config.hidden_size_per_layer_input", "in its text model, per-layer input embeddings and "
-                                                          "key/value caches shared across layers"),
+                                                           "residual streams and LAuReL's low-rank residual"),
     "lfm3": ("rope_parameters.full_attention.rope_type", "the `proportional` RoPE of its global layers (frequencies "
                                                          "spread over the whole head, the unrotated part left as it "
                                                          "is) and a sigmoid gate per head (`use_attention_gate`: one "
@@ -113,9 +108,6 @@ LACKS: dict[str, tuple[str, str]] = {
                                                 "each query (block-sparse attention)"),
     "inkling2_text": ("d_rel", INKLING),
     "inkling2_loop_text": ("d_rel", INKLING + ", and layers run in loops"),
-    "gemma4_unified_text": ("num_kv_shared_layers", "key/value caches shared across layers (`num_kv_shared_layers`)"),
-    "gemma4_unified": ("text_config.num_kv_shared_layers", "in its text model, key/value caches shared across layers "
-                                                           "(`num_kv_shared_layers`), and audio and vision inputs"),
     "gemma4_assistant": ("text_config.num_kv_shared_layers", "a draft model reading its target model's key/value "
                                                              "caches in every layer (`num_kv_shared_layers`)"),
     "gemma4_unified_assistant": ("text_config.num_kv_shared_layers", "a draft model reading its target model's "

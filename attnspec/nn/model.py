@@ -49,7 +49,8 @@ class Block(nn.Module):
     times its own α and β (``skip_scale``, ``residual_scale``: α x + β f(x)); a sub-layer without its
     residual drops the ``α x +``; ``mixer: none`` drops the mixer's sub-layer and its norm; ``parallel``:
     x + f(norm(x)) + g(norm(x)) (or g(norm2(x))), the mixer and the MLP side by side. A block that
-    calls a shared block (``shared_use``) adds its output to the mixer's input: x + f(norm(x + P S(..)))."""
+    calls a shared block (``shared_use``) adds its output to the mixer's input: x + f(norm(x + P S(..))); with
+    ``output_scale``, the block's output times a learnt scalar (Gemma 4)."""
 
     def __init__(self, node, *, d_model: int, max_len: int, seed: int, d_in: int | None = None,
                  shared_use: SharedUse | None = None, depth: int = 0):
@@ -74,6 +75,12 @@ class Block(nn.Module):
         self.post_norm2 = build("norm", node.norm, dim=d_model) if sandwich and self.mlp is not None else None
         self.mixer_residual, self.mlp_residual = node.residuals()
         self.mixer_scales, self.mlp_scales = node.scales()
+        # a learnt scalar on the block's output (Gemma 4's layer_scalar); (1,), as a 0-d parameter is a number to
+        # torch.compile's guards
+        self.output_scale = nn.Parameter(torch.ones(1)) if node.output_scale else None
+
+    def _scaled(self, x: Tensor) -> Tensor:
+        return x if self.output_scale is None else x * self.output_scale.to(x.dtype)
 
     def _sublayer(self, x: Tensor, f, norm: nn.Module, residual: bool, post_norm: nn.Module | None,
                   scales: tuple[float, float], feed: Tensor | None = None) -> Tensor:
@@ -126,6 +133,7 @@ class Block(nn.Module):
                 x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales, feed)
             if self.mlp is not None:
                 x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
+        x = self._scaled(x)
         return (x, lent["kv"]) if lend else x
 
     @property
@@ -197,7 +205,7 @@ class Block(nn.Module):
                 x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales, feed)
             if self.mlp is not None:
                 x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
-        return x, tuple(box.get("state", ())), box.get("lent")
+        return self._scaled(x), tuple(box.get("state", ())), box.get("lent")
 
 
 class Model(nn.Module):

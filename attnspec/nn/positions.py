@@ -112,6 +112,10 @@ class RotaryPosition(Position):
                           lambda: self._cos_sin(offset, q.shape[2], r, q.dtype, q.device))
 
         def turned(x: Tensor) -> Tensor:  # the first r channels rotated, the rest as they are
+            if self.node.proportional and r < self.d_qk:  # channels i and d/2 + i, i < r/2, gathered as halves
+                pairs = shared("proportional rope channels", (self.d_qk, r, x.device), lambda: torch.cat(
+                    [torch.arange(r // 2, device=x.device), self.d_qk // 2 + torch.arange(r // 2, device=x.device)]))
+                return x.index_copy(-1, pairs, _rotate_half(x.index_select(-1, pairs), cos, sin))
             rotated = x[..., :r] if r < self.d_qk else x
             rotated = _interleaved(rotated, lambda y: _rotate_half(y, cos, sin)) if self.node.interleaved \
                 else _rotate_half(rotated, cos, sin)  # interleaved: pairs (2i, 2i + 1) gathered into halves
@@ -125,7 +129,9 @@ class RotaryPosition(Position):
         half = width // 2
         # angles in float64: t * frequency loses digits in float32 at long lengths
         t = positions(L, offset, device, torch.float64)
-        exponents = -torch.arange(half, device=device, dtype=torch.float64) / half
+        # f_i = base^(-2i/width); proportional RoPE's, the whole head's base^(-2i/d_qk)
+        exponents = -torch.arange(half, device=device, dtype=torch.float64) / (
+            self.d_qk // 2 if self.node.proportional else half)
         if self.node.scaling == "dynamic":
             if t.dim() == 2 and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()) \
                     and isinstance(offset, Tensor) and offset.dim() == 2:

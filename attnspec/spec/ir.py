@@ -91,6 +91,10 @@ class Block(Node):
     skip_scale: Scale | SubLayerScales = 1.0
     """Multiplier α on the skip, α x + β f(x): with `post` placement DeepNorm's norm(α x + f(x)), with
     `normed_residual` MiniMax's α norm(x) + β f(norm(x)); `{mixer: .., mlp: ..}` for each its own."""
+    output_scale: bool = False
+    """A learnt scalar multiplying the block's output, the whole residual stream after it: y = s block(x)
+    (Gemma 4's `layer_scalar`; parameter `output_scale`, (1,), 1 at initialisation). transformers holds Gemma 4's
+    fixed: freeze it (`freeze: ["*.output_scale"]`) to train as it does."""
     shared: "SharedUse | None" = None
     """A call of one of the spec's `shared` blocks before this block's mixer (Zamba): the shared block's
     output, through this use's own map, is added to the mixer's input x + P S(..) before the norm (the

@@ -70,6 +70,10 @@ class RotaryPosition(PositionComponent):
     interleaved: bool = False
     """Pair adjacent channels (2i, 2i + 1) instead of (i, i + r/2) (GPT-J's layout; DeepSeek-V3's
     `rope_interleave`)."""
+    proportional: bool = False
+    """Gemma 4's proportional RoPE: the r = rotary_fraction * d_qk rotated channels spread over the whole head, pairs
+    (i, i + d_qk/2) for i < r/2, turned by t / base^(2i/d_qk) (the head's own frequencies, not the rotated width's:
+    the first r/2 of a whole-head RoPE); the other channels pass unrotated."""
     reverse: bool = False
     """Turn each pair the other way, by -t / base^(2i/r) (nanochat's rotate_half is [x2, -x1]): scores depend on
     the offset between positions all the same."""
@@ -114,7 +118,7 @@ class RotaryPosition(PositionComponent):
 
     def rotary_width(self, d_qk: int) -> int:
         """How many channels of a d_qk-wide head are rotated."""
-        return int(d_qk * self.rotary_fraction)
+        return int(d_qk * self.rotary_fraction + 1e-9)  # (a fraction written as 2a / d may round below 2a)
 
     def problems(self, *, causal: bool, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         if self.scaling in ("llama3", "yarn", "dynamic") and self.original_max_len is None:
@@ -124,6 +128,11 @@ class RotaryPosition(PositionComponent):
         if self.scaling == "none" and (self.factor != 1.0 or self.original_max_len is not None):
             yield ("scaling",), ("factor and original_max_len stretch a scaled rope: set scaling (linear, llama3, yarn, "
                                  "dynamic)")
+        if self.proportional and (self.interleaved or self.scaling not in ("none", "linear")):
+            yield ("proportional",), ("proportional RoPE pairs channel i with i + d_qk/2 and stretches linearly at "
+                                      "most: remove `interleaved`, and use `scaling: none` or `linear`")
+        if self.proportional and d_qk is not None and d_qk % 2:
+            yield ("proportional",), f"proportional RoPE pairs channel i with i + d_qk/2, so d_qk must be even, got {d_qk}"
         if d_qk is not None and self.rotary_fraction == 1 and d_qk % 2:
             yield (), f"rope rotates pairs of query/key channels, so d_qk must be even, got {d_qk}"
         elif d_qk is not None and (self.rotary_width(d_qk) % 2 or self.rotary_width(d_qk) == 0):

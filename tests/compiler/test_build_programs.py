@@ -136,6 +136,14 @@ FAMILIES = {
         {"mixer": {"kind": "softmax", "heads": 2, "kv_heads": 1, "out_bias": True, "position": {"kind": "rope"},
                    "query_experts": {"experts": 3, "top_k": 2}},
          "mlp": {"kind": "moe", "experts": 3, "zero_experts": 1, "hidden": 8, "output_bias": True}, "norm": "rmsnorm"},
+        {"mixer": {"kind": "softmax", "heads": 2, "d_qk": 8, "d_v": 8, "qk_norm": "rmsnorm", "v_norm": True,
+                   "values_from_keys": True, "scale": 1.0, "lends_kv": "global",
+                   "position": {"kind": "rope", "proportional": True, "rotary_fraction": 0.5}},
+         "mlp": {"kind": "glu", "hidden": 24}, "norm": "rmsnorm", "norm_placement": "sandwich", "output_scale": True},
+        {"mixer": {"kind": "softmax", "heads": 4, "kv_heads": 2, "d_qk": 8, "d_v": 8, "qk_norm": "rmsnorm",
+                   "scale": 1.0, "kv_from": "global",
+                   "position": {"kind": "rope", "proportional": True, "rotary_fraction": 0.5}},
+         "mlp": {"kind": "glu", "hidden": 48}, "norm": "rmsnorm", "norm_placement": "sandwich", "output_scale": True},
         {"mixer": {"kind": "rwkv", "width": 12, "chunk_size": 8}, "mlp": "none", "norm": "layernorm"},
         {"mixer": {"kind": "rwkv_channel", "hidden": 20}, "mlp": "none", "norm": "layernorm", "skip_scale": 0.5,
          "residual_scale": 0.5}],
@@ -149,7 +157,9 @@ reversed RoPE (nanochat), clamped q/k/v (DBRX), a softplus gate per head (Laguna
 and clamped experts under a weightless norm, Persimmon's LayerNorm QK-norm on a layer without positions whose queries
 grow with the position (Llama 4), experts reading weighted inputs, Hunyuan's QK-norm after RoPE in differential
 attention (DiffLlama), Apertus's xIELU under BitNet's norm of the hidden, JetMoE's attention experts and biased
-experts (with a LongCat zero-computation expert), RWKV-4's time and channel mixing (with its halving), CTRL's biased tied head."""
+experts (with a LongCat zero-computation expert), Gemma 4's cross-layer key/value sharing (a global layer whose values
+are its keys' projection, normalised, with proportional RoPE, read by a later layer) with its output scales, RWKV-4's
+time and channel mixing (with its halving), CTRL's biased tied head."""
 
 
 @pytest.mark.slow  # one build with its compile check and exports (about a minute on 2 cores)

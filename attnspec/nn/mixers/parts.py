@@ -50,7 +50,10 @@ class ProjectedMixer(Mixer):
         projects_kv = getattr(node, "projects_kv", True)
         self.borrows_kv = not projects_kv
         self.k_proj = nn.Linear(d_in, self.k_heads * self.d_qk, bias=bias) if projects_kv else None
-        self.v_proj = nn.Linear(d_in, self.v_heads * self.d_v, bias=bias) if projects_kv else None
+        # values from the key projection (`values_from_keys`): no projection of their own
+        self.v_proj = nn.Linear(d_in, self.v_heads * self.d_v, bias=bias) \
+            if getattr(node, "projects_values", projects_kv) else None
+        self.v_norm = getattr(node, "v_norm", False)  # each value head RMS-normalised, no weight (Gemma 3n/4)
         # RMSNorm of each q and k head before positions (Qwen3's q_norm/k_norm: one weight shared by the heads)
         # (`rmsnorm_full`: OLMo's, over the whole projection, a weight per channel of it; `layernorm`:
         # Persimmon's, centred and with a bias; `qk_norm_after_rope`: Hunyuan V1's, after the rotation)
@@ -160,6 +163,8 @@ class ProjectedMixer(Mixer):
         streams = {name: convolved(name, self._clipped(projection(x)))
                    for name, projection in (("q", self.q_proj), ("k", self.k_proj), ("v", self.v_proj))
                    if projection is not None}
+        if self.v_proj is None and self.k_proj is not None:  # `values_from_keys`: the keys' projection, as it is
+            streams["v"] = streams["k"]
         q, k = (full_precision(streams[name]) if name in streams else None for name in "qk")
         v = streams.get("v")
         v = full_precision(v) if widen_values and v is not None else v
@@ -177,6 +182,9 @@ class ProjectedMixer(Mixer):
             scale = 1 + beta * torch.log1p(torch.floor(t / period))
             q = q * (scale.view(1, 1, -1, 1) if scale.dim() == 1 else scale.unsqueeze(1).unsqueeze(-1)).to(q.dtype)
         v = None if v is None else self._heads(v, self.d_v, self.v_heads, expand)
+        if self.v_norm and v is not None:  # in float32 in a half-precision model, as transformers' norm
+            wide = full_precision(v)
+            v = (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.norm_eps)).to(v.dtype)
         return q, k, v, tuple(new_state[name] for name in self.conv.widths)
 
     def _decay(self, x: Tensor) -> Decay | None:

@@ -66,6 +66,12 @@ class SoftmaxMixer(MixerComponent):
     """A mixture of attention experts (`QueryExperts`, JetMoE's): each token's queries and output projection from
     the `top_k` of `query_experts.experts` its router chooses; unset: one query projection."""
 
+    v_norm: bool = False
+    """RMS-normalise each value head over its d_v channels, without a weight (eps `norm_eps`), before attention
+    (Gemma 3n and 4's `v_norm`)."""
+    values_from_keys: bool = False
+    """The values are the key projection's output, each key head's as it is before `qk_norm` and positions, and
+    there is no value projection (Gemma 4's `attention_k_eq_v` on its global layers); needs d_v = d_qk."""
     lends_kv: ShareName | None = None
     """Lends this attention's keys and values, as its own attention reads them (after `qk_norm` and positions), to
     the later blocks whose attention says `kv_from` with this name, until a later block lends under the name."""
@@ -84,6 +90,11 @@ class SoftmaxMixer(MixerComponent):
     def projects_kv(self) -> bool:
         """Whether it projects keys and values of its own (not when it reads another block's: `kv_from`)."""
         return self.kv_from is None
+
+    @property
+    def projects_values(self) -> bool:
+        """Whether it has a value projection (not where the values are the keys' projection, nor another block's)."""
+        return self.projects_kv and not self.values_from_keys
 
     @property
     def query_heads(self) -> int:
@@ -137,9 +148,24 @@ class SoftmaxMixer(MixerComponent):
             yield from self._query_expert_problems()
         if self.kv_from is not None:
             yield from self._borrowed_kv_problems()
+        if self.values_from_keys:
+            yield from self._values_from_keys_problems()
         if self.lends_kv is not None and self.differential:
             yield ("lends_kv",), ("differential attention reads its values as pairs of heads, which another "
                                   "attention would not: lend keys and values from plain attention")
+
+    def _values_from_keys_problems(self) -> Iterator[tuple[tuple, str]]:
+        if self.kv_from is not None:
+            yield ("values_from_keys",), ("an attention reading another block's keys and values (`kv_from`) projects "
+                                          "neither: remove `values_from_keys`")
+        if self.d_qk is not None and self.d_v is not None and self.d_qk != self.d_v:
+            yield ("values_from_keys",), (f"values taken from the key projection are d_qk = {self.d_qk} wide: set d_v "
+                                          f"= d_qk (it is {self.d_v})")
+        if self.qk_groups is not None or self.differential:
+            yield ("values_from_keys",), ("values taken from the key projection need a value head per key head: "
+                                          "remove `qk_groups` and `differential`")
+        if set(self.conv.streams()) & {"k", "v"}:
+            yield ("conv",), "values taken from the key projection: convolve `x` or `q` only"
 
     def _borrowed_kv_problems(self) -> Iterator[tuple[tuple, str]]:
         if self.lends_kv is not None:
@@ -148,7 +174,7 @@ class SoftmaxMixer(MixerComponent):
         if not self.transition.is_identity:
             yield ("transition",), ("an attention reading another block's keys and values (`kv_from`) reads its "
                                     "cache, which holds no decay of its own: remove the transition")
-        for name in ("differential", "query_experts", "skip"):
+        for name in ("differential", "query_experts", "skip", "v_norm"):
             if getattr(self, name) not in (None, False):
                 yield (name,), f"an attention reading another block's keys and values (`kv_from`) has no `{name}`"
         if set(self.conv.streams()) & {"k", "v"}:
@@ -190,6 +216,8 @@ class SoftmaxMixer(MixerComponent):
             parts.append("differential")
         if self.query_experts is not None:
             parts.append(f"{self.query_experts.top_k} of {self.query_experts.experts} query experts")
+        if self.values_from_keys:
+            parts.append("v = k")
         if self.lends_kv is not None:
             parts.append(f"lends kv as '{self.lends_kv}'")
         if self.kv_from is not None:

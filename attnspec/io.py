@@ -595,6 +595,9 @@ RUN_FORMAT = 1
 RUN_FILE = "run.json"
 CHECKPOINT_POINTER = "checkpoint.json"
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
+ADAPTERS_FILE = "adapters.safetensors"
+"""A low-rank adapted run's checkpoints also hold its adapted maps' own weights and their adapters (beside the
+merged model, which ``model.safetensors`` holds)."""
 MAX_SHARDS = 1 << 16
 """Processes whose shards one checkpoint may hold (torch.distributed.checkpoint's files are numbered in 5 digits)."""
 
@@ -618,7 +621,7 @@ class _CheckpointNames:
     """The entries a checkpoint folder may hold: the whole checkpoint's files, state.json, and shard files."""
 
     def __contains__(self, name: object) -> bool:
-        if name in CHECKPOINT_FILES:
+        if name in CHECKPOINT_FILES or name == ADAPTERS_FILE:
             return True
         number = name[len("shard-"):len("shard-") + 5] if isinstance(name, str) else ""
         return number.isdigit() and 1 <= int(number) <= MAX_SHARDS and name == shard_file(int(number) - 1)

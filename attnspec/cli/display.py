@@ -301,6 +301,7 @@ class TrainingDisplay:
         elif event == "start":
             sharing = f" sharded ({record['parallel']})" if record.get("parallel") == "fsdp" else ""
             recomputing = f", recomputing {record['recomputed']} block(s)" if record.get("recomputed") else ""
+            recomputing += f", low-rank adapters on {record['adapted']} map(s)" if record.get("adapted") else ""
             trained = record.get("trained", record["parameters"])
             frozen = f" ({trained:,} trained, {record['parameters'] - trained:,} frozen)" \
                 if trained != record["parameters"] else ""

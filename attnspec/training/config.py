@@ -58,6 +58,27 @@ class Distill(Node):
     student and teacher, summed over the blocks (same block count and width), added to the loss."""
 
 
+class Lora(Node):
+    """Low-rank adapters (LoRA, Hu et al. 2021) on chosen linear maps: each adapted map W x becomes
+    W x + (alpha / rank) B A dropout(x), W frozen, A (rank, in) drawn as a linear map's weight and B (out, rank) zero,
+    so training starts from the model as it is. A run's checkpoints hold the merged weights W + (alpha / rank) B A
+    (a plain model of the spec: eval, export and `init_weights` read it as any run), with each adapted map's own
+    W and its A and B beside them in `adapters.safetensors` to resume from."""
+
+    targets: Annotated[list[Annotated[str, Field(min_length=1, max_length=400)]], Field(min_length=1, max_length=256)]
+    """The linear maps to adapt, by name (a weight's name without `.weight`, as `explain` and a build's manifest
+    name it: `blocks.3.mixer.q_proj`), each a glob (`blocks.*.mixer.*_proj`) that must name at least one."""
+    rank: Count(4096) = 8
+    """r, the adapters' inner width."""
+    alpha: Annotated[float, Field(gt=0, le=1e4)] | None = None
+    """The adapters' output is scaled by alpha / rank; unset: alpha = rank (a scale of 1)."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on an adapter's input while training (the map's own path sees x as it is)."""
+
+    def scale_alpha(self) -> float:
+        return self.alpha if self.alpha is not None else float(self.rank)
+
+
 class TrainConfig(Node):
     """What a training run does: the task, the optimiser and schedule, evaluation and checkpoints."""
 
@@ -104,6 +125,8 @@ class TrainConfig(Node):
     (`blocks.3.mixer.q_proj.weight`), each pattern a glob (`*` any characters: `embed.*`, `blocks.*.mlp.*`). Each
     pattern must name at least one parameter, and one parameter at least must stay trained; the count trained is
     printed at the start and recorded in run.json. Empty: every parameter trains."""
+    lora: Lora | None = None
+    """Low-rank adapters on chosen linear maps (`Lora`), their maps frozen; unset: none."""
     eval_every: Annotated[int, Field(ge=0, le=limits.MAX_STEPS)] = 100
     """Evaluate on the test set every N steps (0: only at the end)."""
     test_examples: Count(MAX_TEST_EXAMPLES) = 512

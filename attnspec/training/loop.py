@@ -21,6 +21,7 @@ a sweep lists the run as diverged and never reports it as a result).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -37,6 +38,7 @@ from attnspec.io import VERSION
 from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
 from attnspec.training.config import TrainConfig, load_config
+from attnspec.training import lora
 from attnspec.training.optim import (frozen_parameters, learning_rate, make_optimizer, parameter_groups,
                                      set_learning_rate)
 from attnspec.training.recompute import blocks_to_recompute, recompute_blocks
@@ -165,11 +167,12 @@ class Trainer:
                                                                    config.init_weights_map)
         self.model = self.model.to(self.device)
         self.model.set_modes(self.plan.full_modes)
+        self.adapted = self._adapt(config)  # adapters first: the block compile and FSDP's shards take them in
         if self.compiled and self.dist.sharded:  # FSDP gathers around each block: compile the blocks, not the step
             for block in self.model.blocks:
                 block.forward = torch.compile(block.forward, fullgraph=True, dynamic=False)
         # frozen before the wrapping: DDP's reducer and FSDP's shards take requires_grad as they find it
-        self.frozen = frozen_parameters(self.model, config.freeze)
+        self.frozen = frozen_parameters(self.model, config.freeze, fixed=lora.frozen_bases(self.model))
         for name, parameter in self.model.named_parameters():
             parameter.requires_grad_(name not in self.frozen)
         self.recomputed = blocks_to_recompute(config.activation_checkpointing, len(self.model.blocks))
@@ -268,7 +271,7 @@ class Trainer:
                           "device": str(self.device),
                           "compiled": self.compiled, "world_size": self.dist.world_size,
                           "parallel": self.config.parallel if self.dist.active else None,
-                          "recomputed": len(self.recomputed),
+                          "recomputed": len(self.recomputed), "adapted": len(self.adapted),
                           "init_weights": self.weights_fit.to_json() if self.weights_fit is not None else None})
         self.model.train()
         metrics: dict = {}
@@ -304,7 +307,7 @@ class Trainer:
                 if not reached:
                     self._checkpoint(step + 1)
                     self._finish("stopped", step + 1, metrics)
-                    return Run(self.directory, self.model.eval(), config, step + 1, metrics, self.history)
+                    return Run(self.directory, self._final_model(), config, step + 1, metrics, self.history)
                 break
         final = step + 1 if config.steps > self.start else self.start
         if not reached:  # a run stopped at its target was just evaluated and checkpointed
@@ -312,7 +315,32 @@ class Trainer:
             self._checkpoint(final)
         self._finish("done", final, metrics)
         self.on_progress({"event": "end", "step": final, **metrics})
-        return Run(self.directory, self.model.eval(), config, final, metrics, self.history)
+        return Run(self.directory, self._final_model(), config, final, metrics, self.history)
+
+    def _adapt(self, config: TrainConfig) -> list[str]:
+        """The config's low-rank adapters attached (:mod:`attnspec.training.lora`); the maps adapted."""
+        if config.lora is None:
+            return []
+        if self.dist.sharded:
+            raise SpecError(Problem("low-rank adapters are not written for `parallel: fsdp` (a checkpoint's merged "
+                                    "weights need whole tensors): train them with ddp", path="lora",
+                                    source="training configuration"))
+        return lora.attach_adapters(self.model, config.lora.targets, config.lora.rank, config.lora.scale_alpha(),
+                                    config.lora.dropout, seed=self.spec.seed)
+
+    def _dropout_draws(self, step: int, micro: int):
+        """The adapters' dropout masks drawn from a generator seeded by the run's seed, the step, the micro-batch
+        and the process, so that a resumed run draws what the uninterrupted one did (the global random state is
+        not checkpointed); nothing where no adapter drops out."""
+        if self.config.lora is None or self.config.lora.dropout == 0:
+            return contextlib.nullcontext()
+        return _seeded(((self.config.seed * 1_000_003 + step) * 1_009 + micro) * 65_537 + self.dist.rank, self.device)
+
+    def _final_model(self) -> nn.Module:
+        """The trained model in eval mode, its adapters merged into the weights (what the checkpoints hold)."""
+        if self.adapted:
+            lora.merge_adapters(self.model)
+        return self.model.eval()
 
     def _step(self, step: int) -> tuple[float, float, dict[str, float]]:
         """One optimiser step; returns the global mean loss, the gradient norm before clipping and the
@@ -332,7 +360,8 @@ class Trainer:
             part = slice(index * self.micro, (index + 1) * self.micro)
             x, y = inputs[part].to(self.device), targets[part].to(self.device)
             documents = config.task.documents(x)  # packed documents, each computed as if alone
-            with self.dist.no_sync(self.wrapped, last=index == config.accumulate - 1), self.autocast():
+            with self.dist.no_sync(self.wrapped, last=index == config.accumulate - 1), self.autocast(), \
+                    self._dropout_draws(step, index):
                 summed = self.loss_fn(self.wrapped, x, y, documents)
                 if self.teacher is not None:  # (objective, its terms)
                     summed, terms = summed
@@ -457,6 +486,8 @@ class Trainer:
                   "compiled": self.compiled, "spec": spec_to_data(self.spec, minimal=False), "config": config_data,
                   "plan": self.plan.to_json(), "groups": [group.to_json() for group in self.groups],
                   "frozen": sorted(self.frozen)}
+        if self.adapted:
+            record["lora"] = {"adapted": self.adapted, "parameters": lora.adapter_parameters(self.model)}
         if self.data_identity is not None:
             record["data"] = self.data_identity
         if self.weights_fit is not None:
@@ -490,10 +521,11 @@ class Trainer:
             if self.writes:
                 rundir.publish_checkpoint(self.directory, step, rundir.scratch_folder(self.directory, step),
                                           {"shards": self.dist.world_size})
-        elif self.writes:
-            weights = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model.state_dict().items()}
-            rundir.save_checkpoint(self.directory, step, weights, rundir.optimizer_tensors(self.optimizer, self.names),
-                                   {})
+        elif self.writes:  # adapted: the merged model, and each adapted map's own weight and adapter beside it
+            state, adapters = lora.split_state(self.model) if self.adapted else (self.model.state_dict(), None)
+            whole = lambda tensors: {name: t.detach().cpu().contiguous() for name, t in tensors.items()}  # noqa: E731
+            rundir.save_checkpoint(self.directory, step, whole(state), rundir.optimizer_tensors(self.optimizer, self.names),
+                                   {}, adapters=None if adapters is None else whole(adapters))
         self.fresh, self.checkpointed = False, step
         self.dist.barrier()
 
@@ -557,12 +589,27 @@ class Trainer:
                                              {name: tuple(p.shape) for name, p in self.model.named_parameters()})
             distributed.load_full_state(self.model, self.optimizer, twin.state_dict(), moments)
         else:  # one process: whole tensors, from one file or put together from each process's shard
-            load_weights(self.model, checkpoint_tensors(where, "model"))  # checked against the spec's model
+            weights = checkpoint_tensors(where, "model")
+            if self.adapted:  # the adapted maps' own weights and their adapters, beside the merged model
+                if not (where / rundir.ADAPTERS_FILE).is_file():
+                    raise rundir.RunError(f"{where}: holds no {rundir.ADAPTERS_FILE}, so it was not trained with these "
+                                          "adapters (`lora`); resume with the run's own configuration")
+                weights = lora.joined_state(weights, checkpoint_tensors(where, "adapters"))
+            load_weights(self.model, weights)  # checked against the spec's model
             rundir.restore_optimizer(self.optimizer, self.names, checkpoint_tensors(where, "optimizer"))
         self.start = self.step = self.checkpointed = step
         if self.writes:
             rundir.truncate_metrics(self.directory, step)
             self._write_run_files("running", step)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, device: torch.device):
+    """Draw from torch's generators (the CPU's, and ``device``'s where it is CUDA) seeded with ``seed``, restoring
+    their states after."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed % (1 << 63))
+        yield
 
 
 def _event_writer_class():

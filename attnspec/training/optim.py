@@ -38,15 +38,16 @@ class Group:
                 "parameters": self.names}
 
 
-def frozen_parameters(model: nn.Module, patterns: list[str]) -> set[str]:
-    """The names of ``model``'s parameters that the globs ``patterns`` match (``freeze``: not trained).
+def frozen_parameters(model: nn.Module, patterns: list[str], fixed: set[str] = frozenset()) -> set[str]:
+    """The names of ``model``'s parameters that the globs ``patterns`` match (``freeze``: not trained), with
+    ``fixed``, those frozen whatever the patterns say (the maps low-rank adapters adapt).
 
     Raises:
         SpecError: located at ``freeze[i]``, for a pattern that names no parameter, or at ``freeze`` when the
             patterns leave nothing to train.
     """
     names = [name for name, _ in model.named_parameters()]
-    frozen: set[str] = set()
+    frozen: set[str] = set(fixed)
     for index, pattern in enumerate(patterns):
         matched = {name for name in names if fnmatch.fnmatchcase(name, pattern)}
         if not matched:
@@ -56,7 +57,8 @@ def frozen_parameters(model: nn.Module, patterns: list[str]) -> set[str]:
                                     source="training configuration"))
         frozen |= matched
     if names and len(frozen) == len(names):
-        raise SpecError(Problem("these patterns freeze every parameter: nothing would be trained; leave some out",
+        raise SpecError(Problem("these patterns freeze every parameter: nothing would be trained; leave some out"
+                                + (" (the low-rank adapters' maps are frozen already)" if fixed else ""),
                                 path="freeze", source="training configuration"))
     return frozen
 

@@ -34,7 +34,8 @@ import torch
 
 from attnspec.errors import RunError
 # The read side of the format (what `attnspec build RUN_DIR` needs too) is in attnspec.io, the lowest layer.
-from attnspec.io import (CHECKPOINT_FILES, CHECKPOINT_NAMES, CHECKPOINT_POINTER, MAX_JSON_BYTES, MAX_STEP, RUN_FILE,
+from attnspec.io import (ADAPTERS_FILE, CHECKPOINT_FILES, CHECKPOINT_NAMES, CHECKPOINT_POINTER, MAX_JSON_BYTES,
+                         MAX_STEP, RUN_FILE,
                          RUN_FORMAT as FORMAT, STATUSES, check_directory, checkpoint_tensors, ensure_directory,
                          is_step, json_lines, shard_count,
                          latest_checkpoint, open_append, owns_tree, read_json, read_run, remove_tree, save_tensors,
@@ -153,13 +154,16 @@ def truncate_metrics(directory: Path, step: int) -> None:
 
 
 def save_checkpoint(directory: Path, step: int, weights: dict[str, torch.Tensor], moments: dict[str, torch.Tensor],
-                    state: dict) -> None:
+                    state: dict, adapters: dict[str, torch.Tensor] | None = None) -> None:
     """Write checkpoint ``step`` whole (``weights``: name -> CPU tensor; ``moments``: AdamW's state as
-    :func:`optimizer_tensors` names it; JSON ``state``): see :func:`publish_checkpoint`."""
+    :func:`optimizer_tensors` names it; JSON ``state``; ``adapters``: a low-rank adapted run's own weights of
+    its adapted maps and their adapters, :data:`ADAPTERS_FILE`): see :func:`publish_checkpoint`."""
     tmp = checkpoint_scratch(directory, step)
     try:
         save_tensors(tmp / "model.safetensors", weights)
         save_tensors(tmp / "optimizer.safetensors", moments)
+        if adapters is not None:
+            save_tensors(tmp / ADAPTERS_FILE, adapters)
     except OSError as error:
         raise RunError(f"{tmp}: cannot write the checkpoint ({error.strerror})") from None
     publish_checkpoint(directory, step, tmp, state)
@@ -280,7 +284,7 @@ def _check_moments(name: str, entry: dict[str, torch.Tensor], shape: tuple[int, 
         raise RunError(f"{where}: its step count is not a finite step number")
 
 
-__all__ = ["FORMAT", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "STATUSES", "MAX_STEP", "is_step", "read_run",
+__all__ = ["ADAPTERS_FILE", "FORMAT", "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "STATUSES", "MAX_STEP", "is_step", "read_run",
            "read_json", "recorded", "create", "discard_unstarted", "append_metrics", "truncate_metrics",
            "save_checkpoint", "checkpoint_scratch", "scratch_folder", "publish_checkpoint", "is_sharded", "load_checkpoint", "optimizer_tensors", "moment_tensors", "checked_moments",
            "restore_optimizer", "RunError"]

@@ -1,0 +1,150 @@
+"""Low-rank adaptation (LoRA, Hu et al. 2021) of a model's linear maps during training (the config's ``lora``).
+
+An adapted map W (out, in) computes W x + (alpha / rank) B A dropout(x): A (rank, in) drawn as nn.Linear draws its
+weight, B (out, rank) zeros, so training starts from the model as it was; W and its bias are frozen, A and B
+train. The adapter is a submodule of the map (``<map>.lora.down``, ``<map>.lora.up``) run by a forward hook, so
+the model's own names, its compiled code and its state dict keys for everything else stay as they are.
+
+What a run produces is the merged model: every checkpoint's ``model.safetensors`` holds W + (alpha / rank) B A, a
+plain model of the spec that anything reading a run (eval, export, ``init_weights``, a teacher) reads as it reads
+any run; ``adapters.safetensors`` beside it holds each adapted map's own W and its A and B, which a resumed run
+trains on from exactly where it stopped. :func:`merge_adapters` folds them into the model in place at the end.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+from torch import Tensor, nn
+
+from attnspec.errors import Problem, SpecError
+
+ADAPTER = "lora"
+"""The attribute of an adapted linear map holding its :class:`LoraAdapter`."""
+
+
+class LoraAdapter(nn.Module):
+    """B A dropout(x) times ``scale``: ``down`` A (rank, in), ``up`` B (out, rank), B zero at the start. A is drawn
+    as nn.Linear draws a weight, U(-1/sqrt(in), 1/sqrt(in)), from a generator seeded with ``seed``: a run's adapters
+    are the same whatever the process drew before."""
+
+    def __init__(self, linear: nn.Linear, rank: int, alpha: float, dropout: float, seed: int):
+        super().__init__()
+        options = {"device": linear.weight.device, "dtype": linear.weight.dtype}
+        self.down = nn.Linear(linear.in_features, rank, bias=False, **options)
+        self.up = nn.Linear(rank, linear.out_features, bias=False, **options)
+        bound = linear.in_features ** -0.5
+        drawn = torch.rand(rank, linear.in_features, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        with torch.no_grad():
+            self.down.weight.copy_((2 * drawn - 1) * bound)
+        nn.init.zeros_(self.up.weight)
+        self.scale = alpha / rank
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.up(self.down(self.dropout(x))) * self.scale
+
+    def delta(self) -> Tensor:
+        """(alpha / rank) B A, the change it makes to the map's weight (out, in), computed in float64."""
+        return (self.up.weight.double() @ self.down.weight.double()) * self.scale
+
+
+def _adapted_output(linear: nn.Linear, args: tuple, output: Tensor) -> Tensor:
+    return output + getattr(linear, ADAPTER)(args[0]).to(output.dtype)
+
+
+def attach_adapters(model: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float,
+                    seed: int = 0) -> list[str]:
+    """Give every linear map of ``model`` whose name one of the globs ``targets`` matches (``blocks.*.mixer.q_proj``:
+    the name ``explain`` and a build's manifest give its weight, without ``.weight``) a :class:`LoraAdapter`, and
+    freeze the map's own weight and bias; the i-th map's A is drawn from ``seed`` + i. Returns the adapted maps'
+    names, in order.
+
+    Raises:
+        SpecError: located at ``lora.targets[i]`` for a pattern naming no linear map (or naming a shared
+            block's, which its calls alias), with the model's linear maps listed.
+    """
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    adapted: dict[str, nn.Linear] = {}
+    for index, pattern in enumerate(targets):
+        matched = {name: module for name, module in linears.items() if fnmatch.fnmatchcase(name, pattern)}
+        where = f"lora.targets[{index}]"
+        if any(name.startswith("shared_blocks.") or ".tied_view." in name for name in matched):
+            raise SpecError(Problem(f"{pattern!r} names a shared block's projections, which every call of it runs; "
+                                    "adapt the calling blocks' own maps, or freeze the shared block",
+                                    path=where, source="training configuration"))
+        if not matched:
+            names = [name for name in linears if ".tied_view." not in name]
+            near = ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
+            raise SpecError(Problem(f"{pattern!r} names no linear map of this model (its linear maps: {near}); a "
+                                    "pattern is a glob over them, `*` any characters", path=where,
+                                    source="training configuration"))
+        adapted.update(matched)
+    for index, name in enumerate(sorted(adapted)):
+        linear = adapted[name]
+        linear.add_module(ADAPTER, LoraAdapter(linear, rank, alpha, dropout, seed + index).train(linear.training))
+        linear.register_forward_hook(_adapted_output)
+        for parameter in (linear.weight, linear.bias):
+            if parameter is not None:
+                parameter.requires_grad_(False)
+    return sorted(adapted)
+
+
+def adapted_maps(model: nn.Module) -> dict[str, nn.Linear]:
+    """The linear maps of ``model`` that carry an adapter, by name."""
+    return {name: module for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and isinstance(getattr(module, ADAPTER, None), LoraAdapter)}
+
+
+def frozen_bases(model: nn.Module) -> set[str]:
+    """The parameters the adapters freeze: each adapted map's own weight and bias."""
+    return {f"{name}.{part}" for name, linear in adapted_maps(model).items() for part in ("weight", "bias")
+            if getattr(linear, part) is not None}
+
+
+def split_state(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(the merged model's state dict, the adapters' file): the first names no adapter, each adapted weight
+    W + (alpha / rank) B A in its dtype; the second each adapted map's own W and its A and B."""
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    adapters: dict[str, Tensor] = {}
+    for name, linear in adapted_maps(model).items():
+        adapter = getattr(linear, ADAPTER)
+        prefix = f"{name}.{ADAPTER}."
+        for key in [key for key in state if key.startswith(prefix)]:
+            adapters[key] = state.pop(key)
+        weight = linear.weight.detach()
+        adapters[f"{name}.weight"] = weight
+        state[f"{name}.weight"] = (weight.double() + adapter.delta().detach()).to(weight.dtype)
+    return state, adapters
+
+
+def joined_state(merged: dict[str, Tensor], adapters: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The state dict of a model with adapters from a checkpoint's two files (:func:`split_state`'s inverse):
+    the merged weights, each adapted map's own weight and its adapter's tensors taken from ``adapters``."""
+    return {**merged, **adapters}
+
+
+@torch.no_grad()
+def merge_adapters(model: nn.Module) -> None:
+    """Fold every adapter into its map's weight (W += (alpha / rank) B A) and remove it with its hook: the model
+    is then a plain model of its spec."""
+    for linear in adapted_maps(model).values():
+        adapter = getattr(linear, ADAPTER)
+        linear.weight.copy_((linear.weight.double() + adapter.delta()).to(linear.weight.dtype))
+        del linear._modules[ADAPTER]
+        for key, hook in list(linear._forward_hooks.items()):
+            if hook is _adapted_output:
+                del linear._forward_hooks[key]
+        for parameter in (linear.weight, linear.bias):
+            if parameter is not None:
+                parameter.requires_grad_(True)
+
+
+def adapter_parameters(model: nn.Module) -> int:
+    """How many numbers the adapters train."""
+    return sum(p.numel() for linear in adapted_maps(model).values() for p in getattr(linear, ADAPTER).parameters())
+
+
+__all__ = ["ADAPTER", "LoraAdapter", "adapted_maps", "adapter_parameters", "attach_adapters",
+           "frozen_bases", "joined_state", "merge_adapters", "split_state"]

@@ -103,6 +103,11 @@ class Block(nn.Module):
             x = x * skip_scale
         return norm(x + y) if after else x + y
 
+    def mixer_input(self, x: Tensor) -> Tensor:
+        """What the mixer reads of the block's input x (B, L, d): norm1(x) where the norm comes first (`pre`,
+        `sandwich`, `normed_residual`; parallel blocks are `pre`), x itself where it comes after (`post`, `output`)."""
+        return self.norm1(x) if self.pre else x
+
     def _parallel(self, x: Tensor, mix) -> Tensor:
         """``parallel``: x + mix(norm1(x)) + mlp(norm1(x)), or mlp(norm2(x)) with its own norm."""
         h = self.norm1(x)
@@ -359,8 +364,7 @@ class Model(nn.Module):
         self.check_inputs(inputs)
         if documents is not None:
             self.check_documents(documents, inputs)
-        offset = 0 if documents is None else documents.positions
-        x = embeddings = self.position.embed(self._embedded(inputs), offset)
+        x = embeddings = self.embedded(inputs, documents)
         outputs = []
         packed = {} if documents is None else {"documents": documents}  # blocks wrapped by the compile check too
         lent: dict[int, tuple[Tensor, Tensor]] = {}  # block index -> the keys and values it lends
@@ -392,6 +396,11 @@ class Model(nn.Module):
         if refusing:
             raise ShapeError(f"the {', '.join(refusing)} mixer(s) do not take packed documents (their family does not "
                              "set `takes_documents`); give one sequence per row")
+
+    def embedded(self, inputs: Tensor, documents: Documents | None = None) -> Tensor:
+        """The first block's input: ``inputs``' embeddings (B, L, d_model), with learned or sinusoidal positions
+        where the spec adds them (restarting at each packed document)."""
+        return self.position.embed(self._embedded(inputs), 0 if documents is None else documents.positions)
 
     def _embedded(self, inputs: Tensor) -> Tensor:
         """Token embeddings times the input's ``scale``, through its ``norm`` (feature inputs: their projection)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from attnspec.errors import Problem, SpecError
 from attnspec.spec import limits
@@ -47,8 +47,9 @@ class Distill(Node):
     replace, as LoLCATs and "Mamba in the Llama" do)."""
 
     teacher: Annotated[str, Field(min_length=1, max_length=4096)]
-    """A build or training run directory (a run's latest checkpoint); it must read the same tokens
-    (vocabulary) through an LM head, and take the task's length."""
+    """A build or training run directory (a run's latest checkpoint), or a transformers checkpoint directory
+    (imported in memory); it must read the same tokens (vocabulary) through an LM head, and take the task's
+    length."""
     temperature: Annotated[float, Field(gt=0, le=100)] = 1.0
     """T: both distributions are softened by T and the KL term multiplied by T² (Hinton et al. 2015)."""
     weight: Annotated[float, Field(ge=0, le=1)] = 1.0
@@ -56,6 +57,21 @@ class Distill(Node):
     hidden: Annotated[float, Field(ge=0, le=1e4)] = 0.0
     """Weight of per-layer output matching: the mean squared difference of each block's output between
     student and teacher, summed over the blocks (same block count and width), added to the loss."""
+
+
+class Transfer(Node):
+    """Attention transfer (LoLCATs' first stage): each chosen block's mixer is trained to compute what the teacher's
+    mixer of that block computes, on the teacher's own input to it (its norm of the block's input): every block at
+    once and independently, from one teacher pass; the loss is the sum over the blocks of the mean squared
+    difference of the two mixers' outputs. Freeze what else should not move (`freeze`: the objective trains the
+    chosen mixers alone, but an unfrozen parameter elsewhere is still in the optimiser, its weight decay too)."""
+
+    teacher: Annotated[str, Field(min_length=1, max_length=4096)]
+    """A build or run directory, or a transformers checkpoint directory (imported in memory); its blocks must line
+    up with the student's (as many, as wide), and it must read the student's tokens."""
+    blocks: Annotated[list[Annotated[int, Field(ge=0, le=limits.MAX_BLOCKS)]], Field(min_length=1,
+                                                                                     max_length=limits.MAX_BLOCKS)] | None = None
+    """The blocks to transfer, by index; unset: every block whose mixer differs from the teacher's."""
 
 
 class Lora(Node):
@@ -117,6 +133,9 @@ class TrainConfig(Node):
     first; where a replaced layer's tensors and its replacement's differ in name."""
     distill: Distill | None = None
     """Distil a teacher model's logits (and, with `hidden`, its blocks' outputs) into this one; eager."""
+    transfer: Transfer | None = None
+    """Train the new mixers to compute the teacher's mixers' outputs on the teacher's inputs (`Transfer`), in place
+    of the task's cross-entropy; not with `distill` (one objective a run)."""
     groups: dict[Annotated[str, Field(max_length=100)], GroupOverride] = Field(default_factory=dict)
     """Per-slot (`transition`) or per-kind (`transition.data`) overrides of the optimiser facts."""
     freeze: Annotated[list[Annotated[str, Field(min_length=1, max_length=400)]], Field(max_length=256)] = Field(
@@ -187,6 +206,13 @@ class TrainConfig(Node):
                 raise ValueError(f"unknown group {key!r}{did_you_mean(key, choices)}: a group is a component slot "
                                  f"({', '.join(slots)}) or slot.kind, such as transition.data")
         return groups
+
+    @model_validator(mode="after")
+    def _one_objective(self) -> "TrainConfig":
+        if self.distill is not None and self.transfer is not None:
+            raise ValueError("a run trains one objective: `distill` or `transfer`, not both (train one run after the "
+                             "other, the second with `init_weights` from the first)")
+        return self
 
     def warmup(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else self.steps // 10

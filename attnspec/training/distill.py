@@ -27,37 +27,62 @@ from attnspec.training.tasks import IGNORE
 
 
 def load_teacher(distill, spec, seq_len: int, device: torch.device) -> nn.Module:
-    """The teacher of ``distill`` (a build or run directory) on ``device``, frozen, checked to fit the
-    student ``spec`` and the task's length.
+    """The teacher of ``distill`` on ``device``, frozen, checked to fit the student ``spec`` and the task's length
+    (:func:`teacher_model`).
 
     Raises:
         SpecError: located at ``distill.teacher`` (or ``distill.hidden``): not a model directory, another
             vocabulary or head, too short a ``max_len``, or blocks that cannot be matched one to one.
     """
-    from attnspec.training.rundir import load_trained
-
     def refuse(message: str, field: str = "teacher") -> SpecError:
         return SpecError(Problem(message, path=f"distill.{field}", source="training configuration"))
 
+    teacher = teacher_model(distill.teacher, spec, seq_len, device, refuse)
+    blocks = sum(1 for _ in iter_blocks(spec, expand=True))
+    if distill.hidden and (len(teacher.blocks) != blocks or teacher.spec.d_model != spec.d_model):
+        raise refuse(f"matching block outputs needs the same blocks and width: the teacher has {len(teacher.blocks)} "
+                     f"blocks of {teacher.spec.d_model}, the student {blocks} of {spec.d_model}; set `hidden: 0`",
+                     "hidden")
+    return teacher
+
+
+def teacher_model(source: str, spec, seq_len: int, device: torch.device, refuse) -> nn.Module:
+    """A teacher's model on ``device``, frozen and in eval mode: a build or run directory's, or a transformers
+    checkpoint's (a directory with a config.json, imported in memory as ``import-hf`` would), checked to read the
+    student ``spec``'s tokens through an lm head at the task's ``seq_len``; ``refuse(message)`` makes the error."""
+    from attnspec.training.rundir import load_trained
+
+    path = Path(source)
     try:
-        teacher = load_trained(Path(distill.teacher))
+        if (path / "config.json").is_file() and not (path / "manifest.json").is_file() \
+                and not (path / "run.json").is_file():
+            teacher = _imported(path)
+        else:
+            teacher = load_trained(path)
     except AttnSpecError as error:
-        raise refuse(f"{distill.teacher} is not a build or run directory to distil from: {error}") from None
+        raise refuse(f"{source} is not a build, run or transformers directory to learn from: {error}") from None
     theirs = teacher.spec
     if theirs.input.kind != "tokens" or theirs.head.kind != "lm" or \
             theirs.input.vocab_size != getattr(spec.input, "vocab_size", None):
         raise refuse(f"the teacher must read the student's tokens (vocab_size {getattr(spec.input, 'vocab_size', '?')})"
-                     f" through an lm head; {distill.teacher} has {theirs.input.kind} input of "
+                     f" through an lm head; {source} has {theirs.input.kind} input of "
                      f"{getattr(theirs.input, 'vocab_size', '?')} and a {theirs.head.kind} head")
     if theirs.max_len < seq_len:
         raise refuse(f"the teacher takes at most {theirs.max_len} positions; the task's sequences have {seq_len}")
-    blocks = sum(1 for _ in iter_blocks(spec, expand=True))
-    if distill.hidden and (len(teacher.blocks) != blocks or theirs.d_model != spec.d_model):
-        raise refuse(f"matching block outputs needs the same blocks and width: the teacher has {len(teacher.blocks)} "
-                     f"blocks of {theirs.d_model}, the student {blocks} of {spec.d_model}; set `hidden: 0`", "hidden")
     for parameter in teacher.parameters():
         parameter.requires_grad_(False)
     return teacher.to(device).eval()
+
+
+def _imported(directory: Path) -> nn.Module:
+    """A transformers checkpoint's model as attnspec imports it (nothing written)."""
+    from attnspec.interop.convert import convert_weights, spec_from_checkpoint
+    from attnspec.nn.model import build_model_from_spec
+
+    _, spec, model_type = spec_from_checkpoint(directory)
+    model = build_model_from_spec(spec)
+    model.load_state_dict(convert_weights(spec, directory, model_type))
+    return model
 
 
 def distill_loss(model: nn.Module, teacher: nn.Module, inputs: Tensor, targets: Tensor,

@@ -185,13 +185,16 @@ class Trainer:
                                         betas=tuple(config.betas))
         self.autocast = _autocast(bfloat16, self.device)
         self.loss_fn = _micro_loss
-        self.teacher = None
+        self.teacher, self.term_prefix, self.transferred = None, "", []
         if config.distill is not None:
             from attnspec.training.distill import distill_loss, load_teacher
 
             self.teacher = load_teacher(config.distill, spec, config.task.seq_len, self.device)
             distill = config.distill
             self.loss_fn = lambda model, x, y, documents: distill_loss(model, self.teacher, x, y, distill, documents)
+            self.term_prefix = "distill_"
+        elif config.transfer is not None:
+            self.loss_fn = self._transfer_objective(config)
         if self.compiled and not self.dist.sharded:  # one graph for the whole objective (the teacher's too)
             self.loss_fn = torch.compile(self.loss_fn, fullgraph=True, dynamic=False)
         self.start = 0
@@ -328,6 +331,22 @@ class Trainer:
         return lora.attach_adapters(self.model, config.lora.targets, config.lora.rank, config.lora.scale_alpha(),
                                     config.lora.dropout, seed=self.spec.seed)
 
+    def _transfer_objective(self, config: TrainConfig):
+        """The config's attention transfer (:mod:`attnspec.training.transfer`): its teacher loaded, its blocks
+        chosen; the objective of a micro-batch."""
+        from attnspec.training.distill import teacher_model
+        from attnspec.training.transfer import transfer_loss, transferred_blocks
+
+        if self.dist.active:
+            raise SpecError(Problem("attention transfer runs each mixer outside the model's forward, which "
+                                    "DistributedDataParallel does not see: train it with one process",
+                                    path="transfer", source="training configuration"))
+        refuse = lambda message: SpecError(Problem(message, path="transfer.teacher",  # noqa: E731
+                                                   source="training configuration"))
+        self.teacher = teacher_model(config.transfer.teacher, self.spec, config.task.seq_len, self.device, refuse)
+        self.transferred = transferred_blocks(self.model, self.teacher, config.transfer.blocks)
+        return lambda model, x, y, documents: transfer_loss(model, self.teacher, self.transferred, x, y, documents)
+
     def _dropout_draws(self, step: int, micro: int):
         """The adapters' dropout masks drawn from a generator seeded by the run's seed, the step, the micro-batch
         and the process, so that a resumed run draws what the uninterrupted one did (the global random state is
@@ -382,7 +401,7 @@ class Trainer:
         loss = float(total) / max(answers, 1)
         extra = {"moe_aux_loss": sum(balance) / len(balance)} if balance else {}
         # each process sums its own micro-batches: the global mean is their all-reduced sum over the answers
-        extra.update({f"distill_{name}": float(self.dist.all_reduce_sum(torch.tensor(value, dtype=torch.float64,
+        extra.update({f"{self.term_prefix}{name}": float(self.dist.all_reduce_sum(torch.tensor(value, dtype=torch.float64,
                                                                                       device=self.device)))
                       / max(answers, 1) for name, value in distilled.items()})
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -488,6 +507,8 @@ class Trainer:
                   "frozen": sorted(self.frozen)}
         if self.adapted:
             record["lora"] = {"adapted": self.adapted, "parameters": lora.adapter_parameters(self.model)}
+        if self.transferred:
+            record["transfer"] = {"blocks": self.transferred}
         if self.data_identity is not None:
             record["data"] = self.data_identity
         if self.weights_fit is not None:

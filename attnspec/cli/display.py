@@ -315,6 +315,13 @@ class TrainingDisplay:
                           markup=False)
             if self.progress is not None:
                 self.task_id = self.progress.add_task("", total=record["steps"], completed=record["step"])
+        elif event == "stage":  # a staged run's stage begins
+            frozen = record["parameters"] - record["trained"]
+            extra = (f", low-rank adapters on {record['adapted']} map(s)" if record.get("adapted") else "") + \
+                (f", transferring blocks {', '.join(map(str, record['transferred']))}" if record.get("transferred") else "")
+            out.print(f"stage {record['index'] + 1} of {record['count']}: {record['objective']}, steps "
+                      f"{record['start'] + 1}-{record['end']}, lr {record['lr']:.3g}, {record['trained']:,} trained "
+                      f"({frozen:,} frozen){extra}", markup=False)
         elif event == "eval":
             self.metric = f"(test at step {record['step']}: acc {record['accuracy']:.3f} ppl {record['perplexity']:.3g})"
             out.print(f"step {record['step']}: test {metrics_text(record)}", markup=False)

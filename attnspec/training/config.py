@@ -8,6 +8,7 @@ spec, so ``attnspec train SPEC --config RUN/config.yaml`` repeats a run exactly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal
 
@@ -95,6 +96,26 @@ class Lora(Node):
         return self.alpha if self.alpha is not None else float(self.rank)
 
 
+class Stage(Node):
+    """One stage of a staged run (`stages`): its objective, steps, learning rate, frozen parameters and adapters.
+    Each stage starts a fresh AdamW and its own warm-up and cosine decay; a stage with adapters ends with them
+    merged into the weights, which the next stage starts from."""
+
+    objective: Literal["lm", "distill", "transfer"]
+    """`lm`: the task's cross-entropy; `distill`: the run's `distill` (which must be set); `transfer`: the run's
+    `transfer` (which must be set)."""
+    steps: Count(limits.MAX_STEPS)
+    """Optimiser steps of this stage (the run's `steps` are the stages' sum)."""
+    lr: Annotated[float, Field(gt=0, le=10)] | None = None
+    """Peak learning rate of this stage; unset: the run's `lr`."""
+    warmup_steps: Annotated[int, Field(ge=0, le=limits.MAX_STEPS)] | None = None
+    """Linear warm-up steps of this stage; default 10% of its steps."""
+    freeze: Annotated[list[Annotated[str, Field(min_length=1, max_length=400)]], Field(max_length=256)] | None = None
+    """Parameters this stage does not train (as the run's `freeze`); unset: the run's `freeze`."""
+    lora: Lora | None = None
+    """Low-rank adapters of this stage (as the run's `lora`, which a staged run leaves unset); unset: none."""
+
+
 class TrainConfig(Node):
     """What a training run does: the task, the optimiser and schedule, evaluation and checkpoints."""
 
@@ -146,6 +167,10 @@ class TrainConfig(Node):
     printed at the start and recorded in run.json. Empty: every parameter trains."""
     lora: Lora | None = None
     """Low-rank adapters on chosen linear maps (`Lora`), their maps frozen; unset: none."""
+    stages: Annotated[list[Stage], Field(min_length=1, max_length=16)] | None = None
+    """A run in stages, one after the other (`Stage`: objective, steps, lr, freeze, lora each): attention transfer
+    then a low-rank fine-tune, say. `steps` becomes their sum; `distill` and `transfer` hold the settings of the
+    stages with those objectives. Resumable at any step; run.json records each stage and its results."""
     eval_every: Annotated[int, Field(ge=0, le=limits.MAX_STEPS)] = 100
     """Evaluate on the test set every N steps (0: only at the end)."""
     test_examples: Count(MAX_TEST_EXAMPLES) = 512
@@ -209,13 +234,63 @@ class TrainConfig(Node):
 
     @model_validator(mode="after")
     def _one_objective(self) -> "TrainConfig":
-        if self.distill is not None and self.transfer is not None:
-            raise ValueError("a run trains one objective: `distill` or `transfer`, not both (train one run after the "
-                             "other, the second with `init_weights` from the first)")
+        if self.stages is None:
+            if self.distill is not None and self.transfer is not None:
+                raise ValueError("a run trains one objective: `distill` or `transfer`, not both (or give `stages`, "
+                                 "each naming its objective)")
+            return self
+        for index, stage in enumerate(self.stages):
+            if stage.objective in ("distill", "transfer") and getattr(self, stage.objective) is None:
+                raise ValueError(f"stages[{index}] trains by {stage.objective}, and the run has no `{stage.objective}` "
+                                 "settings: add them (its teacher)")
+        if self.lora is not None:
+            raise ValueError("a staged run's adapters are its stages' (`stages[i].lora`): move `lora` into the stage "
+                             "that trains them")
+        total = sum(stage.steps for stage in self.stages)
+        if "steps" in self.model_fields_set and self.steps != total:
+            raise ValueError(f"`steps` = {self.steps}, and the stages take {total}: a staged run's steps are its "
+                             "stages' sum; leave `steps` out")
+        if total > limits.MAX_STEPS:
+            raise ValueError(f"the stages take {total:,} steps, more than {limits.MAX_STEPS:,} (attnspec's limit)")
+        self.steps = total
         return self
+
+    def stage_list(self) -> list["StagePlan"]:
+        """The run's stages as planned (one, from the run's own fields, for a run without `stages`)."""
+        given = self.stages or [Stage(objective="distill" if self.distill is not None else
+                                      "transfer" if self.transfer is not None else "lm", steps=self.steps,
+                                      lr=self.lr, warmup_steps=self.warmup(), freeze=self.freeze, lora=self.lora)]
+        plans, start = [], 0
+        for index, stage in enumerate(given):
+            plans.append(StagePlan(index, stage.objective, start, start + stage.steps,
+                                   stage.lr if stage.lr is not None else self.lr,
+                                   stage.warmup_steps if stage.warmup_steps is not None else stage.steps // 10,
+                                   stage.freeze if stage.freeze is not None else self.freeze, stage.lora))
+            start += stage.steps
+        return plans
 
     def warmup(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else self.steps // 10
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """A stage as the trainer runs it: steps [start, end) of the run, its objective, peak lr, warm-up, frozen
+    patterns and adapters."""
+
+    index: int
+    objective: str
+    start: int
+    end: int
+    lr: float
+    warmup: int
+    freeze: list[str]
+    lora: Lora | None
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "objective": self.objective, "start": self.start, "end": self.end, "lr": self.lr,
+                "warmup": self.warmup, "freeze": list(self.freeze),
+                "lora": None if self.lora is None else self.lora.model_dump()}
 
 
 slot_field(TrainConfig, "task", "task")

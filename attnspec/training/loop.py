@@ -37,7 +37,7 @@ from attnspec.errors import AttnSpecError, Problem, RunError, RunInterrupted, Sp
 from attnspec.io import VERSION
 from attnspec.nn.model import redraw_random_features
 from attnspec.training import rundir
-from attnspec.training.config import TrainConfig, load_config
+from attnspec.training.config import StagePlan, TrainConfig, load_config
 from attnspec.training import lora
 from attnspec.training.optim import (frozen_parameters, learning_rate, make_optimizer, parameter_groups,
                                      set_learning_rate)
@@ -167,36 +167,22 @@ class Trainer:
                                                                    config.init_weights_map)
         self.model = self.model.to(self.device)
         self.model.set_modes(self.plan.full_modes)
-        self.adapted = self._adapt(config)  # adapters first: the block compile and FSDP's shards take them in
+        self.stages = config.stage_list()
+        if len(self.stages) > 1 and self.dist.active:
+            raise SpecError(Problem("a staged run changes what trains between its stages, which the processes' "
+                                    "DistributedDataParallel or FSDP wrapping fixes: train it with one process",
+                                    path="stages", source="training configuration"))
+        self.autocast = _autocast(bfloat16, self.device)
+        self.bfloat16, self.wrapped, self.teachers = bfloat16, None, {}
+        self.recomputed = blocks_to_recompute(config.activation_checkpointing, len(self.model.blocks))
         if self.compiled and self.dist.sharded:  # FSDP gathers around each block: compile the blocks, not the step
             for block in self.model.blocks:
                 block.forward = torch.compile(block.forward, fullgraph=True, dynamic=False)
-        # frozen before the wrapping: DDP's reducer and FSDP's shards take requires_grad as they find it
-        self.frozen = frozen_parameters(self.model, config.freeze, fixed=lora.frozen_bases(self.model))
-        for name, parameter in self.model.named_parameters():
-            parameter.requires_grad_(name not in self.frozen)
-        self.recomputed = blocks_to_recompute(config.activation_checkpointing, len(self.model.blocks))
-        recompute_blocks(self.model, self.recomputed)
-        self.wrapped = self.dist.wrap(self.model, bfloat16)  # before the optimiser: FSDP replaces the parameters
-        self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()},
-                                       self.frozen)
-        self.names = [name for group in self.groups for name in group.names]
-        self.optimizer = make_optimizer(self.model, self.groups, lr=config.lr, weight_decay=config.weight_decay,
-                                        betas=tuple(config.betas))
-        self.autocast = _autocast(bfloat16, self.device)
-        self.loss_fn = _micro_loss
-        self.teacher, self.term_prefix, self.transferred = None, "", []
-        if config.distill is not None:
-            from attnspec.training.distill import distill_loss, load_teacher
-
-            self.teacher = load_teacher(config.distill, spec, config.task.seq_len, self.device)
-            distill = config.distill
-            self.loss_fn = lambda model, x, y, documents: distill_loss(model, self.teacher, x, y, distill, documents)
-            self.term_prefix = "distill_"
-        elif config.transfer is not None:
-            self.loss_fn = self._transfer_objective(config)
-        if self.compiled and not self.dist.sharded:  # one graph for the whole objective (the teacher's too)
-            self.loss_fn = torch.compile(self.loss_fn, fullgraph=True, dynamic=False)
+        self.stage_metrics: dict[int, dict] = {}  # a stage's index -> the evaluation at its end
+        self._check_stages()  # every stage's names and teachers, before anything is written
+        resume_point = self._resume_point() if resume else None  # (the step, its checkpoint)
+        self._enter_stage(self.stages[0] if resume_point is None else
+                          next((plan for plan in self.stages if resume_point[0] < plan.end), self.stages[-1]))
         self.start = 0
         self.history: list[dict] = []
         self.writes = directory is not None and self.dist.rank == 0
@@ -210,8 +196,8 @@ class Trainer:
         config.task.batch("train", 0, config.batch_size, config.seed)
         self.fresh = not resume  # a new directory that holds no checkpoint yet
         self.step = self.checkpointed = 0  # the steps taken, and the latest checkpoint's (for an interrupt)
-        if resume:
-            self._resume()
+        if resume_point is not None:
+            self._resume(*resume_point)
         elif self.writes:
             rundir.create(directory)
             tokenizer = config.task.text_tokenizer()
@@ -280,9 +266,14 @@ class Trainer:
         metrics: dict = {}
         step = self.start
         reached = False
+        self._announce_stage()
         for step in range(self.start, config.steps):
+            if step == self.stage.end:  # the stage before ended (evaluated, merged, checkpointed): the next begins
+                self._enter_stage(self.stages[self.stage.index + 1])
+                self._announce_stage()
             started = time.perf_counter()
-            lr = learning_rate(step, lr=config.lr, warmup=config.warmup(), steps=config.steps,
+            stage = self.stage  # each stage its own warm-up and cosine decay
+            lr = learning_rate(step - stage.start, lr=stage.lr, warmup=stage.warmup, steps=stage.end - stage.start,
                                min_ratio=config.min_lr_ratio)
             set_learning_rate(self.optimizer, lr)
             loss, grad_norm, extra = self._step(step)
@@ -291,7 +282,8 @@ class Trainer:
                 self._diverge(step + 1, {"loss": loss, "grad_norm": grad_norm}, lr)
             seconds = time.perf_counter() - started
             record = {"step": step + 1, "split": "train", "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": config.batch_size * task.seq_len / max(seconds, 1e-9)}
+                      "tokens_per_s": config.batch_size * task.seq_len / max(seconds, 1e-9),
+                      **({"stage": stage.index} if config.stages is not None else {})}
             record.update(extra)
             self.history.append(record)
             if self.writes and (step + 1) % config.log_every == 0:
@@ -306,6 +298,10 @@ class Trainer:
                     self._checkpoint(step + 1)
             if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and not done:
                 self._checkpoint(step + 1)
+            if step + 1 == stage.end and not done and not reached:
+                if not (config.eval_every and (step + 1) % config.eval_every == 0):
+                    metrics = self._evaluate(step + 1)
+                self._leave_stage(step + 1, metrics)
             if reached or (stop_after is not None and step + 1 >= stop_after and not done):
                 if not reached:
                     self._checkpoint(step + 1)
@@ -320,16 +316,97 @@ class Trainer:
         self.on_progress({"event": "end", "step": final, **metrics})
         return Run(self.directory, self._final_model(), config, final, metrics, self.history)
 
-    def _adapt(self, config: TrainConfig) -> list[str]:
-        """The config's low-rank adapters attached (:mod:`attnspec.training.lora`); the maps adapted."""
-        if config.lora is None:
+    # ------------------------------------------------------------------ stages
+    def _enter_stage(self, stage: StagePlan) -> None:
+        """Set the model, the optimiser and the objective up for ``stage``: its adapters attached, its parameters
+        frozen, a fresh AdamW over the rest, its objective (and teacher) in ``loss_fn``."""
+        config = self.config
+        staged = config.stages is not None
+        where = f"stages[{stage.index}]." if staged else ""
+        self.stage = stage
+        self.adapted = self._adapt(stage.lora, f"{where}lora")
+        # frozen before the wrapping: DDP's reducer and FSDP's shards take requires_grad as they find it
+        self.frozen = frozen_parameters(self.model, stage.freeze, fixed=lora.frozen_bases(self.model),
+                                        where=f"{where}freeze")
+        for name, parameter in self.model.named_parameters():
+            parameter.requires_grad_(name not in self.frozen)
+        self.model.zero_grad(set_to_none=True)  # a gradient the stage before left on what this one freezes
+        if self.wrapped is None:
+            recompute_blocks(self.model, self.recomputed)
+            self.wrapped = self.dist.wrap(self.model, self.bfloat16)  # before the optimiser: FSDP replaces them
+        self.groups = parameter_groups(self.model, {k: v.model_dump(exclude_none=True) for k, v in config.groups.items()},
+                                       self.frozen)
+        self.names = [name for group in self.groups for name in group.names]
+        self.optimizer = make_optimizer(self.model, self.groups, lr=stage.lr, weight_decay=config.weight_decay,
+                                        betas=tuple(config.betas))
+        self.loss_fn, self.teacher, self.term_prefix, self.transferred = _micro_loss, None, "", []
+        if stage.objective == "distill":
+            self.loss_fn = self._distill_objective(config)
+            self.term_prefix = "distill_"
+        elif stage.objective == "transfer":
+            self.loss_fn = self._transfer_objective(config)
+        if self.compiled and not self.dist.sharded:  # one graph for the whole objective (the teacher's too)
+            self.loss_fn = torch.compile(self.loss_fn, fullgraph=True, dynamic=False)
+
+    def _check_stages(self) -> None:
+        """Every stage's adapters' targets and frozen patterns checked against the model (with the adapters it
+        would add), and its teacher loaded (transfer's blocks chosen): a stage that cannot be is refused before
+        the run starts, not when it is reached."""
+        staged = self.config.stages is not None
+        for stage in self.stages:
+            where = f"stages[{stage.index}]." if staged else ""
+            maps = {} if stage.lora is None else lora.matched_maps(self.model, stage.lora.targets, f"{where}lora.targets")
+            added, bases = lora.adapter_names(maps)
+            frozen_parameters(self.model, stage.freeze, fixed=bases, where=f"{where}freeze", added=added)
+            if stage.objective == "transfer":
+                self._transfer_objective(self.config)
+            elif stage.objective == "distill":
+                self._distill_objective(self.config)
+
+    def _announce_stage(self) -> None:
+        """The stage's start, to the progress display (a staged run's)."""
+        if self.config.stages is not None:
+            self.on_progress({"event": "stage", **self.stage.to_json(), "count": len(self.stages),
+                              "parameters": sum(p.numel() for p in self.model.parameters()),
+                              "trained": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+                              "adapted": len(self.adapted), "transferred": self.transferred})
+
+    def _leave_stage(self, step: int, metrics: dict) -> None:
+        """The end of a stage before another: its evaluation kept, its adapters merged into the weights, and a
+        checkpoint of the merged model (which the next stage, and a resume there, start from)."""
+        self.stage_metrics[self.stage.index] = metrics
+        if self.adapted:
+            lora.merge_adapters(self.model)
+            self.adapted = []
+        self._checkpoint(step)
+
+    def _adapt(self, settings, where: str) -> list[str]:
+        """The stage's low-rank adapters attached (:mod:`attnspec.training.lora`); the maps adapted."""
+        if settings is None:
             return []
         if self.dist.sharded:
             raise SpecError(Problem("low-rank adapters are not written for `parallel: fsdp` (a checkpoint's merged "
-                                    "weights need whole tensors): train them with ddp", path="lora",
+                                    "weights need whole tensors): train them with ddp", path=where,
                                     source="training configuration"))
-        return lora.attach_adapters(self.model, config.lora.targets, config.lora.rank, config.lora.scale_alpha(),
-                                    config.lora.dropout, seed=self.spec.seed)
+        return lora.attach_adapters(self.model, settings.targets, settings.rank, settings.scale_alpha(),
+                                    settings.dropout, seed=self.spec.seed, where=f"{where}.targets")
+
+    def _final_model(self) -> nn.Module:
+        """The trained model in eval mode, its adapters merged into the weights (what the checkpoints hold)."""
+        if self.adapted:
+            lora.merge_adapters(self.model)
+            self.adapted = []
+        return self.model.eval()
+
+    def _distill_objective(self, config: TrainConfig):
+        """The config's distillation (:mod:`attnspec.training.distill`): its teacher loaded; the objective of a
+        micro-batch."""
+        from attnspec.training.distill import distill_loss, load_teacher
+
+        if "distill" not in self.teachers:
+            self.teachers["distill"] = load_teacher(config.distill, self.spec, config.task.seq_len, self.device)
+        self.teacher = teacher = self.teachers["distill"]
+        return lambda model, x, y, documents: distill_loss(model, teacher, x, y, config.distill, documents)
 
     def _transfer_objective(self, config: TrainConfig):
         """The config's attention transfer (:mod:`attnspec.training.transfer`): its teacher loaded, its blocks
@@ -341,25 +418,23 @@ class Trainer:
             raise SpecError(Problem("attention transfer runs each mixer outside the model's forward, which "
                                     "DistributedDataParallel does not see: train it with one process",
                                     path="transfer", source="training configuration"))
-        refuse = lambda message: SpecError(Problem(message, path="transfer.teacher",  # noqa: E731
-                                                   source="training configuration"))
-        self.teacher = teacher_model(config.transfer.teacher, self.spec, config.task.seq_len, self.device, refuse)
+        if "transfer" not in self.teachers:
+            refuse = lambda message: SpecError(Problem(message, path="transfer.teacher",  # noqa: E731
+                                                       source="training configuration"))
+            self.teachers["transfer"] = teacher_model(config.transfer.teacher, self.spec, config.task.seq_len,
+                                                      self.device, refuse)
+        self.teacher = self.teachers["transfer"]
         self.transferred = transferred_blocks(self.model, self.teacher, config.transfer.blocks)
-        return lambda model, x, y, documents: transfer_loss(model, self.teacher, self.transferred, x, y, documents)
+        teacher, blocks = self.teacher, self.transferred
+        return lambda model, x, y, documents: transfer_loss(model, teacher, blocks, x, y, documents)
 
     def _dropout_draws(self, step: int, micro: int):
         """The adapters' dropout masks drawn from a generator seeded by the run's seed, the step, the micro-batch
         and the process, so that a resumed run draws what the uninterrupted one did (the global random state is
         not checkpointed); nothing where no adapter drops out."""
-        if self.config.lora is None or self.config.lora.dropout == 0:
+        if self.stage.lora is None or self.stage.lora.dropout == 0:
             return contextlib.nullcontext()
         return _seeded(((self.config.seed * 1_000_003 + step) * 1_009 + micro) * 65_537 + self.dist.rank, self.device)
-
-    def _final_model(self) -> nn.Module:
-        """The trained model in eval mode, its adapters merged into the weights (what the checkpoints hold)."""
-        if self.adapted:
-            lora.merge_adapters(self.model)
-        return self.model.eval()
 
     def _step(self, step: int) -> tuple[float, float, dict[str, float]]:
         """One optimiser step; returns the global mean loss, the gradient norm before clipping and the
@@ -509,6 +584,10 @@ class Trainer:
             record["lora"] = {"adapted": self.adapted, "parameters": lora.adapter_parameters(self.model)}
         if self.transferred:
             record["transfer"] = {"blocks": self.transferred}
+        if self.config.stages is not None:
+            record["stage"] = self.stage.index
+            record["stages"] = [{**plan.to_json(), "metrics": self.stage_metrics.get(plan.index)}
+                                for plan in self.stages]
         if self.data_identity is not None:
             record["data"] = self.data_identity
         if self.weights_fit is not None:
@@ -567,6 +646,8 @@ class Trainer:
                                "smaller grad_clip)", step)
 
     def _finish(self, status: str, step: int, metrics: dict, diverged: dict | None = None) -> None:
+        if status == "done":
+            self.stage_metrics[self.stage.index] = metrics
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
@@ -578,9 +659,10 @@ class Trainer:
                 rundir.write_atomic(self.directory / "result.json",
                                     json.dumps({"step": step, **metrics, "plan": trained}, indent=2))
 
-    def _resume(self) -> None:
-        from attnspec.compiler.load import load_weights
-        from attnspec.io import checkpoint_tensors, latest_checkpoint
+    def _resume_point(self) -> tuple[int, Path]:
+        """The step a resumed run continues from and its checkpoint's folder, checked: a run that did not diverge
+        and holds a checkpoint; the stages' results so far."""
+        from attnspec.io import latest_checkpoint
 
         record = rundir.read_run(self.directory)
         if record["status"] == "diverged":
@@ -590,38 +672,62 @@ class Trainer:
             raise rundir.RunError(f"{self.directory}: holds no checkpoint to resume from (the run was stopped before "
                                   "its first, e.g. killed); remove the directory and run the same command without "
                                   "--resume to start again")
-        if record.get("data") != self.data_identity:
-            raise rundir.RunError(f"{self.directory}: this run trained on other data than the task gives now (run.json "
-                                  f"records {shorten(record.get('data'), 200)}, the task gives "
-                                  f"{shorten(self.data_identity, 200)}: another tokenizer or a changed corpus); "
-                                  "resume with the data it trained on, or start a new run")
+        self.stage_metrics = {entry["index"]: entry["metrics"] for entry in record.get("stages") or []
+                              if isinstance(entry, dict) and entry.get("metrics") and isinstance(entry.get("index"), int)}
         step, where, _ = latest_checkpoint(self.directory, self.config.steps)
-        if self.dist.sharded and rundir.is_sharded(where):  # each process reads the pieces of its own shard
-            from attnspec.training import distributed
+        return step, where
 
-            distributed.load_shards(where, self.model, self.optimizer)
-        elif self.dist.sharded:  # whole tensors, checked in an unsharded twin; each process keeps its shard
-            from attnspec.nn.model import build_model_from_spec
-            from attnspec.training import distributed
+    def _resume(self, step: int, where: Path) -> None:
+        """Continue at ``step`` from the checkpoint in ``where``, the stage holding it set up already: its weights
+        (mid-stage with adapters, the adapted maps' own and the adapters from their file; at a stage's first step,
+        the merged weights the stage before left, the fresh adapters kept) and, mid-stage, AdamW's moments."""
+        from attnspec.compiler.load import load_weights
+        from attnspec.io import checkpoint_tensors
 
-            twin = build_model_from_spec(self.model.spec, empty=True)
-            load_weights(twin, checkpoint_tensors(where, "model"))
-            moments = rundir.checked_moments(checkpoint_tensors(where, "optimizer"),
-                                             {name: tuple(p.shape) for name, p in self.model.named_parameters()})
-            distributed.load_full_state(self.model, self.optimizer, twin.state_dict(), moments)
-        else:  # one process: whole tensors, from one file or put together from each process's shard
+        recorded = rundir.read_run(self.directory).get("data")
+        if recorded != self.data_identity:
+            raise rundir.RunError(f"{self.directory}: this run trained on other data than the task gives now (run.json "
+                                  f"records {shorten(recorded, 200)}, the task gives {shorten(self.data_identity, 200)}: "
+                                  "another tokenizer or a changed corpus); resume with the data it trained on, or "
+                                  "start a new run")
+        if self.dist.sharded:
+            self._resume_sharded(step, where)
+        else:
+            within = step > self.stage.start
             weights = checkpoint_tensors(where, "model")
-            if self.adapted:  # the adapted maps' own weights and their adapters, beside the merged model
+            if self.adapted and within:  # the adapted maps' own weights and adapters, beside the merged model
                 if not (where / rundir.ADAPTERS_FILE).is_file():
                     raise rundir.RunError(f"{where}: holds no {rundir.ADAPTERS_FILE}, so it was not trained with these "
                                           "adapters (`lora`); resume with the run's own configuration")
                 weights = lora.joined_state(weights, checkpoint_tensors(where, "adapters"))
+            elif self.adapted:  # the stage's first step: its fresh adapters on the merged weights
+                weights = lora.joined_state(weights, {name: t for name, t in self.model.state_dict().items()
+                                                      if f".{lora.ADAPTER}." in name})
             load_weights(self.model, weights)  # checked against the spec's model
-            rundir.restore_optimizer(self.optimizer, self.names, checkpoint_tensors(where, "optimizer"))
+            if within:
+                rundir.restore_optimizer(self.optimizer, self.names, checkpoint_tensors(where, "optimizer"))
         self.start = self.step = self.checkpointed = step
         if self.writes:
             rundir.truncate_metrics(self.directory, step)
             self._write_run_files("running", step)
+
+    def _resume_sharded(self, step: int, where: Path) -> None:
+        """Processes sharing the model (FSDP) resume at ``step``: each reads its own shard's pieces, or whole
+        tensors checked in an unsharded twin, each keeping its shard."""
+        from attnspec.compiler.load import load_weights
+        from attnspec.io import checkpoint_tensors
+        from attnspec.nn.model import build_model_from_spec
+        from attnspec.training import distributed
+
+        if rundir.is_sharded(where):
+            distributed.load_shards(where, self.model, self.optimizer)
+            return
+        twin = build_model_from_spec(self.model.spec, empty=True)
+        load_weights(twin, checkpoint_tensors(where, "model"))
+        moments = rundir.checked_moments(checkpoint_tensors(where, "optimizer"),
+                                         {name: tuple(p.shape) for name, p in self.model.named_parameters()})
+        distributed.load_full_state(self.model, self.optimizer, twin.state_dict(), moments)
+
 
 
 @contextlib.contextmanager
@@ -679,7 +785,7 @@ def _micro_loss(model: nn.Module, inputs: Tensor, targets: Tensor, documents=Non
 def _clip(model: nn.Module, max_norm: float, sharded: bool = False) -> float:
     """Clip the gradients' global norm to ``max_norm`` (0: no clipping); returns the norm before clipping
     (of the whole gradients where they are sharded: torch's norms of DTensors reduce over the shards)."""
-    parameters = [p for p in model.parameters() if p.grad is not None]
+    parameters = [p for p in model.parameters() if p.grad is not None and p.requires_grad]
     if not parameters:
         return 0.0
     if max_norm > 0:

@@ -54,41 +54,57 @@ def _adapted_output(linear: nn.Linear, args: tuple, output: Tensor) -> Tensor:
     return output + getattr(linear, ADAPTER)(args[0]).to(output.dtype)
 
 
-def attach_adapters(model: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float,
-                    seed: int = 0) -> list[str]:
-    """Give every linear map of ``model`` whose name one of the globs ``targets`` matches (``blocks.*.mixer.q_proj``:
-    the name ``explain`` and a build's manifest give its weight, without ``.weight``) a :class:`LoraAdapter`, and
-    freeze the map's own weight and bias; the i-th map's A is drawn from ``seed`` + i. Returns the adapted maps'
-    names, in order.
+def matched_maps(model: nn.Module, targets: list[str], where: str = "lora.targets") -> dict[str, nn.Linear]:
+    """The linear maps of ``model`` whose name one of the globs ``targets`` matches (``blocks.*.mixer.q_proj``: the
+    name ``explain`` and a build's manifest give its weight, without ``.weight``), by name, in order.
 
     Raises:
-        SpecError: located at ``lora.targets[i]`` for a pattern naming no linear map (or naming a shared
-            block's, which its calls alias), with the model's linear maps listed.
+        SpecError: located at ``{where}[i]`` for a pattern naming no linear map (or naming a shared block's, which
+            its calls alias), with the model's linear maps listed.
     """
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     adapted: dict[str, nn.Linear] = {}
     for index, pattern in enumerate(targets):
         matched = {name: module for name, module in linears.items() if fnmatch.fnmatchcase(name, pattern)}
-        where = f"lora.targets[{index}]"
+        at = f"{where}[{index}]"
         if any(name.startswith("shared_blocks.") or ".tied_view." in name for name in matched):
             raise SpecError(Problem(f"{pattern!r} names a shared block's projections, which every call of it runs; "
                                     "adapt the calling blocks' own maps, or freeze the shared block",
-                                    path=where, source="training configuration"))
+                                    path=at, source="training configuration"))
         if not matched:
             names = [name for name in linears if ".tied_view." not in name]
             near = ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
             raise SpecError(Problem(f"{pattern!r} names no linear map of this model (its linear maps: {near}); a "
-                                    "pattern is a glob over them, `*` any characters", path=where,
+                                    "pattern is a glob over them, `*` any characters", path=at,
                                     source="training configuration"))
         adapted.update(matched)
-    for index, name in enumerate(sorted(adapted)):
-        linear = adapted[name]
+    return {name: adapted[name] for name in sorted(adapted)}
+
+
+def adapter_names(maps: dict[str, nn.Linear]) -> tuple[list[str], set[str]]:
+    """(the parameters adapters on ``maps`` add, the maps' own parameters they freeze), by name."""
+    added = [f"{name}.{ADAPTER}.{part}.weight" for name in maps for part in ("down", "up")]
+    return added, {f"{name}.{part}" for name, linear in maps.items() for part in ("weight", "bias")
+                   if getattr(linear, part) is not None}
+
+
+def attach_adapters(model: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float,
+                    seed: int = 0, where: str = "lora.targets") -> list[str]:
+    """Give every linear map of ``model`` that ``targets`` name (:func:`matched_maps`) a :class:`LoraAdapter`, and
+    freeze the map's own weight and bias; the i-th map's A is drawn from ``seed`` + i. Returns the adapted maps'
+    names, in order.
+
+    Raises:
+        SpecError: as :func:`matched_maps`.
+    """
+    adapted = matched_maps(model, targets, where)
+    for index, (name, linear) in enumerate(adapted.items()):
         linear.add_module(ADAPTER, LoraAdapter(linear, rank, alpha, dropout, seed + index).train(linear.training))
         linear.register_forward_hook(_adapted_output)
         for parameter in (linear.weight, linear.bias):
             if parameter is not None:
                 parameter.requires_grad_(False)
-    return sorted(adapted)
+    return list(adapted)
 
 
 def adapted_maps(model: nn.Module) -> dict[str, nn.Linear]:
@@ -146,5 +162,6 @@ def adapter_parameters(model: nn.Module) -> int:
     return sum(p.numel() for linear in adapted_maps(model).values() for p in getattr(linear, ADAPTER).parameters())
 
 
-__all__ = ["ADAPTER", "LoraAdapter", "adapted_maps", "adapter_parameters", "attach_adapters",
+__all__ = ["ADAPTER", "LoraAdapter", "adapted_maps", "adapter_names", "adapter_parameters", "attach_adapters",
+           "matched_maps",
            "frozen_bases", "joined_state", "merge_adapters", "split_state"]

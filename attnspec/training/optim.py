@@ -38,28 +38,29 @@ class Group:
                 "parameters": self.names}
 
 
-def frozen_parameters(model: nn.Module, patterns: list[str], fixed: set[str] = frozenset()) -> set[str]:
+def frozen_parameters(model: nn.Module, patterns: list[str], fixed: set[str] = frozenset(),
+                      where: str = "freeze", added: list[str] = ()) -> set[str]:
     """The names of ``model``'s parameters that the globs ``patterns`` match (``freeze``: not trained), with
     ``fixed``, those frozen whatever the patterns say (the maps low-rank adapters adapt).
 
     Raises:
-        SpecError: located at ``freeze[i]``, for a pattern that names no parameter, or at ``freeze`` when the
-            patterns leave nothing to train.
+        SpecError: located at ``freeze[i]`` (``where``: a stage's own field), for a pattern that names no
+            parameter, or at ``freeze`` when the patterns leave nothing to train.
     """
-    names = [name for name, _ in model.named_parameters()]
+    names = [name for name, _ in model.named_parameters()] + list(added)  # (parameters yet to be added: adapters)
     frozen: set[str] = set(fixed)
     for index, pattern in enumerate(patterns):
         matched = {name for name in names if fnmatch.fnmatchcase(name, pattern)}
         if not matched:
             near = ", ".join(names[:4]) + (f" ... ({len(names)} in all)" if len(names) > 4 else "")
             raise SpecError(Problem(f"{pattern!r} names no parameter of this model (its names: {near}); a pattern is "
-                                    "a glob over them, `*` any characters", path=f"freeze[{index}]",
+                                    "a glob over them, `*` any characters", path=f"{where}[{index}]",
                                     source="training configuration"))
         frozen |= matched
     if names and len(frozen) == len(names):
         raise SpecError(Problem("these patterns freeze every parameter: nothing would be trained; leave some out"
                                 + (" (the low-rank adapters' maps are frozen already)" if fixed else ""),
-                                path="freeze", source="training configuration"))
+                                path=where, source="training configuration"))
     return frozen
 
 

@@ -18,29 +18,8 @@ import attnspec
 from attnspec.errors import SpecError
 from attnspec.training.config import load_config
 from attnspec.training.rundir import load_trained
+from tests.training.linearizing import FROZEN, LINEAR, MQAR, SETTINGS, spec as _spec, teacher  # noqa: F401 (fixture)
 
-MQAR = ["seq_len=16", "vocab_size=32", "num_kv_pairs=2"]
-SETTINGS = {"batch_size": 8, "eval_every": 0, "test_examples": 8, "lr": 3e-3}
-
-
-def _spec(second: dict | None = None, blocks: int = 2) -> dict:
-    attention = {"kind": "softmax", "heads": 2, "position": {"kind": "rope"}}
-    layers = [{"mixer": attention, "mlp": {"kind": "glu", "expansion": 2}, "norm": "rmsnorm"} for _ in range(blocks)]
-    if second is not None:
-        layers[1] = {**layers[1], "mixer": second}
-    return {"name": "transfer", "input": {"kind": "tokens", "vocab_size": 32}, "d_model": 16, "max_len": 16,
-            "layers": layers}
-
-
-LINEAR = {"kind": "linear", "heads": 2, "feature_map": "elu1", "position": {"kind": "rope"}}
-FROZEN = ["embed.*", "final_norm.*", "blocks.0.*", "blocks.1.norm*", "blocks.1.mlp.*"]
-
-
-@pytest.fixture(scope="module")
-def teacher(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("teacher") / "run"
-    attnspec.train(_spec(), task="mqar", task_overrides=MQAR, output=directory, steps=30, **SETTINGS)
-    return directory
 
 
 def _student(teacher: Path, steps: int, output=None, second=LINEAR, **transfer):

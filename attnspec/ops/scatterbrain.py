@@ -80,6 +80,8 @@ def scatterbrain_attention(
     max_length: int | None = None,
     backend: str = "auto",
     documents: Documents | None = None,
+    row_max: bool = False,
+    sparse_log_weight: Tensor | None = None,
 ) -> Tensor:
     """Scatterbrain attention.
 
@@ -98,6 +100,10 @@ def scatterbrain_attention(
         documents: packed documents (:mod:`attnspec.ops.documents`): the low-rank part resets at each
             document's start (runs within each, non-causal too) and the sparse part pairs positions
             of one document only, so each computes as it would alone.
+        row_max: the exact terms are exp(scale q_i.k_j - m_i), m_i the row's largest score on its support
+            (LoLCATs'), rather than exp(scale q_i.k_j).
+        sparse_log_weight: ``(H,)`` the log of a weight per head on the exact terms (LoLCATs' window factors),
+            or None.
 
     Returns:
         ``(B, H, L, Dv)``.
@@ -121,6 +127,11 @@ def scatterbrain_attention(
         valid = valid & (support.index <= torch.arange(L, device=q.device).view(1, 1, L, 1))
     logits = scale * (q.unsqueeze(-2) * _gather_rows(k, support.index)).sum(-1)  # (B, H, L, S)
     logits = logits.masked_fill(~valid, float("-inf"))
+    if row_max:  # (a row without a candidate keeps -inf: its exact part is empty)
+        peak = logits.amax(dim=-1, keepdim=True)
+        logits = logits - torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    if sparse_log_weight is not None:
+        logits = logits + sparse_log_weight.to(logits.dtype).view(1, H, 1, 1)
     reference = torch.maximum(log_scale, logits.amax(dim=-1) if logits.shape[-1] else log_scale).detach()
     exact = torch.exp(logits - reference.unsqueeze(-1))
     estimate = (q_features.unsqueeze(-2) * _gather_rows(k_features, support.index)).sum(-1)

@@ -47,6 +47,10 @@ class LinearLowRank(LowRankComponent):
 
     kind: Literal["linear"]
     feature_map: FeatureMap = Field(default_factory=lambda: Elu1Features(kind="elu1"))
+    scaled_inputs: bool = True
+    """The feature map reads q and k times sqrt(scale), so that φ(q).φ(k) estimates exp(scale q.k) for an
+    exponential-like map; false: it reads them as they are (LoLCATs' Hedgehog maps, learnt to match the softmax
+    themselves)."""
 
     def features(self) -> FeatureMapComponent:
         return self.feature_map

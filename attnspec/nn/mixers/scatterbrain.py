@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+from attnspec.nn.mixers.base import full_precision
 from attnspec.nn.mixers.parts import PrefixRerun, ProjectedMixer
 from attnspec.nn.registry import build, register
 from attnspec.ops.documents import Documents
@@ -23,9 +25,14 @@ class ScatterbrainMixer(PrefixRerun, ProjectedMixer):
         super().__init__(node, d_model=d_model, max_len=max_len, seed=seed, d_in=d_in)
         features = node.lowrank.features()
         self.features = build("feature_map", features, dim=self.d_qk, heads=self.heads, scale=self.scale, seed=seed)
-        self.sqrt_scale = 1.0 if features.consumes_scale else math.sqrt(self.scale)
+        unscaled = features.consumes_scale or not getattr(node.lowrank, "scaled_inputs", True)
+        self.sqrt_scale = 1.0 if unscaled else math.sqrt(self.scale)
         self.sparse = build("sparse", node.sparse, d_qk=self.d_qk, seed=seed, causal=self.causal)
         self.eps = node.eps
+        # LoLCATs' window factors: a learnt weight per head on the exact terms (its logit; sigmoid is the weight)
+        self.sparse_weight = nn.Parameter(torch.full((self.heads,), node.sparse_weight_init)) \
+            if node.sparse_weight else None
+        self.row_max = node.sparse_scale == "row_max"
 
     takes_documents = True
 
@@ -40,7 +47,9 @@ class ScatterbrainMixer(PrefixRerun, ProjectedMixer):
         o = scatterbrain_attention(q, k, v, q_features, k_features, self.sparse(q, k), q_log_scale=log_scale,
                                    causal=self.causal, scale=self.scale, eps=self.eps, mode=mode,
                                    chunk_size=self.chunk_size, max_length=self.max_len if self.causal else None,
-                                   backend=backend, documents=documents)
+                                   backend=backend, documents=documents, row_max=self.row_max,
+                                   sparse_log_weight=None if self.sparse_weight is None
+                                   else F.logsigmoid(full_precision(self.sparse_weight)))
         return self._output(o, x, v)
 
     def init_state(self, batch: int, dtype: torch.dtype = torch.float32, device=None,

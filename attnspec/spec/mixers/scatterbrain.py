@@ -29,6 +29,16 @@ class ScatterbrainMixer(MixerComponent):
     """Budget split `[sparse, low_rank]`; the paper trains with 3:1."""
     eps: PositiveFloat = 1e-6
     """Lower clamp of the joint normaliser."""
+    sparse_weight: bool = False
+    """A learnt weight per head on the exact terms, sigmoid(w_h) (LoLCATs' window factors): the support's weights
+    are w_h exp(..) beside the low-rank ones; parameter `sparse_weight` (heads,) holds w's logit, at
+    `sparse_weight_init` to start."""
+    sparse_weight_init: Annotated[float, Field(ge=-30, le=30)] = -2.1972245773362196
+    """The logit each head's `sparse_weight` starts at: LoLCATs' -2.197, a weight of 0.1."""
+    sparse_scale: Literal["exact", "row_max"] = "exact"
+    """The exact terms' scale: `exact`, exp(scale q_i.k_j) (Scatterbrain: on its support the weight is the
+    softmax's own); `row_max`, exp(scale q_i.k_j - m_i), m_i the query's largest score on its support (LoLCATs':
+    the window's softmax terms are on the scale of their row's maximum, the low-rank terms are not)."""
 
     def modes(self) -> tuple[str, ...]:
         return ("chunk", "recurrent", "quadratic")
@@ -76,7 +86,9 @@ class ScatterbrainMixer(MixerComponent):
         return self.sparse.keys_per_query()
 
     def describe(self) -> str:
-        return f"scatterbrain[{self.lowrank.kind} + {self.sparse.kind}] {self.on_heads()}"
+        extra = (", learnt sparse weights" if self.sparse_weight else "") + \
+            (", row-max exact terms" if self.sparse_scale == "row_max" else "")
+        return f"scatterbrain[{self.lowrank.kind} + {self.sparse.kind}{extra}] {self.on_heads()}"
 
     def resolved_parts(self, *, d_qk: int, max_len: int) -> dict[str, Any]:
         """The low-rank and sparse sizes: from the budget's split when there is one, else their defaults."""

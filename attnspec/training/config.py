@@ -48,8 +48,8 @@ class Distill(Node):
     replace, as LoLCATs and "Mamba in the Llama" do)."""
 
     teacher: Annotated[str, Field(min_length=1, max_length=4096)]
-    """A build or training run directory (a run's latest checkpoint), or a transformers checkpoint directory
-    (imported in memory); it must read the same tokens (vocabulary) through an LM head, and take the task's
+    """A build or training run directory (a run's latest checkpoint; an imported transformers model is a build:
+    `attnspec import-hf`'s); it must read the same tokens (vocabulary) through an LM head, and take the task's
     length."""
     temperature: Annotated[float, Field(gt=0, le=100)] = 1.0
     """T: both distributions are softened by T and the KL term multiplied by T² (Hinton et al. 2015)."""
@@ -68,8 +68,8 @@ class Transfer(Node):
     chosen mixers alone, but an unfrozen parameter elsewhere is still in the optimiser, its weight decay too)."""
 
     teacher: Annotated[str, Field(min_length=1, max_length=4096)]
-    """A build or run directory, or a transformers checkpoint directory (imported in memory); its blocks must line
-    up with the student's (as many, as wide), and it must read the student's tokens."""
+    """A build or run directory (an imported transformers model is a build: `attnspec import-hf`'s); its blocks must
+    line up with the student's (as many, as wide), and it must read the student's tokens."""
     blocks: Annotated[list[Annotated[int, Field(ge=0, le=limits.MAX_BLOCKS)]], Field(min_length=1,
                                                                                      max_length=limits.MAX_BLOCKS)] | None = None
     """The blocks to transfer, by index; unset: every block whose mixer differs from the teacher's."""

@@ -47,20 +47,20 @@ def load_teacher(distill, spec, seq_len: int, device: torch.device) -> nn.Module
 
 
 def teacher_model(source: str, spec, seq_len: int, device: torch.device, refuse) -> nn.Module:
-    """A teacher's model on ``device``, frozen and in eval mode: a build or run directory's, or a transformers
-    checkpoint's (a directory with a config.json, imported in memory as ``import-hf`` would), checked to read the
-    student ``spec``'s tokens through an lm head at the task's ``seq_len``; ``refuse(message)`` makes the error."""
+    """A teacher's model on ``device``, frozen and in eval mode: a build or run directory's (an imported
+    transformers model is a build: ``import-hf``'s), checked to read the student ``spec``'s tokens through an lm
+    head at the task's ``seq_len``; ``refuse(message)`` makes the error."""
     from attnspec.training.rundir import load_trained
 
     path = Path(source)
+    if (path / "config.json").is_file() and not (path / "manifest.json").is_file() \
+            and not (path / "run.json").is_file():  # (training reads no transformers code: import-hf does)
+        raise refuse(f"{source} is a transformers checkpoint: import it first (`attnspec import-hf {source} -o "
+                     "BUILD`) and name the build")
     try:
-        if (path / "config.json").is_file() and not (path / "manifest.json").is_file() \
-                and not (path / "run.json").is_file():
-            teacher = _imported(path)
-        else:
-            teacher = load_trained(path)
+        teacher = load_trained(path)
     except AttnSpecError as error:
-        raise refuse(f"{source} is not a build, run or transformers directory to learn from: {error}") from None
+        raise refuse(f"{source} is not a build or run directory to learn from: {error}") from None
     theirs = teacher.spec
     if theirs.input.kind != "tokens" or theirs.head.kind != "lm" or \
             theirs.input.vocab_size != getattr(spec.input, "vocab_size", None):
@@ -72,17 +72,6 @@ def teacher_model(source: str, spec, seq_len: int, device: torch.device, refuse)
     for parameter in teacher.parameters():
         parameter.requires_grad_(False)
     return teacher.to(device).eval()
-
-
-def _imported(directory: Path) -> nn.Module:
-    """A transformers checkpoint's model as attnspec imports it (nothing written)."""
-    from attnspec.interop.convert import convert_weights, spec_from_checkpoint
-    from attnspec.nn.model import build_model_from_spec
-
-    _, spec, model_type = spec_from_checkpoint(directory)
-    model = build_model_from_spec(spec)
-    model.load_state_dict(convert_weights(spec, directory, model_type))
-    return model
 
 
 def distill_loss(model: nn.Module, teacher: nn.Module, inputs: Tensor, targets: Tensor,

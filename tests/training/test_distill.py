@@ -131,7 +131,7 @@ def test_the_console_says_what_init_weights_loaded_initialised_and_ignored(teach
 
 @pytest.mark.parametrize("distill, words", [
     ({"hidden": 1.0}, "same blocks and width"),
-    ({"teacher": "no-such-directory"}, "not a build, run or transformers directory"),
+    ({"teacher": "no-such-directory"}, "not a build or run directory"),
 ])
 def test_a_teacher_that_cannot_be_matched_is_a_located_error_and_nothing_is_written(teacher, tmp_path, distill,
                                                                                      words):

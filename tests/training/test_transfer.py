@@ -57,24 +57,28 @@ def test_transfer_lowers_the_difference_and_trains_the_new_mixer_alone(teacher, 
             assert moved == name.startswith("blocks.1.mixer."), name
 
 
-def test_a_transformers_checkpoint_teaches_as_an_imported_model(tmp_path):
+def test_an_imported_transformers_model_teaches_and_its_checkpoint_says_to_import_it(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from attnspec.interop.convert import import_hf
+    from attnspec.spec import spec_to_data
 
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
                                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
                      ).save_pretrained(tmp_path / "llama")
-    from attnspec.interop.convert import spec_from_checkpoint
-    from attnspec.spec import spec_to_data
-
-    data = spec_to_data(spec_from_checkpoint(tmp_path / "llama")[1])
+    import_hf(tmp_path / "llama", tmp_path / "build", compile_check=False, calibrate=False, check=False)
+    data = spec_to_data(attnspec.load(tmp_path / "build").spec)
     layers = data["layers"]
     blocks = [dict(block) for block in (layers[0]["layers"] * layers[0]["repeat"] if "repeat" in layers[0]
                                         else layers)]
     blocks[1]["mixer"] = {**LINEAR, "position": blocks[1]["mixer"].get("position", {"kind": "rope"})}
     run = attnspec.train({**data, "layers": blocks}, task="mqar", task_overrides=MQAR, steps=3,
-                         transfer={"teacher": str(tmp_path / "llama")}, **SETTINGS)
+                         transfer={"teacher": str(tmp_path / "build")}, **SETTINGS)
     assert run.history[0]["transfer_mse"] > 0
+    with pytest.raises(SpecError, match="import it first"):
+        attnspec.train({**data, "layers": blocks}, task="mqar", task_overrides=MQAR, steps=3,
+                       transfer={"teacher": str(tmp_path / "llama")}, **SETTINGS)
 
 
 @pytest.mark.parametrize("second, transfer, blocks, where, words", [

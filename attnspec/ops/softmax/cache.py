@@ -116,8 +116,8 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
     # the slots are the same for every layer of the step: computed once (per_step)
     slots = shared("softmax cache slots", (position, capacity, chunked), lambda: _slots(position, capacity, chunked))
     if not writes:  # a borrowed cache: its lender wrote this position, and zeroed the slots read yet unwritten
-        return _read(q, keys, values, None, slots, read_lengths(capacity), Dk ** -0.5 if scale is None else scale,
-                     softcap, sinks, selected, B, H, Dv, values.dtype)
+        return _read(q, keys, values, None, slots, Dk ** -0.5 if scale is None else scale, softcap, sinks, selected,
+                     B, H, Dv, values.dtype)
     # Written by index (index_put_), not scatter_ (AOTInductor runs an in-place scatter as a copy of the
     # whole cache, scattered, copied back: 46 ms a step for a 64 MB cache), and once per cache: this
     # position's entry of each row, and zeros in the slots a step reads that their row has not written
@@ -130,19 +130,20 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
     if log_a is not None:
         bias.add_(log_a.unsqueeze(-1).to(bias.dtype))  # one more decay between every written slot and now
         bias.transpose(1, 2).index_put_(slots.targets, torch.zeros((), dtype=bias.dtype, device=bias.device))
-    o, _ = _read(q, keys, values, None if log_a is None else bias, slots, read_lengths(capacity),
-                 Dk ** -0.5 if scale is None else scale, softcap, sinks, selected, B, H, Dv, v.dtype)
+    o, _ = _read(q, keys, values, None if log_a is None else bias, slots, Dk ** -0.5 if scale is None else scale,
+                 softcap, sinks, selected, B, H, Dv, v.dtype)
     return o, (keys, values, bias)
 
 
-def _read(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, slots: "_Slots", lengths: list[int],
-          scale: float, softcap: float | None, sinks: Tensor | None, selected: Tensor | None, B: int, H: int, Dv: int,
+def _read(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, slots: "_Slots", scale: float,
+          softcap: float | None, sinks: Tensor | None, selected: Tensor | None, B: int, H: int, Dv: int,
           dtype: torch.dtype) -> tuple[Tensor, Cache]:
     """The read of :func:`softmax_step` over the written ``slots``: o (B, H, Dv) in ``dtype``, and the cache read."""
     read = _Read(scale, (H, keys.shape[1], values.shape[1]), softcap)
     q = _as(q, keys.dtype)
     if slots.filled is not None:  # torch.compile cannot take a length from the data (capture_scalar_outputs)
-        o = _read_bucketed(q, keys, values, bias, slots.filled, read, lengths, sinks, selected)
+        # (the lengths are read from the capacity here alone: an exported step's capacity is a dynamic size)
+        o = _read_bucketed(q, keys, values, bias, slots.filled, read, read_lengths(keys.shape[2]), sinks, selected)
     else:
         o = read.prefix(q, keys, values, bias, slots.valid, slots.most, sinks=sinks, selected=selected)
     return _as(o.reshape(B, H, Dv), dtype), (keys, values, bias)

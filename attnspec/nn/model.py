@@ -131,6 +131,12 @@ class Block(nn.Module):
             y, lent["kv"] = self.mixer(h, mode, lend=True, **extra)
             return y
 
+        x = self._around(x, mix, feed)
+        return (x, lent["kv"]) if lend else x
+
+    def _around(self, x: Tensor, mix, feed: Tensor | None = None) -> Tensor:
+        """The block around its mixer's call ``mix`` (h -> y): the two side by side (parallel), or the mixer's
+        sub-layer then the MLP's; then the output scale."""
         if self.parallel:
             x = self._parallel(x, mix)
         else:
@@ -138,8 +144,7 @@ class Block(nn.Module):
                 x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales, feed)
             if self.mlp is not None:
                 x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
-        x = self._scaled(x)
-        return (x, lent["kv"]) if lend else x
+        return self._scaled(x)
 
     @property
     def has_step(self) -> bool:
@@ -203,14 +208,7 @@ class Block(nn.Module):
             box["lent"] = lent[0] if lent else None
             return y
 
-        if self.parallel:
-            x = self._parallel(x, mix)
-        else:
-            if self.norm1 is not None:
-                x = self._sublayer(x, mix, self.norm1, self.mixer_residual, self.post_norm1, self.mixer_scales, feed)
-            if self.mlp is not None:
-                x = self._sublayer(x, self.mlp, self.norm2, self.mlp_residual, self.post_norm2, self.mlp_scales)
-        return self._scaled(x), tuple(box.get("state", ())), box.get("lent")
+        return self._around(x, mix, feed), tuple(box.get("state", ())), box.get("lent")
 
 
 class Model(nn.Module):

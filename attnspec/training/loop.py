@@ -9,6 +9,10 @@ One optimiser step, on every process:
    the gradient is that of the global mean whatever N and ``accumulate`` are;
 3. clip, AdamW with the components' optimiser groups, warm-up + cosine schedule.
 
+A run is one stage, or several (``stages``), each with its objective (the task's cross-entropy, distillation,
+attention transfer), frozen parameters, low-rank adapters, fresh AdamW and schedule; a stage's end is
+evaluated, its adapters merged into the weights and checkpointed, and the next stage starts from them.
+
 Only rank 0 writes the run directory. A run is a pure function of (spec, configuration): the
 data of a step depend on the step alone and nothing draws from a global random state, so a run
 resumed from a checkpoint repeats the uninterrupted run's losses bit for bit on the CPU.
@@ -378,6 +382,8 @@ class Trainer:
         if self.adapted:
             lora.merge_adapters(self.model)
             self.adapted = []
+        later = {plan.objective for plan in self.stages[self.stage.index + 1:]}
+        self.teachers = {objective: teacher for objective, teacher in self.teachers.items() if objective in later}
         self._checkpoint(step)
 
     def _adapt(self, settings, where: str) -> list[str]:

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from attnspec.spec import limits
 from attnspec.spec.ir import Block, Group, LmHead, Spec, TokenInput, iter_blocks
+from attnspec.spec.walk import kv_sources
 from attnspec.spec.source import Path
 
 Violation = tuple[Path, str]
@@ -112,9 +113,9 @@ def _kv_sharing_rules(spec: Spec) -> Iterator[Violation]:
             if getattr(shared.block.mixer, name, None) is not None:
                 yield ("shared", i, "block", "mixer", name), (f"a shared block's attention cannot `{name}`: "
                                                               "each of its calls would read one another's")
-    lenders: dict[str, Any] = {}  # name -> the latest lending mixer, in execution order
+    blocks = iter_blocks(spec, expand=True)
     seen: set[tuple] = set()  # a block in a `repeat` group is checked in every copy, reported once
-    for path, block in iter_blocks(spec, expand=True):
+    for (path, block), source in zip(blocks, kv_sources(spec)):
         mixer = block.mixer
         for below, sub in mixer.sub_mixers():
             for name in SHARING:
@@ -122,23 +123,22 @@ def _kv_sharing_rules(spec: Spec) -> Iterator[Violation]:
                     yield path + ("mixer",) + below + (name,), (f"a parallel mixer's branch cannot `{name}`: lend "
                                                                 "or read keys and values in a block's own attention")
         name = getattr(mixer, "kv_from", None)
-        if name is not None and path not in seen:
-            lender = lenders.get(name)
-            at = path + ("mixer", "kv_from")
-            if lender is None:
+        if name is None or path in seen:
+            continue
+        at = path + ("mixer", "kv_from")
+        if source is None:
+            seen.add(path)
+            yield at, (f"no earlier block lends keys and values as '{name}': set `lends_kv: {name}` on the "
+                       "attention of a block before this one")
+            continue
+        lender = blocks[source][1].mixer
+        for field in ("key_heads", "value_heads", "d_qk", "d_v", "causal", "window", "chunk"):
+            mine, theirs = (_resolved(spec, one, field) for one in (mixer, lender))
+            if mine != theirs and path not in seen:
                 seen.add(path)
-                yield at, (f"no earlier block lends keys and values as '{name}': set `lends_kv: {name}` on the "
-                           "attention of a block before this one")
-            else:
-                for field in ("key_heads", "value_heads", "d_qk", "d_v", "causal", "window", "chunk"):
-                    mine, theirs = (_resolved(spec, one, field) for one in (mixer, lender))
-                    if mine != theirs and path not in seen:
-                        seen.add(path)
-                        what = {"key_heads": "kv_heads", "value_heads": "kv_heads"}.get(field, field)
-                        yield at, (f"the keys and values lent as '{name}' have {field} = {theirs}, and this "
-                                   f"attention's {field} is {mine}: set its `{what}` to the lender's")
-        if getattr(mixer, "lends_kv", None) is not None:
-            lenders[mixer.lends_kv] = mixer
+                what = {"key_heads": "kv_heads", "value_heads": "kv_heads"}.get(field, field)
+                yield at, (f"the keys and values lent as '{name}' have {field} = {theirs}, and this "
+                           f"attention's {field} is {mine}: set its `{what}` to the lender's")
 
 
 def _resolved(spec: Spec, mixer, field: str) -> Any:

@@ -28,12 +28,13 @@ def iter_blocks(spec: Any, expand: bool = False) -> list[tuple[tuple[Any, ...], 
 
 def kv_sources(spec: Any) -> list[int | None]:
     """For each block in execution order, the index of the block whose attention's keys and values it reads
-    (its mixer's ``kv_from``: the latest earlier block that ``lends_kv`` under that name), or None."""
+    (its mixer's ``kv_from``: the latest earlier block that ``lends_kv`` under that name), or None (none read, or
+    no earlier block lends the name: a spec the rules refuse)."""
     latest: dict[str, int] = {}
     sources: list[int | None] = []
     for index, (_, block) in enumerate(iter_blocks(spec, expand=True)):
         borrowed = getattr(block.mixer, "kv_from", None)
-        sources.append(None if borrowed is None else latest[borrowed])
+        sources.append(None if borrowed is None else latest.get(borrowed))
         lent = getattr(block.mixer, "lends_kv", None)
         if lent is not None:
             latest[lent] = index

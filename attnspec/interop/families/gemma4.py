@@ -10,6 +10,7 @@ from attnspec.interop.architecture import (Architecture, Link, Row, Wrapper, blo
                                            rmsnorm_node)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
 from attnspec.spec import limits
+from attnspec.spec.walk import kv_sources
 
 KV_NAMES = {"sliding_attention": "sliding", "full_attention": "full"}
 """The name each layer type's last unshared layer lends its keys and values under (transformers keys them by type)."""
@@ -186,8 +187,6 @@ class Gemma4(Architecture):
         if any(m.kv_from is not None for m in mixers[:first]):
             raise NotExpressible(f"{model_type}'s layers reading another layer's keys and values are its last ones")
         expected = self._kv_sources(Config({"num_kv_shared_layers": shared}, "spec"), types)
-        from attnspec.spec.walk import kv_sources
-
         if kv_sources(spec) != expected:
             raise NotExpressible(f"{model_type}'s shared layers read the last unshared layer of their type")
         sliding = next((m for m in mixers if m.window is not None), mixers[0])

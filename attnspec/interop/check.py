@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from attnspec.errors import shorten
-from attnspec.interop.checkpoint import read_config
+from attnspec.interop.checkpoint import open_checkpoint
 
 PROMPT_TOKENS = 8
 NEW_TOKENS = 8
@@ -81,7 +81,17 @@ def our_side(model) -> Ours | ImportCheck:
     return Ours(prompt, logits, tokens, model.embed.weight.dtype)
 
 
-def import_transformers(checkpoint: Path | str) -> str | None:
+def _source(checkpoint) -> tuple[str, dict]:
+    """What transformers' ``from_pretrained`` takes for ``checkpoint`` (a path, or one opened by
+    :func:`~attnspec.interop.checkpoint.open_checkpoint`): the directory, and ``gguf_file`` for a GGUF file
+    (transformers reads and dequantises GGUF itself: the check is against its reading, not attnspec's)."""
+    opened = open_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
+    if opened.gguf:
+        return str(opened.gguf.parent), {"gguf_file": opened.gguf.name}
+    return str(opened.path), {"use_safetensors": True}
+
+
+def import_transformers(checkpoint) -> str | None:
     """Import transformers and the modelling module of ``checkpoint``'s type (seconds of Python, which
     ``import-hf`` spends while its compile check runs); why not, where it cannot (not installed)."""
     try:
@@ -89,15 +99,17 @@ def import_transformers(checkpoint: Path | str) -> str | None:
     except ImportError:
         return "transformers is not installed (the `hf` extra); `--no-check` says so quietly"
     try:  # the class's module is imported lazily by the mapping; its failure is from_pretrained's to report
-        config = transformers.AutoConfig.from_pretrained(str(checkpoint), local_files_only=True,
-                                                         trust_remote_code=False)
+        directory, options = _source(checkpoint)
+        options.pop("use_safetensors", None)
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False,
+                                                         **options)
         transformers.AutoModelForCausalLM._model_mapping[type(config)]
     except Exception:  # noqa: BLE001 - transformers' own failure is reported by the comparison
         pass
     return None
 
 
-def compare(checkpoint: Path | str, ours: Ours | ImportCheck) -> ImportCheck:
+def compare(checkpoint, ours: Ours | ImportCheck) -> ImportCheck:
     """transformers' model of ``checkpoint`` in ``ours``' dtype against ``ours`` (:func:`our_side`: attnspec's
     model need not be held while transformers' is). Never raises for transformers' sake: a checkpoint it
     cannot load (not installed, no causal-LM class for the type, its own error) is reported as skipped."""
@@ -110,12 +122,14 @@ def compare(checkpoint: Path | str, ours: Ours | ImportCheck) -> ImportCheck:
 
     from attnspec.interop.registry import wrappers
 
-    wrapper = wrappers().get(read_config(Path(checkpoint)).get("model_type"))
+    opened = open_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
+    wrapper = wrappers().get(opened.config.get("model_type"))
     loader = getattr(transformers, wrapper.oracle) if wrapper is not None and wrapper.oracle else \
         transformers.AutoModelForCausalLM
+    directory, options = _source(opened)
     try:
-        theirs = loader.from_pretrained(
-            str(checkpoint), dtype=ours.dtype, local_files_only=True, use_safetensors=True, trust_remote_code=False)
+        theirs = loader.from_pretrained(directory, dtype=ours.dtype, local_files_only=True, trust_remote_code=False,
+                                        **options)
     except Exception as error:  # noqa: BLE001 - transformers' own failure is a reason, not a crash
         return ImportCheck(skipped=f"transformers could not load it as a causal LM ({type(error).__name__}: "
                                    f"{shorten(str(error), 160)})")
@@ -138,7 +152,7 @@ def compare(checkpoint: Path | str, ours: Ours | ImportCheck) -> ImportCheck:
                        relative_logit_diff=difference / max(their_logits.abs().max().item(), 1e-30))
 
 
-def check_import(checkpoint: Path | str, load_model) -> ImportCheck:
+def check_import(checkpoint, load_model) -> ImportCheck:
     """Compare the imported model (``load_model()`` makes it: an attnspec model of the build) with
     transformers' own model of ``checkpoint`` (module docstring). The two are never held at once: ours runs
     and is dropped before transformers loads (:func:`our_side`, then :func:`compare`)."""

@@ -141,3 +141,49 @@ def write_checkpoint(directory: Path, config: dict, tensors: dict[str, torch.Ten
     (directory / CONFIG).write_text(text + "\n")
     save_tensors(directory / WEIGHTS, {name: t.detach().contiguous().cpu() for name, t in tensors.items()},
                  metadata={"format": "pt"})
+
+
+class DirectoryCheckpoint:
+    """A transformers checkpoint directory: its ``config`` (``config.json``), the tensor names it holds
+    (:meth:`bind`) and :meth:`read`; what :class:`attnspec.interop.gguf.GGUFCheckpoint` is for a GGUF file."""
+
+    gguf = None
+    """The GGUF file (None: a directory of safetensors)."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory)
+        self.config = read_config(self.path)
+        self._files: dict[str, Path] | None = None
+        self._reader: ShardReader | None = None
+
+    def bind(self, names: list[str]) -> set[str]:
+        """Every tensor name the checkpoint holds (``names``, what the family reads, need no mapping here)."""
+        if self._files is None:
+            self._files = weight_files(self.path)
+        return set(self._files)
+
+    def read(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The tensor ``name`` as ``dtype`` (None: as stored); :class:`ShardReader`'s checks."""
+        if self._reader is None:
+            self._reader = ShardReader(self._files if self._files is not None else weight_files(self.path))
+        return self._reader.read(name, dtype)
+
+
+def open_checkpoint(path: Path | str):
+    """The checkpoint at ``path``: a GGUF file (or a directory holding one and no ``config.json``) as a
+    :class:`attnspec.interop.gguf.GGUFCheckpoint`, else a transformers directory as a
+    :class:`DirectoryCheckpoint`.
+
+    Raises:
+        InteropError: what is wrong with the file or directory (nothing is read but headers and config).
+    """
+    from attnspec.interop.gguf import GGUFCheckpoint, find_gguf
+
+    path = Path(path)
+    found = find_gguf(path)
+    if found is not None:
+        return GGUFCheckpoint(found)
+    if path.is_file():
+        raise InteropError(f"{path}: a file; give a transformers checkpoint directory (config.json and safetensors "
+                           "weights) or a .gguf file")
+    return DirectoryCheckpoint(path)

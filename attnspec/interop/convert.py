@@ -28,9 +28,10 @@ from attnspec.compiler.manifest import sha256
 from attnspec.compiler.outdir import OutputKind, Scratch, check_output
 from attnspec.errors import AttnSpecError, InteropError, RunError, SpecError, shorten
 from attnspec.interop.config import NotExpressible
+from attnspec.interop.gguf_tokenizer import gguf_tokenizer
 from attnspec.interop.refused import refusal
 from attnspec.interop.registry import architectures, export_order, wrappers
-from attnspec.interop.checkpoint import CONFIG, WEIGHTS, ShardReader, read_config, weight_files, write_checkpoint
+from attnspec.interop.checkpoint import CONFIG, WEIGHTS, open_checkpoint, write_checkpoint
 from attnspec.spec import limits
 from attnspec.spec.emit import spec_to_data
 from attnspec.spec.ir import Spec
@@ -43,8 +44,20 @@ ATTNSPEC_TYPE = "attnspec"
 IGNORED = re.compile(r".*\.rotary_emb\.inv_freq$")
 """Tensors old checkpoints carry that are no weights (recomputed from the config)."""
 def _name(directory: Path) -> str:
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", directory.resolve().name).strip("-.") or "imported"
+    name = directory.resolve().stem if directory.is_file() else directory.resolve().name
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "imported"
     return name[:64]
+
+
+def _opened(checkpoint):
+    """A checkpoint path opened (:func:`attnspec.interop.checkpoint.open_checkpoint`), or one already open."""
+    return open_checkpoint(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
+
+
+GGUF_DTYPE = "bfloat16"
+"""A GGUF import's default dtype: the releases GGUF files are made from are bfloat16 models (the file's
+own types are its quantisation, no model dtype), and half of float32's memory; ``--dtype float32`` keeps
+every dequantised value exactly (a block's scale times a small integer)."""
 
 
 def _printable(name: str) -> str:
@@ -52,21 +65,24 @@ def _printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
-def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None,
+def spec_from_checkpoint(directory, *, max_len: int | None = None,
                          dtype: str | None = None) -> tuple[dict, Spec, str]:
-    """The spec of a transformers checkpoint, as data and validated, and its model type.
+    """The spec of a transformers checkpoint or GGUF file (a path, or one opened by
+    :func:`~attnspec.interop.checkpoint.open_checkpoint`), as data and validated, and its model type.
+    ``dtype``: the parameters' (None: the checkpoint's own; a GGUF file's: :data:`GGUF_DTYPE`).
 
     Raises:
         InteropError: the model type is not supported, or the config asks for something attnspec
             cannot express (naming the field and the layers), or the spec breaks attnspec's limits.
     """
-    directory = Path(directory)
+    checkpoint = _opened(directory)
+    directory = checkpoint.path
     if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)
                                 or not 2 <= max_len <= limits.MAX_LEN):
         raise InteropError(f"--max-len must be a whole number from 2 to {limits.MAX_LEN:,} (the longest sequence the "
                            f"model takes and its caches hold), got {shorten(max_len)}")
-    config = read_config(directory)
-    source = f"{directory}/config.json"
+    config = checkpoint.config
+    source = f"{directory} (its GGUF metadata)" if checkpoint.gguf else f"{directory}/config.json"
     quantization = config.get("quantization_config")
     if quantization is not None:  # packed integers, scales beside the weights: nothing attnspec's maps read
         method = quantization.get("quant_method") if isinstance(quantization, dict) else None
@@ -90,9 +106,11 @@ def spec_from_checkpoint(directory: Path | str, *, max_len: int | None = None,
     architecture = architectures()[model_type]
     data = architecture.spec(architecture.read(config, model_type, source), model_type)
     data = {"name": _name(directory),
-            "description": f"Imported from a transformers {model_type} checkpoint "
-                           f"({_printable(directory.resolve().name)}).",
+            "description": f"Imported from a {'GGUF file of a ' if checkpoint.gguf else 'transformers '}{model_type}"
+                           f" {'model' if checkpoint.gguf else 'checkpoint'} ({_printable(directory.resolve().name)}).",
             **data}
+    if dtype is None and checkpoint.gguf:
+        dtype = GGUF_DTYPE
     if max_len is not None:
         data["max_len"] = max_len
     if dtype is not None:
@@ -136,17 +154,18 @@ def converted_tensors(spec, checkpoint: Path | str, model_type: str):
     Raises:
         InteropError: as :func:`convert_weights` (a tensor's own problems as the iterator reaches it).
     """
-    checkpoint = Path(checkpoint)
+    opened = _opened(checkpoint)
+    checkpoint = opened.path
     layout = target_layout(spec)
     architecture = architectures()[model_type]
     links = architecture.stored_links(spec, model_type)
-    files = weight_files(checkpoint)
     other = None  # the prefixes of a multimodal checkpoint's tensors that are not its text model's
-    wrapper = wrappers().get(read_config(checkpoint).get("model_type"))
+    wrapper = wrappers().get(opened.config.get("model_type"))
     if wrapper is not None and wrapper.text_type == model_type:
         other = wrapper.foreign
         links = [dataclasses.replace(link, theirs=wrapper.stored_name(link.theirs)) for link in links]
     wanted = {link.theirs for link in links}
+    files = opened.bind(sorted(wanted | {"lm_head.weight"}))
     missing = sorted(wanted - set(files))
     if missing:
         raise InteropError(f"{checkpoint}: the weights lack {shorten(missing[0], 100)} (and {len(missing) - 1} more), "
@@ -162,11 +181,11 @@ def converted_tensors(spec, checkpoint: Path | str, model_type: str):
     covered = [name for link in links for name in link.ours]
     if sorted(covered) != sorted(layout):  # every tensor of the model comes from the checkpoint once
         raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(layout) - set(covered))[:3]} unset")
-    scales = architecture.weight_scales(spec, architecture.read(read_config(checkpoint), model_type, str(checkpoint)))
+    scales = architecture.weight_scales(spec, architecture.read(opened.config, model_type, str(checkpoint)))
     exact = torch.float64 if spec.dtype == "float64" else torch.float32
 
     def tensors():
-        reader = ShardReader(files)
+        reader = opened
         for link in links:
             targets = [layout[name][0] for name in link.ours]
             if link.plain and scales.get(link.ours[0], 1.0) == 1.0:  # one tensor as it is: cast, no arithmetic
@@ -225,21 +244,25 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
     """
     from attnspec.compiler.build import build_directory
 
-    data, spec, model_type = spec_from_checkpoint(checkpoint, max_len=max_len, dtype=dtype)
-    converted_tensors(spec, checkpoint, model_type)  # every name and shape checked before anything is written
-    try:  # a tokenizer.json beside the weights travels with them
-        tokenizer = tokenizer_in(Path(checkpoint))
+    opened = _opened(checkpoint)
+    checkpoint = opened.path
+    data, spec, model_type = spec_from_checkpoint(opened, max_len=max_len, dtype=dtype)
+    converted_tensors(spec, opened, model_type)  # every name and shape checked before anything is written
+    try:  # a tokenizer.json beside the weights travels with them (a GGUF file's is made from its metadata)
+        tokenizer = gguf_tokenizer(opened) if opened.gguf else tokenizer_in(checkpoint)
     except TokenizerError as error:
+        if opened.gguf:
+            raise InteropError(f"{checkpoint}: its tokenizer cannot be carried ({error})") from None
         raise InteropError(f"{checkpoint}: its tokenizer cannot be carried ({error}); move tokenizer.json away to "
                            "import the weights alone") from None
     generation = None  # and the release's decoding defaults (its checked fields)
-    if (Path(checkpoint) / GENERATION_FILE).exists():
+    if not opened.gguf and (checkpoint / GENERATION_FILE).exists():
         try:
             generation = read_generation_config(Path(checkpoint) / GENERATION_FILE, spec.input.vocab_size,
                                                 follow_links=True)
         except RunError as error:
             raise InteropError(f"{error}; move {GENERATION_FILE} away to import the weights without it") from None
-    compared = check and model_type == read_config(Path(checkpoint)).get("model_type")
+    compared = check and model_type == opened.config.get("model_type")
     ours, seconds = [], []
 
     def beside_compile_check(model):  # attnspec's side of the check, and transformers' import, on this core
@@ -249,10 +272,10 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
             on_stage("check", None)
         start = time.perf_counter()
         ours.append(our_side(model))
-        import_transformers(checkpoint)
+        import_transformers(opened)
         seconds.append(time.perf_counter() - start)
 
-    result = build_directory(data, output, weights=lambda path: write_converted(spec, checkpoint, model_type, path),
+    result = build_directory(data, output, weights=lambda path: write_converted(spec, opened, model_type, path),
                              compile_check=compile_check, force=force, programs=programs,
                              calibrate=calibrate, on_stage=on_stage, tokenizer=tokenizer, generation=generation,
                              beside_compile_check=beside_compile_check if compared else None)
@@ -260,7 +283,7 @@ def import_hf(checkpoint: Path | str, output: Path | str, *, max_len: int | None
         from attnspec.interop.check import compare
 
         start = time.perf_counter()
-        result.import_check = compare(checkpoint, ours[0])
+        result.import_check = compare(opened, ours[0])
         if on_stage is not None:
             on_stage("check", round(seconds[0] + time.perf_counter() - start, 3))
     elif check:  # the text model of a multimodal release

@@ -25,6 +25,7 @@ class Gemma2(Gemma3):
 
     QK_NORM = False
     ATTENTION_SOFTCAP = True
+    SOFTCAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
     WINDOW_PATTERN = 2
     ROPE_PER_LAYER_TYPE = False
 

@@ -50,14 +50,37 @@ class Gemma3(Architecture):
     """A norm before and after each sub-layer (VaultGemma's: before only, `pre`)."""
     ROPE_PER_LAYER_TYPE = True
     """`rope_parameters` per layer type (Gemma 3's local and global bases); Gemma 2's config holds one."""
+    SOFTCAPS = {"attn_logit_softcapping": None, "final_logit_softcapping": None}
+    """The soft-caps a config that does not name them gets (its transformers config class's defaults: a GGUF
+    file's config names neither)."""
+    DEFAULT_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
+    """Gemma3TextConfig's RoPE bases where the config states none (``default_theta``)."""
+
+    def _per_layer_type_rope(self, config: Config) -> Config:
+        """``config`` with ``rope_parameters`` per layer type, built as Gemma3TextConfig builds it from the
+        flat fields where the config has none (transformers 4 configs, GGUF files): the global layers take
+        ``rope_theta`` and ``rope_scaling``, the local ones ``rope_local_base_freq``, each base defaulting to
+        :data:`DEFAULT_THETA`'s."""
+        if not self.ROPE_PER_LAYER_TYPE or config.data.get("rope_parameters") is not None:
+            return config
+        scaling = config.get("rope_scaling", dict, None) or {}
+        full = {"rope_type": "default", **scaling,
+                "rope_theta": config.number("rope_theta", self.DEFAULT_THETA["full_attention"])}
+        local = {"rope_type": "default",
+                 "rope_theta": config.number("rope_local_base_freq", self.DEFAULT_THETA["sliding_attention"])}
+        data = {**config.data, "rope_parameters": {"full_attention": full, "sliding_attention": local}}
+        return Config(data, config.source)
 
     def spec(self, config: Config, model_type: str) -> dict:
+        config = self._per_layer_type_rope(config)
         layers, d_model = config.count("num_hidden_layers", limit=limits.MAX_BLOCKS), config.count("hidden_size")
         heads, kv_heads, head_dim = config.attention_heads()
         if config.get("use_bidirectional_attention", bool, None):
             raise config.refuse("use_bidirectional_attention", "bidirectional attention is not a causal LM's; unset "
                                 "imports")
         softcap = None
+        caps = {**self.SOFTCAPS, **{field: config.data[field] for field in self.SOFTCAPS if field in config.data}}
+        config = Config({**config.data, **caps}, config.source)  # an absent cap is the class's default
         if config.data.get("attn_logit_softcapping") is not None:
             if not self.ATTENTION_SOFTCAP:
                 raise config.refuse("attn_logit_softcapping", f"transformers' {model_type} attention never applies "
@@ -70,7 +93,7 @@ class Gemma3(Architecture):
         default = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
         types = config.attention_layer_types(layers, default)
         mlp = {"kind": "glu", "hidden": config.count("intermediate_size"), "bias": False,
-               "activation": config.activation("hidden_activation")}
+               "activation": config.activation("hidden_activation", default="gelu_pytorch_tanh")}
         blocks = []
         for layer_type in types:
             mixer = {"kind": "softmax", "heads": heads, "d_qk": head_dim, "d_v": head_dim, "qkv_bias": bias,

@@ -13,6 +13,7 @@ attnspec's own float64 verification is per distinct block. ``import-hf`` runs at
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -127,12 +128,19 @@ def compare(checkpoint, ours: Ours | ImportCheck) -> ImportCheck:
     loader = getattr(transformers, wrapper.oracle) if wrapper is not None and wrapper.oracle else \
         transformers.AutoModelForCausalLM
     directory, options = _source(opened)
+    quiet = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF reader draws its own progress bar; import-hf draws stages
     try:
         theirs = loader.from_pretrained(directory, dtype=ours.dtype, local_files_only=True, trust_remote_code=False,
                                         **options)
     except Exception as error:  # noqa: BLE001 - transformers' own failure is a reason, not a crash
         return ImportCheck(skipped=f"transformers could not load it as a causal LM ({type(error).__name__}: "
                                    f"{shorten(str(error), 160)})")
+    finally:
+        if quiet is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = quiet
     theirs.eval()
     prompt = ours.prompt
     try:

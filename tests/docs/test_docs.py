@@ -117,7 +117,15 @@ def _plugin_spec(folder: Path) -> None:
         "layers:\n  - mixer: {kind: linear, heads: 2, d_qk: 4, feature_map: taylor}\n")
 
 
-SCENARIOS = {"main-job": None, "quick-start": _tiny_llama, "plugin": _plugin_spec, "repository": None}
+def _real_smollm2(folder: Path) -> None:
+    """``SmolLM2-135M-Instruct.Q4_1.gguf``: the real released model (tools/fetch_models.py, cached), linked in."""
+    from tools.fetch_models import fetch
+
+    (folder / "SmolLM2-135M-Instruct.Q4_1.gguf").symlink_to(fetch("smollm2", quiet=True))
+
+
+SCENARIOS = {"main-job": None, "quick-start": _tiny_llama, "plugin": _plugin_spec, "repository": None,
+             "gguf": _real_smollm2}
 """Each scenario's preparation of its sandbox (beyond the links to the repository's folders)."""
 
 

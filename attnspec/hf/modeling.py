@@ -69,7 +69,7 @@ def check_directory(directory: Path) -> None:
     from attnspec.compiler.sizes import check_model_size
     from attnspec.interop.checkpoint import CONFIG, MAX_WEIGHT_BYTES, WEIGHTS, read_json_file, regular_file
     from attnspec.io import read_safetensors_header
-    from attnspec.nn.model import Model, meta_values_skipped
+    from attnspec.nn.model import Model, cast_parameters, meta_values_skipped
 
     if not directory.is_dir():
         raise InteropError(f"{directory}: not a local directory; attnspec models load from a directory written by "
@@ -80,8 +80,8 @@ def check_directory(directory: Path) -> None:
         check_model_size(spec)
     except AttnSpecError as error:
         raise InteropError(f"{directory / CONFIG}: {error}") from None
-    with torch.device("meta"), meta_values_skipped():
-        expected = {f"model.{name}": t for name, t in Model(spec).state_dict().items()}
+    with torch.device("meta"), meta_values_skipped():  # in the dtypes the model holds (the spec's: bf16 stays bf16)
+        expected = {f"model.{name}": t for name, t in cast_parameters(Model(spec), spec).state_dict().items()}
     weights = regular_file(directory / WEIGHTS, MAX_WEIGHT_BYTES, "export-hf writes one")
     try:
         found = read_safetensors_header(weights, follow_links=True)

@@ -232,6 +232,26 @@ def test_a_spec_transformers_lacks_exports_as_the_attnspec_type_and_generates_al
     assert torch.equal(sampled[:, :7], prompt)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_attnspec_type_export_loads_with_equal_logits(tmp_path, dtype):
+    """Every released checkpoint is bf16: its edited export loads under the default dtype and "auto" (the
+    check of the directory compared the file with a float32 model and refused every half-precision one)."""
+    spec = attnspec.load_spec("specs/performer.yaml").model_dump(mode="json")
+    spec.update(max_len=64, input={"kind": "tokens", "vocab_size": VOCAB}, dtype=dtype)
+    torch.manual_seed(0)
+    model = attnspec.build(spec).eval()
+    attnspec.save(model, tmp_path / "build", compile_check=False)
+    output, model_type = export_hf(tmp_path / "build", tmp_path / "hf")
+    assert model_type == "attnspec"
+    prompt = _tokens(length=7)
+    with torch.no_grad():
+        expected = model(prompt)
+        for options in ({}, {"dtype": "auto"}):
+            loaded = AutoModelForCausalLM.from_pretrained(output, **options).eval()
+            assert loaded.dtype == getattr(torch, dtype)
+            assert torch.equal(loaded(prompt).logits, expected)
+
+
 def test_attnspec_type_generates_left_padded_prompts_as_attnspec_does(tmp_path):
     """Issue 37: transformers' own generate over the exported attnspec type with a left-padded batch
     (a hybrid: linear blocks and softmax attention) gives attnspec's tokens for the same mask; a

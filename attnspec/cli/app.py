@@ -257,7 +257,8 @@ def build(
                                                        "programs run on it; spec.yaml and the weights load anywhere."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="The model's tokenizer (a tokenizer.json, or "
                                              "a .tiktoken file) to carry: run and eval then take text, export-hf "
-                                             "writes it. A run directory's own is carried by default."),
+                                             "writes it. By default a run directory's own, or that of the build "
+                                             "whose model.safetensors --weights names."),
 ) -> None:
     """Validate, plan, lower, verify, compile and export a spec into a build directory.
 

@@ -122,7 +122,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             ``spec.yaml`` and ``model.safetensors`` (weights on the CPU) load anywhere. On a GPU the plan
             comes from the cost model, not from a calibration.
         on_stage: called as each stage starts and ends (the CLI draws its progress display with it).
-        tokenizer: the model's tokenizer (:class:`attnspec.tokenizer.Tokenizer`, or its file), copied into the
+        tokenizer: the model's tokenizer (:class:`attnspec.tokenizer.Tokenizer`, or its file; by default a run's
+            own, or that of the build whose ``model.safetensors`` ``weights`` names), copied into the
             build (``tokenizer.json`` or ``tokenizer.tiktoken``, its identity in the manifest) so ``attnspec
             run`` and ``eval`` take text and ``export-hf`` carries it; a run directory's own is carried by
             default. Its vocabulary must fit the spec's.
@@ -149,6 +150,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
         strict_weights, fix = True, "the run's checkpoint does not fit its own spec"
         if tokenizer is None:  # the run's copy of its text task's tokenizer, checked against its run.json
             tokenizer = tokenizer_of(run_directory)
+    if tokenizer is None and isinstance(weights, (str, Path)) and (Path(weights).parent / MANIFEST).is_file():
+        tokenizer = tokenizer_of(Path(weights).parent)  # an edited build carries its source build's tokenizer
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     seconds: dict[str, float] = {}

@@ -134,3 +134,19 @@ def test_a_weight_is_finite_as_the_model_holds_it_and_a_dtype_mismatch_is_named(
     with pytest.raises(BuildError, match=r"tensor 'blocks.0.mlp.up.weight' is int32 \(32, 16\), the spec's model has "
                                          r"float32 \(32, 16\)"):
         load_weights(model, {**load_file(str(tmp_path / "int.safetensors"))}, strict=True)
+
+
+def test_an_edited_build_carries_the_tokenizer_of_the_build_its_weights_come_from(tmp_path):
+    """`build --weights DIR/model.safetensors` of an edited import: run --text and export-hf need the tokenizer."""
+    from attnspec.compiler.load import tokenizer_of
+    from tests.tokenizer_files import write_tokenizer
+
+    tokenizer = write_tokenizer(tmp_path / "tokenizer.json", "bpe", vocab=300)
+    spec = {**BASE, "input": {"kind": "tokens", "vocab_size": 320}}
+    base = build_directory(spec, tmp_path / "base", tokenizer=tokenizer, **FAST)
+    edited = build_directory(spec, tmp_path / "edited", overrides=EDITS,
+                             weights=base.directory / "model.safetensors", **FAST)
+    assert tokenizer_of(edited.directory).identity() == tokenizer_of(base.directory).identity()
+    bare = build_directory(spec, tmp_path / "bare", **FAST)  # weights from a build without one: none carried
+    again = build_directory(spec, tmp_path / "again", weights=bare.directory / "model.safetensors", **FAST)
+    assert tokenizer_of(again.directory) is None

@@ -78,7 +78,7 @@ class Transfer(Node):
 class Lora(Node):
     """Low-rank adapters (LoRA, Hu et al. 2021) on chosen linear maps: each adapted map W x becomes
     W x + (alpha / rank) B A dropout(x), W frozen, A (rank, in) drawn as a linear map's weight and B (out, rank) zero,
-    so training starts from the model as it is. A run's checkpoints hold the merged weights W + (alpha / rank) B A
+    so training starts from the model as it is. Everything but the adapters (and `train`) is frozen. A run's checkpoints hold the merged weights W + (alpha / rank) B A
     (a plain model of the spec: eval, export and `init_weights` read it as any run), with each adapted map's own
     W and its A and B beside them in `adapters.safetensors` to resume from."""
 
@@ -91,6 +91,10 @@ class Lora(Node):
     """The adapters' output is scaled by alpha / rank; unset: alpha = rank (a scale of 1)."""
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     """Dropout on an adapter's input while training (the map's own path sees x as it is)."""
+    train: Annotated[list[Annotated[str, Field(min_length=1, max_length=400)]], Field(max_length=256)] = []
+    """Parameters trained in full beside the adapters, by glob (`blocks.3.mixer.*`: a swapped-in mixer; peft's
+    `modules_to_save`). A LoRA stage trains its adapters and these alone: every other parameter is frozen (as
+    peft freezes the base model), so the stage is low-rank unless this list says otherwise."""
 
     def scale_alpha(self) -> float:
         return self.alpha if self.alpha is not None else float(self.rank)

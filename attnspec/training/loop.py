@@ -330,8 +330,9 @@ class Trainer:
         self.stage = stage
         self.adapted = self._adapt(stage.lora, f"{where}lora")
         # frozen before the wrapping: DDP's reducer and FSDP's shards take requires_grad as they find it
-        self.frozen = frozen_parameters(self.model, stage.freeze, fixed=lora.frozen_bases(self.model),
-                                        where=f"{where}freeze")
+        fixed = lora.frozen_by_adapters(self.model, stage.lora, where=f"{where}lora.train") | \
+            lora.frozen_bases(self.model)  # a LoRA stage trains its adapters (and lora.train) alone
+        self.frozen = frozen_parameters(self.model, stage.freeze, fixed=fixed, where=f"{where}freeze")
         for name, parameter in self.model.named_parameters():
             parameter.requires_grad_(name not in self.frozen)
         self.model.zero_grad(set_to_none=True)  # a gradient the stage before left on what this one freezes
@@ -361,6 +362,7 @@ class Trainer:
             where = f"stages[{stage.index}]." if staged else ""
             maps = {} if stage.lora is None else lora.matched_maps(self.model, stage.lora.targets, f"{where}lora.targets")
             added, bases = lora.adapter_names(maps)
+            bases |= lora.frozen_by_adapters(self.model, stage.lora, added, f"{where}lora.train")
             frozen_parameters(self.model, stage.freeze, fixed=bases, where=f"{where}freeze", added=added)
             if stage.objective == "transfer":
                 self._transfer_objective(self.config)
@@ -372,8 +374,17 @@ class Trainer:
         if self.config.stages is not None:
             self.on_progress({"event": "stage", **self.stage.to_json(), "count": len(self.stages),
                               "parameters": sum(p.numel() for p in self.model.parameters()),
-                              "trained": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
-                              "adapted": len(self.adapted), "transferred": self.transferred})
+                              "trained": self._reached_by_objective(), "adapted": len(self.adapted),
+                              "transferred": self.transferred})
+
+    def _reached_by_objective(self) -> int:
+        """How many parameters the stage trains: those it does not freeze that its objective gives gradients (a
+        transfer's reach the transferred mixers alone; AdamW leaves a parameter without a gradient as it is)."""
+        trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        if self.stage.objective == "transfer":
+            prefixes = tuple(f"blocks.{index}.mixer." for index in self.transferred)
+            trained = [(name, p) for name, p in trained if name.startswith(prefixes)]
+        return sum(p.numel() for _, p in trained)
 
     def _leave_stage(self, step: int, metrics: dict) -> None:
         """The end of a stage before another: its evaluation kept, its adapters merged into the weights, and a

@@ -113,6 +113,33 @@ def adapted_maps(model: nn.Module) -> dict[str, nn.Linear]:
             if isinstance(module, nn.Linear) and isinstance(getattr(module, ADAPTER, None), LoraAdapter)}
 
 
+def frozen_by_adapters(model: nn.Module, config, added: list[str] = (), where: str = "lora.train") -> set[str]:
+    """What a LoRA stage (``config``: its :class:`~attnspec.training.config.Lora`, or None) freezes besides its
+    ``freeze``: every parameter of ``model`` but the adapters' (``added``, or those attached) and those the
+    globs ``config.train`` name (peft's ``modules_to_save``); nothing without adapters.
+
+    Raises:
+        SpecError: located at ``lora.train[i]``, for a glob that names no parameter.
+    """
+    import fnmatch
+
+    from attnspec.errors import Problem, SpecError
+
+    if config is None:
+        return set()
+    names = [name for name, _ in model.named_parameters()]
+    adapters = set(added) | {name for name in names if f".{ADAPTER}." in name}
+    trained = set()
+    for index, pattern in enumerate(config.train):
+        matched = {name for name in names if fnmatch.fnmatchcase(name, pattern)}
+        if not matched:
+            raise SpecError(Problem(f"{pattern!r} names no parameter of this model; a pattern is a glob over its "
+                                    "parameters' names, `*` any characters", path=f"{where}[{index}]",
+                                    source="training configuration"))
+        trained |= matched
+    return {name for name in names if name not in adapters and name not in trained} | frozen_bases(model)
+
+
 def frozen_bases(model: nn.Module) -> set[str]:
     """The parameters the adapters freeze: each adapted map's own weight and bias."""
     return {f"{name}.{part}" for name, linear in adapted_maps(model).items() for part in ("weight", "bias")

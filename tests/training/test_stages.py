@@ -7,6 +7,7 @@ error."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 
 import pytest
@@ -48,8 +49,37 @@ def test_each_stage_trains_its_objective_and_run_json_records_them(teacher, tmp_
     assert train[4]["lr"] == pytest.approx(1e-3 / 2)  # the second stage's own warm-up: step 1 of 2
     stages = [e for e in events if e["event"] == "stage"]
     assert [(e["index"], e["objective"], e["adapted"]) for e in stages] == [(0, "transfer", 0), (1, "lm", 4)]
-    assert stages[0]["trained"] < stages[0]["parameters"]
+    # what each stage trains is what gets gradients: the transferred mixers; then the adapters alone
+    mixers = sum(p.numel() for name, p in run.model.named_parameters()
+                 if any(name.startswith(f"blocks.{i}.mixer.") for i in stages[0]["transferred"])
+                 and not any(fnmatch.fnmatchcase(name, pattern) for pattern in FROZEN))
+    assert stages[0]["trained"] == mixers > 0
+    maps = {name: p for name, p in run.model.named_parameters()
+            if name.endswith(".weight") and any(fnmatch.fnmatchcase(name[:-7], t) for t in ADAPTED)}
+    assert stages[1]["trained"] == sum(2 * (p.shape[0] + p.shape[1]) for p in maps.values())  # rank 2: A and B
     assert not any(".lora." in name for name in run.model.state_dict())  # merged at the end
+
+
+def test_a_lora_stage_trains_its_adapters_alone_unless_lora_train_names_more(teacher, tmp_path):
+    """As peft: the base model is frozen under adapters; `lora.train` (peft's modules_to_save) trains more."""
+    config = _stages(teacher)
+    lora = {**config["stages"][1]["lora"], "train": ["blocks.0.mixer.k_proj.*"]}
+    stage = {**config["stages"][1], "lora": lora}
+    events = []
+    run = attnspec.train(_spec(LINEAR), task="mqar", task_overrides=MQAR, init_weights=config["init_weights"],
+                         stages=[stage], on_progress=events.append, **SETTINGS)
+    before, after = attnspec.load(teacher).state_dict(), run.model.state_dict()
+    k_proj = after["blocks.0.mixer.k_proj.weight"]
+    maps = [p for name, p in run.model.named_parameters()
+            if name.endswith(".weight") and any(fnmatch.fnmatchcase(name[:-7], t) for t in ADAPTED)]
+    (started,) = [e for e in events if e["event"] == "stage"]
+    assert started["trained"] == k_proj.numel() + sum(2 * (p.shape[0] + p.shape[1]) for p in maps)
+    assert not torch.equal(k_proj, before["blocks.0.mixer.k_proj.weight"])  # lora.train's
+    for name in ("embed.weight", "final_norm.weight", "blocks.0.mixer.v_proj.weight", "blocks.0.mlp.down.weight"):
+        assert torch.equal(after[name], before[name]), name  # neither adapted nor named: frozen
+    with pytest.raises(SpecError, match=r"stages\[0\]\.lora\.train\[0\]"):
+        attnspec.train(_spec(LINEAR), task="mqar", task_overrides=MQAR, init_weights=config["init_weights"],
+                       stages=[{**stage, "lora": {**lora, "train": ["nothing.*"]}}], **SETTINGS)
 
 
 def test_the_display_names_each_stage(monkeypatch):

@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-BYTES = None
-
 
 def byte_alphabet() -> list[str]:
     """GPT-2's 256 byte characters, in byte order."""

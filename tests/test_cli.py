@@ -130,6 +130,18 @@ def test_build_and_run_errors_are_clean(tmp_path):
     assert not (tmp_path / "x").exists() and list(tmp_path.iterdir()) == []
 
 
+def test_build_and_import_hf_write_no_programs_by_default_and_say_so(tmp_path):
+    """The loop's commands read no exported program: build and import-hf write none unless asked, both --helps
+    say so (a released model's 30 blocks cost minutes of tracing and a copy of the weights per program)."""
+    for command in ("build", "import-hf"):
+        shown = " ".join(attnspec(command, "--help").stdout.replace("│", " ").split())
+        assert "Default: none (build and import-hf alike" in shown, shown
+    built = attnspec("build", "specs/retnet.yaml", "-o", str(tmp_path / "b"), "--no-compile", "--no-calibrate",
+                     "--set", "d_model=16", "--set", "layers[0].repeat=1")
+    assert built.returncode == 0, built.stderr
+    assert not list((tmp_path / "b").glob("*.pt2")) and (tmp_path / "b" / "model.safetensors").is_file()
+
+
 def test_every_command_and_flag_the_docs_show_exists():
     """CLI truth: each `attnspec COMMAND ... --flag` written in the README and docs is a real command and flag."""
     import re

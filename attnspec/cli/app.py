@@ -59,11 +59,11 @@ def compile_level(no_compile: bool, inductor: bool) -> bool | str:
     return False if no_compile else "inductor" if inductor else "trace"
 
 
-def programs_option(default: str) -> typer.Option:
+def programs_option(default: str, note: str = "") -> typer.Option:
     return typer.Option(default, "--programs", help="The exported programs to write: some of model, prefill, step "
                         "(comma-separated), all or none. Each loads with plain torch.export.load, holds its own copy "
                         "of the weights and takes seconds of tracing per block; attnspec.load, run, eval, train and "
-                        f"export-hf need none of them. Default: {default}.")
+                        f"export-hf need none of them. Default: {default}{note}.")
 ForceOption = typer.Option(False, "--force", help="Replace an existing build directory.")
 
 
@@ -248,7 +248,8 @@ def build(
                                         "(no tensor initialised, none left over)."),
     aot: bool = typer.Option(False, "--aot", help="Also write AOTInductor packages (model.aoti.pt2, step.aoti.pt2, "
                                                         "prefill.aoti.pt2)."),
-    programs: str = programs_option("all"),
+    programs: str = programs_option("none", " (build and import-hf alike; with --aot, all); `attnspec export DIR` "
+                                    "writes them later"),
     no_calibrate: bool = NoCalibrateOption,
     no_compile: bool = NoCompileOption,
     inductor: bool = InductorOption,
@@ -262,13 +263,16 @@ def build(
 ) -> None:
     """Validate, plan, lower, verify, compile and export a spec into a build directory.
 
-    The directory holds spec.yaml (resolved), model.safetensors, model.pt2 (torch.export,
-    dynamic batch and length), prefill.pt2 and step.pt2 (a prompt's pass to the decoding
-    state, and one-token decoding, for a causal token model; --programs chooses) and
-    manifest.json. It is written atomically: a failing stage leaves nothing behind.
+    The directory holds spec.yaml (resolved), model.safetensors and manifest.json, and the
+    exported programs --programs asks for (none by default, as import-hf): model.pt2
+    (torch.export, dynamic batch and length), prefill.pt2 and step.pt2 (a prompt's pass to the
+    decoding state, and one-token decoding, for a causal token model). It is written
+    atomically: a failing stage leaves nothing behind.
     """
     from attnspec.compiler.build import build_directory, check_programs
 
+    if aot and programs == "none":  # the AOTInductor packages compile the programs: --aot alone asks for them
+        programs = "all"
     wanted = check_programs(programs.split(","))
     with stage_progress() as on_stage:
         result = build_directory(file, output, overrides=overrides or (), aot=aot,
@@ -299,16 +303,18 @@ class _NamesTypes(typer.core.TyperCommand):
 
 @app.command("import-hf", cls=_NamesTypes)
 def import_hf(
-    checkpoint: Path = typer.Argument(..., help="A local transformers checkpoint directory: config.json and "
-                                                "safetensors weights (nothing is downloaded, nothing unpickled)."),
+    checkpoint: Path = typer.Argument(..., help="A local transformers checkpoint directory (config.json and "
+                                                "safetensors weights), or a GGUF file (or a directory holding one): "
+                                                "nothing is downloaded, nothing unpickled."),
     output: Path = typer.Option(..., "--output", "-o", help="Build directory to create."),
     spec_file: Optional[Path] = typer.Option(None, "--spec", help="Also write the spec, minimal and readable, to this "
                                                                   "new file (edit it, then build it with --weights)."),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Build for sequences up to this length instead of "
                                           "the config's max_position_embeddings (key/value caches hold max_len)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="The parameters' dtype: float32, bfloat16, float16 or "
-                                        "float64. Default: the checkpoint's own (its config's dtype)."),
-    programs: str = programs_option("none"),
+                                        "float64. Default: the checkpoint's own (its config's dtype); a GGUF file's, "
+                                        "bfloat16 (what its weights were released in)."),
+    programs: str = programs_option("none", " (build and import-hf alike); `attnspec export DIR` writes them later"),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the comparison with transformers (with transformers "
                                   "installed, both models run on an 8-token prompt: the largest logit difference "
                                   "and whether 8 greedy tokens agree are printed)."),

@@ -94,7 +94,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             ``prefill`` where it decodes). Each holds its own copy of the weights (it loads with plain
             ``torch.export.load``, without attnspec) and costs seconds of tracing per block, whatever the
             width; ``attnspec.load``, ``run``, ``eval``, ``train`` and ``export-hf`` read ``model.safetensors``
-            alone. ``attnspec build`` writes all three; ``import-hf`` none unless asked (``--programs``).
+            alone. This function writes all by default; the commands ``attnspec build`` and ``import-hf``
+            write none unless asked (``--programs``), since the researcher's loop reads none.
         aot: also write AOTInductor packages ``model.aoti.pt2`` (and ``step.aoti.pt2``): compiled native
             programs, minutes of C++ compilation on a small CPU, so not built by default.
         compile_check: compile with ``torch.compile(fullgraph=True)`` and compare with eager: ``"trace"`` (the

@@ -93,7 +93,7 @@ def test_a_task_that_does_not_fit_the_spec_is_a_located_error_and_writes_nothing
 def test_trained_model_exports_and_the_exported_program_predicts_like_it(tmp_path):
     run = _tiny_run(tmp_path / "run", steps=30)
     result = subprocess.run([sys.executable, "-m", "attnspec", "build", str(tmp_path / "run"), "-o",
-                             str(tmp_path / "build"), "--no-compile"], capture_output=True, text=True)
+                             str(tmp_path / "build"), "--no-compile", "--programs", "model"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     loaded = attnspec.load(tmp_path / "build")
     for name, tensor in run.model.state_dict().items():

@@ -6,6 +6,7 @@ table, a training run's events); nothing here computes one.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -19,7 +20,8 @@ from rich.text import Text
 from attnspec.cli.metrics import metrics_text
 
 # Piped output (CI logs, files) gets a wide fixed width: rich's 80-column default truncates table cells.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+# off a terminal (a log, a pipe) tables are 100 columns wide, their cells wrapped between words
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -199,7 +201,10 @@ def print_build_summary(directory: Path, manifest: dict) -> None:
     export = manifest["export"]
     for name, info in manifest["files"].items():
         table.add_row(name, f"{info['bytes'] / 2**20:.2f} MiB" + artifact_speed(export.get(name)))
-    if "model.aoti.pt2" not in manifest["files"]:
+    if not any(name.endswith(".pt2") for name in manifest["files"]):
+        table.add_row("programs", "none: attnspec, transformers (export-hf) and the loop read model.safetensors; "
+                                  "`attnspec export DIR` writes model.pt2, prefill.pt2 and step.pt2 for plain PyTorch")
+    elif "model.aoti.pt2" not in manifest["files"]:
         table.add_row("model.aoti.pt2", "not built: --aot adds AOTInductor packages of every program (compiled "
                                         "native code; minutes more on 2 cores, decoding 6-15x faster: docs/building.md)")
     table.add_row("stages", ", ".join(f"{k} {v:.1f}s" for k, v in manifest["stage_seconds"].items()))
@@ -373,23 +378,63 @@ def evaluation_table(title: str, result) -> Table:
 
 
 def weights_text(fit: dict) -> str:
-    """A manifest's ``weights`` record: how many tensors loaded, and every one initialised, of another
-    shape or dtype, or left over, by name."""
+    """A manifest's ``weights`` record: how many tensors loaded, and every one repeated, initialised, of
+    another shape or dtype, or left over, grouped by what they are across the blocks (``mixer.k_proj.weight,
+    mixer.v_proj.weight in blocks 0-29: file (192, 576), model (576, 576)``: one line for 60 tensors), and
+    what to do where a swapped layer's projections did not fit."""
     lines = [f"{fit['loaded']} tensor(s) loaded"]
+    repeated = fit.get("repeated") or []
+    if repeated:
+        lines.append(f"{len(repeated)} of them with each shared key/value head repeated for the heads it served: "
+                     + _across_blocks([(e["name"], f"file {tuple(e['file'])}, model {tuple(e['model'])}")
+                                       for e in repeated]))
     mismatched = {entry["name"]: entry for entry in fit["mismatched"]}
     missing = [name for name in fit["initialised"] if name not in mismatched]
     if missing:
-        lines.append(f"{len(missing)} not in the file, initialised by the spec's init: {', '.join(missing)}")
+        lines.append(f"{len(missing)} not in the file, initialised by the spec's init: "
+                     + _across_blocks([(name, "") for name in missing]))
     if mismatched:
         def kind(entry: dict, side: str) -> str:  # the dtypes where they differ
             differ = entry.get("file_dtype") != entry.get("model_dtype")
             return f"{tuple(entry[side])}" + (f" {entry[side + '_dtype']}" if differ else "")
 
-        shapes = [f"{name} (file {kind(entry, 'file')}, model {kind(entry, 'model')})"
-                  for name, entry in mismatched.items()]
-        lines.append(f"{len(mismatched)} of another shape or dtype, initialised: " + ", ".join(shapes))
+        lines.append(f"{len(mismatched)} of another shape or dtype, initialised: " + _across_blocks(
+            [(name, f"file {kind(entry, 'file')}, model {kind(entry, 'model')}") for name, entry in mismatched.items()]))
+        if any(entry["file"] != entry["model"] for entry in mismatched.values()):
+            lines.append("to load them instead, give those blocks the file's widths (a swapped mixer: the source's "
+                         "heads, d_qk and d_v; kv_heads as many as the source's or a multiple of them)")
     if fit["ignored"]:
         lines.append(f"{len(fit['ignored'])} in the file the model has no place for, ignored: "
-                     + ", ".join(fit["ignored"]))
+                     + _across_blocks([(name, "") for name in fit["ignored"]]))
     return "\n".join(lines)
 
+
+def _across_blocks(named: list[tuple[str, str]]) -> str:
+    """Tensor names with a detail each, grouped: the names of one block-relative part with the same detail
+    become one ``part in blocks 0-2, 5``, and parts over the same blocks with the same detail share it
+    (``mixer.k_proj.weight, mixer.v_proj.weight in blocks 3: file (192, 576), model (576, 576)``); groups
+    are separated by ``; `` in the order of their first tensor."""
+    blocks_of: dict[tuple[str, str], list[int]] = {}
+    for name, detail in named:
+        found = re.fullmatch(r"blocks\.(\d+)\.(.+)", name)
+        part, block = (found.group(2), int(found.group(1))) if found else (name, -1)
+        blocks_of.setdefault((part, detail), []).append(block)
+    parts_of: dict[tuple[tuple[int, ...], str], list[str]] = {}
+    for (part, detail), blocks in blocks_of.items():
+        parts_of.setdefault((tuple(blocks), detail), []).append(part)
+    groups = []
+    for (blocks, detail), parts in parts_of.items():
+        where = "" if blocks == (-1,) else f" in blocks {_ranges(blocks)}"
+        groups.append(", ".join(parts) + where + (f": {detail}" if detail else ""))
+    return "; ".join(groups)
+
+
+def _ranges(numbers: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5, 7, 8)`` as ``0-2, 5, 7-8``."""
+    runs: list[list[int]] = []
+    for number in sorted(numbers):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -24,7 +24,7 @@ from attnspec.compiler.compile_cache import check_key, passed_before, remember_p
 from attnspec.compiler.export import export_model, export_prefill, export_step, state_signature
 from attnspec.compiler.speed import SPEED_BATCH, decode_speed, sequence_speed, speed_length, speed_steps
 from attnspec.compiler.tracing import example_input
-from attnspec.compiler.load import check_plugins, load_weights, tokenizer_of
+from attnspec.compiler.load import check_plugins, grouped_projections_of, load_weights, tokenizer_of
 from attnspec.compiler.device import device_calibration, resolve_device
 from attnspec.compiler.lower import lower
 from attnspec.compiler.sizes import check_model_size
@@ -110,6 +110,9 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
             loaded, the rest keep the spec's ``init`` (an edited import: a swapped layer, a wider MLP),
             and the manifest's ``weights`` lists what was initialised, every shape mismatch and the
             file's tensors the model has no place for (:class:`~attnspec.compiler.load.WeightsFit`).
+            A build's ``model.safetensors`` brings its spec too: where the edit gives a block of grouped
+            keys and values more key/value heads (a mixer without ``kv_heads`` in place of a GQA
+            attention), each head is repeated for the query heads it served (manifest ``weights.repeated``).
             Or a function ``write(path)`` that writes the model's exact weights file there: an import
             streams its conversion into the build's own ``model.safetensors``, and the model takes those
             tensors (never initialised, never copied).
@@ -151,8 +154,12 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
         strict_weights, fix = True, "the run's checkpoint does not fit its own spec"
         if tokenizer is None:  # the run's copy of its text task's tokenizer, checked against its run.json
             tokenizer = tokenizer_of(run_directory)
-    if tokenizer is None and isinstance(weights, (str, Path)) and (Path(weights).parent / MANIFEST).is_file():
-        tokenizer = tokenizer_of(Path(weights).parent)  # an edited build carries its source build's tokenizer
+    head_groups = None
+    if isinstance(weights, (str, Path)) and (Path(weights).parent / MANIFEST).is_file():  # a build's weights
+        if tokenizer is None:  # an edited build carries its source build's tokenizer
+            tokenizer = tokenizer_of(Path(weights).parent)
+        if not strict_weights:  # its shared key/value heads repeated where the edit gives a block more
+            head_groups = grouped_projections_of(Path(weights).parent)
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     seconds: dict[str, float] = {}
@@ -197,7 +204,8 @@ def build_directory(spec_path: Path | str | dict, output: Path | str, *, overrid
                     model = lower(spec, plan)
                     if weights is not None:  # a run's checkpoint: its master weights, float32 for a half spec
                         fit = load_weights(model, weights if isinstance(weights, dict) else Path(weights),
-                                           fix=fix, strict=strict_weights, cast=run_directory is not None)
+                                           fix=fix, strict=strict_weights, cast=run_directory is not None,
+                                           head_groups=head_groups)
                 parameters = sum(p.numel() for p in model.parameters())
                 if parameters != expected:  # a lowering bug, never a user error
                     raise BuildError(f"internal: built {parameters} parameters, the spec implies {expected}")

@@ -40,13 +40,15 @@ class WeightsFit:
     ``initialised``: the model's tensors the file lacks or holds at another shape or an unconvertible
     dtype, which keep the spec's initialisation; ``mismatched``: of those, (name, shape in the file, shape
     in the model, dtype in the file, dtype in the model); ``ignored``: the file's tensors the model has
-    no place for.
+    no place for; ``repeated``: of the loaded, the grouped key/value projections whose heads were repeated
+    to the model's (:func:`repeat_head_groups`), as (name, shape in the file, shape in the model).
     """
 
     loaded: list[str] = field(default_factory=list)
     initialised: list[str] = field(default_factory=list)
     mismatched: list[tuple[str, list[int], list[int], str, str]] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    repeated: list[tuple[str, list[int], list[int]]] = field(default_factory=list)
 
     @property
     def exact(self) -> bool:
@@ -58,7 +60,8 @@ class WeightsFit:
                 "mismatched": [{"name": name, "file": file, "model": mine, "file_dtype": file_dtype,
                                 "model_dtype": model_dtype}
                                for name, file, mine, file_dtype, model_dtype in self.mismatched],
-                "ignored": self.ignored}
+                "ignored": self.ignored,
+                "repeated": [{"name": name, "file": file, "model": mine} for name, file, mine in self.repeated]}
 
     def problems(self) -> str:
         """What does not fit, in words (for the errors of a strict load)."""
@@ -81,7 +84,8 @@ def _kind(shape: list[int], dtype: str, other: str) -> str:
 
 
 def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the directory", *,
-                 strict: bool = True, renames: dict[str, str] | None = None, cast: bool = False) -> WeightsFit:
+                 strict: bool = True, renames: dict[str, str] | None = None, cast: bool = False,
+                 head_groups: dict[str, int] | None = None) -> WeightsFit:
     """Copy the tensors of the safetensors file ``path`` (or a name -> tensor dict) into ``model``.
 
     ``renames`` maps name prefixes of the file's tensors to the model's (``{"blocks.3.mixer.o_proj.":
@@ -94,6 +98,12 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
     keep the model's initialisation; the returned :class:`WeightsFit` lists them. Values must be finite
     either way. ``cast``: strict but for the floating dtype, converted to the model's (a bfloat16 run's
     checkpoint holds its float32 master weights). ``fix`` ends each message with what to do.
+
+    ``head_groups`` (not strict): the file's grouped key/value projections, name -> rows per head
+    (:func:`grouped_projections` of the spec the file was written for). Where the model's tensor has a
+    multiple of the file's heads (an attention's shared keys and values swapped for a mixer with more
+    key/value heads), each file head is repeated for the query heads it served, as grouped-query
+    attention repeats it (``repeat_kv``) and Mamba-in-the-Llama and Liger initialise a linearised layer.
 
     A model made with ``build_model_from_spec(spec, empty=True)`` (parameters on the meta device) takes
     the file's tensors themselves (``load_state_dict(assign=True)``: views of a private, copy-on-write
@@ -122,6 +132,11 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
         if tensor is None:
             continue
         converts = (cast or not strict) and tensor.is_floating_point() and target.is_floating_point()
+        if not strict and name in (head_groups or {}) and tensor.shape != target.shape:
+            repeated = repeat_head_groups(tensor, head_groups[name], target.shape)
+            if repeated is not None:
+                fit.repeated.append((name, list(tensor.shape), list(target.shape)))
+                tensor = repeated
         if tensor.shape != target.shape or (tensor.dtype != target.dtype and not converts):
             if strict:
                 raise BuildError(f"{path}: tensor '{name}' is {_dtype(tensor)} {tuple(tensor.shape)}, the spec's "
@@ -147,6 +162,43 @@ def load_weights(model: Model, path: Path | dict, fix: str = "rebuild the direct
     if empty is not None:
         raise BuildError(f"{path}: holds no tensor '{empty}' for the model, which has no other weights; {fix}")
     return fit
+
+
+def repeat_head_groups(tensor: torch.Tensor, rows: int, shape: torch.Size) -> torch.Tensor | None:
+    """A grouped projection's ``tensor`` ((G * rows, ...): G heads of ``rows`` rows each, a weight or its
+    bias) with each head repeated r times in place, head g becoming heads g*r .. g*r + r - 1, to ``shape``
+    ((r * G * rows, ...)); None where ``shape`` is not such a multiple. Query head h read key/value head
+    h // (H / G); after the repeat, with K = r * G heads, it reads h // (H / K), the same values: an
+    attention keeps its function whatever K (a divisor of H, a multiple of G) the model takes."""
+    if tensor.ndim != len(shape) or tuple(tensor.shape[1:]) != tuple(shape[1:]) or tensor.shape[0] % rows:
+        return None
+    if shape[0] % tensor.shape[0] or shape[0] == tensor.shape[0]:
+        return None
+    times = shape[0] // tensor.shape[0]
+    return tensor.unflatten(0, (-1, rows)).repeat_interleave(times, dim=0).flatten(0, 1)
+
+
+def grouped_projections(spec) -> dict[str, int]:
+    """The model tensors of ``spec`` (names as in ``model.state_dict()``) that project keys or values
+    shared by groups of heads (``kv_heads`` below ``heads``), each with its rows per head: what
+    :func:`load_weights` may repeat when an edited spec gives that block more key/value heads."""
+    from attnspec.spec.walk import iter_blocks
+
+    found = {}
+    for index, (_, block) in enumerate(iter_blocks(spec, expand=True)):
+        mixer = getattr(block, "mixer", None)
+        if getattr(mixer, "qk_groups", None) or not getattr(mixer, "kv_heads", None):
+            continue
+        for projection, rows, heads in (("k_proj", mixer.d_qk, mixer.key_heads), ("v_proj", mixer.d_v, mixer.value_heads)):
+            if heads < mixer.heads:
+                for part in ("weight", "bias"):
+                    found[f"blocks.{index}.mixer.{projection}.{part}"] = rows
+    return found
+
+
+def grouped_projections_of(directory: Path | str) -> dict[str, int]:
+    """:func:`grouped_projections` of the spec a build directory's manifest records (its weights' model)."""
+    return grouped_projections(validate_data(parse_manifest(Path(directory)).spec))
 
 
 def _aliases(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:

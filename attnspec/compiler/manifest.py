@@ -136,6 +136,8 @@ class WeightsRecord(_Strict):
     initialised: Annotated[list[Text], Field(max_length=1 << 20)]
     mismatched: Annotated[list[MismatchRecord], Field(max_length=1 << 20)]
     ignored: Annotated[list[Text], Field(max_length=1 << 20)]
+    # loaded with each shared key/value head repeated for the heads it served (None: a build before this)
+    repeated: Annotated[list[MismatchRecord], Field(max_length=1 << 20)] | None = None
 
 
 class Manifest(_Strict):

@@ -188,11 +188,25 @@ def _copies(group: dict) -> int:
     return repeat if valid else 1
 
 
+def unshared(data: Any, depth: int = 0) -> Any:
+    """A deep copy of spec data in which no two places share an object: a spec from Python may list one
+    layer dict twice (``[block] * 2``), and an override of one place must not change the other
+    (``copy.deepcopy`` keeps such sharing). Deeper than the spec's nesting limit is left to validation,
+    copied as it is (a structure that holds itself)."""
+    if depth > limits.MAX_DEPTH:
+        return copy.deepcopy(data)
+    if isinstance(data, dict):
+        return {key: unshared(value, depth + 1) for key, value in data.items()}
+    if isinstance(data, list):
+        return [unshared(value, depth + 1) for value in data]
+    return copy.deepcopy(data)
+
+
 def unroll_copy(data: dict, smap: SourceMap, copies: tuple[Copy, ...], path: Path) -> tuple[dict, Path]:
     """``data`` (a copy) with the copy of each ``repeat`` group that ``path`` lies in written out on its
     own, between the copies before it and those after (each a group of the same layers), so that one
     block of one copy can be changed; and the block's new path. ``smap`` follows the moves."""
-    data = copy.deepcopy(data)
+    data = unshared(data)
     for depth in range(len(copies)):
         group, index = copies[depth]  # its path after the moves of the groups around it
         parent, position = group[:-1], group[-1]
@@ -315,7 +329,7 @@ def set_path(data: dict, smap: SourceMap, pattern_text: str, value: Any, where: 
                                 column=where.column))
     for path in paths:
         _refuse_block_key_on_group(data, path, where)
-    data = copy.deepcopy(data)
+    data = unshared(data)
     for path in paths:
         _assign(data, smap, path, copy.deepcopy(value), where)
         smap.replace_subtree(path, value_map)

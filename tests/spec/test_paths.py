@@ -184,3 +184,17 @@ def test_one_copy_of_each_group_keeps_every_distinct_block_in_order():
         shallow = validate_data(one_copy_each(spec_to_data(spec, minimal=False)))
         blocks = [block for _, block in iter_blocks(spec, expand=True)]
         assert [block for _, block in iter_blocks(shallow, expand=True)] == [blocks[i] for i in kept]
+
+
+def test_an_override_of_one_place_leaves_another_that_shared_its_object_alone():
+    """A spec from Python may list one layer dict twice (``[block] * 2``); setting one block's field must not
+    change the other (a deep copy keeps the sharing), nor the caller's data."""
+    from attnspec.spec.load import load_data
+
+    block = {"mixer": {"kind": "softmax", "heads": 4, "kv_heads": 2}}
+    data = {"name": "shared", "input": {"kind": "tokens", "vocab_size": 8}, "d_model": 16, "max_len": 8,
+            "layers": [block] * 2}
+    edited, _ = load_data(data, ["blocks[1].mixer.kv_heads=4", "blocks[0].mixer.heads=2"])
+    assert [layer["mixer"]["kv_heads"] for layer in edited["layers"]] == [2, 4]
+    assert [layer["mixer"]["heads"] for layer in edited["layers"]] == [2, 4]
+    assert block == {"mixer": {"kind": "softmax", "heads": 4, "kv_heads": 2}}

@@ -62,12 +62,28 @@ class Tokenizer:
     eos_id: int
     encoding: str | None = None
     """tiktoken's encoding whose pattern the file's merges are read with (None for a tokenizer.json)."""
+    bos: str | None = None
+    """The beginning-of-sequence token its configuration names (a released model's ``bos_token``), or None."""
+    bos_id: int | None = None
 
-    def encode(self, text: str) -> list[int]:
-        """The ids of ``text`` (no special tokens added: documents get their ``eos_id`` where they end)."""
-        return self.encode_batch([text])[0]
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """The ids of ``text``: none added (documents get their ``eos_id`` where they end), or with
+        ``special`` what the tokenizer's own template adds (as transformers' ``encode`` does by default:
+        Gemma's BOS; a tiktoken encoding adds nothing)."""
+        return self.encode_batch([text], special)[0]
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    @property
+    def prefix_id(self) -> int:
+        """The token a scored text is conditioned on first: the BOS where the tokenizer has one, else the EOS
+        (lm-evaluation-harness's ``prefix_token_id``)."""
+        return self.eos_id if self.bos_id is None else self.bos_id
+
+    @property
+    def prefix(self) -> str:
+        """:attr:`prefix_id`'s token."""
+        return self.eos if self.bos is None else self.bos
+
+    def encode_batch(self, texts: list[str], special: bool = False) -> list[list[int]]:
         """:meth:`encode` of each text, sent to the tokenizer's process in requests of at most
         :data:`REQUEST_BYTES` (the library encodes a request's texts in parallel)."""
         found: list[list[int]] = []
@@ -79,10 +95,10 @@ class Tokenizer:
                 raise TokenizerError(f"{self.path}: a text to tokenise is not valid Unicode ({error.reason} at "
                                      f"character {error.start})") from None
             if request and sum(map(len, request)) + len(data) > REQUEST_BYTES:
-                found += _encode(self, request)
+                found += _encode(self, request, special)
                 request = []
             request.append(data)
-        return found + (_encode(self, request) if request else [])
+        return found + (_encode(self, request, special) if request else [])
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids``. An id past the vocabulary (a model's padded embedding rows) is the
@@ -100,14 +116,18 @@ class Tokenizer:
         """What a run, a token cache or a build records to refuse another tokenizer later (and, for a
         tiktoken file, the encoding to read it with)."""
         found = {"kind": self.kind, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos": self.eos}
+        if self.bos is not None:
+            found["bos"] = self.bos
         return found if self.kind == "huggingface" else {**found, "encoding": self.encoding}
 
 
-def _encode(tokenizer: Tokenizer, texts: list[bytes]) -> list[list[int]]:
-    """One encode request: ``texts`` (UTF-8) to their ids, the answer checked against the request."""
+def _encode(tokenizer: Tokenizer, texts: list[bytes], special: bool = False) -> list[list[int]]:
+    """One encode request: ``texts`` (UTF-8) to their ids (``special``: with the template's), the answer
+    checked against the request."""
     size = sum(map(len, texts))
     most = worker.IDS_PER_BYTE * size + 16 * len(texts) + 1024
-    header, payload = _process(tokenizer).request({"op": "encode", "sizes": [len(t) for t in texts]},
+    header, payload = _process(tokenizer).request({"op": "encode", "sizes": [len(t) for t in texts],
+                                                   "special": special},
                                                   b"".join(texts), worker.ID_BYTES * most,
                                                   f"tokenising {size:,} bytes")
     counts = header.get("counts")
@@ -243,11 +263,12 @@ def _process(tokenizer: Tokenizer) -> _Process:
     raw = _read(tokenizer.path)
     if hashlib.sha256(raw).hexdigest() != tokenizer.sha256:
         raise TokenizerError(f"{tokenizer.path}: changed since it was read; load it again")
-    return _start(tokenizer.kind, tokenizer.path, raw, tokenizer.sha256, tokenizer.eos, None, tokenizer.encoding)[0]
+    return _start(tokenizer.kind, tokenizer.path, raw, tokenizer.sha256, tokenizer.eos, None, tokenizer.encoding,
+                  tokenizer.bos)[0]
 
 
 def _start(kind: str, path: Path, raw: bytes, digest: str, eos: str | None, eos_id: int | None,
-           encoding: str | None) -> tuple[_Process, dict]:
+           encoding: str | None, bos: str | None = None) -> tuple[_Process, dict]:
     """A process holding the library tokenizer of ``raw`` (registered for its content), and the facts its
     load answered."""
     key = _key(kind, digest, encoding)
@@ -258,7 +279,7 @@ def _start(kind: str, path: Path, raw: bytes, digest: str, eos: str | None, eos_
                 process.close()
             process = _PROCESSES[key] = _Process(path)
     facts, _ = process.request({"op": "load", "kind": kind, "sha256": digest, "eos": eos, "eos_id": eos_id,
-                                "encoding": encoding}, raw, 0, "loading it")
+                                "encoding": encoding, "bos": bos}, raw, 0, "loading it")
     return process, facts
 
 
@@ -282,7 +303,7 @@ def _read(path: Path) -> bytes:
 
 
 def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | None = None,
-                   eos_id: int | None = None) -> Tokenizer:
+                   eos_id: int | None = None, bos: str | None = None) -> Tokenizer:
     """The tokenizer in the local file ``path``, loaded in its own process (the module's docstring).
 
     Args:
@@ -294,6 +315,8 @@ def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | Non
             default: the file's name without ``.tiktoken``).
         eos_id: where ``eos`` is None, the end-of-document token by its id (a transformers config's
             ``eos_token_id``), before the usual names are tried.
+        bos: the beginning-of-sequence token its configuration names (``tokenizer_config.json``'s
+            ``bos_token``; a GGUF file's), which evaluations condition on first; None: it has none.
 
     Raises:
         TokenizerError: the file is missing, too large or malformed, the library is not installed, there
@@ -309,8 +332,12 @@ def load_tokenizer(path: str | Path, eos: str | None = None, encoding: str | Non
         encoding = encoding or path.stem
     elif encoding is not None:
         raise TokenizerError(f"{path}: `encoding` names a tiktoken encoding; a tokenizer.json has its own patterns")
-    _, facts = _start(kind, path, raw, digest, eos, eos_id if isinstance(eos_id, int) else None, encoding)
-    return Tokenizer(kind, path, digest, facts["vocab_size"], facts["eos"], facts["eos_id"], facts["encoding"])
+    _, facts = _start(kind, path, raw, digest, eos, eos_id if isinstance(eos_id, int) else None, encoding, bos)
+    bos_id = facts.get("bos_id")
+    if bos is not None and (type(bos_id) is not int or not 0 <= bos_id < facts["vocab_size"]):
+        raise TokenizerError(f"{path}: its process answered no id for the beginning-of-sequence token {bos!r}")
+    return Tokenizer(kind, path, digest, facts["vocab_size"], facts["eos"], facts["eos_id"], facts["encoding"],
+                     bos, None if bos is None else bos_id)
 
 
 FILES = {"huggingface": "tokenizer.json", "tiktoken": "tokenizer.tiktoken"}
@@ -334,6 +361,8 @@ def save_tokenizer(tokenizer: Tokenizer, directory: Path, max_len: int | None = 
     if max_len is not None and tokenizer.kind == "huggingface":
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tokenizer.eos,
                   "model_max_length": max_len, "clean_up_tokenization_spaces": False}
+        if tokenizer.bos is not None:
+            config["bos_token"] = tokenizer.bos
         write_atomic(Path(directory) / TOKENIZER_CONFIG, json.dumps(config, indent=2) + "\n")
     return tokenizer.identity()
 
@@ -350,6 +379,14 @@ def _configured(directory: Path, name: str, key: str):
     except AttnSpecError:  # a file attnspec cannot read names no token: the usual names are tried
         return None
     return data.get(key) if isinstance(data, dict) else None
+
+
+def _configured_bos(directory: Path) -> str | None:
+    """A Hugging Face directory's beginning-of-sequence token: ``tokenizer_config.json``'s ``bos_token``
+    (what transformers' tokenizer reports as its ``bos_token``), or None."""
+    token = _configured(directory, "tokenizer_config.json", "bos_token")
+    token = token.get("content") if isinstance(token, dict) else token
+    return token if isinstance(token, str) and token else None
 
 
 def _configured_eos(directory: Path) -> tuple[str | None, int | None]:
@@ -373,7 +410,9 @@ def tokenizer_in(directory: Path | str, identity: dict | None = None) -> Tokeniz
             continue
         eos, eos_id = _configured_eos(directory)
         eos = (identity or {}).get("eos") or eos
-        found = load_tokenizer(path, eos, (identity or {}).get("encoding"), eos_id)
+        bos = (identity or {}).get("bos") if identity is not None else \
+            _configured_bos(directory) if kind == "huggingface" else None
+        found = load_tokenizer(path, eos, (identity or {}).get("encoding"), eos_id, bos)
         if identity is not None and found.identity() != identity:
             raise TokenizerError(f"{path}: not the tokenizer {directory} records (its SHA-256 is {found.sha256[:12]}.., "
                                  f"the record's {str(identity.get('sha256'))[:12]}..); restore the file")

@@ -120,9 +120,11 @@ class LibraryTokenizer:
     def __init__(self, kind: str, impl: Any):
         self.kind, self.impl = kind, impl
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+    def encode_batch(self, texts: list[str], special: bool = False) -> list[list[int]]:
+        """Each text's ids; ``special``: with what the tokenizer's own template adds (a tokenizer.json's
+        post-processor: Gemma's BOS; a tiktoken encoding adds nothing)."""
         if self.kind == "huggingface":
-            return [e.ids for e in self.impl.encode_batch(texts, add_special_tokens=False)]
+            return [e.ids for e in self.impl.encode_batch(texts, add_special_tokens=special)]
         return self.impl.encode_ordinary_batch(texts)
 
     def decode(self, ids: list[int]) -> str:
@@ -134,10 +136,14 @@ class LoadError(Exception):
 
 
 def open_library(kind: str, raw: bytes, eos: str | None, eos_id: int | None, encoding: str | None,
-                 digest: str) -> tuple[LibraryTokenizer, dict]:
+                 digest: str, bos: str | None = None) -> tuple[LibraryTokenizer, dict]:
     """The library tokenizer of the file's bytes ``raw`` and its facts (``vocab_size``, ``eos``,
-    ``eos_id``, ``encoding``). Runs in the child; raises LoadError with the reason."""
+    ``eos_id``, ``bos``, ``bos_id``, ``encoding``). ``bos``: the beginning-of-sequence token the
+    tokenizer's configuration names (None: it names none, and the facts say none). Runs in the child;
+    raises LoadError with the reason."""
     if kind == "tiktoken":
+        if bos is not None:
+            raise LoadError(f"a tiktoken encoding has no beginning-of-sequence token {bos!r} of its own")
         return _tiktoken(raw, digest, eos, encoding)
     try:
         from tokenizers import Tokenizer as HuggingFaceTokenizer
@@ -158,8 +164,11 @@ def open_library(kind: str, raw: bytes, eos: str | None, eos_id: int | None, enc
         raise LoadError(f"the vocabulary has no end-of-document token "
                         f"{'`' + eos + '`' if eos else 'among ' + ', '.join(EOS_CANDIDATES)}; name the one it has "
                         "with `eos:`")
+    bos_id = None if bos is None else impl.token_to_id(bos)
+    if bos is not None and bos_id is None:
+        raise LoadError(f"the vocabulary has no beginning-of-sequence token `{bos}`, which its configuration names")
     return LibraryTokenizer(kind, impl), {"vocab_size": vocab, "eos": found[0], "eos_id": found[1],
-                                          "encoding": None}
+                                          "bos": bos, "bos_id": bos_id, "encoding": None}
 
 
 def _tiktoken(raw: bytes, digest: str, eos: str | None, encoding: str | None) -> tuple[LibraryTokenizer, dict]:
@@ -211,7 +220,8 @@ def _tiktoken(raw: bytes, digest: str, eos: str | None, encoding: str | None) ->
     if name not in definition["special_tokens"]:
         raise LoadError(f"{encoding} has no special token {name!r} (it has {', '.join(definition['special_tokens'])})")
     return LibraryTokenizer("tiktoken", impl), {"vocab_size": impl.n_vocab, "eos": name,
-                                                "eos_id": definition["special_tokens"][name], "encoding": encoding}
+                                                "eos_id": definition["special_tokens"][name], "bos": None,
+                                                "bos_id": None, "encoding": encoding}
 
 
 def _shorten(error: BaseException, limit: int) -> str:
@@ -247,7 +257,7 @@ class _Server:
         op = header.get("op")
         if op == "load":
             self.library, facts = open_library(header["kind"], payload, header.get("eos"), header.get("eos_id"),
-                                               header.get("encoding"), header["sha256"])
+                                               header.get("encoding"), header["sha256"], header.get("bos"))
             return facts, b""
         if self.library is None:
             raise LoadError("no tokenizer loaded")
@@ -256,7 +266,7 @@ class _Server:
             for size in header["sizes"]:
                 texts.append(payload[start: start + size].decode("utf-8"))
                 start += size
-            found = self.library.encode_batch(texts)
+            found = self.library.encode_batch(texts, special=header.get("special") is True)
             ids = array.array("I", [i for one in found for i in one])
             return {"counts": [len(one) for one in found]}, ids.tobytes()
         if op == "decode":

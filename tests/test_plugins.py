@@ -262,7 +262,7 @@ def test_a_plugin_family_is_planned_verified_exported_and_decodes_like_a_built_i
     shown = table_text(explained.stdout.splitlines())  # piped, explain's table is 100 columns: cells wrap
     assert explained.returncode == 0 and "emaon2heads" in shown, explained.stderr
     assert "quadratic" in shown and "graph" in shown
-    built = attnspec("build", str(spec), "-o", str(tmp_path / "build"), allowed="ema")
+    built = attnspec("build", str(spec), "-o", str(tmp_path / "build"), "--programs", "all", allowed="ema")
     assert built.returncode == 0, built.stderr[-3000:]
     assert (tmp_path / "build" / "step.pt2").is_file() and (tmp_path / "build" / "model.pt2").is_file()
     verified = attnspec("verify", str(tmp_path / "build"), allowed="ema")

@@ -498,7 +498,9 @@ def evaluate(
     check_options(batch_size, stride)  # before loading; the stride's bound (max_len) again after
     model = load_trained(directory)
     tokenizer = tokenizer_of(directory)
-    with scoring_progress() as update:
+    parameters = sum(p.numel() for p in model.parameters())
+    subject = f"{directory} ({model.spec.name}, {parameters:,} parameters) on {text or task}"
+    with scoring_progress("windows" if text is not None else "requests", subject) as update:
         if text is not None:
             result = evaluate_text(model, text, tokenizer=tokenizer, stride=stride, batch_size=batch_size,
                                    on_window=update)
@@ -508,7 +510,7 @@ def evaluate(
     if json_output:
         out.print(json.dumps(dataclasses.asdict(result)), markup=False)
         return
-    out.print(evaluation_table(f"{model.spec.name} on {task or text}", result))
+    out.print(evaluation_table(f"{directory} ({model.spec.name}) on {task or text}", result))
 
 
 @app.command()

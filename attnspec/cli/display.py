@@ -127,23 +127,26 @@ def stage_progress():
 
 
 @contextmanager
-def scoring_progress(every: float = 10.0):
-    """Progress of an evaluation; yields ``update(done, total)``: rich's transient bar on a terminal (on
-    stderr), else a plain line on stderr every ``every`` seconds and at the end."""
+def scoring_progress(what: str, subject: str, every: float = 10.0):
+    """Progress of an evaluation of ``subject`` (the model and the file); yields ``update(done, total)``
+    (``what``: the units, ``windows`` or ``requests``; the first call comes once the file is read): rich's
+    transient bar on a terminal (on stderr), else a plain line on stderr at the first call, every ``every``
+    seconds and at the end (``scoring DIR (name) on FILE: 1 of 2 windows``), so a log shows it live."""
     from rich.progress import Progress
 
     if not err.is_terminal:
-        last = [time.monotonic()]
+        last = [None]
 
         def update(done: int, total: int | None) -> None:
-            if done == total or time.monotonic() - last[0] > every:
+            if last[0] is None or done == total or time.monotonic() - last[0] > every:
                 last[0] = time.monotonic()
-                err.print(f"scoring: {done:,} of {total:,}" if total else f"scoring: {done:,}", markup=False)
+                err.print(f"scoring {subject}: {done:,} of {total:,} {what}" if total else
+                          f"scoring {subject}: {done:,} {what}", markup=False)
 
         yield update
         return
     with Progress(console=err, transient=True) as progress:
-        bar = progress.add_task("scoring", total=None)
+        bar = progress.add_task(escape(f"scoring {subject}: {what}"), total=None)
         yield lambda done, total: progress.update(bar, completed=done, total=total)
 
 

@@ -189,7 +189,8 @@ def grouped_projections(spec) -> dict[str, int]:
         mixer = getattr(block, "mixer", None)
         if getattr(mixer, "qk_groups", None) or not getattr(mixer, "kv_heads", None):
             continue
-        for projection, rows, heads in (("k_proj", mixer.d_qk, mixer.key_heads), ("v_proj", mixer.d_v, mixer.value_heads)):
+        for projection, rows, heads in (("k_proj", mixer.d_qk, mixer.key_heads),
+                                        ("v_proj", mixer.d_v, mixer.value_heads)):
             if heads < mixer.heads:
                 for part in ("weight", "bias"):
                     found[f"blocks.{index}.mixer.{projection}.{part}"] = rows

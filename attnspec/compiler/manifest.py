@@ -184,6 +184,7 @@ class TokenizerRecord(_Strict):
     vocab_size: Annotated[int, Field(gt=0, le=limits.MAX_VOCAB)]
     eos: Annotated[str, Field(min_length=1, max_length=256)]
     encoding: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    bos: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # None: it names none (or a build before)
 
 
 Manifest.model_rebuild()

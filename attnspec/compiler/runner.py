@@ -172,7 +172,7 @@ def _text_prompt(directory: Path, manifest: Manifest, text: str):
     if tokenizer is None:
         raise AttnSpecError(f"{directory} carries no tokenizer, so it takes token ids (--tokens); build it with "
                             "--tokenizer, or from a run of a text task")
-    prompt = tokenizer.encode(text)
+    prompt = tokenizer.encode(text, special=True)  # as transformers' tokenizer(text): Gemma's BOS first
     if not prompt:
         raise AttnSpecError("--text gives no tokens; give some text")
     if len(prompt) > manifest.max_len:

@@ -473,6 +473,8 @@ def export_model_hf(model, output: Path | str, *, model_type: str | None = None,
         tensors = {f"model.{name}": tensor for name, tensor in ours.items()}
     if tokenizer is not None:
         config["eos_token_id"] = tokenizer.eos_id
+        if tokenizer.bos_id is not None:
+            config["bos_token_id"] = tokenizer.bos_id
     with Scratch(output, EXPORT) as scratch:
         write_checkpoint(scratch.path, config, tensors)
         if tokenizer is not None:

@@ -70,8 +70,9 @@ def _added(tokens: list[str], types: list[int], vocab: dict[str, int], alphabet:
     return sorted(unique.values(), key=lambda entry: entry["id"])
 
 
-def tokenizer_json(metadata: dict, source: str) -> tuple[dict, str]:
-    """The ``tokenizer.json`` of a GGUF file's tokenizer metadata, and its end-of-document token.
+def tokenizer_json(metadata: dict, source: str) -> tuple[dict, str, str | None]:
+    """The ``tokenizer.json`` of a GGUF file's tokenizer metadata, its end-of-document token and its
+    beginning-of-sequence token (None where the file names none: transformers' ``bos_token``).
 
     Raises:
         InteropError: no tokenizer, a kind other than byte-level BPE (``gpt2``) or SentencePiece BPE
@@ -146,7 +147,8 @@ def tokenizer_json(metadata: dict, source: str) -> tuple[dict, str]:
     document = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
                 "normalizer": data["normalizer"], "pre_tokenizer": data["pre_tokenizer"],
                 "post_processor": processor, "decoder": data["decoder"], "model": data["model"]}
-    return document, special["eos"]
+    named = {token: spelling for token, spelling in zip(tokens, spelled) if token in special.values()}
+    return document, named[special["eos"]], named.get(special.get("bos"))
 
 
 def gguf_tokenizer(checkpoint):
@@ -161,14 +163,14 @@ def gguf_tokenizer(checkpoint):
     from attnspec.io import cache_directory, write_atomic
     from attnspec.tokenizer import load_tokenizer
 
-    document, eos = tokenizer_json(checkpoint.file.metadata, str(checkpoint.path))
+    document, eos, bos = tokenizer_json(checkpoint.file.metadata, str(checkpoint.path))
     raw = json.dumps(document, ensure_ascii=False).encode("utf-8")
     directory = cache_directory() / "gguf-tokenizers"
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{hashlib.sha256(raw).hexdigest()[:32]}.json"
     if not path.is_file() or path.read_bytes() != raw:
         write_atomic(path, raw)
-    return load_tokenizer(Path(path), eos=eos)
+    return load_tokenizer(Path(path), eos=eos, bos=bos)
 
 
 __all__ = ["SPLITS", "gguf_tokenizer", "tokenizer_json"]

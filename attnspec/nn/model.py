@@ -359,6 +359,25 @@ class Model(nn.Module):
         ``from_attention_mask``), several sequences per row, each computed exactly as it would be alone
         (positions restart, recurrent states reset, attention stays inside each). A classifier head
         pools over the whole row, so it takes none."""
+        x, outputs = self._blocks(inputs, mode, documents, keep=hidden_states)
+        out = self._head(self.final_norm(x))
+        return (out, outputs) if hidden_states else out
+
+    def head_input(self, inputs: Tensor, documents: Documents | None = None) -> Tensor:
+        """What the head reads for ``inputs``: the final norm of the last block's output (B, L, d_model).
+        :meth:`head_logits` of it is :meth:`forward`'s output; an evaluation takes the logits a few positions
+        at a time from it, never holding (L, vocab) at once."""
+        x, _ = self._blocks(inputs, None, documents)
+        return self.final_norm(x)
+
+    def head_logits(self, hidden: Tensor) -> Tensor:
+        """The head's output (..., vocab) for :meth:`head_input`'s (..., d_model) (an lm head's logits)."""
+        return self._head(hidden)
+
+    def _blocks(self, inputs: Tensor, mode: str | None, documents: Documents | None, keep: bool = False
+                ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The last block's output (B, L, d_model), and with ``keep`` every block's in order (else none:
+        without autograd holding them, each block's output is freed once the next has read it)."""
         self.check_inputs(inputs)
         if documents is not None:
             self.check_documents(documents, inputs)
@@ -372,9 +391,9 @@ class Model(nn.Module):
                 x, lent[index] = block(x, mode, embeddings, **packed, **sharing, lend=True)
             else:
                 x = block(x, mode, embeddings, **packed, **sharing)
-            outputs.append(x)
-        out = self._head(self.final_norm(x))
-        return (out, tuple(outputs)) if hidden_states else out
+            if keep:
+                outputs.append(x)
+        return x, tuple(outputs)
 
     @property
     def takes_documents(self) -> bool:

@@ -86,11 +86,13 @@ def resolve_extends(data: dict, smap: SourceMap, file: FsPath | None, read: Call
 EVERY = "*"
 """The ``[*]`` of a path: every item of a list."""
 BLOCKS = "blocks"
-"""A path's first name ``blocks[*]`` / ``blocks[N]``: every block, inside ``repeat`` groups at any
-depth, or the N-th of the model's blocks in execution order (the ``blocks[N]`` of ``explain``, the
-build summary and the model's weights): one copy of a ``repeat`` group, which is then unrolled there."""
+"""A path's first name ``blocks[*]`` / ``blocks[N]`` / ``blocks[START:STOP:STEP]``: every block, inside
+``repeat`` groups at any depth, or the N-th of the model's blocks in execution order (the ``blocks[N]`` of
+``explain``, the build summary and the model's weights): one copy of a ``repeat`` group, which is then
+unrolled there; or the blocks of a Python slice of them (``blocks[3::4]``: one in four, from the fourth),
+each as ``blocks[N]``."""
 
-_PATH_TOKEN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\*)\]|(\.)")
+_PATH_TOKEN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\*|\d*:\d*(?::\d+)?)\]|(\.)")
 
 
 def parse_dotted_path(text: str) -> Path:
@@ -110,7 +112,13 @@ def parse_dotted_path(text: str) -> Path:
         elif index is not None:
             if not parts:
                 raise ValueError("a path must start with a key name")
-            parts.append(EVERY if index == "*" else int(index))
+            if ":" in index:  # a slice: blocks only
+                bounds = [int(bound) if bound else None for bound in index.split(":")]
+                if bounds[2:] == [0]:
+                    raise ValueError("a slice's step must be at least 1")
+                parts.append(slice(*bounds))
+            else:
+                parts.append(EVERY if index == "*" else int(index))
             expect_name = False
         else:
             if not expect_name:
@@ -121,13 +129,21 @@ def parse_dotted_path(text: str) -> Path:
     if not parts or expect_name:
         raise ValueError("empty or incomplete path")
     if parts[0] == BLOCKS and (len(parts) < 2 or isinstance(parts[1], str) and parts[1] != EVERY):
-        raise ValueError("`blocks` takes [*] or an index, e.g. `blocks[*].mixer.heads`")
+        raise ValueError("`blocks` takes [*], an index or a slice, e.g. `blocks[*].mixer.heads`, `blocks[3::4]`")
+    if any(isinstance(part, slice) for part in parts[2 if parts[0] == BLOCKS else 0:]):
+        raise ValueError("a slice `[a:b:c]` picks blocks (`blocks[3::4]`); elsewhere write [*] or an index")
     return tuple(parts)
 
 
 def format_pattern(path: Path) -> str:
     """The text of a parsed path, wildcards included."""
-    return "".join(f"[{part}]" if isinstance(part, int) or part == EVERY else f".{part}" if i else str(part)
+    def text(part) -> str:
+        if isinstance(part, slice):
+            step = "" if part.step is None else f":{part.step}"
+            return f"[{'' if part.start is None else part.start}:{'' if part.stop is None else part.stop}{step}]"
+        return f"[{part}]"
+
+    return "".join(text(part) if isinstance(part, (int, slice)) or part == EVERY else f".{part}" if i else str(part)
                    for i, part in enumerate(path))
 
 
@@ -313,6 +329,17 @@ def set_path(data: dict, smap: SourceMap, pattern_text: str, value: Any, where: 
     except ValueError as err:
         raise SpecError(Problem(f"malformed path '{shorten(pattern_text)}': {err}", source=where.source,
                                 line=where.line, column=where.column)) from None
+    if pattern[0] == BLOCKS and isinstance(pattern[1], slice):  # each block of the slice as blocks[N]
+        chosen = range(*pattern[1].indices(len(expanded_blocks(data))))
+        if not chosen:
+            count = len(expanded_blocks(data))
+            raise SpecError(Problem(f"this slice picks no block; the spec has {count} block(s), blocks[0] to "
+                                    f"blocks[{count - 1}]", path=format_pattern(pattern), source=where.source,
+                                    line=where.line, column=where.column))
+        for index in chosen:
+            rest = format_pattern(pattern[2:]) if len(pattern) > 2 else ""
+            data = set_path(data, smap, f"blocks[{index}]" + ("." + rest if rest else ""), value, where, value_map)
+        return data
     if pattern[0] == BLOCKS and pattern[1] != EVERY:
         data, pattern = _one_block(data, smap, pattern)
     paths = expand_pattern(data, pattern)

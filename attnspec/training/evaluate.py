@@ -12,22 +12,31 @@ zero-shot formats, HellaSwag, PIQA, ARC and LAMBADA, are read as these by :mod:`
   (``accuracy_norm``); chance is the mean of 1 / choices.
 
 C and X are lists of token ids, or text: tokenised with the model's tokenizer where it has one
-(:mod:`attnspec.tokenizer`; context and continuation split as lm-eval splits them, the context's trailing
-spaces moved to the continuation and the pair encoded whole), else read as UTF-8 bytes (the ``bytes``
-task's tokens; the model's vocabulary must hold 256). A request longer than ``max_len`` keeps its last ``max_len``
+(:mod:`attnspec.tokenizer`), exactly as lm-eval's ``HFLM`` tokenises for a causal model: with the special
+tokens the tokenizer's own template adds (Gemma's BOS), unless the text already begins with the prefix
+token; context and continuation split as lm-eval splits them (the context's trailing spaces moved to the
+continuation, the pair encoded whole); an empty text context is the prefix token alone (BOS where the
+tokenizer has one, else EOS: lm-eval's ``prefix_token_id``). Without a tokenizer text is read as UTF-8
+bytes (the ``bytes`` task's tokens; the model's vocabulary must hold 256). A request longer than ``max_len`` keeps its last ``max_len``
 tokens (the context is cut from the left, as lm-eval does; a continuation longer than that loses its
 first tokens, which are counted and left out of every per-token figure). Requests are scored in batches,
 right-padded, the padding a document of its own (:mod:`attnspec.ops.documents`), so a request scores as
 it would alone. Nothing is downloaded; the file is the user's and is only read.
 
 :func:`evaluate_text` scores a whole text file (perplexity over a sliding window, bits per byte, word
-perplexity), as lm-eval's ``loglikelihood_rolling`` does for WikiText.
+perplexity), as lm-eval's ``loglikelihood_rolling`` does for WikiText: the same tokens (the template's
+special tokens, the prefix token first), the same windows.
+
+The logits are taken :data:`SCORE_POSITIONS` positions at a time from the head's input, so a window of
+8,192 tokens never holds its (8,192, vocabulary) logits at once (1.6 GB at 49,152 ids in float32; twice
+that in float64).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +61,11 @@ MAX_LINE_BYTES = 8 << 20
 """One request's line (a context of a million token ids fits)."""
 MAX_CHOICES = 4096
 """Choices of one multiple-choice question."""
+SCORE_POSITIONS = 512
+"""Positions whose logits are computed (float64, log-softmaxed) at once when scoring."""
+WINDOW_TOKENS = 8192
+"""A batch of a text's windows holds at most this many tokens (a longer window goes alone): one forward's
+activations stay those of one long window whatever ``batch_size`` asks."""
 
 
 @dataclass
@@ -82,6 +96,15 @@ class EvalResult:
     the perplexity and per-token scores divide by the tokens scored."""
 
 
+def lm_eval_encoding(tokenizer):
+    """``text -> ids`` as lm-eval's ``HFLM.tok_encode`` for a causal model: the special tokens the tokenizer's
+    template adds, unless the text begins with the prefix token (:attr:`~attnspec.tokenizer.Tokenizer.prefix`);
+    None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    return lambda text: tokenizer.encode(text, special=not text.startswith(tokenizer.prefix))
+
+
 def _tokens(value, vocab: int, where: str, name: str, encode=None) -> list[int]:
     if isinstance(value, str) and encode is not None:
         return _checked(encode(value), vocab, where, name)
@@ -103,10 +126,14 @@ def _checked(ids: list[int], vocab: int, where: str, name: str) -> list[int]:
     return ids
 
 
-def _pair(context, continuation, vocab: int, where: str, name: str, encode) -> tuple[list[int], list[int]]:
-    """A context and continuation's ids: text pairs through ``encode`` as lm-eval splits them (the
+def _pair(context, continuation, vocab: int, where: str, name: str, tokenizer) -> tuple[list[int], list[int]]:
+    """A context and continuation's ids: text pairs through the tokenizer as lm-eval splits them (the
     context's trailing spaces join the continuation; the pair is encoded whole and the continuation is
-    what follows as many ids as the context alone has), anything else each on its own."""
+    what follows as many ids as the context alone has; an empty context is the prefix token, the
+    continuation then encoded without special tokens), anything else each on its own."""
+    encode = lm_eval_encoding(tokenizer)
+    if encode is not None and context == "" and isinstance(continuation, str):
+        return [tokenizer.prefix_id], _nonempty(continuation, vocab, where, name, tokenizer.encode)
     if encode is None or not (isinstance(context, str) and isinstance(continuation, str)):
         return (_tokens(context, vocab, where, "context", encode),
                 _nonempty(continuation, vocab, where, name, encode))
@@ -117,16 +144,18 @@ def _pair(context, continuation, vocab: int, where: str, name: str, encode) -> t
     tail = whole[len(head):]
     if not tail:
         raise TaskError(f"{where}: `{name}` is empty")
+    if not head:
+        raise TaskError(f"{where}: `context` gives no token; a continuation is scored after at least one")
     return _checked(head, vocab, where, "context"), _checked(tail, vocab, where, name)
 
 
-def read_task_file(path: Path | str, vocab: int, encode=None, task_format: str = "requests"
+def read_task_file(path: Path | str, vocab: int, tokenizer=None, task_format: str = "requests"
                    ) -> tuple[list[Request], list[tuple[list[int], int, int]]]:
     """The requests of a task file, and the multiple-choice questions as (indices of their choices'
     requests, label, line). Raises TaskError naming the line of the first malformed request.
 
-    ``encode``: text -> ids (the model's tokenizer), or None to read text as UTF-8 bytes; ``task_format``:
-    one of :data:`~attnspec.training.eval_formats.FORMATS`.
+    ``tokenizer``: the model's (:class:`attnspec.tokenizer.Tokenizer`, text encoded as lm-eval encodes it),
+    or None to read text as UTF-8 bytes; ``task_format``: one of :data:`~attnspec.training.eval_formats.FORMATS`.
 
     The file is streamed line by line (lines end at ``\\n`` only: U+2028 and its kin are valid inside
     JSON strings), each line bounded before it is parsed (:data:`MAX_LINE_BYTES`, and at most
@@ -144,7 +173,7 @@ def read_task_file(path: Path | str, vocab: int, encode=None, task_format: str =
     try:
         with path.open("rb") as handle:
             for number, raw in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
-                _read_request(raw, f"{path}:{number}", number, vocab, requests, questions, encode, task_format)
+                _read_request(raw, f"{path}:{number}", number, vocab, requests, questions, tokenizer, task_format)
                 if len(requests) > MAX_REQUESTS:
                     raise TaskError(f"{path}: more than {MAX_REQUESTS:,} requests")
     except OSError as error:
@@ -155,7 +184,7 @@ def read_task_file(path: Path | str, vocab: int, encode=None, task_format: str =
 
 
 def _read_request(raw: bytes, where: str, number: int, vocab: int, requests: list[Request],
-                  questions: list[tuple[list[int], int, int]], encode=None, task_format: str = "requests") -> None:
+                  questions: list[tuple[list[int], int, int]], tokenizer=None, task_format: str = "requests") -> None:
     """Append the request(s) of one line ``raw`` (multiple choice: one per choice, and the question)."""
     if len(raw) > MAX_LINE_BYTES:
         raise TaskError(f"{where}: the line is longer than {MAX_LINE_BYTES:,} bytes")
@@ -175,8 +204,9 @@ def _read_request(raw: bytes, where: str, number: int, vocab: int, requests: lis
     item = as_request(item, task_format, where)
     if not isinstance(item, dict) or "context" not in item:
         raise TaskError(f"{where}: a request is an object with `context` and `continuation` or `choices`")
-    if not _tokens(item["context"], vocab, where, "context", encode):
-        raise TaskError(f"{where}: `context` is empty; a continuation is scored after at least one token")
+    if item["context"] == [] or item["context"] == "" and tokenizer is None:
+        raise TaskError(f"{where}: `context` is empty; a continuation is scored after at least one token"
+                        + ("" if item["context"] == [] else " (with a tokenizer, an empty text is its prefix token)"))
     if "choices" in item:
         choices, label = item["choices"], item.get("label")
         if not isinstance(choices, list) or len(choices) < 2:
@@ -185,11 +215,12 @@ def _read_request(raw: bytes, where: str, number: int, vocab: int, requests: lis
             raise TaskError(f"{where}: `label` must be the index of the right choice, 0 to {len(choices) - 1}")
         first = len(requests)
         for index, choice in enumerate(choices):
-            requests.append(Request(*_pair(item["context"], choice, vocab, where, f"choices[{index}]", encode), number))
+            requests.append(Request(*_pair(item["context"], choice, vocab, where, f"choices[{index}]", tokenizer),
+                                    number))
         questions.append((list(range(first, len(requests))), label, number))
     elif "continuation" in item:
-        requests.append(Request(*_pair(item["context"], item["continuation"], vocab, where, "continuation", encode),
-                                number))
+        requests.append(Request(*_pair(item["context"], item["continuation"], vocab, where, "continuation",
+                                       tokenizer), number))
     else:
         raise TaskError(f"{where}: a request needs `continuation` or `choices`")
 
@@ -223,9 +254,11 @@ def _check_model(model) -> None:
 
 
 @torch.no_grad()
-def _logits_of_rows(model, rows: list[list[int]]) -> list[Tensor]:
-    """The logits (len(row), vocab) float64 of each token row run alone, computed as one right-padded batch
-    whose padding is a document of its own (so each row's logits are those it would have alone)."""
+def _scored_rows(model, rows: list[list[int]], targets: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
+    """For each token row run alone, the log-probability (float64) of each of ``targets[i]``, the tokens
+    that follow its last ``len(targets[i])`` positions, and whether each is the argmax there. The rows run
+    as one right-padded batch whose padding is a document of its own (so each row's logits are those it
+    would have alone); the logits are taken :data:`SCORE_POSITIONS` positions at a time."""
     device = model.embed.weight.device
     width = max(len(row) for row in rows)
     inputs = torch.zeros(len(rows), width, dtype=torch.long, device=device)
@@ -234,9 +267,19 @@ def _logits_of_rows(model, rows: list[list[int]]) -> list[Tensor]:
         inputs[i, :len(row)] = torch.tensor(row, dtype=torch.long, device=device)
         if len(row) < width:
             starts[i, len(row)] = True
-    documents = from_starts(starts) if bool(starts.any()) else None
-    logits = model(inputs) if documents is None else model(inputs, documents=documents)
-    return [logits[i, :len(row)].double() for i, row in enumerate(rows)]
+    hidden = model.head_input(inputs, from_starts(starts) if bool(starts.any()) else None)
+    found = []
+    for i, (row, wanted) in enumerate(zip(rows, targets)):
+        first = len(row) - len(wanted)
+        logprobs, greedy = [], []
+        for begin in range(first, len(row), SCORE_POSITIONS):
+            end = min(begin + SCORE_POSITIONS, len(row))
+            logits = model.head_logits(hidden[i, begin:end]).double()
+            chosen = torch.tensor(wanted[begin - first:end - first], dtype=torch.long, device=device)
+            logprobs.append(F.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1))
+            greedy.append(logits.argmax(-1) == chosen)
+        found.append((torch.cat(logprobs), torch.cat(greedy)))
+    return found
 
 
 def score_batch(model, requests: list[Request]) -> list[Score]:
@@ -245,16 +288,10 @@ def score_batch(model, requests: list[Request]) -> list[Score]:
     limit = model.spec.max_len + 1  # inputs are all tokens but the last
     sequences = [(r.context + r.continuation)[-limit:] for r in requests]
     scored = [min(len(r.continuation), len(seq) - 1) for r, seq in zip(requests, sequences)]
-    all_logits = _logits_of_rows(model, [seq[:-1] for seq in sequences])
-    scores = []
-    for request, seq, n, logits in zip(requests, sequences, scored, all_logits):
-        targets = torch.tensor(seq[-n:], dtype=torch.long, device=logits.device)
-        logits = logits[-n:]
-        loglikelihood = float(F.log_softmax(logits, dim=-1).gather(1, targets.unsqueeze(1)).sum())
-        scores.append(Score(loglikelihood, bool((logits.argmax(-1) == targets).all()),
-                            len(request.context) + len(request.continuation) > limit, n,
-                            len(request.continuation) - n))
-    return scores
+    results = _scored_rows(model, [seq[:-1] for seq in sequences], [seq[-n:] for seq, n in zip(sequences, scored)])
+    return [Score(float(logprobs.sum()), bool(greedy.all()), len(request.context) + len(request.continuation) > limit,
+                  n, len(request.continuation) - n)
+            for request, n, (logprobs, greedy) in zip(requests, scored, results)]
 
 
 def score(model, request: Request) -> Score:
@@ -268,6 +305,8 @@ def _in_batches(model, requests: list[Request], batch_size: int, on_request=None
     size = batch_size if model.takes_documents else 1  # padding is a document
     order = sorted(range(len(requests)), key=lambda i: -(len(requests[i].context) + len(requests[i].continuation)))
     scores: list[Score | None] = [None] * len(requests)
+    if on_request is not None:
+        on_request(0, len(order))
     for start in range(0, len(order), size):
         chosen = order[start:start + size]
         for i, result in zip(chosen, score_batch(model, [requests[i] for i in chosen])):
@@ -300,8 +339,7 @@ def evaluate_file(model, path: Path | str, on_request=None, *, tokenizer=None, t
     ``on_request(done, total)`` is called after each batch (the CLI's progress bar)."""
     _check_model(model)
     check_options(batch_size)
-    encode = None if tokenizer is None else tokenizer.encode
-    requests, questions = read_task_file(path, model.spec.input.vocab_size, encode, task_format)
+    requests, questions = read_task_file(path, model.spec.input.vocab_size, tokenizer, task_format)
     scores = _in_batches(model, requests, batch_size, on_request)
     result = EvalResult(requests=len(requests), truncated=sum(s.truncated for s in scores),
                         continuation_tokens_cut=sum(s.cut for s in scores))
@@ -347,11 +385,15 @@ def evaluate_text(model, path: Path | str, *, tokenizer=None, stride: int | None
                   on_window=None) -> TextResult:
     """The log-likelihood of the whole text file ``path`` (UTF-8) under ``model``.
 
-    The text is tokenised (``tokenizer``; None: UTF-8 bytes) and, with a tokenizer, preceded by its
-    end-of-document id so its first token is scored too (lm-eval's rolling log-likelihood). Windows of
-    ``max_len`` tokens start every ``stride`` tokens (default ``max_len``: disjoint windows, lm-eval's
-    way); each token is scored once, in the first window that predicts it, so a smaller stride gives every
-    token after the first window at least ``max_len - stride`` tokens of context.
+    The text is tokenised (``tokenizer``; None: UTF-8 bytes) as lm-eval's ``loglikelihood_rolling`` tokenises
+    it (with the special tokens the tokenizer's template adds, :func:`lm_eval_encoding`) and, with a
+    tokenizer, preceded by its prefix token (BOS where it has one, else EOS: lm-eval's
+    ``prefix_token_id``) so its first token is scored too. Windows of ``max_len`` tokens start every
+    ``stride`` tokens (default ``max_len``: disjoint windows, lm-eval's way); each token is scored once,
+    in the first window that predicts it, so a smaller stride gives every token after the first window at
+    least ``max_len - stride`` tokens of context; the last window reaches back a whole ``max_len`` (as
+    lm-eval's does). Windows are scored ``batch_size`` at a time, at most :data:`WINDOW_TOKENS` tokens
+    together; ``on_window(done, total)`` is called before the first and after each batch.
     """
     _check_model(model)
     width = model.spec.max_len
@@ -372,7 +414,7 @@ def evaluate_text(model, path: Path | str, *, tokenizer=None, stride: int | None
     if tokenizer is None:
         ids = _tokens(text, vocab, str(path), "text")
     else:
-        ids = [tokenizer.eos_id] + _checked(tokenizer.encode(text), vocab, str(path), "text")
+        ids = [tokenizer.prefix_id] + _checked(lm_eval_encoding(tokenizer)(text), vocab, str(path), "text")
     if len(ids) < 2:
         raise TaskError(f"{path}: needs at least two tokens to score one")
     targets = len(ids) - 1
@@ -380,19 +422,21 @@ def evaluate_text(model, path: Path | str, *, tokenizer=None, stride: int | None
     done, begin = 0, 0
     while done < targets:
         end = min(begin + width, targets)
-        windows.append((begin, end, done))
+        windows.append((max(0, end - width), end, done))
         done, begin = end, begin + stride
-    size = batch_size if model.takes_documents else 1  # padding is a document
+    # every window but a text shorter than one is max_len long: a batch needs no padding
+    size = max(1, min(batch_size, WINDOW_TOKENS // width)) if model.takes_documents else 1
     loglikelihood = 0.0
+    if on_window is not None:
+        on_window(0, len(windows))
     for first in range(0, len(windows), size):
         chosen = windows[first:first + size]
-        for (begin, end, new), logits in zip(chosen, _logits_of_rows(model, [ids[b:e] for b, e, _ in chosen])):
-            wanted = torch.tensor(ids[new + 1:end + 1], dtype=torch.long, device=logits.device)
-            part = F.log_softmax(logits[new - begin:], dim=-1)
-            loglikelihood += float(part.gather(1, wanted.unsqueeze(1)).sum())
+        scored = _scored_rows(model, [ids[b:e] for b, e, _ in chosen], [ids[new + 1:e + 1] for _, e, new in chosen])
+        loglikelihood += sum(float(logprobs.sum()) for logprobs, _ in scored)
         if on_window is not None:
             on_window(min(first + size, len(windows)), len(windows))
-    size_bytes, words = len(text.encode("utf-8")), max(1, len(text.split()))
+    # lm-eval's counts: bytes of UTF-8, words as re.split(r"\s+") finds them
+    size_bytes, words = len(text.encode("utf-8")), len(re.split(r"\s+", text))
     return TextResult(targets, size_bytes, words, len(windows), stride, loglikelihood,
                       math.exp(-loglikelihood / targets), -loglikelihood / (size_bytes * math.log(2)),
                       math.exp(-loglikelihood / words))

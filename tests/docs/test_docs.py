@@ -32,7 +32,7 @@ from tests.conftest import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 DIRECTIVE = re.compile(r"^<!-- (doc-test|output|not-run): (.+?) -->$")
-LINKED = ("specs", "ablations", "examples", "schema")
+LINKED = ("specs", "ablations", "examples", "schema", "tools")
 
 
 @dataclass(frozen=True)
@@ -88,24 +88,17 @@ def _environment() -> dict:
     return environment
 
 
-def _tiny_llama(folder: Path) -> None:
-    """``my-llama/``: a tiny Llama saved by transformers with a tokenizer of its vocabulary; ``corpus/`` and
-    ``held-out.txt``: the Python documentation's topics (every Python ships them)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _real_quick_start(folder: Path) -> None:
+    """The README's quick start on the real SmolLM2-135M-Instruct (its commands fetch it: the cache, then
+    no network): ``corpus/`` and ``held-out.txt``, the Python documentation's topics (every Python ships
+    them); ``task.jsonl``, requests of real text."""
+    from tests.tokenizer_files import topics
 
-    from tests.tokenizer_files import topics, write_tokenizer
-
-    config = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder / "my-llama")
-    write_tokenizer(folder / "my-llama" / "tokenizer.json", "bpe", vocab=300)
     texts = topics()
     (folder / "corpus").mkdir()
-    for index, text in enumerate(texts[:40]):
-        (folder / "corpus" / f"topic-{index}.txt").write_text(text)
-    (folder / "held-out.txt").write_text("\n".join(texts[40:44]))
+    for index, text in enumerate(texts[:24]):
+        (folder / "corpus" / f"topic-{index}.txt").write_text(text[:4000])
+    (folder / "held-out.txt").write_text("\n".join(texts[40:44])[:6000])
     requests = [{"context": "The for statement", "continuation": " is used to iterate"},
                 {"context": "A list is", "choices": [" mutable", " immutable"], "label": 0}]
     (folder / "task.jsonl").write_text("".join(json.dumps(request) + "\n" for request in requests))
@@ -124,7 +117,7 @@ def _real_smollm2(folder: Path) -> None:
     (folder / "SmolLM2-135M-Instruct.Q4_1.gguf").symlink_to(fetch("smollm2", quiet=True))
 
 
-SCENARIOS = {"main-job": None, "quick-start": _tiny_llama, "plugin": _plugin_spec, "repository": None,
+SCENARIOS = {"main-job": None, "quick-start": _real_quick_start, "plugin": _plugin_spec, "repository": None,
              "gguf": _real_smollm2}
 """Each scenario's preparation of its sandbox (beyond the links to the repository's folders)."""
 

@@ -75,13 +75,20 @@ def equal_import_on_real_text(imported, tmp_path, characters: int):
     text = tmp_path / "held-out.txt"
     text.write_text(held_out_text(characters), encoding="utf-8")
     found = evaluate_text(ours, text, tokenizer=tokenizer)
-    ids = [tokenizer.eos_id] + tokenizer.encode(text.read_text(encoding="utf-8"))
+    # conditioned as lm-eval's loglikelihood_rolling conditions (HFLM: prefix_token_id, the BOS where the
+    # tokenizer has one; tok_encode with the tokenizer's own special tokens), from transformers' tokenizer
+    their_tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    prefix = their_tokenizer.bos_token_id if their_tokenizer.bos_token_id is not None else their_tokenizer.eos_token_id
+    ids = [prefix] + their_tokenizer(text.read_text(encoding="utf-8")).input_ids
+    assert (tokenizer.prefix_id, tokenizer.bos_id) == (prefix, their_tokenizer.bos_token_id)
     assert found.windows == 1 and found.tokens == len(ids) - 1
     expected = perplexity_of_transformers(theirs, ids)
     assert abs(found.perplexity - expected) <= 1e-4 * expected, (found.perplexity, expected)
-    # the tokenizer built from the file's metadata is transformers' tokenizer of the same file
-    their_tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    assert ids[1:] == their_tokenizer(text.read_text(encoding="utf-8"), add_special_tokens=False).input_ids
+    # the tokenizer built from the file's metadata is transformers' tokenizer of the same file, special
+    # tokens and all
+    for special in (False, True):
+        assert tokenizer.encode(text.read_text(encoding="utf-8"), special=special) == \
+            their_tokenizer(text.read_text(encoding="utf-8"), add_special_tokens=special).input_ids
     return tokenizer
 
 

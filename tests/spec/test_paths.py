@@ -198,3 +198,26 @@ def test_an_override_of_one_place_leaves_another_that_shared_its_object_alone():
     assert [layer["mixer"]["kv_heads"] for layer in edited["layers"]] == [2, 4]
     assert [layer["mixer"]["heads"] for layer in edited["layers"]] == [2, 4]
     assert block == {"mixer": {"kind": "softmax", "heads": 4, "kv_heads": 2}}
+
+
+def test_a_slice_of_blocks_sets_each_as_blocks_n():
+    """``blocks[3::4]`` (one in four, from the fourth: a hybrid's swap) sets blocks 3 and 7 of a 10-block
+    ``repeat``, unrolling the copies around them; a slice that picks nothing, or one outside ``blocks``,
+    is a located error."""
+    from attnspec.spec.load import load_data
+
+    data = {"name": "ten", "input": {"kind": "tokens", "vocab_size": 8}, "d_model": 16, "max_len": 8,
+            "layers": [{"repeat": 10, "layers": [{"mixer": {"kind": "softmax", "heads": 2}}]}]}
+    edited, _ = load_data(data, ["blocks[3::4].mixer={kind: delta, heads: 2}", "blocks[:2].mixer.heads=4"])
+    spec = load_spec(edited)
+    assert [m.kind for m in _expanded_mixers(spec)] == ["softmax"] * 3 + ["delta"] + ["softmax"] * 3 + ["delta"] + \
+        ["softmax"] * 2
+    assert [m.heads for m in _expanded_mixers(spec)][:3] == [4, 4, 2]
+    with pytest.raises(SpecError, match="picks no block; the spec has 10 block"):
+        load_data(data, ["blocks[12:].mixer.heads=4"])
+    with pytest.raises(SpecError, match="a slice"):
+        load_data(data, ["layers[0:1].repeat=2"])
+
+
+def _expanded_mixers(spec) -> list:
+    return [block.mixer for _, block in iter_blocks(spec, expand=True)]

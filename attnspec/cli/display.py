@@ -313,6 +313,7 @@ class TrainingDisplay:
             trained = record.get("trained", record["parameters"])
             frozen = f" ({trained:,} trained, {record['parameters'] - trained:,} frozen)" \
                 if trained != record["parameters"] else ""
+            frozen = " (each stage's trained below)" if record.get("staged") else frozen
             line = (f"training {record['parameters']:,} parameters{frozen} on {record['device']} "
                     f"({record['world_size']} process(es){sharing}{recomputing}, modes {', '.join(record['plan'])} "
                     f"({'measured' if record.get('planning') == 'measured' else 'cost model'}), "

@@ -260,7 +260,7 @@ class Trainer:
         self.on_progress({"event": "start", "step": self.start, "steps": config.steps, "plan": self.plan.full_modes,
                           "planning": config.planning,
                           "parameters": sum(p.numel() for p in self.model.parameters()),
-                          "trained": sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+                          "trained": self._reached_by_objective(), "staged": config.stages is not None,
                           "device": str(self.device),
                           "compiled": self.compiled, "world_size": self.dist.world_size,
                           "parallel": self.config.parallel if self.dist.active else None,

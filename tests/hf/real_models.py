@@ -92,3 +92,57 @@ def equal_import_on_real_text(imported, tmp_path, characters: int):
     return tokenizer
 
 
+
+
+MULTIPLE_CHOICE = [  # real questions about the held-out text's subject, in attnspec's request format
+    {"context": "Question: Which statement runs a block once for each item of a list?\nAnswer:",
+     "choices": [" the for statement", " the import statement", " the lambda expression"], "label": 0},
+    {"context": "Question: What does the with statement manage?\nAnswer:",
+     "choices": [" a context manager", " a floating-point number", " a class attribute"], "label": 0},
+    {"context": "The try statement specifies exception handlers and/or cleanup code for",
+     "choices": [" a group of statements", " a color palette", " the weather"], "label": 0},
+    {"context": "", "continuation": "Python is a programming language."},  # the prefix token alone as context
+]
+
+
+def equal_to_lm_eval_on_the_exported_model(imported, tmp_path, characters: int) -> None:
+    """``attnspec eval --text`` and ``--task`` on the import equal lm-evaluation-harness's own ``hf`` model
+    (``HFLM``, in this process: its tokenisation, prefix token and windows) on the directory export-hf
+    writes for it, request by request: the rolling log-likelihood of real text and every choice's
+    log-likelihood. float32 both sides; lm-eval's log-softmax is float32, attnspec's float64 of the same
+    logits: 1e-4 relative on each sum (observed ~1e-6)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from attnspec.compiler.load import tokenizer_of
+    from attnspec.interop.convert import export_hf
+    from attnspec.training.evaluate import evaluate_file, read_task_file, score_batch
+
+    _, build, _, ours, _ = imported
+    exported, _ = export_hf(build, tmp_path / "hf")
+    theirs = HFLM(pretrained=str(exported), device="cpu", dtype="float32", batch_size=1)
+    tokenizer = tokenizer_of(build)
+    assert theirs.prefix_token_id == tokenizer.prefix_id  # the exported tokenizer keeps the BOS
+    text = tmp_path / "held-out.txt"
+    text.write_text(held_out_text(characters), encoding="utf-8")
+    rolling = theirs.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text.read_text(encoding="utf-8"),),
+                                                     0)], disable_tqdm=True)[0]
+    found = evaluate_text(ours, text, tokenizer=tokenizer).loglikelihood
+    assert abs(found - rolling) <= 1e-4 * abs(rolling), (found, rolling)
+
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(__import__("json").dumps(line) + "\n" for line in MULTIPLE_CHOICE))
+    pairs = [(line["context"], choice) for line in MULTIPLE_CHOICE for choice in line.get("choices", [])] + \
+        [(line["context"], line["continuation"]) for line in MULTIPLE_CHOICE if "continuation" in line]
+    expected = [value for value, _ in theirs.loglikelihood([Instance("loglikelihood", {}, pair, index)
+                                                            for index, pair in enumerate(pairs)], disable_tqdm=True)]
+    requests, _ = read_task_file(task, ours.spec.input.vocab_size, tokenizer)
+    scored = [score.loglikelihood for score in score_batch(ours, requests)]
+    for mine, reference, pair in zip(scored, expected, pairs):
+        assert abs(mine - reference) <= 1e-4 * abs(reference), (pair, mine, reference)
+    result = evaluate_file(ours, task, tokenizer=tokenizer)
+    choices = [len(line["choices"]) for line in MULTIPLE_CHOICE if "choices" in line]
+    starts = [sum(choices[:i]) for i in range(len(choices))]
+    right = [max(range(n), key=lambda j: expected[s + j]) == line["label"]
+             for s, n, line in zip(starts, choices, MULTIPLE_CHOICE)]
+    assert result.accuracy == sum(right) / len(right)

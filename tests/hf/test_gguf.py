@@ -60,7 +60,9 @@ def test_the_tokenizer_built_from_gguf_encodes_as_transformers_reading_the_file(
     theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="model.gguf")
     text = "the theory, then<|endoftext|> other things: 12345 ünïcode\n\n  tab\tend"
     assert ours.encode(text) == theirs(text, add_special_tokens=False).input_ids
+    assert ours.encode(text, special=True) == theirs(text).input_ids  # the template's special tokens too
     assert ours.eos == "<|endoftext|>" and ours.eos_id == len(TOKENS) - 1
+    assert (ours.bos, ours.bos_id, ours.prefix_id) == (theirs.bos_token, theirs.bos_token_id, theirs.bos_token_id)
 
 
 # --------------------------------------------------------------------------- hostile files

@@ -11,7 +11,8 @@ import attnspec
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from tests.hf.real_models import NEW_TOKENS, PROMPTS, equal_import_on_real_text, greedy_of_transformers, imported  # noqa: E402
+from tests.hf.real_models import (  # noqa: E402
+    NEW_TOKENS, PROMPTS, equal_import_on_real_text, equal_to_lm_eval_on_the_exported_model, greedy_of_transformers, imported)
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +38,8 @@ def test_gemma3_greedy_generation_equals_transformers_in_float32(gemma3):
     found = ours.generate(ids, NEW_TOKENS)[0, ids.shape[1]:].tolist()
     assert found == greedy_of_transformers(theirs, ids, NEW_TOKENS)
     assert "language" in tokenizer.decode(found) or len(set(found)) > 8  # coherent text, not a repeated token
+
+
+def test_gemma3_eval_equals_lm_eval_on_the_exported_model(gemma3, tmp_path):
+    pytest.importorskip("lm_eval")
+    equal_to_lm_eval_on_the_exported_model(gemma3, tmp_path, 1500)

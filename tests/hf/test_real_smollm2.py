@@ -3,6 +3,7 @@ transformers; tolerances stated there)."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -13,7 +14,8 @@ import attnspec
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from tests.hf.real_models import NEW_TOKENS, PROMPTS, equal_import_on_real_text, greedy_of_transformers, imported  # noqa: E402
+from tests.hf.real_models import (  # noqa: E402
+    NEW_TOKENS, PROMPTS, equal_import_on_real_text, equal_to_lm_eval_on_the_exported_model, greedy_of_transformers, imported)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def test_smollm2_greedy_generation_equals_transformers_in_bfloat16_up_to_a_tie(s
     tokenizer = attnspec.compiler.load.tokenizer_of(build)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                               dtype=torch.bfloat16).eval()
-    ours = ours.to(torch.bfloat16)
+    ours = copy.deepcopy(ours).to(torch.bfloat16)  # the shared float32 model stays as it is for the other tests
     compared = 0
     for prompt in PROMPTS:
         tokens = torch.tensor([tokenizer.encode(prompt)])
@@ -56,3 +58,8 @@ def test_smollm2_greedy_generation_equals_transformers_in_bfloat16_up_to_a_tie(s
             tokens = torch.cat([tokens, torch.tensor([[token]])], dim=1)
             compared += 1
     assert compared >= NEW_TOKENS  # the comparison is not vacuous: at least one prompt's worth of tokens
+
+
+def test_smollm2_eval_equals_lm_eval_on_the_exported_model(smollm2, tmp_path):
+    pytest.importorskip("lm_eval")
+    equal_to_lm_eval_on_the_exported_model(smollm2, tmp_path, 9000)

@@ -136,3 +136,25 @@ def test_text_without_a_tokenizer_is_refused_by_name(tmp_path):
     (tmp_path / "task.jsonl").write_text(json.dumps({"goal": "g", "sol1": "a", "sol2": "b", "label": 0}) + "\n")
     result = evaluate_file(model.eval(), tmp_path / "task.jsonl", task_format="piqa")  # text as UTF-8 bytes
     assert result.questions == 1 and result.chance == 0.5
+
+
+@pytest.mark.parametrize("length", [2, 16, 17, 40, 47])
+def test_text_windows_are_lm_eval_s_rolling_windows(tmp_path, length):
+    """With the default stride, the windows and what each scores are lm-eval's own
+    (``get_rolling_token_windows`` + ``make_disjoint_window``, then ``_loglikelihood_tokens``' cut to
+    ``max_length + 1``), the first id as its prefix token: one window, an exact fit, one past, and the
+    last window reaching back a whole ``max_len``."""
+    rolling = pytest.importorskip("lm_eval.utils")
+    model = _model(vocab=256, max_len=16)
+    text = ("The quick brown fox jumps over the lazy dog; " * 3)[:length]
+    (tmp_path / "text.txt").write_text(text)
+    ids = list(text.encode())
+    total = 0.0
+    windows = list(map(rolling.make_disjoint_window, rolling.get_rolling_token_windows(ids[1:], ids[0], 16, 1)))
+    for context, continuation in windows:
+        inputs = (context + continuation)[-(16 + 1):][:-1]
+        with torch.no_grad():
+            logits = model(torch.tensor([inputs]))[0].double()[-len(continuation):]
+        total += float(F.log_softmax(logits, -1).gather(1, torch.tensor(continuation)[:, None]).sum())
+    result = evaluate_text(model, tmp_path / "text.txt", batch_size=2)
+    assert result.windows == len(windows) and abs(result.loglikelihood - total) < 1e-9

@@ -28,8 +28,9 @@ perplexity), as lm-eval's ``loglikelihood_rolling`` does for WikiText: the same 
 special tokens, the prefix token first), the same windows.
 
 The logits are taken :data:`SCORE_POSITIONS` positions at a time from the head's input, so a window of
-8,192 tokens never holds its (8,192, vocabulary) logits at once (1.6 GB at 49,152 ids in float32; twice
-that in float64).
+8,192 tokens never holds its (8,192, vocabulary) logits at once (1.6 GB at 49,152 ids in float32), and
+log-softmaxed in float32 as lm-eval does (:data:`LOGPROB_ERROR` per token from float64's), summed in
+float64.
 """
 
 from __future__ import annotations
@@ -62,7 +63,12 @@ MAX_LINE_BYTES = 8 << 20
 MAX_CHOICES = 4096
 """Choices of one multiple-choice question."""
 SCORE_POSITIONS = 512
-"""Positions whose logits are computed (float64, log-softmaxed) at once when scoring."""
+"""Positions whose logits are computed (and log-softmaxed, in float32; a float64 model's in float64) at once."""
+LOGPROB_ERROR = 2e-6
+"""What a token's float32 log-probability may differ from float64's of the same logits: the log-sum-exp
+of a vocabulary's logits in float32 rounds to within a few units of 2^-24 of its magnitude (a few tens at
+most: 2^-24 * 32 = 1.9e-6). Sums are taken in float64, so a text's log-likelihood is within
+LOGPROB_ERROR per token of the float64 computation."""
 WINDOW_TOKENS = 8192
 """A batch of a text's windows holds at most this many tokens (a longer window goes alone): one forward's
 activations stay those of one long window whatever ``batch_size`` asks."""
@@ -255,8 +261,9 @@ def _check_model(model) -> None:
 
 @torch.no_grad()
 def _scored_rows(model, rows: list[list[int]], targets: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
-    """For each token row run alone, the log-probability (float64) of each of ``targets[i]``, the tokens
-    that follow its last ``len(targets[i])`` positions, and whether each is the argmax there. The rows run
+    """For each token row run alone, the log-probability (float32; a float64 model's float64) of each of
+    ``targets[i]``, the tokens that follow its last ``len(targets[i])`` positions, and whether each is the
+    argmax there. The rows run
     as one right-padded batch whose padding is a document of its own (so each row's logits are those it
     would have alone); the logits are taken :data:`SCORE_POSITIONS` positions at a time."""
     device = model.embed.weight.device
@@ -274,9 +281,11 @@ def _scored_rows(model, rows: list[list[int]], targets: list[list[int]]) -> list
         logprobs, greedy = [], []
         for begin in range(first, len(row), SCORE_POSITIONS):
             end = min(begin + SCORE_POSITIONS, len(row))
-            logits = model.head_logits(hidden[i, begin:end]).double()
+            logits = model.head_logits(hidden[i, begin:end])
+            logits = logits if logits.dtype == torch.float64 else logits.float()  # a float64 model stays exact
             chosen = torch.tensor(wanted[begin - first:end - first], dtype=torch.long, device=device)
-            logprobs.append(F.log_softmax(logits, dim=-1).gather(1, chosen.unsqueeze(1)).squeeze(1))
+            # the log-softmax in the logits' precision, float32 as lm-eval takes it (fused; LOGPROB_ERROR)
+            logprobs.append(-F.cross_entropy(logits, chosen, reduction="none").double())
             greedy.append(logits.argmax(-1) == chosen)
         found.append((torch.cat(logprobs), torch.cat(greedy)))
     return found

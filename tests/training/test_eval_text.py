@@ -158,3 +158,25 @@ def test_text_windows_are_lm_eval_s_rolling_windows(tmp_path, length):
         total += float(F.log_softmax(logits, -1).gather(1, torch.tensor(continuation)[:, None]).sum())
     result = evaluate_text(model, tmp_path / "text.txt", batch_size=2)
     assert result.windows == len(windows) and abs(result.loglikelihood - total) < 1e-9
+
+
+def test_a_float32_model_s_scores_are_within_the_stated_error_of_float64_of_its_logits(tmp_path):
+    """A float32 model's log-probabilities are log-softmaxed in float32 (as lm-eval does): each within
+    LOGPROB_ERROR of float64's log-softmax of the same logits, and the greedy matches the same."""
+    from attnspec.training.evaluate import LOGPROB_ERROR
+
+    model = _model(vocab=256, max_len=64).float()
+    text = "Softmax attention over a vocabulary: every token's logit counts in the normaliser. " * 2
+    (tmp_path / "text.txt").write_text(text)
+    ids = list(text.encode())
+    result = evaluate_text(model, tmp_path / "text.txt")
+    total = 0.0
+    for begin in range(0, len(ids) - 1, 64):  # disjoint windows, the last reaching back 64
+        end = min(begin + 64, len(ids) - 1)
+        first = max(0, end - 64)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids[first:end]]))[0].double()
+        total += float(F.log_softmax(logits[begin - first:], -1).gather(
+            1, torch.tensor(ids[begin + 1:end + 1])[:, None]).sum())
+    assert result.windows == 3 and abs(result.loglikelihood - total) <= LOGPROB_ERROR * result.tokens
+    assert result.loglikelihood != total  # float32 indeed: the comparison is not float64 with itself

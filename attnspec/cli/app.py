@@ -555,7 +555,9 @@ def train(
     freeze: Optional[List[str]] = typer.Option(None, "--freeze", metavar="PATTERN",
                                                help="Keep the parameters this glob names as they start, e.g. "
                                                     "--freeze 'embed.*' (repeatable; config `freeze`)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in -o from its latest checkpoint."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in -o from its latest checkpoint: with -o "
+                                "alone, or added to the command that started it (what it gives must be the run's "
+                                "own); a larger --steps trains a run further, finished or not."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Launch N data-parallel processes with torchrun."),
     parallel: Optional[str] = typer.Option(None, "--parallel", help="How --nproc processes share the model: ddp "
                                            "(each holds all of it; default) or fsdp (each holds 1/N of the "
@@ -586,8 +588,6 @@ def train(
              "compile": None if compile_ is None else ("on" if compile_ else "off"), "parallel": parallel,
              "activation_checkpointing": _whole_or_word(activation_checkpointing),
              "tensorboard": True if tensorboard else None}
-    if resume and (file or task or task_overrides or overrides or config or any(v is not None for v in flags.values())):
-        raise AttnSpecError("--resume continues a run with its own spec and configuration; give only -o RUN_DIR")
     if not resume and file is None:
         raise AttnSpecError("give a spec file to train (or --resume -o RUN_DIR)")
     rank0 = os.environ.get("RANK", "0") == "0"

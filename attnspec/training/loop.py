@@ -83,7 +83,9 @@ def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, o
         output: the run directory (None: train in memory, write nothing).
         overrides: ``"path=value"`` changes to the spec, as ``--set``.
         resume: continue the run in ``output`` from its latest checkpoint (spec and configuration are
-            the run's own).
+            the run's own). The command that started the run may be given again (``spec``, ``config``,
+            ``task``, flags): each must be the run's own, except ``steps``, which may be raised to train a
+            run further, finished or not (the learning rate then follows the new total's schedule).
         on_progress: called with each step's and evaluation's record.
         stop_after: stop (with a checkpoint) after this step, as if interrupted (tests, time limits).
 
@@ -100,7 +102,9 @@ def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, o
     if resume:
         if directory is None:
             raise rundir.RunError("--resume needs the run directory (-o RUN_DIR)")
-        spec, config = rundir.recorded(directory, rundir.read_run(directory))
+        recorded_spec, recorded_config = rundir.recorded(directory, rundir.read_run(directory))
+        spec, config = recorded_spec, _resumed_config(directory, recorded_spec, recorded_config, spec, config,
+                                                      tuple(overrides), task, tuple(task_overrides), flags)
     else:
         spec = as_spec(spec, tuple(overrides))
         if isinstance(config, TrainConfig):
@@ -108,6 +112,46 @@ def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, o
         config = load_config(config, task=task, task_overrides=task_overrides, **flags)
     check_fit(spec, config.task)
     return Trainer(spec, config, directory, resume, on_progress).run(stop_after)
+
+
+def _resumed_config(directory: Path, recorded_spec, recorded: TrainConfig, spec, config, overrides: tuple,
+                    task, task_overrides: tuple, flags: dict) -> TrainConfig:
+    """The configuration a resume continues with: the run's own, with ``steps`` raised where the command asks
+    (``--steps``, or the same command with a larger ``steps``). What else the command gives must be the
+    run's own: a spec or configuration that differs is a RunError naming the difference (a resume never
+    trains another model or on other data than the checkpoint's)."""
+    from attnspec.compiler.lower import as_spec
+    from attnspec.spec.emit import spec_to_data
+
+    given = {name: value for name, value in flags.items() if value is not None}
+    fix = f"--resume continues the run's own; give `-o {directory}` alone (or with --steps to train further), " \
+          "or train the new settings into another directory"
+    if spec is not None or overrides:
+        if spec is None:
+            raise RunError(f"--set changes a spec, and the run's is its own; {fix}")
+        ours, theirs = spec_to_data(as_spec(spec, overrides), minimal=False), spec_to_data(recorded_spec, minimal=False)
+        ours.pop("name", None), theirs.pop("name", None)
+        if ours != theirs:
+            field = next(key for key in sorted({*ours, *theirs}) if ours.get(key) != theirs.get(key))
+            raise RunError(f"the spec differs from the one {directory} trains (at `{field}`); {fix}")
+    steps = given.pop("steps", None)
+    if config is not None or task is not None or task_overrides or given:
+        built = load_config(config, task=task, task_overrides=task_overrides, **given)
+        ours, theirs = built.model_dump(by_alias=True), recorded.model_dump(by_alias=True)
+        steps = built.steps if steps is None else steps
+        differing = [key for key in sorted(ours) if key != "steps" and ours[key] != theirs.get(key)]
+        if differing:
+            raise RunError(f"the training configuration differs from the one {directory} records "
+                           f"({', '.join(differing)}); {fix}")
+    if steps is None or steps == recorded.steps:
+        return recorded
+    if steps < recorded.steps:
+        raise RunError(f"--steps {steps}: {directory} trains {recorded.steps} steps; a resume may raise them (to train "
+                       "further), never lower them")
+    if recorded.stages is not None:
+        raise RunError(f"{directory} trains in stages, whose steps are theirs: a stage's steps cannot be raised on "
+                       "resume; train a new run that starts from this one (`init_weights`)")
+    return load_config({**recorded.model_dump(by_alias=True, exclude_none=True), "steps": steps})
 
 
 def check_fit(spec, task: Task, smap=None) -> None:

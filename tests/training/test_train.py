@@ -71,6 +71,27 @@ def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path):
         assert torch.equal(tensor, resumed.model.state_dict()[name]), name
 
 
+def test_resume_takes_the_command_that_started_the_run_and_raises_steps(tmp_path):
+    """Ctrl-C's advice, "add --resume to the same command", works: the same spec, task and flags continue
+    the run as the uninterrupted one; a larger ``steps`` trains a finished run further; anything else that
+    differs (a flag, the spec) or fewer steps is refused naming it, the run untouched."""
+    whole = _tiny_run(tmp_path / "whole", steps=6, checkpoint_every=3)
+    _tiny_run(tmp_path / "run", steps=6, checkpoint_every=3, stop_after=3)
+    resumed = _tiny_run(tmp_path / "run", steps=6, checkpoint_every=3, resume=True)
+    assert resumed.step == 6 and resumed.metrics == whole.metrics
+    for wrong, match in (({"lr": 1e-3}, r"differs .*\(lr\)"), ({"extra": ["d_model=32"]}, "at `d_model`"),
+                         ({"steps": 4}, "never lower them")):
+        before = (tmp_path / "run" / "run.json").read_text()
+        with pytest.raises(AttnSpecError, match=match):
+            _tiny_run(tmp_path / "run", **{"steps": 6, "checkpoint_every": 3, **wrong}, resume=True)
+        assert (tmp_path / "run" / "run.json").read_text() == before
+    further = attnspec.train(None, output=tmp_path / "run", resume=True, steps=9)
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert further.step == 9 and record["step"] == 9 and record["config"]["steps"] == 9 and record["status"] == "done"
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r["split"] == "train"] == list(range(1, 10))
+
+
 def test_resume_refuses_what_is_not_a_run(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(AttnSpecError, match="run.json"):

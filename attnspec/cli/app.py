@@ -574,10 +574,7 @@ def train(
     """
     if nproc is not None:  # a process each: a bound before torchrun starts any
         check_whole("--nproc", nproc, 1, MAX_PROCESSES, " (processes on this machine)")
-    if nproc is not None and nproc > 1 and "WORLD_SIZE" not in os.environ:
-        _launch_torchrun(nproc)
-        return
-    from attnspec.training.loop import train as train_model
+    from attnspec.training.loop import train as train_model, training_inputs
 
     flags = {"steps": steps, "batch_size": batch, "lr": lr, "seed": seed, "accumulate": accumulate,
              "eval_every": eval_every, "target": target, "device": device, "planning": planning,
@@ -590,6 +587,13 @@ def train(
              "tensorboard": True if tensorboard else None}
     if not resume and file is None:
         raise AttnSpecError("give a spec file to train (or --resume -o RUN_DIR)")
+    if nproc is not None and nproc > 1 and "WORLD_SIZE" not in os.environ:
+        # what a rank would refuse (spec, configuration, vocabulary, run directory, what N processes can train)
+        # is refused here, as one line, before torchrun starts any
+        training_inputs(file, config, output=output, overrides=overrides or (), task=task,
+                        task_overrides=task_overrides or (), resume=resume, processes=nproc, **flags)
+        _launch_torchrun(nproc)
+        return
     rank0 = os.environ.get("RANK", "0") == "0"
     try:
         with TrainingDisplay(enabled=rank0) as display:
@@ -752,7 +756,10 @@ MAX_PROCESSES = 256
 
 
 def _launch_torchrun(nproc: int) -> None:
-    """Re-run this command under torchrun with ``nproc`` processes (the --nproc flag removed)."""
+    """Re-run this command under torchrun with ``nproc`` processes (the --nproc flag removed). The ranks'
+    output passes through; where a rank fails with attnspec's error, that one ``error:`` line is what the
+    user sees (once, however many ranks said it), not torchrun's report of the failed child after it, and
+    the exit status is the rank's (2)."""
     args, skip = [], False
     for arg in sys.argv[1:]:
         if skip:
@@ -761,21 +768,41 @@ def _launch_torchrun(nproc: int) -> None:
             skip = True
         elif not arg.startswith("--nproc="):
             args.append(arg)
+    import subprocess
+
     from attnspec.io import start_python
 
     # PYTHONSAFEPATH (inherited by the ranks torchrun starts): no module from the working directory there either
     process = start_python("torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "attnspec",
-                           *args)
+                           *args, stderr=subprocess.PIPE, text=True, errors="replace")
     try:
+        shown = _ranks_stderr(process.stderr)
         code = process.wait()
     except BaseException:  # Ctrl-C: the ranks go with it, as subprocess.call did
         process.kill()
         process.wait()
         raise
     if code:
-        raise typer.Exit(code)
+        raise typer.Exit(2 if shown else code)
 
 
+def _ranks_stderr(stream) -> bool:
+    """Copy the ranks' stderr to ours as it comes, but each ``error:`` line once (every rank refuses the same
+    way) and, after one, nothing of torchrun's report of the failed children (its traceback and the box
+    naming the rank and exit code). Whether an ``error:`` line was shown."""
+    errors: set[str] = set()
+    for line in stream:
+        if "Setting OMP_NUM_THREADS environment variable for each process" in line or line.startswith("*****"):
+            continue  # torchrun's notice that it sets one thread per rank: its choice, not the user's concern
+        if line.startswith("error: "):
+            if line not in errors:
+                errors.add(line)
+                sys.stderr.write(line)
+                sys.stderr.flush()
+        elif not errors:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+    return bool(errors)
 
 
 def _terminate(signum, frame) -> None:

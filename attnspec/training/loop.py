@@ -96,6 +96,20 @@ def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, o
         SpecError: the spec, the configuration or their combination is invalid (nothing is written).
         RunError: the run directory cannot be created or resumed.
     """
+    spec, config, directory = training_inputs(spec, config, output=output, overrides=overrides, task=task,
+                                              task_overrides=task_overrides, resume=resume, **flags)
+    return Trainer(spec, config, directory, resume, on_progress).run(stop_after)
+
+
+def training_inputs(spec: Any, config: TrainConfig | dict | str | Path | None = None, *,
+                    output: str | Path | None = None, overrides: Iterable[str] = (), task: str | None = None,
+                    task_overrides: Iterable[str] = (), resume: bool = False, processes: int = 1,
+                    **flags: Any) -> tuple[Any, TrainConfig, Path | None]:
+    """:func:`train`'s spec, configuration and run directory, and everything about them checked that needs
+    no model: the spec, the configuration and their fit (vocabulary, length, head), a resume's agreement
+    with the run, a new run's directory (empty), and what ``processes`` processes can train. ``attnspec
+    train --nproc N`` calls it before torchrun starts, so what a rank would refuse is one error line from
+    the launching process. Raises SpecError or RunError (nothing is written)."""
     from attnspec.compiler.lower import as_spec
 
     directory = Path(output) if output is not None else None
@@ -110,8 +124,26 @@ def train(spec: Any, config: TrainConfig | dict | str | Path | None = None, *, o
         if isinstance(config, TrainConfig):
             config = config.model_dump(by_alias=True)
         config = load_config(config, task=task, task_overrides=task_overrides, **flags)
+        if directory is not None:
+            rundir.check_new(directory)
     check_fit(spec, config.task)
-    return Trainer(spec, config, directory, resume, on_progress).run(stop_after)
+    check_processes(config, processes)
+    return spec, config, directory
+
+
+def check_processes(config: TrainConfig, processes: int) -> None:
+    """Refuse, before any work, what one process alone can train when ``processes`` would run it."""
+    if processes <= 1:
+        return
+    stages = config.stage_list()
+    if len(stages) > 1:
+        raise SpecError(Problem("a staged run changes what trains between its stages, which the processes' "
+                                "DistributedDataParallel or FSDP wrapping fixes: train it with one process",
+                                path="stages", source="training configuration"))
+    if any(stage.objective == "transfer" for stage in stages):
+        raise SpecError(Problem("attention transfer runs each mixer outside the model's forward, which "
+                                "DistributedDataParallel does not see: train it with one process",
+                                path="transfer", source="training configuration"))
 
 
 def _resumed_config(directory: Path, recorded_spec, recorded: TrainConfig, spec, config, overrides: tuple,
@@ -216,10 +248,7 @@ class Trainer:
         self.model = self.model.to(self.device)
         self.model.set_modes(self.plan.full_modes)
         self.stages = config.stage_list()
-        if len(self.stages) > 1 and self.dist.active:
-            raise SpecError(Problem("a staged run changes what trains between its stages, which the processes' "
-                                    "DistributedDataParallel or FSDP wrapping fixes: train it with one process",
-                                    path="stages", source="training configuration"))
+        check_processes(config, self.dist.world_size)
         self.autocast = _autocast(bfloat16, self.device)
         self.bfloat16, self.wrapped, self.teachers = bfloat16, None, {}
         self.recomputed = blocks_to_recompute(config.activation_checkpointing, len(self.model.blocks))
@@ -475,10 +504,6 @@ class Trainer:
         from attnspec.training.distill import teacher_model
         from attnspec.training.transfer import transfer_loss, transferred_blocks
 
-        if self.dist.active:
-            raise SpecError(Problem("attention transfer runs each mixer outside the model's forward, which "
-                                    "DistributedDataParallel does not see: train it with one process",
-                                    path="transfer", source="training configuration"))
         if "transfer" not in self.teachers:
             refuse = lambda message: SpecError(Problem(message, path="transfer.teacher",  # noqa: E731
                                                        source="training configuration"))

@@ -46,6 +46,13 @@ KEEP_CHECKPOINTS = 2
 
 def create(directory: Path) -> None:
     """Make a new run directory; an existing one must be empty (nothing of the user's is touched)."""
+    check_new(directory)
+    ensure_directory(directory)
+    ensure_directory(directory / "checkpoints")
+
+
+def check_new(directory: Path) -> None:
+    """Refuse a new run's directory that exists and is not an empty directory (RunError saying what to do)."""
     if directory.exists() or directory.is_symlink():
         if not directory.is_dir() or directory.is_symlink():
             raise RunError(f"{directory}: exists and is not a directory")
@@ -55,8 +62,6 @@ def create(directory: Path) -> None:
                 hint = (" (resume it with --resume)" if has_checkpoint(directory) else
                         " (a run stopped before its first checkpoint: nothing to resume; remove it to start again)")
             raise RunError(f"{directory}: exists and is not empty{hint}; choose a new run directory")
-    ensure_directory(directory)
-    ensure_directory(directory / "checkpoints")
 
 
 def has_checkpoint(directory: Path) -> bool:

@@ -174,6 +174,38 @@ def test_data_parallel_gloo_matches_one_process(tmp_path):
     assert json.loads((tmp_path / "two" / "run.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.slow  # one torchrun launch of two ranks
+def test_torchrun_errors_are_one_line_before_or_after_the_ranks_start(tmp_path):
+    """``--nproc 2``: what a rank would refuse (the task's vocabulary past the spec's, a staged run, a run
+    directory in use) is refused by the launching process, one line, exit 2, before torchrun starts; an error
+    only a rank finds (a teacher that is no build) reaches the user as its one ``error:`` line, once, exit 2,
+    without torchrun's report of the failed children."""
+    base = [sys.executable, "-m", "attnspec", "train", str(SPECS / "softmax-transformer.yaml"),
+            *sum((["--set", s] for s in [*TINY, "position=learned"]), []), "--task", "mqar", "--steps", "2",
+            "--batch", "8", "--nproc", "2"]
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "mine.txt").write_text("mine")
+    stages = tmp_path / "stages.yaml"
+    stages.write_text("stages:\n  - {objective: lm, steps: 1}\n  - {objective: lm, steps: 1}\n")
+    for extra, said in ((["--task-set", "vocab_size=64", "--task-set", "seq_len=16", "-o", str(tmp_path / "a")],
+                         "vocab"),
+                        ([*sum((["--task-set", s] for s in MQAR), []), "--config", str(stages), "-o",
+                          str(tmp_path / "b")], "one process"),
+                        ([*sum((["--task-set", s] for s in MQAR), []), "-o", str(tmp_path / "used")], "not empty")):
+        refused = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and said in lines[0], refused.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    distil = tmp_path / "distil.yaml"
+    distil.write_text(f"distill: {{teacher: {tmp_path / 'used'}}}\n")
+    failed = subprocess.run([*base, *sum((["--task-set", s] for s in MQAR), []), "--config", str(distil), "-o",
+                             str(tmp_path / "c")], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    errors = [line for line in failed.stderr.splitlines() if line.startswith("error: ")]
+    assert failed.returncode == 2 and len(errors) == 1 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    assert "ChildFailedError" not in failed.stderr and str(tmp_path / "used") in errors[0]
+
+
 def test_training_plan_picks_a_mode_near_the_fastest_measured():
     """Per-channel GateLoop at L = 64, batch 32, forward + backward: the planner's training choice
     must be within 2x of the fastest mode measured here (at batch 1 inference it prefers other modes)."""

@@ -49,37 +49,29 @@ def report(seconds, **extra):  # VmHWM: this process's peak RSS (ru_maxrss keeps
     print("RESULT " + json.dumps({"seconds": seconds, "peak_rss": peak, **extra}))
 """
 
+IMPORT_OURS = """
+from attnspec.interop.convert import import_hf
+start = time.perf_counter()
+result = import_hf({source}, OUT + "/build", calibrate=False)
+report(time.perf_counter() - start, agrees=result.import_check.agrees,
+       checkpoint=os.path.getsize({weights}))
+"""
+IMPORT_THEIRS = """
+from transformers import AutoModelForCausalLM
+start = time.perf_counter()
+model = AutoModelForCausalLM.from_pretrained({arguments}, dtype=torch.bfloat16)
+with torch.no_grad():
+    model(torch.arange(8)[None])
+report(time.perf_counter() - start)
+"""
+
 CANDIDATES = {
-    ("import", "attnspec"): """
-from attnspec.interop.convert import import_hf
-start = time.perf_counter()
-result = import_hf(GGUF, OUT + "/build", calibrate=False)
-report(time.perf_counter() - start, agrees=result.import_check.agrees,
-       checkpoint=os.path.getsize(OUT + "/build/model.safetensors"))
-""",
-    ("import", "transformers"): """
-from transformers import AutoModelForCausalLM
-start = time.perf_counter()
-model = AutoModelForCausalLM.from_pretrained(os.path.dirname(GGUF), gguf_file=os.path.basename(GGUF), dtype=torch.bfloat16)
-with torch.no_grad():
-    model(torch.arange(8)[None])
-report(time.perf_counter() - start)
-""",
-    ("import a directory", "attnspec"): """
-from attnspec.interop.convert import import_hf
-start = time.perf_counter()
-result = import_hf(DIRECTORY, OUT + "/build", calibrate=False)
-report(time.perf_counter() - start, agrees=result.import_check.agrees,
-       checkpoint=os.path.getsize(DIRECTORY + "/model.safetensors"))
-""",
-    ("import a directory", "transformers"): """
-from transformers import AutoModelForCausalLM
-start = time.perf_counter()
-model = AutoModelForCausalLM.from_pretrained(DIRECTORY, dtype=torch.bfloat16)
-with torch.no_grad():
-    model(torch.arange(8)[None])
-report(time.perf_counter() - start)
-""",
+    ("import", "attnspec"): IMPORT_OURS.format(source="GGUF", weights='OUT + "/build/model.safetensors"'),
+    ("import", "transformers"): IMPORT_THEIRS.format(
+        arguments="os.path.dirname(GGUF), gguf_file=os.path.basename(GGUF)"),
+    ("import a directory", "attnspec"): IMPORT_OURS.format(source="DIRECTORY",
+                                                          weights='DIRECTORY + "/model.safetensors"'),
+    ("import a directory", "transformers"): IMPORT_THEIRS.format(arguments="DIRECTORY"),
     ("eval", "attnspec"): """
 from attnspec.compiler.load import tokenizer_of
 from attnspec.training.evaluate import evaluate_text

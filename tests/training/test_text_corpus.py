@@ -179,7 +179,8 @@ def test_a_local_tiktoken_file_is_read_with_its_encodings_pattern(tmp_path, monk
     loaded, facts = open_library("tiktoken", raw, None, None, "tiny", hashlib.sha256(raw).hexdigest())
     ids = loaded.encode_batch(["the theme"])[0]
     assert ids[0] == 257 and loaded.decode(ids) == "the theme"
-    assert facts == {"vocab_size": len(ranks) + 1, "eos": "<|endoftext|>", "eos_id": len(ranks), "encoding": "tiny"}
+    assert facts == {"vocab_size": len(ranks) + 1, "eos": "<|endoftext|>", "eos_id": len(ranks), "encoding": "tiny",
+                     "bos": None, "bos_id": None}  # a tiktoken encoding names no beginning-of-sequence token
 
 
 @pytest.mark.slow

@@ -363,7 +363,9 @@ def _measure_speeds(model, programs: dict, info: dict) -> None:
     steps = speed_steps(parameters) if model.decode_limit is None else \
         max(1, min(speed_steps(parameters), model.decode_limit - 1))
     decode_at = {"batch": 1, "steps": steps}
-    state = model.init_state(inputs.shape[0], inputs.shape[1]) if model.has_step else ()  # a prefill writes it
+    decodes = model.has_step and any(name.startswith(("prefill", "step")) for name in programs)
+    state = model.init_state(inputs.shape[0], inputs.shape[1]) if decodes else ()  # a prefill writes it (none: no
+    # program reads it, and a 30-block model's caches at the measured length are a checkpoint's worth of memory)
     for name, program in programs.items():
         if name.startswith("model"):
             info[name].update(tokens_per_second=sequence_speed(program, inputs), speed_at=sequence_at)

@@ -132,3 +132,17 @@ def test_impossible_uses_are_located_errors(mixer, path, words):
         _model(**mixer)
     assert any(p.path == path and words in p.message for p in error.value.problems), \
         [(p.path, p.message) for p in error.value.problems]
+
+
+@pytest.mark.parametrize("widths", [{"d_qk": 6}, {"d_v": 6}, {}])
+def test_values_from_keys_with_one_width_set_take_it_for_both(widths):
+    """Values are the keys: with ``values_from_keys`` the width set (``d_qk`` or ``d_v``) is both widths,
+    as is d_model / heads where neither is; the model builds and runs (before, the unset one took
+    d_model / heads and the build failed with an unlocated reshape error)."""
+    model = _model(**{"d_qk": None, "d_v": None, **widths}, values_from_keys=True)
+    node = next(iter(iter_blocks(model.spec, expand=True)))[1].mixer
+    width = widths.get("d_qk", widths.get("d_v", D // 4))
+    assert (node.d_qk, node.d_v) == (width, width)
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
+    assert model(tokens).shape == (2, 9, VOCAB)
+    assert_decodes_as_full_pass(model, tokens, prompt=4)

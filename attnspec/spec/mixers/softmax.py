@@ -133,6 +133,15 @@ class SoftmaxMixer(MixerComponent):
     def softmax_kernel(self) -> bool:
         return True
 
+    def resolved_widths(self, d_model: int) -> dict[str, int] | None:
+        """As every mixer's, except that values taken from the key projection (``values_from_keys``) are the
+        keys: one width, the one set (``d_qk`` or ``d_v``), else d_model / heads."""
+        widths = super().resolved_widths(d_model)
+        if widths is not None and self.values_from_keys:
+            width = self.d_qk or self.d_v or widths["d_qk"]
+            widths = {**widths, "d_qk": width, "d_v": width}
+        return widths
+
     def problems(self, *, max_len: int, d_qk: int | None) -> Iterator[tuple[tuple, str]]:
         yield from super().problems(max_len=max_len, d_qk=d_qk)
         yield from _softmax_decay_problems(self.transition)

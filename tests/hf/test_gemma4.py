@@ -98,6 +98,10 @@ def test_the_text_model_of_a_multimodal_gemma4_imports_logit_equal(tmp_path, rel
     ({"hidden_size_per_layer_input": 0, "rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0},
                                                             "sliding_attention": {"rope_type": "default"}}},
      "rope_parameters.full_attention.rope_type", "default or proportional"),
+    ({"hidden_size_per_layer_input": 0, "rope_parameters": {  # 1e308 once overflowed to a NaN channel count
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1e308},
+        "sliding_attention": {"rope_type": "default"}}},
+     "rope_parameters.full_attention.partial_rotary_factor", "at most 1"),
 ])
 def test_what_gemma4_imports_without_is_refused_by_field(tmp_path, fields, field, words):
     data = {"model_type": "gemma4_text", **{k: v for k, v in TEXT.items() if k != "global_head_dim"}, **fields}

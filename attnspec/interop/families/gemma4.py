@@ -167,6 +167,9 @@ class Gemma4(Architecture):
             node.update(scaling="linear", factor=factor)
         if kind == "proportional":
             fraction = layer.number("partial_rotary_factor", 1.0, positive=True)
+            if fraction > 1:  # a share of the head (1e308 would also overflow the channel count below)
+                raise config.refuse(f"{field}.partial_rotary_factor", f"is the share of a head its RoPE rotates: at "
+                                    f"most 1, got {fraction:g}")
             if int(fraction * head_dim // 2) == 0:
                 raise config.refuse(f"{field}.partial_rotary_factor", f"rotates no channel of a {head_dim}-wide head")
             node.update(proportional=True, rotary_fraction=int(fraction * head_dim // 2) * 2 / head_dim)

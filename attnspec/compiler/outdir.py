@@ -88,9 +88,12 @@ def check_output(output: Path, force: bool, kind: OutputKind = BUILD) -> None:
     """Refuse an output that exists (without ``force``) or that is not one attnspec wrote (with it)."""
     if not os.path.lexists(output):
         return
-    if not force:
-        raise BuildError(f"{output} already exists; pass --force to replace a {kind.what}, or choose another -o")
     problem = kind.replaceable_problem(output)
+    if not force:  # --force advised only where it would replace the output
+        if problem:
+            raise BuildError(f"{output} already exists and is not a {kind.what} attnspec wrote ({problem}); "
+                             "choose another -o")
+        raise BuildError(f"{output} already exists; pass --force to replace this {kind.what}, or choose another -o")
     if problem:
         raise BuildError(f"{output} exists and --force replaces only a {kind.what} attnspec wrote: "
                          f"{problem}. Nothing was changed; choose another -o")

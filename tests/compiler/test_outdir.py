@@ -171,3 +171,24 @@ def test_force_never_replaces_a_symlink_or_a_file(tmp_path):
     with pytest.raises(BuildError, match="not a directory"):
         build_directory(SPEC, file, compile_check=False, force=True, overrides=SMALL)
     assert file.read_text() == "mine" and link.is_symlink()
+
+
+def test_an_existing_output_advises_force_only_where_force_would_replace_it(tmp_path):
+    """Without --force: over a build attnspec wrote, the message says --force replaces it; over a folder of
+    the user's, or an export-hf directory as a build's output, it says to choose another -o, never --force."""
+    built = tmp_path / "built"
+    build_directory(SPEC, built, compile_check=False, calibrate=False, overrides=SMALL)
+    with pytest.raises(BuildError, match="pass --force to replace this build directory"):
+        build_directory(SPEC, built, compile_check=False, calibrate=False, overrides=SMALL)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(BuildError) as refused:
+        build_directory(SPEC, mine, compile_check=False, calibrate=False, overrides=SMALL)
+    assert "choose another -o" in str(refused.value) and "--force" not in str(refused.value)
+    from attnspec.interop.convert import export_hf
+
+    with pytest.raises(BuildError) as refused:
+        export_hf(built, mine)
+    assert "choose another -o" in str(refused.value) and "--force" not in str(refused.value)
+    assert (mine / "notes.txt").read_text() == "mine"

@@ -77,8 +77,35 @@ def matched_maps(model: nn.Module, targets: list[str], where: str = "lora.target
             raise SpecError(Problem(f"{pattern!r} names no linear map of this model (its linear maps: {near}); a "
                                     "pattern is a glob over them, `*` any characters", path=at,
                                     source="training configuration"))
+        unused = sorted(set(matched) - _called_as_modules(model, matched))
+        if unused:
+            raise SpecError(Problem(f"{pattern!r} names map(s) the model reads through their weight rather than "
+                                    f"by calling them ({', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}): "
+                                    "an adapter there would never run; adapt other maps, or train these whole "
+                                    "(`lora.train`)", path=at, source="training configuration"))
         adapted.update(matched)
     return {name: adapted[name] for name in sorted(adapted)}
+
+
+@torch.no_grad()
+def _called_as_modules(model: nn.Module, maps: dict[str, nn.Linear]) -> set[str]:
+    """The names of ``maps`` that a forward pass of ``model`` (two positions of a random input) calls as
+    modules: where an adapter's forward hook runs. A family may read a map's ``.weight`` itself (Mamba's
+    ``dt_proj``, split ``x_proj``), which no hook sees."""
+    from attnspec.compiler.tracing import example_input
+
+    called: set[str] = set()
+    hooks = [linear.register_forward_hook(lambda module, args, output, name=name: called.add(name))
+             for name, linear in maps.items()]
+    training = model.training
+    try:
+        model.eval()
+        model(example_input(model, 1, 2, torch.Generator().manual_seed(0)))
+    finally:
+        model.train(training)
+        for hook in hooks:
+            hook.remove()
+    return called
 
 
 def adapter_names(maps: dict[str, nn.Linear]) -> tuple[list[str], set[str]]:

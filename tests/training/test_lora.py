@@ -103,3 +103,25 @@ def test_freezing_what_the_adapters_leave_is_a_located_error(tmp_path):
                   freeze=["embed.*", "position.*", "blocks.*.norm*", "blocks.*.mixer.[kvo]*", "blocks.*.mixer.out*",
                           "blocks.*.mlp.*", "final_norm.*", "blocks.*.mixer.q_proj.lora.*"])
     assert not (tmp_path / "run").exists()
+
+
+def test_a_map_the_model_reads_through_its_weight_is_no_lora_target():
+    """Mamba reads ``dt_proj`` and ``x_proj`` through their ``.weight`` (never calling them): an adapter there
+    would never run (its B would stay 0, nothing trained). Naming them is a located error; the maps it calls
+    (``in_proj``, ``out_proj``) adapt, and their adapters receive gradients."""
+    model = attnspec.build(SPECS / "mamba.yaml", "d_model=16", "layers[0].repeat=1", "input.vocab_size=32")
+    for target in ("blocks.*.mixer.dt_proj", "blocks.*.mixer.x_proj"):
+        with pytest.raises(SpecError, match=r"lora\.targets\[1\].*reads through their weight"):
+            lora.attach_adapters(model, ["blocks.*.mixer.out_proj", target], rank=2, alpha=2.0, dropout=0.0)
+    with pytest.raises(SpecError, match="dt_proj"):  # a glob reaching them is refused the same way
+        lora.attach_adapters(model, ["blocks.*.mixer.*_proj"], rank=2, alpha=2.0, dropout=0.0)
+    names = lora.attach_adapters(model, ["blocks.*.mixer.in_proj", "blocks.*.mixer.out_proj"], rank=2, alpha=2.0,
+                                 dropout=0.0)
+    assert names == ["blocks.0.mixer.in_proj", "blocks.0.mixer.out_proj"]
+    with torch.no_grad():  # B = 0 gives A no gradient at the start; a nonzero B shows both are reached
+        for linear in lora.adapted_maps(model).values():
+            linear.lora.up.weight.normal_()
+    model.train()
+    model(torch.randint(0, 32, (2, 7))).square().mean().backward()
+    for linear in lora.adapted_maps(model).values():
+        assert linear.lora.up.weight.grad.abs().sum() > 0 and linear.lora.down.weight.grad.abs().sum() > 0

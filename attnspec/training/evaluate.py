@@ -263,9 +263,9 @@ def _check_model(model) -> None:
 def _scored_rows(model, rows: list[list[int]], targets: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
     """For each token row run alone, the log-probability (float32; a float64 model's float64) of each of
     ``targets[i]``, the tokens that follow its last ``len(targets[i])`` positions, and whether each is the
-    argmax there. The rows run
-    as one right-padded batch whose padding is a document of its own (so each row's logits are those it
-    would have alone); the logits are taken :data:`SCORE_POSITIONS` positions at a time."""
+    argmax there. The rows run as one right-padded batch whose padding is a document of its own (so each
+    row's logits are those it would have alone); the logits are taken :data:`SCORE_POSITIONS` positions at
+    a time."""
     device = model.embed.weight.device
     width = max(len(row) for row in rows)
     inputs = torch.zeros(len(rows), width, dtype=torch.long, device=device)

@@ -356,6 +356,15 @@ def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES, *, follow_links: bool
     return _json_value(raw, path, "", parse_constant, object_hook)
 
 
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    table = dict(pairs)
+    if len(table) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"the key {shorten(twice)} appears twice in one table")
+    return table
+
+
 def _regular_file_status(path: Path, follow_links: bool) -> os.stat_result:
     """``path``'s status, refusing a missing file, a link (unless ``follow_links``) and anything not a
     regular file, each as a RunError."""
@@ -374,10 +383,13 @@ def _regular_file_status(path: Path, follow_links: bool) -> os.stat_result:
 
 
 def _json_value(raw: bytes, path: Path, what: str, parse_constant: Callable[[str], Any] = _refuse_constant,
-                object_hook: Callable[[dict], Any] | None = None) -> Any:
-    """``raw`` (UTF-8 JSON, ``what`` of ``path``) parsed, or a RunError saying why not."""
+                object_hook: Callable[[dict], Any] | None = None, pairs_unique: bool = False) -> Any:
+    """``raw`` (UTF-8 JSON, ``what`` of ``path``) parsed, or a RunError saying why not. ``pairs_unique``:
+    a table naming a key twice is refused (JSON parsers disagree on which one wins)."""
+    pairs_hook = _unique_pairs if pairs_unique else None
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=parse_constant, object_hook=object_hook)
+        return json.loads(raw.decode("utf-8"), parse_constant=parse_constant, object_hook=object_hook,
+                          object_pairs_hook=pairs_hook)
     except RecursionError:
         raise RunError(f"{path}: {what}nested too deeply to be a file attnspec reads") from None
     except (ValueError, UnicodeDecodeError) as error:
@@ -509,7 +521,17 @@ def safetensors_metadata(path: Path) -> dict:
 
 
 def _safetensors_header(path: Path, follow_links: bool) -> tuple[int, dict, dict]:
-    """:func:`_safetensors_layout`'s two values and the header's ``__metadata__`` (a table, or {})."""
+    """:func:`_safetensors_layout`'s two values and the header's ``__metadata__`` (a table, or {}).
+
+    The ``safetensors`` library judges the file (:func:`_judged_by_safetensors`: header length and
+    start, unique names, dtype/shape/byte-size agreement, data offsets contiguous from 0 and covering
+    the data exactly, ``__metadata__`` strings); attnspec keeps its own limits before it (a regular
+    file, a header of at most :data:`MAX_SAFETENSORS_HEADER` bytes inside the file) and reads the header
+    once more itself, only for the byte offsets ``safetensors`` does not expose (the copy-on-write
+    memory map of :func:`map_safetensors` reads through them), checked to agree with the library's
+    view (the same names) and to the same rules again, so a disagreement between the two parsers is
+    an error and never a shifted tensor.
+    """
     info = _regular_file_status(path, follow_links)
     try:
         with open(path, "rb") as handle:
@@ -520,7 +542,8 @@ def _safetensors_header(path: Path, follow_links: bool) -> tuple[int, dict, dict
             raw = handle.read(length)
     except OSError as error:
         raise RunError(f"{path}: cannot read ({error.strerror})") from None
-    header = _json_value(raw, path, "its safetensors header is ")
+    names = _judged_by_safetensors(path)
+    header = _json_value(raw, path, "its safetensors header is ", pairs_unique=True)
     if not isinstance(header, dict):
         raise RunError(f"{path}: its safetensors header is not a table of tensors")
     data_bytes = info.st_size - 8 - length
@@ -529,7 +552,11 @@ def _safetensors_header(path: Path, follow_links: bool) -> tuple[int, dict, dict
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        ok = isinstance(entry, dict) and entry.get("dtype") in SAFETENSORS_DTYPES
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        if isinstance(dtype, str) and dtype not in SAFETENSORS_DTYPES:
+            raise RunError(f"{path}: its tensor {shorten(name)} is of dtype {shorten(dtype)}, which attnspec does not "
+                           f"read (it reads {', '.join(sorted(SAFETENSORS_DTYPES))})")
+        ok = isinstance(entry, dict) and dtype in SAFETENSORS_DTYPES
         shape, offsets = (entry.get("shape"), entry.get("data_offsets")) if ok else (None, None)
         ok = ok and isinstance(shape, list) and len(shape) <= 16 and all(type(n) is int and n >= 0 for n in shape)
         ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets) \
@@ -537,7 +564,31 @@ def _safetensors_header(path: Path, follow_links: bool) -> tuple[int, dict, dict
         if not ok:
             raise RunError(f"{path}: its safetensors header entry {shorten(name)} is not a tensor within the file")
         tensors[name] = (tuple(shape), entry["dtype"], tuple(offsets))
+    end = 0
+    for name, (_, _, (begin, finish)) in sorted(tensors.items(), key=lambda item: item[1][2]):
+        if begin != end:
+            raise RunError(f"{path}: its safetensors header places {shorten(name)} at byte {begin:,} of the data, "
+                           f"where byte {end:,} is next (tensors must follow one another without gaps or overlaps)")
+        end = finish
+    if end != data_bytes or set(tensors) != names:
+        raise RunError(f"{path}: its safetensors header does not describe its data exactly ({data_bytes:,} bytes "
+                       f"of data, {end:,} described)")
     return 8 + length, tensors, metadata if isinstance(metadata, dict) else {}
+
+
+def _judged_by_safetensors(path: Path) -> set[str]:
+    """The tensor names of ``path`` as the ``safetensors`` library reads them, after it has validated
+    the file (:func:`safetensors.safe_open` parses and checks the header, mapping nothing into memory
+    that stays); its refusal becomes a RunError quoting it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as opened:
+            return set(opened.keys())
+    except (SafetensorError, OSError, ValueError) as error:
+        said = str(error).replace("Error while deserializing header: ", "")
+        raise RunError(f"{path}: not a valid safetensors file (the safetensors library: {said[:160]})") \
+            from None
 
 
 def json_lines(text: str) -> list[dict]:
@@ -681,16 +732,58 @@ MAX_TENSOR_ROWS = 1 << 40
 """Far above any tensor's first dimension; a larger recorded offset is tampering."""
 
 
+def sharded_layout(where: Path, shards: int) -> dict[str, tuple[tuple[int, ...], str, list[tuple[Path, int, int]]]]:
+    """What the sharded checkpoint folder ``where`` (written by ``shards`` processes) holds, read from its
+    files' headers alone: full name (``model.{parameter}``, ``optimizer.{parameter}.{moment}``) ->
+    (the whole tensor's shape, dtype name, its pieces as (file, first row, rows)).
+
+    Each process's :func:`shard_file` holds the rows of every tensor that process held (FSDP shards the
+    first dimension), placed by torch.distributed.checkpoint's ``saved_offsets`` in the file's
+    metadata. The pieces of each tensor must tile it: the same trailing shape and dtype, first-dimension
+    ranges that meet end to end from 0, at most :data:`MAX_TENSOR_ROWS` rows; a tensor of no dimension
+    is one piece.
+
+    Raises:
+        RunError: a file is not a valid safetensors file (:func:`read_safetensors_header`), a piece has
+            no first-dimension placement, or the pieces do not make whole tensors.
+    """
+    pieces: dict[str, list] = {}
+    for rank in range(shards):
+        path = where / shard_file(rank)
+        start, entries, metadata = _safetensors_header(path, follow_links=False)
+        offsets = _json_value(str(metadata.get("DCP_SHARDING_INFO", "{}")).encode(), path,
+                              "its sharding metadata is ")
+        for name, (shape, dtype, _) in entries.items():
+            entry = offsets.get(name) if isinstance(offsets, dict) else None
+            offset = entry.get("saved_offsets") if isinstance(entry, dict) else None
+            if not (isinstance(offset, list) and len(offset) == len(shape) and all(type(n) is int for n in offset)
+                    and all(n == 0 for n in offset[1:]) and (not offset or 0 <= offset[0] <= MAX_TENSOR_ROWS)):
+                raise RunError(f"{path}: tensor {shorten(name)} has no placement a first-dimension shard has")
+            pieces.setdefault(name, []).append((offset[0] if offset else 0, shape, dtype, path))
+    layout = {}
+    for name, parts in pieces.items():
+        parts.sort(key=lambda item: item[0])
+        _, first_shape, first_dtype, _ = parts[0]
+        end = 0
+        for row, shape, dtype, path in parts:
+            if row != end or shape[1:] != first_shape[1:] or dtype != first_dtype or (not shape and len(parts) > 1):
+                raise RunError(f"{path}: the pieces of {shorten(name)} do not tile it (a piece at row {row:,} "
+                               f"where row {end:,} was next, or of another shape or dtype); the checkpoint is "
+                               "damaged")
+            end += shape[0] if shape else 1
+        if end > MAX_TENSOR_ROWS:
+            raise RunError(f"{parts[-1][3]}: the pieces of {shorten(name)} make {end:,} rows, more than any tensor "
+                           "has; the checkpoint is damaged")
+        whole = (end, *first_shape[1:]) if first_shape else ()
+        layout[name] = (whole, first_dtype, [(path, row, shape[0] if shape else 1)
+                                             for row, shape, _, path in parts])
+    return layout
+
+
 def checkpoint_tensors(where: Path, part: str) -> dict:
     """The whole tensors of one part of a checkpoint (``part``: ``"model"``, the weights, or
     ``"optimizer"``, AdamW's state by ``{parameter}.{moment}``), by name: a whole checkpoint's file
-    mapped (:func:`map_safetensors`), or a sharded one's pieces put together.
-
-    A sharded checkpoint (``state.json``'s ``shards``: the processes that wrote it) holds in each
-    process's :func:`shard_file` the rows of every tensor that process held (FSDP shards the first
-    dimension), placed by torch.distributed.checkpoint's ``saved_offsets`` in the file's metadata. The
-    pieces of each tensor must tile it: the same trailing shape and dtype, first-dimension ranges that
-    meet end to end from 0.
+    mapped (:func:`map_safetensors`), or a sharded one's pieces (:func:`sharded_layout`) put together.
 
     Raises:
         RunError: a file is not a valid safetensors file, or the pieces do not make whole tensors.
@@ -700,33 +793,12 @@ def checkpoint_tensors(where: Path, part: str) -> dict:
     shards = shard_count(where, read_json(where / "state.json"))
     if shards is None:
         return map_safetensors(where / f"{part}.safetensors")
-    pieces: dict[str, list] = {}
-    for rank in range(shards):
-        path = where / shard_file(rank)
-        offsets = _json_value(str(safetensors_metadata(path).get("DCP_SHARDING_INFO", "{}")).encode(), path,
-                              "its sharding metadata is ")
-        for name, tensor in map_safetensors(path).items():
-            if not name.startswith(f"{part}."):
-                continue
-            entry = offsets.get(name) if isinstance(offsets, dict) else None
-            offset = entry.get("saved_offsets") if isinstance(entry, dict) else None
-            if not (isinstance(offset, list) and len(offset) == tensor.dim() and all(type(n) is int for n in offset)
-                    and all(n == 0 for n in offset[1:]) and (not offset or 0 <= offset[0] <= MAX_TENSOR_ROWS)):
-                raise RunError(f"{path}: tensor {shorten(name)} has no placement a first-dimension shard has")
-            pieces.setdefault(name[len(part) + 1:], []).append((offset[0] if offset else 0, tensor, path))
+    layout = {name: entry for name, entry in sharded_layout(where, shards).items() if name.startswith(f"{part}.")}
+    mapped = {path: map_safetensors(path) for _, _, parts in layout.values() for path, _, _ in parts}
     whole = {}
-    for name, parts in pieces.items():
-        parts.sort(key=lambda item: item[0])
-        first = parts[0][1]
-        end = 0
-        for start, tensor, path in parts:
-            if start != end or tensor.shape[1:] != first.shape[1:] or tensor.dtype != first.dtype or \
-                    (tensor.dim() == 0 and len(parts) > 1):
-                raise RunError(f"{path}: the pieces of {shorten(name)} do not tile it (a piece at row {start:,} "
-                               f"where row {end:,} was next, or of another shape or dtype); the checkpoint is "
-                               "damaged")
-            end += tensor.shape[0] if tensor.dim() else 1
-        whole[name] = first if len(parts) == 1 else torch.cat([tensor for _, tensor, _ in parts])
+    for name, (_, _, parts) in layout.items():
+        tensors = [mapped[path][name] for path, _, _ in parts]
+        whole[name[len(part) + 1:]] = tensors[0] if len(tensors) == 1 else torch.cat(tensors)
     return whole
 
 
@@ -734,5 +806,5 @@ __all__ = ["cache_directory", "child_environment", "start_python", "check_direct
            "write_atomic", "write_with", "save_tensors", "open_append", "open_append_binary", "open_lock", "owns_tree",
            "remove_tree", "read_json", "read_safetensors_header", "json_lines", "MAX_JSON_BYTES", "VERSION",
            "RUN_FILE", "CHECKPOINT_POINTER", "CHECKPOINT_FILES", "read_run", "latest_checkpoint", "is_step",
-           "shard_file", "shard_count", "checkpoint_tensors", "safetensors_metadata",
+           "shard_file", "shard_count", "sharded_layout", "checkpoint_tensors", "safetensors_metadata",
            "read_cache_file", "write_cache_file"]

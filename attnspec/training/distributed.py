@@ -70,11 +70,7 @@ class Distributed:
     def all_agree(self, ok: bool) -> bool:
         """Whether ``ok`` holds on every process (each must call it): a step rank 0 alone takes (making a
         checkpoint's folder) fails on every process rather than leaving the others waiting."""
-        if not self.active:
-            return ok
-        flag = torch.tensor([int(ok)], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag)
+        return _everywhere(ok) if self.active else ok
 
     def barrier(self) -> None:
         if self.active:
@@ -140,8 +136,15 @@ def save_shards(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer
 
 def load_shards(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Load a sharded checkpoint (:func:`save_shards`, written by any number of processes) into this run's
-    sharded ``model`` and ``optimizer``: each process reads the pieces of its own shard. Every process
-    then checks what it holds (finite weights and moments, second moments non-negative).
+    sharded ``model`` and ``optimizer``: each process reads the pieces of its own shard.
+
+    Before torch.distributed.checkpoint reads anything, every process checks the folder's layout from
+    its files' headers (:func:`attnspec.io.sharded_layout`: valid safetensors files, pieces that tile
+    whole tensors) against this run's state (the same names, each whole tensor of this run's shape and
+    dtype), so a damaged checkpoint never reaches the reader. Whatever the reader still raises is caught,
+    ``BaseException``s included (torch's ``CheckpointException`` is one), and after it every process
+    checks what it holds (finite weights and moments, second moments non-negative). The processes agree
+    on the outcome at each step, so all of them stop together or none does.
 
     Raises:
         RunError: on every process, when the checkpoint does not fit the model or holds such values.
@@ -154,18 +157,20 @@ def load_shards(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer
     from attnspec.errors import RunError
 
     state = _flat_state(model, optimizer)
+    problem = _layout_problem(folder, state)
+    if not _everywhere(problem is None):
+        raise RunError(f"{folder}: the sharded checkpoint {problem or 'is damaged (another process found it)'}")
     try:
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
-        problem = None
-    except Exception as error:  # noqa: BLE001 - torch.distributed.checkpoint raises its own wrappers of anything
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # noqa: BLE001 - torch's CheckpointException is a BaseException wrapping anything
         said = (str(error).strip().splitlines() or [type(error).__name__])[-1]
         problem = f"does not fit this run's model ({said[:300]})"
     if problem is None:
         bad = [name for name, tensor in state.items() if not _sane(name, tensor)]
         problem = f"holds NaN, infinite or negative second-moment values in {bad[0]}" if bad else None
-    failed = torch.tensor([problem is not None], dtype=torch.int32)
-    dist.all_reduce(failed)  # every process stops, or none
-    if int(failed):
+    if not _everywhere(problem is None):
         raise RunError(f"{folder}: the sharded checkpoint {problem or 'is damaged (another process found it)'}; "
                        "the checkpoint is damaged")
     set_model_state_dict(model, {name[len("model."):]: tensor for name, tensor in state.items()
@@ -177,6 +182,34 @@ def load_shards(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer
             moments.setdefault(parameter, {})[moment] = tensor
     groups = get_optimizer_state_dict(model, optimizer)["param_groups"]
     set_optimizer_state_dict(model, optimizer, {"state": moments, "param_groups": groups})
+
+
+def _layout_problem(folder: Path, state: dict) -> str | None:
+    """What keeps the sharded checkpoint ``folder`` from filling ``state`` (:func:`_flat_state`, DTensors
+    whose shapes are the whole tensors'), read from the files' headers; None when it fits."""
+    from attnspec.errors import RunError
+    from attnspec.io import SAFETENSORS_NAMES, read_json, shard_count, sharded_layout
+
+    try:
+        layout = sharded_layout(folder, shard_count(folder, read_json(folder / "state.json")) or 0)
+    except RunError as error:
+        return f"is damaged ({str(error)[:400]})"
+    for name, tensor in state.items():
+        if name not in layout:
+            return f"has no {name}, which this run's model holds"
+        shape, dtype, _ = layout[name]
+        if shape != tuple(tensor.shape) or dtype != SAFETENSORS_NAMES[str(tensor.dtype).removeprefix("torch.")]:
+            return (f"holds {name} as {dtype} {list(shape)}, where this run's model has "
+                    f"{str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}")
+    extra = sorted(set(layout) - set(state))
+    return f"holds {extra[0]}, which this run's model does not have" if extra else None
+
+
+def _everywhere(ok: bool) -> bool:
+    """Whether ``ok`` holds on every process (each must call it)."""
+    flag = torch.tensor([int(not ok)], dtype=torch.int32)
+    dist.all_reduce(flag)
+    return not int(flag)
 
 
 def _flat_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

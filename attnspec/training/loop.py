@@ -785,7 +785,9 @@ class Trainer:
                 if not (where / rundir.ADAPTERS_FILE).is_file():
                     raise rundir.RunError(f"{where}: holds no {rundir.ADAPTERS_FILE}, so it was not trained with these "
                                           "adapters (`lora`); resume with the run's own configuration")
-                weights = lora.joined_state(weights, checkpoint_tensors(where, "adapters"))
+                adapters = lora.checked_adapters(self.model, weights, checkpoint_tensors(where, "adapters"),
+                                                 where / rundir.ADAPTERS_FILE)
+                weights = lora.joined_state(weights, adapters)
             elif self.adapted:  # the stage's first step: its fresh adapters on the merged weights
                 weights = lora.joined_state(weights, {name: t for name, t in self.model.state_dict().items()
                                                       if f".{lora.ADAPTER}." in name})

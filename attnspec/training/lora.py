@@ -14,11 +14,12 @@ trains on from exactly where it stopped. :func:`merge_adapters` folds them into 
 from __future__ import annotations
 
 import fnmatch
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from attnspec.errors import Problem, SpecError
+from attnspec.errors import Problem, RunError, SpecError
 
 ADAPTER = "lora"
 """The attribute of an adapted linear map holding its :class:`LoraAdapter`."""
@@ -150,7 +151,7 @@ def frozen_by_adapters(model: nn.Module, config, added: list[str] = (), where: s
     """
     import fnmatch
 
-    from attnspec.errors import Problem, SpecError
+    from attnspec.errors import Problem, RunError, SpecError
 
     if config is None:
         return set()
@@ -191,8 +192,54 @@ def split_state(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, Tensor]]
 
 def joined_state(merged: dict[str, Tensor], adapters: dict[str, Tensor]) -> dict[str, Tensor]:
     """The state dict of a model with adapters from a checkpoint's two files (:func:`split_state`'s inverse):
-    the merged weights, each adapted map's own weight and its adapter's tensors taken from ``adapters``."""
+    the merged weights, each adapted map's own weight and its adapter's tensors taken from ``adapters``
+    (a checkpoint's file: :func:`checked_adapters` first)."""
     return {**merged, **adapters}
+
+
+def checked_adapters(model: nn.Module, merged: dict[str, Tensor], adapters: dict[str, Tensor],
+                     path: Path) -> dict[str, Tensor]:
+    """``adapters`` (a checkpoint's adapters file, ``path``) when it is what :func:`split_state` writes for
+    ``model``'s adapted maps beside the merged weights ``merged``: exactly each adapted map's own weight W,
+    its A (``lora.down.weight``) and B (``lora.up.weight``), of the model's shapes and dtypes, finite, and
+    W + (alpha / rank) B A equal to the merged weight within 2 units in the last place of its dtype (the
+    merge is computed in float64 and rounded once; another machine's float64 product may round the other
+    way). So the file can never override another weight of the model, nor disagree with the merged model
+    that ``build`` and ``eval`` of the same checkpoint read.
+
+    Raises:
+        RunError: naming ``path`` and the tensor that is not so.
+    """
+    maps = adapted_maps(model)
+    expected = {f"{name}.{part}": module for name, linear in maps.items()
+                for part, module in (("weight", linear), (f"{ADAPTER}.down.weight", getattr(linear, ADAPTER).down),
+                                     (f"{ADAPTER}.up.weight", getattr(linear, ADAPTER).up))}
+    extra, missing = sorted(set(adapters) - set(expected)), sorted(set(expected) - set(adapters))
+    if extra or missing:
+        raise RunError(f"{path}: an adapters file holds each adapted map's own weight and its A and B only; "
+                       + (f"it also holds {extra[0]}" if extra else f"it has no {missing[0]}")
+                       + " (the checkpoint is damaged, or was not written by this run)")
+    for name, module in expected.items():
+        tensor, weight = adapters[name], module.weight
+        if tuple(tensor.shape) != tuple(weight.shape) or tensor.dtype != weight.dtype:
+            raise RunError(f"{path}: {name} is {str(tensor.dtype).removeprefix('torch.')} {tuple(tensor.shape)}, "
+                           f"where the model has {str(weight.dtype).removeprefix('torch.')} {tuple(weight.shape)}")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise RunError(f"{path}: {name} holds NaN or infinite values; the checkpoint is damaged")
+    for name, linear in maps.items():
+        stored = merged.get(f"{name}.weight")
+        own = adapters[f"{name}.weight"].double()
+        down, up = adapters[f"{name}.{ADAPTER}.down.weight"], adapters[f"{name}.{ADAPTER}.up.weight"]
+        recomputed = own + (up.double() @ down.double()) * getattr(linear, ADAPTER).scale
+        if stored is None or tuple(stored.shape) != tuple(recomputed.shape):
+            raise RunError(f"{path}: the merged weights have no {name}.weight of its shape to check the adapter "
+                           "against; the checkpoint is damaged")
+        eps = torch.finfo(linear.weight.dtype).eps
+        bound = 2 * eps * recomputed.abs() + torch.finfo(linear.weight.dtype).tiny
+        if not bool(((stored.double() - recomputed).abs() <= bound).all()):
+            raise RunError(f"{path}: {name}'s own weight and adapter do not make the merged weight model.safetensors "
+                           "holds (W + (alpha / rank) B A); the two files are not one checkpoint")
+    return adapters
 
 
 @torch.no_grad()
@@ -217,5 +264,5 @@ def adapter_parameters(model: nn.Module) -> int:
 
 
 __all__ = ["ADAPTER", "LoraAdapter", "adapted_maps", "adapter_names", "adapter_parameters", "attach_adapters",
-           "matched_maps",
+           "matched_maps", "checked_adapters",
            "frozen_bases", "joined_state", "merge_adapters", "split_state"]

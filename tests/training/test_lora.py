@@ -84,6 +84,44 @@ def test_a_resumed_adapted_run_reproduces_the_uninterrupted_one_bit_for_bit(tmp_
         assert torch.equal(tensor, resumed.model.state_dict()[name]), name
 
 
+def test_an_adapters_file_holds_only_the_adapted_maps_and_agrees_with_the_merged_weights(tmp_path):
+    """The audit's case: an adapters file carrying a model tensor (a zeroed ``embed.weight``) overrode
+    ``model.safetensors`` on resume, while ``build`` and ``eval`` of the same checkpoint read the other file.
+    Now the file may hold each adapted map's own W, A and B only, of the model's shapes and dtypes, finite,
+    W + (alpha / rank) B A the merged weight; anything else is a RunError naming the file, and the run
+    directory is left as it was."""
+    from safetensors.torch import save_file
+
+    from attnspec.errors import RunError
+
+    _tiny_run(tmp_path / "split", checkpoint_every=5, steps=10, stop_after=5, lora=LORA)
+    _, where, _ = latest_checkpoint(tmp_path / "split")
+    path = where / "adapters.safetensors"
+    original = dict(checkpoint_tensors(where, "adapters"))
+    original = {name: tensor.clone() for name, tensor in original.items()}
+    q = "blocks.0.mixer.q_proj"
+    damaged = {
+        "a model tensor": ({**original, "embed.weight": torch.zeros(32, 16)}, "also holds embed.weight"),
+        "a missing A": ({n: t for n, t in original.items() if n != f"{q}.lora.down.weight"}, "has no"),
+        "another W": ({**original, f"{q}.weight": original[f"{q}.weight"] + 0.01}, "do not make the merged weight"),
+        "another B": ({**original, f"{q}.lora.up.weight": original[f"{q}.lora.up.weight"] * 1.5},
+                      "do not make the merged weight"),
+        "another shape": ({**original, f"{q}.lora.down.weight": original[f"{q}.lora.down.weight"][:1]}, "where the model"),
+        "another dtype": ({**original, f"{q}.lora.up.weight": original[f"{q}.lora.up.weight"].double()},
+                          "where the model"),
+        "NaN": ({**original, f"{q}.lora.up.weight": original[f"{q}.lora.up.weight"] * float("nan")}, "NaN"),
+    }
+    for case, (tensors, words) in damaged.items():
+        save_file({n: t.contiguous() for n, t in tensors.items()}, str(path))
+        before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "split").rglob("*"))
+        with pytest.raises(RunError, match=words) as refused:
+            attnspec.train(None, output=tmp_path / "split", resume=True)
+        assert str(path) in str(refused.value), case
+        assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "split").rglob("*")) == before, case
+    save_file(original, str(path))  # the file as the run wrote it resumes
+    assert len(attnspec.train(None, output=tmp_path / "split", resume=True).losses) == 5
+
+
 @pytest.mark.parametrize("settings, where, words", [
     ({"targets": ["blocks.*.mixer.w_proj"]}, "lora.targets[0]", "names no linear map"),
     ({"targets": ["blocks.*.mixer.q_proj", "head"]}, "lora.targets[1]", "names no linear map"),

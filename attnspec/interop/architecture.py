@@ -201,6 +201,21 @@ class Wrapper:
 
 
 @dataclass(frozen=True)
+class Copy:
+    """A stored tensor attnspec's model holds as a function of another (:meth:`Architecture.copy_of`)."""
+
+    source: str
+    """The stored tensor it follows from."""
+    compute: Any
+    """source tensor -> this tensor (as stored: its dtype)."""
+    rtol: float = 0.0
+    """0: it must equal what ``compute`` gives; else its relative tolerance (a table transformers computes
+    in float32 in another order)."""
+    what: str = "a copy"
+    """What it is, for the error ("a copy of ..."; ``source`` follows it in parentheses)."""
+
+
+@dataclass(frozen=True)
 class Row:
     """One row of docs/huggingface.md's table of imported types: what these types import as, and what of them
     is refused (a located error, nothing written)."""
@@ -264,10 +279,18 @@ class Architecture:
         import refuses it: attnspec imports nothing it would drop)."""
         return False
 
+    def copy_of(self, name: str, spec, config: dict) -> Copy | None:
+        """How a checkpoint tensor no link reads follows from another stored one in attnspec's model (a later
+        use of a shared block's weights; a table computed from a linked tensor), or None. transformers
+        reads such a tensor as stored, so the import compares it with what attnspec's model computes
+        and refuses a difference (:func:`attnspec.interop.convert.converted_tensors`). ``config``: the
+        checkpoint's config.json."""
+        return None
+
     def derived_tensors(self, spec, tensors: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
-        """Tensors a checkpoint of this type stores that are computed from others (the ones :meth:`unused`
-        leaves unread on import), for export: ``tensors`` are the linked ones, ``config`` the config
-        written beside them. Empty for most types."""
+        """Tensors a checkpoint of this type stores that are computed from others (the ones :meth:`copy_of`
+        finds on import), for export: ``tensors`` are the linked ones, ``config`` the config written beside
+        them. Empty for most types."""
         return {}
 
     def weight_scales(self, spec, config: Config) -> dict[str, float]:

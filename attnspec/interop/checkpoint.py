@@ -12,6 +12,7 @@ ever written here.
 from __future__ import annotations
 
 import json
+import os
 import math
 from pathlib import Path
 
@@ -155,6 +156,10 @@ class DirectoryCheckpoint:
         self.config = read_config(self.path)
         self._files: dict[str, Path] | None = None
         self._reader: ShardReader | None = None
+
+    def stores_weights(self) -> bool:
+        """Whether the directory has a weights file or index at all (its config alone describes a model)."""
+        return any(os.path.lexists(self.path / name) for name in (WEIGHTS, INDEX))
 
     def bind(self, names: list[str]) -> set[str]:
         """Every tensor name the checkpoint holds (``names``, what the family reads, need no mapping here)."""

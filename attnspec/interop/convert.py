@@ -31,6 +31,7 @@ from attnspec.interop.config import NotExpressible
 from attnspec.interop.gguf_tokenizer import gguf_tokenizer
 from attnspec.interop.refused import refusal
 from attnspec.interop.registry import architectures, export_order, wrappers
+from attnspec.interop.architecture import Copy
 from attnspec.interop.checkpoint import CONFIG, WEIGHTS, open_checkpoint, write_checkpoint
 from attnspec.spec import limits
 from attnspec.spec.emit import spec_to_data
@@ -121,6 +122,11 @@ def spec_from_checkpoint(directory, *, max_len: int | None = None,
         spec = validate_data(data)
     except SpecError as error:
         raise InteropError(f"{source}: the model it describes is not a valid attnspec spec:\n{error}") from None
+    if stored_head_differs(checkpoint, spec, model_type):  # as transformers loads it
+        data["head"] = {**spec.head.model_dump(mode="json"), "tied": False}
+        data["description"] += (" Its config ties the LM head to the embedding, but the checkpoint stores another "
+                                "head, which transformers loads untied: so does this spec.")
+        spec = validate_data(data)
     return data, spec, model_type
 
 
@@ -158,26 +164,30 @@ def converted_tensors(spec, checkpoint: Path | str, model_type: str):
     checkpoint = opened.path
     layout = target_layout(spec)
     architecture = architectures()[model_type]
-    links = architecture.stored_links(spec, model_type)
-    other = None  # the prefixes of a multimodal checkpoint's tensors that are not its text model's
-    wrapper = wrappers().get(opened.config.get("model_type"))
-    if wrapper is not None and wrapper.text_type == model_type:
-        other = wrapper.foreign
-        links = [dataclasses.replace(link, theirs=wrapper.stored_name(link.theirs)) for link in links]
+    links, other = _stored_links(opened, spec, model_type)  # other: a multimodal checkpoint's other prefixes
     wanted = {link.theirs for link in links}
-    files = opened.bind(sorted(wanted | {"lm_head.weight"}))
+    head, embed = _tied_names(opened, spec, model_type)
+    files = opened.bind(sorted(wanted | {head or "lm_head.weight"}))
     missing = sorted(wanted - set(files))
     if missing:
         raise InteropError(f"{checkpoint}: the weights lack {shorten(missing[0], 100)} (and {len(missing) - 1} more), "
                            f"which a {model_type} model of this config has")
-    tied = spec.head.tied and "lm_head.weight" in files
+    copies = {name: copy for name in sorted(set(files) - wanted)
+              if (copy := architecture.copy_of(name, spec, opened.config)) is not None}
+    if head is not None and head in files:  # a tied head stored beside the embedding it copies
+        copies[head] = Copy(embed, lambda tensor: tensor, what="a copy of the embedding, as the spec ties the head to it")
     unused = architecture.unused
-    extra = sorted(name for name in set(files) - wanted if not IGNORED.match(name) and not (tied and
-                                                                                           name == "lm_head.weight")
+    extra = sorted(name for name in set(files) - wanted if not IGNORED.match(name) and name not in copies
                    and not (other is not None and name.startswith(other)) and not unused(name, spec))
     if extra:
         raise InteropError(f"{checkpoint}: tensor {shorten(extra[0], 100)} (and {len(extra) - 1} more) is not part of "
                            f"the {model_type} model this config describes; attnspec imports nothing it would drop")
+    for name, copy in copies.items():  # compared before anything is converted: a stored tensor is never dropped unread
+        if copy.source not in files or not _holds(opened, name, copy):
+            raise InteropError(f"{checkpoint}: tensor {shorten(name, 100)} differs from what attnspec's {model_type} "
+                               f"model holds there, {copy.what} ({copy.source}); transformers reads it as stored, so "
+                               "attnspec cannot import this checkpoint as it is"
+                               + (" (import it with the head untied: `head.tied: false`)" if name == head else ""))
     covered = [name for link in links for name in link.ours]
     if sorted(covered) != sorted(layout):  # every tensor of the model comes from the checkpoint once
         raise InteropError(f"internal: the {model_type} mapping leaves {sorted(set(layout) - set(covered))[:3]} unset")
@@ -209,6 +219,51 @@ def converted_tensors(spec, checkpoint: Path | str, model_type: str):
                 yield name, part.to(getattr(torch, layout[name][1])).contiguous()
 
     return layout, tensors()
+
+
+def _stored_links(opened, spec, model_type: str) -> tuple[list, str | None]:
+    """(``spec``'s links with each transformers tensor named as the checkpoint stores it, the prefixes of a
+    multimodal checkpoint's tensors that are not its text model's, or None)."""
+    links = architectures()[model_type].stored_links(spec, model_type)
+    wrapper = wrappers().get(opened.config.get("model_type"))
+    if wrapper is None or wrapper.text_type != model_type:
+        return links, None
+    return [dataclasses.replace(link, theirs=wrapper.stored_name(link.theirs)) for link in links], wrapper.foreign
+
+
+def _tied_names(opened, spec, model_type: str) -> tuple[str | None, str | None]:
+    """(the LM head's stored name, the embedding's) where ``spec`` ties its head (the names an untied head
+    of the type reads); (None, None) for an untied head or a GGUF file (whose tie is its output tensor's
+    absence)."""
+    if not spec.head.tied or opened.gguf:
+        return None, None
+    untied = spec.model_copy(update={"head": spec.head.model_copy(update={"tied": False})})
+    links, _ = _stored_links(opened, untied, model_type)
+    named = {tuple(link.ours): link.theirs for link in links}
+    return named.get(("head.weight",)), named.get(("embed.weight",))
+
+
+def _holds(opened, name: str, copy: Copy) -> bool:
+    """Whether the stored ``name`` is what ``copy`` computes from its source (both read as stored)."""
+    stored, expected = opened.read(name), copy.compute(opened.read(copy.source))
+    if stored.shape != expected.shape or stored.dtype != expected.dtype:
+        return False
+    if copy.rtol == 0:
+        return bool(torch.equal(stored, expected))
+    return bool(torch.allclose(stored, expected, rtol=copy.rtol, atol=0))
+
+
+def stored_head_differs(opened, spec, model_type: str) -> bool:
+    """Whether a checkpoint whose ``spec`` ties the head stores a head other than its embedding: transformers
+    then loads the stored head, untied (its warning: "both are present in the checkpoints with different
+    values, so we will NOT tie them")."""
+    head, embed = _tied_names(opened, spec, model_type)
+    if head is None or embed is None or not opened.stores_weights():  # a config alone: nothing stored to compare
+        return False
+    stored = opened.bind([head, embed])
+    if head not in stored or embed not in stored:
+        return False
+    return not _holds(opened, head, Copy(embed, lambda tensor: tensor))
 
 
 def write_converted(spec, checkpoint: Path | str, model_type: str, path: Path) -> None:

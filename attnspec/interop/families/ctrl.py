@@ -69,7 +69,11 @@ class Ctrl(Architecture):
                 "n_positions": spec.max_len, "layer_norm_epsilon": spec.final_norm.eps, "tie_word_embeddings": True}
 
     def links(self, spec) -> list[Link]:
-        links = [rename("transformer.w.weight", "embed.weight"), rename("lm_head.bias", "head_bias")]
+        links = [rename("transformer.w.weight", "embed.weight")]
+        if spec.head.tied:
+            links.append(rename("lm_head.bias", "head_bias"))
+        else:  # a stored head that differs from the embedding: transformers then loads it untied
+            links += [rename(f"lm_head.{p}", f"head.{p}") for p in ("weight", "bias")]
         links += [rename(f"transformer.layernorm.{p}", f"final_norm.{p}") for p in ("weight", "bias")]
         for index in range(len(expanded_blocks(spec))):
             theirs, ours = f"transformer.h.{index}.", block_prefix(index)

@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from attnspec.errors import shorten
-from attnspec.interop.architecture import (Architecture, Link, Row, attention_links, block_prefix, common_fields,
+from attnspec.interop.architecture import (Architecture, Copy, Link, Row, attention_links, block_prefix, common_fields,
                                            compress_layers, expanded_blocks, head_node, lm_links, moe_links, rename,
                                            rmsnorm_node, rope_config, w123_links)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
@@ -124,8 +124,18 @@ class MiniMax(Architecture):
             links += moe_links(block.mlp, f"{theirs}block_sparse_moe.", f"{ours}mlp.", expert_links=w123_links)
         return links
 
-    def unused(self, name: str, spec) -> bool:
-        return name.rsplit(".", 1)[-1] in self.DECAYS and ".self_attn." in name
+    def copy_of(self, name: str, spec, config: dict) -> Copy | None:
+        """A lightning layer's decay tables: computed from its slopes (:meth:`derived_tensors`), which
+        transformers stores beside them and reads as stored."""
+        prefix, _, last = name.rpartition(".")
+        if last not in self.DECAYS or not prefix.endswith(".self_attn"):
+            return None
+        slope = f"{prefix}.slope_rate"
+        block = config.get("block_size", 256)
+        if type(block) is not int or not 1 <= block <= limits.MAX_CHUNK:
+            return None
+        return Copy(slope, lambda tensor: self.derived_tensors(None, {slope: tensor}, {"block_size": block})[name],
+                    rtol=1e-6, what=f"the table its slopes make with `block_size` {block}")
 
     def derived_tensors(self, spec, tensors: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
         """The blocked form's decay factors of each lightning layer, as MiniMaxLightningAttention computes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from attnspec.interop.architecture import (Architecture, Link, Row, attention_links, block_prefix, common_fields,
+from attnspec.interop.architecture import (Architecture, Copy, Link, Row, attention_links, block_prefix, common_fields,
                                            compress_layers, expanded_blocks, head_node, lm_links, rename,
                                            rmsnorm_node, rope_config)
 from attnspec.interop.config import ACTIVATION_NAMES, Config, NotExpressible
@@ -118,11 +118,20 @@ class Zamba2(Architecture):
                 found.setdefault(block.shared.name, index)
         return found
 
-    def unused(self, name: str, spec) -> bool:
-        """A later use's ``shared_transformer`` tensors: ties of the first use's (a checkpoint written with
-        them repeats the same numbers)."""
+    def copy_of(self, name: str, spec, config: dict) -> Copy | None:
+        """A later use's ``shared_transformer`` tensor: a copy of the first use's (save_pretrained writes the
+        first use alone; a checkpoint written with them all repeats the same numbers, and transformers unties
+        a later use whose numbers differ, which a shared block cannot be)."""
         match = re.match(r"model\.layers\.(\d+)\.shared_transformer\.", name)
-        return match is not None and int(match.group(1)) not in self._canonical(spec).values()
+        blocks = expanded_blocks(spec)
+        index = int(match.group(1)) if match is not None and len(match.group(1)) < 6 else -1
+        if not 0 <= index < len(blocks) or blocks[index].shared is None:
+            return None
+        first = self._canonical(spec)[blocks[index].shared.name]
+        if first == index:
+            return None
+        return Copy(f"model.layers.{first}.shared_transformer.{name[match.end():]}", lambda tensor: tensor,
+                    what=f"a copy of the shared block's weights in layer {first}, which layer {index} calls")
 
     def links(self, spec) -> list[Link]:
         links = lm_links(spec, "model.embed_tokens.weight", "model.final_layernorm.weight")

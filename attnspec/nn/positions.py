@@ -38,6 +38,9 @@ def positions(length: int, offset: Tensor | int, device, dtype) -> Tensor:
 class Position(nn.Module):
     """Base: every hook is the identity; a kind overrides the one it acts through."""
 
+    decays = False
+    """Whether :meth:`decay` gives one (a decoding cache then keeps its running bias)."""
+
     def __init__(self, node=None, **_):
         super().__init__()
 
@@ -211,6 +214,8 @@ def _rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 @register("position", "alibi")
 class AlibiPosition(Position):
     """ALiBi as a fixed per-head decay: log a_h = -m_h with m_h = 2^(-8 (h+1) / H)."""
+
+    decays = True
 
     def __init__(self, node, *, heads: int, **_):
         super().__init__()

@@ -118,6 +118,58 @@ def test_decoding_reads_the_lenders_cache_and_keeps_none_of_its_own():
     assert_compiled_step_equals_full_pass(model, tokens[:, :8])
 
 
+@pytest.mark.parametrize("decay", [{"position": "alibi"}, {"position": "none",
+                                   "transition": {"kind": "data", "phase": "none", "per": "head"}}])
+def test_a_reader_with_its_own_decay_keeps_its_bias_and_decodes_as_the_full_pass(tmp_path, decay):
+    """The audit's case: a reader with ALiBi (or a data-dependent decay) over a lender's keys decoded with a
+    ShapeError (its decay bias had no place in the lender's cache). Its decay is its own: the full pass adds
+    -m_h (i - j) of its own slopes to the lender's keys' scores (checked against the definition), and decoding
+    keeps that bias in the reader's state alone (B, H, C), eager, at rows of different positions, compiled,
+    and through exported prefill and step programs."""
+    from attnspec.compiler.export import export_prefill, export_step
+
+    plain = {"kind": "softmax", "heads": 4, "kv_heads": 2, "d_qk": 6, "d_v": 5}
+    layers = [{"mixer": {**plain, "lends_kv": "a", "position": "alibi"}, "mlp": "none", "norm": "rmsnorm"},
+              {"mixer": {**plain, "kv_from": "a", **decay}, "mlp": "none", "norm": "rmsnorm"},
+              {"mixer": {**plain, "window": 5, "lends_kv": "w"}, "mlp": "none", "norm": "rmsnorm"},
+              {"mixer": {**plain, "window": 5, "kv_from": "w", **decay}, "mlp": "none", "norm": "rmsnorm"}]
+    model = _model(layers)
+    assert model.state_layout() == [3, 1, 3, 1]  # each reader: its own bias, nothing of the keys'
+    tokens = torch.randint(0, VOCAB, (3, 13), generator=torch.Generator().manual_seed(5))
+    if decay["position"] == "alibi":  # the reader's scores: its own queries, the lender's keys, its own slopes
+        with torch.no_grad():
+            h = model.blocks[0].norm1(model.embed.weight[tokens])
+            lender, reader = model.blocks[0].mixer, model.blocks[1].mixer
+            _, k, v, _ = lender._project(h, expand=False)
+            out0 = lender(h)
+            x = model.embed.weight[tokens] + out0
+            q = reader._project(model.blocks[1].norm1(x), expand=False)[0]
+            t = torch.arange(13)
+            slopes = 2.0 ** (-8.0 * torch.arange(1, 5, dtype=torch.float64) / 4)
+            scores = q @ k.repeat_interleave(2, 1).transpose(-1, -2) / 6 ** 0.5 \
+                - slopes.view(4, 1, 1) * (t[:, None] - t[None, :])
+            o = scores.masked_fill(t[None, :] > t[:, None], float("-inf")).softmax(-1) @ v.repeat_interleave(2, 1)
+            expected = reader._output(o, model.blocks[1].norm1(x))
+            assert torch.allclose(reader(model.blocks[1].norm1(x), kv=(k, v)), expected, rtol=0, atol=1e-12)
+    assert_decodes_as_full_pass(model, tokens, prompt=6)  # past the window: the rings have wrapped
+    assert_compiled_step_equals_full_pass(model, tokens[:, :8])
+    prompts, mask = tokens[:2, :7].clone(), torch.ones(2, 7, dtype=torch.long)
+    mask[1, :3] = 0  # the second row three positions behind the first
+    assert torch.equal(model.generate(prompts, 4, attention_mask=mask)[1, 7:],
+                       model.generate(prompts[1:, 3:], 4)[0, 4:])
+    prefill = export_prefill(model, tmp_path / "prefill.pt2").module()
+    step = export_step(model, tmp_path / "step.pt2").module()
+    with torch.no_grad():
+        given = model.init_state(2, 16)
+        got, *state = prefill(tokens[:2, :7], *given)
+        expected, *eager = model.prefill(tokens[:2, :7], last_only=True, capacity=16)
+        assert (got - expected).abs().max() < 1e-12
+        for position in range(7, 13):
+            expected, *eager = model.step(tokens[:2, position], *eager)
+            got, *state = step(tokens[:2, position], *state)
+            assert (got - expected).abs().max() < 1e-12, position
+
+
 def test_rows_at_different_positions_read_only_what_their_lender_wrote():
     model = _model()
     prompts = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
@@ -173,8 +225,6 @@ def _refusal(layers: list, path: str, words: str) -> None:
      "window = None"),
     ([_attention(lends_kv="full"), _attention(kv_from="full", lends_kv="again")], "layers[1].mixer.lends_kv",
      "none of its own to lend"),
-    ([_attention(lends_kv="full"), _attention(kv_from="full", transition={"kind": "fixed", "init": "alibi", "learnable": False})],
-     "layers[1].mixer.transition", "remove the transition"),
     ([_attention(lends_kv="full"), _attention(kv_from="full", conv={"kind": "short", "width": 3,
                                                                     "projections": ["k"]})],
      "layers[1].mixer.conv", "convolve `x` or `q` only"),

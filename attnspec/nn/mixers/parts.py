@@ -288,9 +288,12 @@ class KeyValueCache:
     def _init_cache(self, batch: int, dtype: torch.dtype, device, capacity: int | None = None) -> tuple[Tensor, ...]:
         """Empty cache: keys (batch, kv heads, C, d_qk), values (batch, kv heads, C, d_v), decay bias
         (batch, H, C), then one (batch, w - 1, C) tensor per convolved stream; C = :meth:`_cache_positions`.
-        Only the convolutions' for an attention reading another block's cache (`kv_from`)."""
+        An attention reading another block's cache (`kv_from`) keeps only its own decay bias (where it has a
+        decay: its positions' ALiBi or its transition's, which the lender's keys do not carry) and convolutions."""
         if self.borrows_kv:
-            return self.conv.init_state(batch, dtype, device)
+            own = (torch.zeros(batch, self.heads, self._cache_positions(capacity), dtype=dtype, device=device),) \
+                if self._decays else ()
+            return own + self.conv.init_state(batch, dtype, device)
         cache = empty_cache(batch, self.heads, self.k_heads, self.v_heads, self._cache_positions(capacity), self.d_qk,
                             self.d_v, dtype, device)
         return cache + self.conv.init_state(batch, dtype, device)
@@ -301,7 +304,8 @@ class KeyValueCache:
         (:meth:`_cache_positions`): slot p % C holds position p's key and value, and the decay bias
         sum_{s=p+1..L-1} log a_s (a suffix sum, accurate however long the prompt), and the keys and values
         (B, H_k, L, Dk), (B, H_v, L, Dv) for the blocks that read them (`lends_kv`). ``kv``: another block's,
-        read in place of this mixer's own (`kv_from`): its cache is the lender's, so it keeps none."""
+        read in place of this mixer's own (`kv_from`): its cache is the lender's, so it keeps only its own
+        decay bias (where it has a decay) beside its convolutions."""
         q, k, v, conv_state = self._project(x, expand=False)
         if kv is not None:
             k, v = kv
@@ -311,26 +315,43 @@ class KeyValueCache:
         o = softmax_attention(q, k, v, log_a, causal=self.causal, scale=self.scale, window=self.window,
                               mask=None if mask is None else mask.expand(x.shape[0], -1, -1, -1), softcap=self.softcap,
                               sinks=self.sinks)
-        if kv is not None:
-            return self._output(o, x, v), conv_state, None
         C = self._cache_positions(capacity)
+        if kv is not None:
+            own = () if log_a is None else (self._cached_bias(log_a, C, x),)
+            return self._output(o, x, v), own + conv_state, None
         if self.window is None and self.chunk is None:
             check_prompt_fits(x.shape[1], C)
         keys, values = cache_of(k, C).to(x.dtype), cache_of(v, C).to(x.dtype)
         if log_a is None:
             bias = torch.zeros(x.shape[0], self.heads, C, dtype=x.dtype, device=x.device)
         else:
-            suffix = torch.flip(torch.cumsum(torch.flip(log_a, [-1]), -1), [-1])  # sum_{s=p..L-1} log a_s
-            after = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], -1)  # sum_{s=p+1..L-1}
-            bias = cache_of(after.unsqueeze(-1), C)[..., 0].to(x.dtype)
+            bias = self._cached_bias(log_a, C, x)
         return self._output(o, x, v), (keys, values, bias) + conv_state, (k, v)
+
+    @property
+    def _decays(self) -> bool:
+        """Whether this attention has a decay (its transition's, or its positions': ALiBi)."""
+        return bool(self.transition.decays) or self.position.decays
+
+    @staticmethod
+    def _cached_bias(log_a: Tensor, capacity: int, x: Tensor) -> Tensor:
+        """The decay bias a cache of ``capacity`` slots holds after a prompt of log-decays ``log_a`` (B, H, L):
+        slot p % C holds sum_{s=p+1..L-1} log a_s (a suffix sum, accurate however long the prompt): (B, H, C)."""
+        suffix = torch.flip(torch.cumsum(torch.flip(log_a, [-1]), -1), [-1])  # sum_{s=p..L-1} log a_s
+        after = torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], -1)  # sum_{s=p+1..L-1}
+        return cache_of(after.unsqueeze(-1), capacity)[..., 0].to(x.dtype)
 
     def _cache_step(self, x_t: Tensor, state: tuple[Tensor, ...], position: Tensor,
                     kv: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         """One token through the cache: ``x_t`` (B, d_model), ``position`` (B,) -> (y_t (B, d_model), new state).
         ``kv``: another block's cache (keys, values), holding this position already (its lender stepped first):
-        read, not written (`kv_from`); the state is then the convolutions' alone."""
-        cache, conv_past = (state[:3], state[3:]) if kv is None else (kv + (None,), state)
+        read, not written (`kv_from`); the state is then this attention's own decay bias (where it has a decay)
+        and its convolutions'."""
+        if kv is None:
+            cache, conv_past = state[:3], state[3:]
+        else:
+            own = 1 if self._decays else 0
+            cache, conv_past = kv + (state[0] if own else None,), state[own:]
         if self.window is None and self.chunk is None:  # a full cache: its capacity is its slots
             check_position_held(position, cache[0].shape[2], "full softmax attention", "give the mixer a `window`")
         x = x_t.unsqueeze(1)
@@ -348,7 +369,8 @@ class KeyValueCache:
         if self.output_stages:
             o = full_precision(o)
         y = self._output(o.unsqueeze(2), x, v)
-        return y[:, 0], (() if kv is not None else cache) + conv_state
+        kept = cache if kv is None else cache[2:] if self._decays else ()
+        return y[:, 0], kept + conv_state
 
 
 class PrefixRerun:

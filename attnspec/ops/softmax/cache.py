@@ -86,7 +86,8 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
         q: ``(B, H, Dk)`` the query at ``position``.
         k: ``(B, H_k, Dk)``, v: ``(B, H_v, Dv)``: its key and value (H_k and H_v divide H; query head h
             reads key head ``h // (H / H_k)``: grouped-query attention); both None to read a cache that holds
-            this position already, written by the layer that lends it (cross-layer sharing), without writing.
+            this position already, written by the layer that lends it (cross-layer sharing), without writing
+            its keys and values (the bias, with ``log_a``, is the reader's own: advanced as a writer's is).
         cache: ``(keys, values, bias)`` as :func:`empty_cache` makes them, holding positions before this one;
             updated in place (nothing the size of the cache is allocated). Without ``log_a`` the bias is
             neither read nor written (it may be None): a mixer without decay never has one.
@@ -115,9 +116,11 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
                          f"{tuple(q.shape)}, {None if k is None else tuple(k.shape)}, {None if v is None else tuple(v.shape)}")
     # the slots are the same for every layer of the step: computed once (per_step)
     slots = shared("softmax cache slots", (position, capacity, chunked), lambda: _slots(position, capacity, chunked))
-    if not writes:  # a borrowed cache: its lender wrote this position, and zeroed the slots read yet unwritten
-        return _read(q, keys, values, None, slots, Dk ** -0.5 if scale is None else scale, softcap, sinks, selected,
-                     B, H, Dv, values.dtype)
+    if not writes:  # a borrowed cache: its lender wrote this position, and zeroed the slots read yet unwritten;
+        if log_a is not None:  # the bias is the reader's own (its decay, not the lender's), kept as below
+            _advance(bias, log_a, slots)
+        return _read(q, keys, values, None if log_a is None else bias, slots, Dk ** -0.5 if scale is None else scale,
+                     softcap, sinks, selected, B, H, Dv, values.dtype)
     # Written by index (index_put_), not scatter_ (AOTInductor runs an in-place scatter as a copy of the
     # whole cache, scattered, copied back: 46 ms a step for a 64 MB cache), and once per cache: this
     # position's entry of each row, and zeros in the slots a step reads that their row has not written
@@ -128,11 +131,17 @@ def softmax_step(q: Tensor, k: Tensor, v: Tensor, cache: Cache, position: Tensor
     keys.transpose(1, 2).index_put_(slots.targets, _entries(k, keys.dtype, slots.cleared))  # (B, C, H_k, Dk)
     values.transpose(1, 2).index_put_(slots.targets, _entries(v, values.dtype, slots.cleared))
     if log_a is not None:
-        bias.add_(log_a.unsqueeze(-1).to(bias.dtype))  # one more decay between every written slot and now
-        bias.transpose(1, 2).index_put_(slots.targets, torch.zeros((), dtype=bias.dtype, device=bias.device))
+        _advance(bias, log_a, slots)
     o, _ = _read(q, keys, values, None if log_a is None else bias, slots, Dk ** -0.5 if scale is None else scale,
                  softcap, sinks, selected, B, H, Dv, v.dtype)
     return o, (keys, values, bias)
+
+
+def _advance(bias: Tensor, log_a: Tensor, slots: "_Slots") -> None:
+    """The decay bias (B, H, C) one position on, in place: one more decay ``log_a`` (B, H) between every written
+    slot and now, and 0 at the slot this position writes (and at those cleared)."""
+    bias.add_(log_a.unsqueeze(-1).to(bias.dtype))
+    bias.transpose(1, 2).index_put_(slots.targets, torch.zeros((), dtype=bias.dtype, device=bias.device))
 
 
 def _read(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, slots: "_Slots", scale: float,

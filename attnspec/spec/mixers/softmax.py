@@ -79,8 +79,9 @@ class SoftmaxMixer(MixerComponent):
     """Cross-layer key/value sharing (Gemma 3n and 4's `num_kv_shared_layers`; Brandon et al. 2024's cross-layer
     attention): this attention's queries read the keys and values of the latest earlier block that `lends_kv`
     under this name, and it has no key or value projection (nor a key norm) of its own. Its decoding state is
-    the lender's cache, read, not written; its key/value heads and widths, `causal`, `window` and `chunk` must
-    be the lender's."""
+    the lender's cache, read, not written (and its own decay bias, where its positions (ALiBi) or its
+    transition decay: its decay is its own, not the lender's); its key/value heads and widths, `causal`,
+    `window` and `chunk` must be the lender's."""
 
     @property
     def reads_depth(self) -> bool:
@@ -180,9 +181,6 @@ class SoftmaxMixer(MixerComponent):
         if self.lends_kv is not None:
             yield ("lends_kv",), (f"this attention reads the keys and values lent as '{self.kv_from}', so it has "
                                   "none of its own to lend: let later blocks read that name too")
-        if not self.transition.is_identity:
-            yield ("transition",), ("an attention reading another block's keys and values (`kv_from`) reads its "
-                                    "cache, which holds no decay of its own: remove the transition")
         for name in ("differential", "query_experts", "skip", "v_norm"):
             if getattr(self, name) not in (None, False):
                 yield (name,), f"an attention reading another block's keys and values (`kv_from`) has no `{name}`"

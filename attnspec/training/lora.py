@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from attnspec.errors import Problem, RunError, SpecError
 
@@ -78,35 +79,97 @@ def matched_maps(model: nn.Module, targets: list[str], where: str = "lora.target
             raise SpecError(Problem(f"{pattern!r} names no linear map of this model (its linear maps: {near}); a "
                                     "pattern is a glob over them, `*` any characters", path=at,
                                     source="training configuration"))
-        unused = sorted(set(matched) - _called_as_modules(model, matched))
-        if unused:
+        read, untrained = (sorted(found) for found in _probed(model, matched))
+        if read:
             raise SpecError(Problem(f"{pattern!r} names map(s) the model reads through their weight rather than "
-                                    f"by calling them ({', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}): "
+                                    f"by calling them ({', '.join(read[:3])}{' ...' if len(read) > 3 else ''}): "
                                     "an adapter there would never run; adapt other maps, or train these whole "
                                     "(`lora.train`)", path=at, source="training configuration"))
+        if untrained:
+            raise SpecError(Problem(f"{pattern!r} names map(s) whose output reaches the model's output through no "
+                                    f"gradient ({', '.join(untrained[:3])}{' ...' if len(untrained) > 3 else ''}: "
+                                    "read only through a discrete choice, as sparse attention's indexer picks its "
+                                    "keys): an adapter there would never train; adapt other maps",
+                                    path=at, source="training configuration"))
         adapted.update(matched)
     return {name: adapted[name] for name in sorted(adapted)}
 
 
-@torch.no_grad()
-def _called_as_modules(model: nn.Module, maps: dict[str, nn.Linear]) -> set[str]:
-    """The names of ``maps`` that a forward pass of ``model`` (two positions of a random input) calls as
-    modules: where an adapter's forward hook runs. A family may read a map's ``.weight`` itself (Mamba's
-    ``dt_proj``, split ``x_proj``), which no hook sees."""
+def _probed(model: nn.Module, maps: dict[str, nn.Linear]) -> tuple[set[str], set[str]]:
+    """What a forward pass of ``model`` (a random input of 2 rows and 8 positions, eval mode) does with ``maps``:
+    (those it reads through their weight outside their own call, where no adapter's forward hook would see it:
+    Mamba's ``dt_proj``, its split ``x_proj``; those it calls whose output no gradient of the model's output
+    reaches, where an adapter would never train: sparse attention's indexer, whose scores pick keys by top-k).
+
+    Every torch function's arguments are watched for the maps' weights (:class:`_WeightReads`), and each called
+    map's output is replaced by a leaf of the same values whose gradient is then asked for (nothing accumulates
+    in the model's parameters). A map the input never reaches (an expert no token was routed to) is neither."""
     from attnspec.compiler.tracing import example_input
 
-    called: set[str] = set()
-    hooks = [linear.register_forward_hook(lambda module, args, output, name=name: called.add(name))
-             for name, linear in maps.items()]
+    outputs: dict[str, Tensor] = {}
+    watch = _WeightReads({id(linear.weight): name for name, linear in maps.items()})
+
+    def enter(name):
+        watch.inside.append(name)
+
+    def leave(output, name):
+        watch.inside.remove(name)
+        outputs[name] = output.detach().requires_grad_(True)
+        return outputs[name]
+
+    hooks = [hook for name, linear in maps.items() for hook in (
+        linear.register_forward_pre_hook(lambda module, args, name=name: enter(name)),
+        linear.register_forward_hook(lambda module, args, output, name=name: leave(output, name)))]
     training = model.training
     try:
         model.eval()
-        model(example_input(model, 1, 2, torch.Generator().manual_seed(0)))
+        with torch.enable_grad():
+            with watch:
+                result = model(example_input(model, 2, 8, torch.Generator().manual_seed(0)))
+            names = list(outputs)
+            cotangent = torch.randn(result.shape, generator=torch.Generator().manual_seed(1)).to(result)
+            grads = torch.autograd.grad(result, [outputs[n] for n in names], cotangent, allow_unused=True) \
+                if names and result.requires_grad else [None] * len(names)
     finally:
         model.train(training)
         for hook in hooks:
             hook.remove()
-    return called
+    untrained = {name for name, grad in zip(names, grads) if grad is None}  # (zeros here may be this input's)
+    return watch.read_outside, untrained - watch.read_outside
+
+
+class _WeightReads(TorchFunctionMode):
+    """Records the maps (``weights``: id of a weight -> its map's name) whose weight a torch function reads while
+    that map's own forward is not running (``inside``: the maps whose forward is)."""
+
+    def __init__(self, weights: dict[int, str]):
+        super().__init__()
+        self.weights, self.inside, self.read_outside = weights, [], set()
+
+    METADATA = frozenset({*(getattr(Tensor, name).__get__ for name in ("dtype", "device", "shape", "ndim", "layout",
+                                                                       "requires_grad", "is_cuda", "is_meta")),
+                          Tensor.size, Tensor.dim, Tensor.numel, Tensor.is_floating_point, Tensor.element_size})
+    """What describes a tensor without reading it (a model asking its embedding's dtype reads no weight)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for value in () if func in self.METADATA else _leaves((args, kwargs)):
+            name = self.weights.get(id(value)) if isinstance(value, Tensor) else None
+            if name is not None and name not in self.inside:
+                self.read_outside.add(name)
+        return func(*args, **kwargs)
+
+
+def _leaves(value):
+    """The tensors (and other values) inside nested tuples, lists and dicts of a torch function's arguments."""
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _leaves(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    else:
+        yield value
 
 
 def adapter_names(maps: dict[str, nn.Linear]) -> tuple[list[str], set[str]]:

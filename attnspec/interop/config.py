@@ -55,9 +55,11 @@ class Config:
             raise self.refuse(field, f"{shorten(value)} is over attnspec's limit of {limit:,}")
         return value
 
-    def number(self, field: str, default: Any = _MISSING, *, positive: bool = False) -> float:
+    def number(self, field: str, default: Any = _MISSING, *, positive: bool = False,
+               at_most: float | None = None) -> float:
         """A finite real field (an integer of 400 digits is no float); ``default`` (None too) where absent.
-        ``positive``: it must also be above 0 (a field attnspec divides by, or takes a root of)."""
+        ``positive``: it must also be above 0 (a field attnspec divides by, or takes a root of); ``at_most``:
+        no larger (a factor a width is multiplied by, before the product becomes an integer)."""
         value = self.get(field, (int, float), default)
         if value is None:
             return None
@@ -69,6 +71,8 @@ class Config:
             raise self.refuse(field, f"must be a finite number, got {shorten(value)}")
         if positive and not number > 0:
             raise self.refuse(field, f"must be a positive number, got {shorten(value)}")
+        if at_most is not None and number > at_most:
+            raise self.refuse(field, f"must be at most {at_most:g}, got {shorten(value)}")
         return number
 
     def layer_list(self, field: str, layers: int) -> set[int]:

@@ -257,8 +257,10 @@ def stored_head_differs(opened, spec, model_type: str) -> bool:
     """Whether a checkpoint whose ``spec`` ties the head stores a head other than its embedding: transformers
     then loads the stored head, untied (its warning: "both are present in the checkpoints with different
     values, so we will NOT tie them")."""
+    if not spec.head.tied or opened.gguf or not opened.stores_weights():  # a config alone: nothing to compare
+        return False
     head, embed = _tied_names(opened, spec, model_type)
-    if head is None or embed is None or not opened.stores_weights():  # a config alone: nothing stored to compare
+    if head is None or embed is None:
         return False
     stored = opened.bind([head, embed])
     if head not in stored or embed not in stored:

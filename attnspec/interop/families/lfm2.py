@@ -66,7 +66,7 @@ class Lfm2(Architecture):
         if not config.get("block_auto_adjust_ff_dim", bool, True):
             return hidden
         hidden = int(2 * hidden / 3)
-        multiplier = config.number("block_ffn_dim_multiplier", 1.0) if config.data.get(
+        multiplier = config.number("block_ffn_dim_multiplier", 1.0, at_most=limits.MAX_EXPANSION) if config.data.get(
             "block_ffn_dim_multiplier") is not None else None
         if multiplier is not None:
             multiple = config.count("block_multiple_of", 256)

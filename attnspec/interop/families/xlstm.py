@@ -44,7 +44,7 @@ class XLstm(Architecture):
             raise config.refuse("use_bias", "biases on the norms: attnspec's RMSNorm and output norm have none")
         widths = {}
         for name, field in (("d_qk", "qk_dim_factor"), ("d_v", "v_dim_factor")):
-            width = int(d_model * config.number(field, 0.5 if name == "d_qk" else 1.0))
+            width = int(d_model * config.number(field, 0.5 if name == "d_qk" else 1.0, at_most=limits.MAX_EXPANSION))
             if width <= 0 or width % heads:
                 raise config.refuse(field, f"hidden_size times it, {width}, must be a positive multiple of "
                                     f"num_heads {heads}")
@@ -57,7 +57,8 @@ class XLstm(Architecture):
         mixer = {"kind": "mlstm", "heads": heads, **widths, "gate_softcap": cap, "eps": config.number("eps", 1e-6),
                  "norm_eps": eps}
         multiple = config.count("ffn_round_up_to_multiple_of", 64)
-        hidden = multiple * math.ceil(d_model * config.number("ffn_proj_factor", 2.667) / multiple)
+        factor = config.number("ffn_proj_factor", 2.667, at_most=limits.MAX_EXPANSION)
+        hidden = multiple * math.ceil(d_model * factor / multiple)
         block = {"mixer": mixer, "mlp": {"kind": "glu", "hidden": hidden, "activation": "silu", "bias": False},
                  "norm": rmsnorm_node(eps)}
         head = head_node(config, False)

@@ -238,3 +238,13 @@ def test_damaged_sharded_checkpoints_are_refused_alike_on_every_process_or_resum
         print("\nhostile sharded checkpoints:", dict(sorted(counts.items())))
     assert not findings, "\n".join(findings)
     assert counts["inputs"] == 3 * DAMAGED and counts["located error"] >= 2 * DAMAGED
+    # the audit's first case through the command line: one `error:` line, exit 2, no traceback
+    audit = tmp_path / "audit"
+    shutil.copytree(original, audit)
+    _damage(random.Random(SEED), latest_checkpoint(audit)[1], "overlap")
+    result = subprocess.run([sys.executable, "-m", "attnspec", "train", "--resume", "-o", str(audit), "--nproc", "2"],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "the sharded checkpoint" in errors[0] and "CheckpointException" not in result.stderr, errors

@@ -102,8 +102,9 @@ def _probed(model: nn.Module, maps: dict[str, nn.Linear]) -> tuple[set[str], set
     reaches, where an adapter would never train: sparse attention's indexer, whose scores pick keys by top-k).
 
     Every torch function's arguments are watched for the maps' weights (:class:`_WeightReads`), and each called
-    map's output is replaced by a leaf of the same values whose gradient is then asked for (nothing accumulates
-    in the model's parameters). A map the input never reaches (an expert no token was routed to) is neither."""
+    map's output gets a zero added that requires a gradient (the same values, the graph through it kept, so a map
+    feeding another is still reached), whose gradient is then asked for: nothing accumulates in the model's
+    parameters. A map the input never reaches (an expert no token was routed to) is neither."""
     from attnspec.compiler.tracing import example_input
 
     outputs: dict[str, Tensor] = {}
@@ -113,8 +114,8 @@ def _probed(model: nn.Module, maps: dict[str, nn.Linear]) -> tuple[set[str], set
         watch.inside.append(name)
 
     def leave(output, name):
-        watch.inside.remove(name)
-        outputs[name] = output.detach().requires_grad_(True)
+        watch.inside.remove(name)  # the output plus a zero that asks for a gradient: the same values, in the graph
+        outputs[name] = output + torch.zeros((), dtype=output.dtype, device=output.device, requires_grad=True)
         return outputs[name]
 
     hooks = [hook for name, linear in maps.items() for hook in (
@@ -142,14 +143,14 @@ class _WeightReads(TorchFunctionMode):
     """Records the maps (``weights``: id of a weight -> its map's name) whose weight a torch function reads while
     that map's own forward is not running (``inside``: the maps whose forward is)."""
 
-    def __init__(self, weights: dict[int, str]):
-        super().__init__()
-        self.weights, self.inside, self.read_outside = weights, [], set()
-
     METADATA = frozenset({*(getattr(Tensor, name).__get__ for name in ("dtype", "device", "shape", "ndim", "layout",
                                                                        "requires_grad", "is_cuda", "is_meta")),
                           Tensor.size, Tensor.dim, Tensor.numel, Tensor.is_floating_point, Tensor.element_size})
     """What describes a tensor without reading it (a model asking its embedding's dtype reads no weight)."""
+
+    def __init__(self, weights: dict[int, str]):
+        super().__init__()
+        self.weights, self.inside, self.read_outside = weights, [], set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -214,7 +215,7 @@ def frozen_by_adapters(model: nn.Module, config, added: list[str] = (), where: s
     """
     import fnmatch
 
-    from attnspec.errors import Problem, RunError, SpecError
+    from attnspec.errors import Problem, SpecError
 
     if config is None:
         return set()

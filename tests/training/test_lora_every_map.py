@@ -5,7 +5,8 @@ through no gradient (sparse attention's indexer: an adapter there would never tr
 The models: every spec of ``specs/`` (tiny) and the released models' parts in one spec (``FAMILIES``: latent
 attention with an indexer, the RG-LRU, experts, the gated convolution, Mamba, mLSTM, RWKV, parallel branches,
 attention experts, cross-layer sharing...). Each of a model's linear maps (bar a shared block's, which its calls
-alias, and the tied view) is named alone as a ``lora.targets`` glob; those accepted are adapted together, a
+alias, and the tied view) is named alone as a ``lora.targets`` glob, and those accepted are probed again all
+together (an adapted map feeding another must not hide it); they are then adapted together, a
 forward and backward pass of a training batch (4 rows of 16 positions: every expert routed) runs, and every
 adapter's B must have a finite, non-zero gradient (B starts at 0, so its gradient is the output's gradient times
 A x: zero only where the adapter never runs). A map refused as read through its weight must be one the same pass
@@ -54,9 +55,10 @@ def test_every_adaptable_map_s_b_receives_a_gradient_and_every_other_is_a_locate
             assert "lora.targets[0]" in str(error) and ("through their weight" in str(error)
                                                          or "through no gradient" in str(error)), str(error)
             refused.append(map_name)
+    modules = dict(model.named_modules())  # probed together (maps feeding one another), the verdicts stay
+    assert lora._probed(model, {n: modules[n] for n in adaptable}) == (set(), set())
     batch = example_input(model, 4, 16, torch.Generator().manual_seed(1))
     called: set[str] = set()
-    modules = dict(model.named_modules())
     leaves: dict[str, torch.Tensor] = {}
 
     def seen(module, args, output, n):

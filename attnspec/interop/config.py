@@ -16,6 +16,15 @@ _MISSING = object()
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 MAX_COUNT = 1 << 40
 """Any count a config states (sizes, heads, ...) before the spec's own limits check it further."""
+ROTARY_FRACTION_TYPES = frozenset({
+    "bamba", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt_neox", "gpt_neox_japanese", "laguna", "mellum",
+    "mimo_v2_flash", "minimax_m2", "nemotron", "persimmon", "phi", "phi3", "qwen3_5_moe_text", "qwen3_5_text",
+    "qwen3_next", "recurrent_gemma", "sarvam_moe", "solar_open", "stablelm"})
+"""The imported types whose transformers class rotates only ``partial_rotary_factor`` of each head (their
+modelling code reads it: ``tests/hf/test_registry.py`` holds this set to transformers' source). Every other
+class rotates the whole head with its default RoPE, whatever the config says, and cannot run a scaled RoPE
+with a partial factor (its inverse frequencies no longer fit the head): there the factor is ignored as the
+class ignores it, or refused."""
 
 
 class NotExpressible(Exception):
@@ -123,6 +132,12 @@ class Config:
         fraction = parameters.get("partial_rotary_factor", self.number("partial_rotary_factor", default_fraction))
         if not all(is_positive(v) for v in (theta, fraction)):
             raise self.refuse(field, "rope_theta and partial_rotary_factor must be positive numbers")
+        model_type = self.data.get("model_type")
+        if model_type not in ROTARY_FRACTION_TYPES and fraction != 1.0:
+            if kind != "default":
+                raise self.refuse(f"{field}.partial_rotary_factor", f"transformers' {model_type} rotates "
+                                  f"the whole head; its {kind} RoPE with a partial factor cannot run there")
+            fraction = 1.0  # the class's default RoPE never reads it: the whole head turns
         node: dict[str, Any] = {"kind": "rope", "base": float(theta)}
         if fraction != 1.0:
             node["rotary_fraction"] = float(fraction)

@@ -310,9 +310,17 @@ def common_fields(config: Config) -> dict:
             "dtype": dtype if dtype in ("float64", "bfloat16", "float16") else "float32"}
 
 
+NEVER_TIED_TYPES = frozenset({"kimi_linear", "nemotron_h", "xlstm"})
+"""The imported types whose transformers class never ties its head to the embedding (it declares no
+``_tied_weights_keys``; ``tests/hf/test_read_as_the_class_reads.py`` holds this set to transformers): their
+stored ``lm_head.weight`` is the head, whatever ``tie_word_embeddings`` says."""
+
+
 def head_node(config: Config, default_tied: bool) -> dict:
-    """transformers' LM heads multiply by nothing, tied or not."""
-    return {"kind": "lm", "tied": config.get("tie_word_embeddings", bool, default_tied), "scale": 1.0}
+    """transformers' LM heads multiply by nothing, tied or not (tied as the config says where the type's class
+    ties: :data:`NEVER_TIED_TYPES` never do)."""
+    tied = config.get("tie_word_embeddings", bool, default_tied)
+    return {"kind": "lm", "tied": tied and config.data.get("model_type") not in NEVER_TIED_TYPES, "scale": 1.0}
 
 
 def glu_node(config: Config, hidden_field: str = "intermediate_size", bias: bool = False) -> dict:

@@ -1,5 +1,9 @@
 """A family reads a config field only where the type's transformers class reads it.
 
+``tie_word_embeddings``: the classes of :data:`attnspec.interop.architecture.NEVER_TIED_TYPES` declare no tied
+weights, so their stored head is the head whatever the config says (a config that ties it imports the stored
+head, logit-equal; without a stored head, the import names the missing tensor).
+
 ``partial_rotary_factor``: the classes of :data:`attnspec.interop.config.ROTARY_FRACTION_TYPES` rotate that
 share of each head; every other class's default RoPE rotates the whole head whatever the config says, and
 its scaled RoPE cannot run with a partial factor (transformers raises on the shapes). The set is held to
@@ -68,3 +72,26 @@ def test_a_class_that_reads_the_factor_rotates_that_share(tmp_path):
     assert {b.mixer.position.rotary_fraction for b in spec_blocks(spec_from_checkpoint(tmp_path)[1])} == {0.5}
     with torch.no_grad():
         assert _relative(_imported(tmp_path, "glm")(_tokens()), reference(_tokens()).logits) < BOUND
+
+
+def test_a_class_that_never_ties_its_head_is_imported_with_its_stored_head(tmp_path):
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from attnspec.interop.architecture import NEVER_TIED_TYPES
+    from attnspec.interop.registry import architectures
+
+    never = {t for t in architectures()
+             if not getattr(getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t]), "_tied_weights_keys", None)}
+    assert never == NEVER_TIED_TYPES
+    from transformers import xLSTMConfig, xLSTMForCausalLM
+
+    config = xLSTMConfig(vocab_size=SMALL["vocab_size"], hidden_size=64, num_hidden_layers=1, num_heads=4,
+                         qk_dim_factor=1.0, v_dim_factor=2.0, chunk_size=8, ffn_round_up_to_multiple_of=16,
+                         max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=True)
+    reference = _perturbed(lambda: xLSTMForCausalLM(config))
+    assert reference.lm_head.weight is not reference.get_input_embeddings().weight  # the class never ties
+    reference.save_pretrained(tmp_path)
+    assert not spec_from_checkpoint(tmp_path)[1].head.tied
+    with torch.no_grad():
+        assert _relative(_imported(tmp_path, "xlstm")(_tokens()), reference(_tokens()).logits) < BOUND

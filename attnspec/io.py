@@ -357,6 +357,7 @@ def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES, *, follow_links: bool
 
 
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON table from its (key, value) pairs, refusing a key named twice (a ValueError saying which)."""
     table = dict(pairs)
     if len(table) != len(pairs):
         seen: set[str] = set()
@@ -750,7 +751,7 @@ def sharded_layout(where: Path, shards: int) -> dict[str, tuple[tuple[int, ...],
     pieces: dict[str, list] = {}
     for rank in range(shards):
         path = where / shard_file(rank)
-        start, entries, metadata = _safetensors_header(path, follow_links=False)
+        _, entries, metadata = _safetensors_header(path, follow_links=False)
         offsets = _json_value(str(metadata.get("DCP_SHARDING_INFO", "{}")).encode(), path,
                               "its sharding metadata is ")
         for name, (shape, dtype, _) in entries.items():

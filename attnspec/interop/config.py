@@ -185,7 +185,8 @@ class Config:
         return heads, kv_heads, width or d_model // heads
 
     def activation(self, field: str = "hidden_act",
-                   allowed: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu", "relu2"),
+                   allowed: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu", "relu2", "gelu_10", "mish",
+                                               "relu6", "tanh"),
                    default: str = "silu") -> str:
         """The activation ``field`` names (``default`` where absent), as attnspec's name, if one of ``allowed``."""
         value = self.get(field, str, default)
@@ -217,9 +218,12 @@ def ranges(numbers: list[int]) -> str:
 
 
 HF_ACTIVATIONS = {"swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
-                  "gelu_fast": "gelu_tanh"}
-"""transformers' activation names that are attnspec's under another name (``gelu_new`` and ``gelu_fast``
-are the tanh approximation written out, equal to it within float32 rounding)."""
+                  "gelu_fast": "gelu_tanh", "gelu_accurate": "gelu_tanh", "gelu_python_tanh": "gelu_tanh",
+                  "gelu_python": "gelu"}
+"""transformers' activation names that are attnspec's under another name (``gelu_new``, ``gelu_fast``,
+``gelu_accurate`` and ``gelu_python_tanh`` are the tanh approximation written out, equal to it within float32
+rounding; ``gelu_python`` is the exact GELU through erf)."""
 ACTIVATION_NAMES = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "quick_gelu": "quick_gelu",
-                    "relu": "relu", "relu2": "relu2", "xielu": "xielu"}
+                    "relu": "relu", "relu2": "relu2", "xielu": "xielu", "gelu_10": "gelu_10", "mish": "mish",
+                    "relu6": "relu6", "tanh": "tanh"}
 """attnspec's activation -> the name transformers' configs write."""

@@ -51,9 +51,10 @@ class NoNorm(nn.Identity):
         super().__init__()
 
 
-_ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+_ACTIVATIONS = {"gelu": F.gelu, "gelu_10": lambda x: torch.clamp(F.gelu(x), -10.0, 10.0),
+                "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "mish": F.mish,
                 "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "relu": F.relu,
-                "relu2": lambda x: F.relu(x).square(), "silu": F.silu}
+                "relu2": lambda x: F.relu(x).square(), "relu6": F.relu6, "silu": F.silu, "tanh": torch.tanh}
 
 
 class XIELU(nn.Module):

@@ -47,12 +47,14 @@ class NoNorm(NormComponent):
 Norm = declare("norm", LayerNormNode, RmsNormNode, NoNorm, base=NormComponent)
 
 
-Activation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu"]
+Activation = Literal["gelu", "gelu_10", "gelu_tanh", "mish", "quick_gelu", "relu", "relu2", "relu6", "silu", "tanh"]
 """An MLP's activation: GELU (exact, or its tanh approximation: Gemma, GPT-2's `gelu_new`; or its sigmoid
-approximation x σ(1.702 x), `quick_gelu`: CLIP's, GPT-OSS's experts), ReLU, squared ReLU (Nemotron-H, Primer) or
-SiLU."""
+approximation x σ(1.702 x), `quick_gelu`: CLIP's, GPT-OSS's experts; or exact and clipped to [-10, 10],
+`gelu_10`), ReLU (or clipped at 6, `relu6`), squared ReLU (Nemotron-H, Primer), SiLU, Mish x tanh(softplus(x))
+or tanh: transformers' `ACT2FN` names (`gelu_accurate` and `gelu_python` import as `gelu_tanh` and `gelu`)."""
 
-MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "xielu"]
+MlpActivation = Literal["gelu", "gelu_10", "gelu_tanh", "mish", "quick_gelu", "relu", "relu2", "relu6", "silu", "tanh",
+                        "xielu"]
 """A dense MLP's activation: those of `Activation`, or xIELU (Huang 2024; Apertus): x > 0: a_p x² + β x,
 else a_n (expm1(min(x, ε)) - x) + β x, with a_p = softplus(α_p) and a_n = β + softplus(α_n) learnt (one α_p and
 one α_n per MLP, starting at a_p = a_n = 0.8), β = 0.5 and ε = -1e-6 held beside them as fixed tensors."""

@@ -12,7 +12,8 @@ from attnspec.spec import limits
 class Mixtral(LlamaFamily):
     """Mixtral: Mistral's attention (a window in every layer where ``sliding_window`` is set) and a sparse
     MoE block in every layer: a softmax router over ``num_local_experts``, its top ``num_experts_per_tok``
-    renormalised, SiLU GLU experts stored as w1 (gate), w3 (up) and w2 (down) under ``block_sparse_moe``."""
+    renormalised, GLU experts of ``hidden_act`` stored as w1 (gate), w3 (up) and w2 (down) under
+    ``block_sparse_moe``."""
 
     ALIASES: dict[str, str] = {}
     model_types = ("mixtral",)
@@ -22,7 +23,7 @@ class Mixtral(LlamaFamily):
     rows = (
         Row(("mixtral",),
             "mistral's attention (a `window` in every layer where `sliding_window` is set) and experts in every "
-            "layer (`mlp: {kind: moe}`: softmax router, top-k renormalised, SiLU GLU experts)",
+            "layer (`mlp: {kind: moe}`: softmax router, top-k renormalised, GLU experts of `hidden_act`)",
             "`router_jitter_noise` (attnspec's experts take no jitter); as llama"),
     )
 
@@ -31,7 +32,8 @@ class Mixtral(LlamaFamily):
         if config.number("router_jitter_noise", 0.0):
             raise config.refuse("router_jitter_noise", "attnspec's experts take no jitter; 0 imports")
         experts = config.count("num_local_experts", 8, limit=limits.MAX_EXPERTS)
-        moe = softmax_experts(config, experts, config.count("intermediate_size"), 2, True)
+        moe = softmax_experts(config, experts, config.count("intermediate_size"), 2, True,
+                              config.activation())  # MixtralExperts applies ACT2FN[hidden_act]
         blocks = [{**block, "mlp": moe} for block in blocks]
         return self.assembled(config, blocks, eps)
 

@@ -21,10 +21,10 @@ ROTARY_FRACTION_TYPES = frozenset({
     "mimo_v2_flash", "minimax_m2", "nemotron", "persimmon", "phi", "phi3", "qwen3_5_moe_text", "qwen3_5_text",
     "qwen3_next", "recurrent_gemma", "sarvam_moe", "solar_open", "stablelm"})
 """The imported types whose transformers class rotates only ``partial_rotary_factor`` of each head (their
-modelling code reads it: ``tests/hf/test_registry.py`` holds this set to transformers' source). Every other
-class rotates the whole head with its default RoPE, whatever the config says, and cannot run a scaled RoPE
-with a partial factor (its inverse frequencies no longer fit the head): there the factor is ignored as the
-class ignores it, or refused."""
+modelling code reads it: ``tests/hf/test_read_as_the_class_reads.py`` holds this set to transformers'
+source). Every other class rotates the whole head with its default RoPE, whatever the config says, and
+cannot run a scaled RoPE with a partial factor (its inverse frequencies no longer fit the head): there the
+factor is ignored as the class ignores it, or refused."""
 
 
 class NotExpressible(Exception):

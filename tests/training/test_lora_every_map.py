@@ -29,7 +29,8 @@ from tests.compiler.test_build_programs import FAMILIES
 from tests.conftest import ROOT
 
 TINY = ["d_model=16", "max_len=16", "input.vocab_size=32"]
-OWN_SIZES = {"ffn-aoglu": ["d_model=64", "max_len=16", "layers[0].layers[0].mixer.feature_map.rank=4"], "rank-collapse-san": ["d_model=16", "max_len=16", "input.dim=16"]}
+OWN_SIZES = {"ffn-aoglu": ["d_model=64", "max_len=16", "layers[0].layers[0].mixer.feature_map.rank=4"],
+             "rank-collapse-san": ["d_model=16", "max_len=16", "input.dim=16"]}
 """Specs the tiny sizes do not fit (AOGLU's rank needs d_qk > 2 rank; features rather than tokens)."""
 MODELS = [path.stem for path in sorted((ROOT / "specs").glob("*.yaml"))] + ["families"]
 

@@ -20,7 +20,7 @@ imports torch at import time: the registry (and so the CLI's help) reads the fam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from attnspec.interop.config import Config
 
@@ -206,7 +206,7 @@ class Copy:
 
     source: str
     """The stored tensor it follows from."""
-    compute: Any
+    compute: Callable[[Tensor], Tensor]
     """source tensor -> this tensor (as stored: its dtype)."""
     rtol: float = 0.0
     """0: it must equal what ``compute`` gives; else its relative tolerance (a table transformers computes

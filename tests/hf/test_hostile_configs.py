@@ -2,7 +2,7 @@
 
 For each registered type (and multimodal release) the base is transformers' own default config of the type
 (``CONFIG_MAPPING[type]()``; a handful adjusted so that the base itself imports), and every numeric field of
-it, nested ones included (``rope_parameters``, ``text_config``, the first items of lists), is replaced in
+it, nested ones included (``rope_parameters``, ``text_config``, the first 4 items of lists), is replaced in
 turn by each extreme: 1e308, 1e-300, NaN, infinity, minus infinity, -1 and 0. Each ``config.json`` is handed
 to ``spec_from_checkpoint`` (what ``import-hf`` reads first). Every outcome is classified:
 
@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from attnspec.errors import InteropError
+from tests.test_hostile_directories import json_paths, set_path
 
 pytestmark = pytest.mark.slow  # about 21,000 configs, under a minute
 
@@ -38,27 +39,15 @@ BASE_CHANGES = {  # defaults attnspec refuses as they are (each refusal is teste
 HANG_SECONDS = 30
 
 
-def _numeric_paths(value, path=()) -> list[tuple]:
-    if isinstance(value, bool):
-        return []
-    if isinstance(value, (int, float)):
-        return [path]
-    found = []
-    if isinstance(value, dict):
-        for key, child in value.items():
-            found += _numeric_paths(child, (*path, key))
-    elif isinstance(value, list):
-        for index, child in enumerate(value[:3]):
-            found += _numeric_paths(child, (*path, index))
-    return found
+def _numeric_paths(config: dict) -> list[tuple]:
+    """The paths (``json_paths``: nested tables, the first items of lists) of the config's numbers."""
+    def at(path):
+        value = config
+        for key in path:
+            value = value[key]
+        return value
 
-
-def _set(value, path: tuple, new):
-    if not path:
-        return new
-    copy = dict(value) if isinstance(value, dict) else list(value)
-    copy[path[0]] = _set(copy[path[0]], path[1:], new)
-    return copy
+    return [path for path in json_paths(config) if isinstance(at(path), (int, float)) and not isinstance(at(path), bool)]
 
 
 class _Hang(Exception):
@@ -83,12 +72,12 @@ def test_extreme_numbers_in_every_field_of_every_type_are_accepted_or_located_er
         for model_type in types:
             base = transformers.CONFIG_MAPPING[model_type]().to_dict()
             for path, value in BASE_CHANGES.get(model_type, {}).items():
-                base = _set(base, path, value)
+                base = set_path(base, path, value)
             config_path.write_text(json.dumps(base))
             spec_from_checkpoint(tmp_path)  # the base imports
             for path in _numeric_paths(base):
                 for extreme in EXTREMES:
-                    config_path.write_text(json.dumps(_set(base, path, extreme)))
+                    config_path.write_text(json.dumps(set_path(base, path, extreme)))
                     counts["inputs"] += 1
                     signal.alarm(HANG_SECONDS)
                     try:

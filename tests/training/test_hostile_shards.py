@@ -31,7 +31,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import attnspec
 from tests.conftest import ROOT
 from tests.test_hostile_directories import hostile_values
 from tests.training.test_fsdp import CONFIG, SPEC
@@ -64,28 +63,15 @@ Path(report.format(rank=rank)).write_text(json.dumps(outcomes))
 
 
 def _resume_all(tmp_path: Path, folders: list[Path], processes: int) -> dict[str, list]:
-    """Resume each run directory in ``folders`` in one launch of ``processes`` (1: this process, no
-    torchrun); {folder: [outcome, losses or message]}, the processes' outcomes checked alike."""
-    if processes == 1:
-        results = {}
-        for folder in folders:
-            try:
-                results[str(folder)] = ["accepted", attnspec.train(None, output=folder, resume=True).losses[-3:]]
-            except attnspec.AttnSpecError as error:
-                results[str(folder)] = ["located error", str(error)[:300]]
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as error:  # noqa: BLE001 - exactly what the suite looks for
-                results[str(folder)] = ["crash", f"{type(error).__name__}: {str(error)[:300]}"]
-        return results
+    """Resume each run directory in ``folders`` in one launch of :data:`DRIVER` on ``processes`` (1: a plain
+    process, no torchrun); {folder: [outcome, losses or message]}, the processes' outcomes checked alike."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     report = str(tmp_path / f"report-{processes}-{{rank}}.json")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else []
     try:
-        launch = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                 f"--nproc-per-node={processes}", str(driver),
-                                 json.dumps([[str(f) for f in folders], report])],
+        launch = subprocess.run([sys.executable, *launcher, str(driver), json.dumps([[str(f) for f in folders], report])],
                                 capture_output=True, text=True, env=env, timeout=600)
     except subprocess.TimeoutExpired:
         pytest.fail(f"hang: resuming {len(folders)} damaged checkpoints on {processes} processes passed 600 s")

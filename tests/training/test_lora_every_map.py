@@ -64,7 +64,7 @@ def test_every_adaptable_map_s_b_receives_a_gradient_and_every_other_is_a_locate
 
     def seen(module, args, output, n):
         called.add(n)
-        leaves[n] = output.detach().requires_grad_(True)  # the same values, its gradient asked for below
+        leaves[n] = output + torch.zeros((), dtype=output.dtype, requires_grad=True)  # same values, graph kept
         return leaves[n]
 
     hooks = [modules[n].register_forward_hook(lambda m, a, o, n=n: seen(m, a, o, n)) for n in refused]
